@@ -1,0 +1,339 @@
+"""The graph container: CSR adjacency, node features, labels and splits.
+
+Shape legend used in this file:
+    N   number of vertices          nnz  number of stored adjacency entries
+    F   input feature dimension     C    number of classes
+
+The adjacency is square CSR: ``indptr`` (N+1, int64), ``indices`` (nnz, int64,
+sorted within each row, no duplicates after :meth:`Graph.coalesced`), ``values``
+(nnz, float32). Labels are either int64 (N,) with -1 for "unlabeled", or a float32
+multi-hot matrix (N, C) for multi-label tasks.
+
+Every operation returns a new :class:`Graph`; a graph is never modified in place,
+so a normalized graph can be shared by samplers and evaluators without copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["Graph", "GraphValidationError", "csr_from_edges"]
+
+
+class GraphValidationError(ValueError):
+    """A graph's arrays are inconsistent; the message names the array and the fix."""
+
+
+def _as_long(t, name: str) -> torch.Tensor:
+    t = torch.as_tensor(t)
+    if (t.dtype.is_floating_point or t.dtype == torch.bool) and t.numel():
+        raise GraphValidationError(f"{name} must hold integers, got dtype {t.dtype}")
+    return t.to(torch.int64).contiguous()
+
+
+def csr_from_edges(
+    src, dst, num_nodes: int, values=None, num_cols: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Build sorted CSR arrays (indptr, indices, values) from an edge list.
+
+    Row ``src[k]`` gets an entry in column ``dst[k]``. Duplicate (row, col) pairs
+    are merged by summing their values (unweighted input: kept once, weight 1).
+    ``num_cols`` defaults to ``num_nodes``; a different value is a non-square
+    adjacency and is rejected, because every GCN operator here needs A square.
+    """
+    num_cols = num_nodes if num_cols is None else num_cols
+    if num_cols != num_nodes:
+        raise GraphValidationError(
+            f"adjacency must be square, got {num_nodes} rows and {num_cols} columns; "
+            "a bipartite graph must be converted to a homogeneous one first"
+        )
+    src = _as_long(src, "edge sources")
+    dst = _as_long(dst, "edge targets")
+    if src.shape != dst.shape or src.dim() != 1:
+        raise GraphValidationError(
+            f"edge sources and targets must be 1-D of equal length, got {tuple(src.shape)} and {tuple(dst.shape)}"
+        )
+    for name, ids in (("edge source", src), ("edge target", dst)):
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_nodes):
+            bad = int(ids.max()) if int(ids.max()) >= num_nodes else int(ids.min())
+            raise GraphValidationError(
+                f"{name} id {bad} is out of range for a graph with {num_nodes} vertices (valid: 0..{num_nodes - 1})"
+            )
+    weighted = values is not None
+    vals = (
+        torch.as_tensor(values, dtype=torch.float32)
+        if weighted
+        else torch.ones(src.numel(), dtype=torch.float32)
+    )
+    key = src * num_nodes + dst
+    key, order = torch.sort(key, stable=True)
+    vals = vals[order]
+    uniq, inverse = torch.unique_consecutive(key, return_inverse=True)
+    if uniq.numel() != key.numel():
+        if weighted:
+            merged = torch.zeros(uniq.numel(), dtype=torch.float32)
+            vals = merged.index_add_(0, inverse, vals)
+        else:
+            vals = torch.ones(uniq.numel(), dtype=torch.float32)
+    rows = torch.div(uniq, num_nodes, rounding_mode="floor")
+    cols = uniq - rows * num_nodes
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=num_nodes), 0)
+    return indptr, cols.contiguous(), vals.contiguous()
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A square graph in CSR form with node data. Validated on construction."""
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    values: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    train_idx: torch.Tensor
+    val_idx: torch.Tensor
+    test_idx: torch.Tensor
+    num_classes: int
+    name: str = "graph"
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Normalize dtypes first (frozen dataclass: go through object.__setattr__).
+        put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        put("indptr", _as_long(self.indptr, "indptr"))
+        put("indices", _as_long(self.indices, "indices"))
+        put("values", torch.as_tensor(self.values, dtype=torch.float32).contiguous())
+        put("x", torch.as_tensor(self.x).to(torch.float32).contiguous())
+        y = torch.as_tensor(self.y)
+        put("y", y.to(torch.float32 if y.dim() == 2 else torch.int64).contiguous())
+        for split in ("train_idx", "val_idx", "test_idx"):
+            put(split, _as_long(self.split_tensor(split), split))
+        self.validate()
+
+    def split_tensor(self, split: str) -> torch.Tensor:
+        return torch.as_tensor(getattr(self, split))
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Raise :class:`GraphValidationError` naming the first inconsistency."""
+        n = self.indptr.numel() - 1
+        if self.indptr.dim() != 1 or n < 1:
+            raise GraphValidationError("indptr must be 1-D with at least 2 entries (N+1 for N >= 1 vertices)")
+        if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.indices.numel():
+            raise GraphValidationError(
+                f"indptr must start at 0 and end at nnz={self.indices.numel()}, "
+                f"got {int(self.indptr[0])} and {int(self.indptr[-1])}"
+            )
+        if n > 1 and bool((self.indptr[1:] < self.indptr[:-1]).any()):
+            raise GraphValidationError("indptr must be non-decreasing")
+        if self.values.shape != self.indices.shape:
+            raise GraphValidationError(
+                f"values has {self.values.numel()} entries but indices has {self.indices.numel()}"
+            )
+        if self.indices.numel():
+            lo, hi = int(self.indices.min()), int(self.indices.max())
+            if lo < 0 or hi >= n:
+                bad = hi if hi >= n else lo
+                raise GraphValidationError(
+                    f"column index {bad} is out of range for a square adjacency with {n} rows; "
+                    "a non-square adjacency or an edge list with ids >= N cannot be used"
+                )
+        if self.x.dim() != 2 or self.x.shape[0] != n:
+            raise GraphValidationError(
+                f"features must be an (N, F) matrix with N={n} rows matching the adjacency, got shape {tuple(self.x.shape)}"
+            )
+        if not bool(torch.isfinite(self.x).all()):
+            bad = int((~torch.isfinite(self.x)).any(1).nonzero()[0, 0])
+            raise GraphValidationError(
+                f"features contain NaN or inf (first at vertex {bad}); clean or impute them before training"
+            )
+        if self.num_classes < 1:
+            raise GraphValidationError(f"num_classes must be >= 1, got {self.num_classes}")
+        if self.y.shape[0] != n:
+            raise GraphValidationError(f"labels have {self.y.shape[0]} rows but the graph has N={n} vertices")
+        if self.y.dim() == 1:
+            if self.y.numel() and int(self.y.max()) >= self.num_classes:
+                raise GraphValidationError(
+                    f"label {int(self.y.max())} >= num_classes={self.num_classes}; "
+                    "labels must be in [0, num_classes) or -1 for unlabeled"
+                )
+            if self.y.numel() and int(self.y.min()) < -1:
+                raise GraphValidationError(f"label {int(self.y.min())} is invalid; use -1 for unlabeled vertices")
+        elif self.y.dim() == 2:
+            if self.y.shape[1] != self.num_classes:
+                raise GraphValidationError(
+                    f"multi-label matrix has {self.y.shape[1]} columns but num_classes={self.num_classes}"
+                )
+        else:
+            raise GraphValidationError(f"labels must be (N,) or (N, C), got shape {tuple(self.y.shape)}")
+        for split in ("train_idx", "val_idx", "test_idx"):
+            idx = getattr(self, split)
+            if idx.numel() == 0:
+                raise GraphValidationError(f"{split} is empty; every split needs at least one vertex")
+            if int(idx.min()) < 0 or int(idx.max()) >= n:
+                raise GraphValidationError(f"{split} holds vertex ids outside [0, {n})")
+        if self.y.dim() == 1 and bool((self.y[self.train_idx] < 0).any()):
+            raise GraphValidationError("train_idx contains unlabeled vertices (label -1)")
+
+    # ---------------------------------------------------------- properties
+    @property
+    def num_nodes(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        """Stored adjacency entries (an undirected edge counts twice, a self loop once)."""
+        return self.indices.numel()
+
+    @property
+    def num_features(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def multilabel(self) -> bool:
+        return self.y.dim() == 2
+
+    def row_ids(self) -> torch.Tensor:
+        """Row id of every stored entry (the COO expansion of indptr)."""
+        return torch.repeat_interleave(
+            torch.arange(self.num_nodes, dtype=torch.int64), self.indptr[1:] - self.indptr[:-1]
+        )
+
+    def replace(self, **changes) -> "Graph":
+        return dataclasses.replace(self, **changes)
+
+    def with_edges(self, src, dst, values=None) -> "Graph":
+        indptr, indices, vals = csr_from_edges(src, dst, self.num_nodes, values)
+        return self.replace(indptr=indptr, indices=indices, values=vals)
+
+    def to_torch_csr(self) -> torch.Tensor:
+        n = self.num_nodes
+        return torch.sparse_csr_tensor(self.indptr, self.indices, self.values, (n, n))
+
+    def to_scipy(self):
+        import scipy.sparse as sp
+
+        n = self.num_nodes
+        return sp.csr_matrix((self.values.numpy(), self.indices.numpy(), self.indptr.numpy()), shape=(n, n))
+
+    # --------------------------------------------------------- operations
+    def symmetrize(self) -> "Graph":
+        """A + A^T pattern with unit weights: every edge in both directions, once."""
+        rows = self.row_ids()
+        src = torch.cat([rows, self.indices])
+        dst = torch.cat([self.indices, rows])
+        return self.with_edges(src, dst)
+
+    def add_self_loops(self) -> "Graph":
+        """A + I: a unit self loop on every vertex that has none (existing ones are kept)."""
+        rows = self.row_ids()
+        has_loop = torch.zeros(self.num_nodes, dtype=torch.bool)
+        has_loop[rows[rows == self.indices]] = True
+        missing = (~has_loop).nonzero().flatten()
+        src = torch.cat([rows, missing])
+        dst = torch.cat([self.indices, missing])
+        vals = torch.cat([self.values, torch.ones(missing.numel())])
+        return self.with_edges(src, dst, vals)
+
+    def gcn_normalize(self) -> "Graph":
+        """The GCN adjacency D^-1/2 (A+I) D^-1/2 (Kipf & Welling, paper Eq. 3).
+
+        Self loops are added where missing; D is the row sum of A+I. The result is
+        symmetric whenever A is.
+        """
+        g = self.add_self_loops()
+        deg = torch.zeros(g.num_nodes, dtype=torch.float64)
+        rows = g.row_ids()
+        deg.index_add_(0, rows, g.values.double())
+        inv_sqrt = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
+        vals = (inv_sqrt[rows] * g.values.double() * inv_sqrt[g.indices]).float()
+        return g.replace(values=vals, meta={**g.meta, "normalized": "gcn"})
+
+    def permute(self, perm) -> "Graph":
+        """Relabel vertices: old vertex ``perm[i]`` becomes new vertex ``i``.
+
+        Adjacency, features, labels and splits move together, so a model trained on
+        the permuted graph sees exactly the same problem.
+        """
+        perm = _as_long(perm, "perm")
+        n = self.num_nodes
+        if perm.numel() != n or not torch.equal(torch.sort(perm).values, torch.arange(n)):
+            raise GraphValidationError(f"perm must be a permutation of 0..{n - 1}")
+        new_id = torch.empty(n, dtype=torch.int64)
+        new_id[perm] = torch.arange(n)
+        rows = self.row_ids()
+        indptr, indices, vals = csr_from_edges(new_id[rows], new_id[self.indices], n, self.values)
+        return self.replace(
+            indptr=indptr,
+            indices=indices,
+            values=vals,
+            x=self.x[perm],
+            y=self.y[perm],
+            train_idx=torch.sort(new_id[self.train_idx]).values,
+            val_idx=torch.sort(new_id[self.val_idx]).values,
+            test_idx=torch.sort(new_id[self.test_idx]).values,
+        )
+
+    def subgraph(self, nodes) -> "Graph":
+        """The subgraph induced by ``nodes`` (kept in the given order), with its data.
+
+        Splits keep the vertices that survive; an empty split raises, since the
+        result would not be trainable.
+        """
+        nodes = _as_long(nodes, "nodes")
+        n = self.num_nodes
+        local = torch.full((n,), -1, dtype=torch.int64)
+        local[nodes] = torch.arange(nodes.numel())
+        rows = self.row_ids()
+        keep = (local[rows] >= 0) & (local[self.indices] >= 0)
+        indptr, indices, vals = csr_from_edges(
+            local[rows[keep]], local[self.indices[keep]], nodes.numel(), self.values[keep]
+        )
+        split = lambda idx: torch.sort(local[idx][local[idx] >= 0]).values  # noqa: E731
+        return self.replace(
+            indptr=indptr,
+            indices=indices,
+            values=vals,
+            x=self.x[nodes],
+            y=self.y[nodes],
+            train_idx=split(self.train_idx),
+            val_idx=split(self.val_idx),
+            test_idx=split(self.test_idx),
+        )
+
+    def degrees(self) -> torch.Tensor:
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def stats(self) -> dict:
+        deg = self.degrees().double()
+        loops = int((self.row_ids() == self.indices).sum())
+        return {
+            "name": self.name,
+            "num_nodes": self.num_nodes,
+            "num_edges": self.num_edges,
+            "self_loops": loops,
+            "avg_degree": float(deg.mean()),
+            "max_degree": int(deg.max()) if self.num_nodes else 0,
+            "num_features": self.num_features,
+            "num_classes": self.num_classes,
+            "multilabel": self.multilabel,
+            "train": self.train_idx.numel(),
+            "val": self.val_idx.numel(),
+            "test": self.test_idx.numel(),
+        }
+
+
+def random_split(n: int, fractions=(0.5, 0.25, 0.25), seed: int = 0, labeled=None):
+    """A seeded random split of the labeled vertices into train/val/test index sets."""
+    g = np.random.default_rng(seed)
+    pool = np.arange(n) if labeled is None else np.asarray(labeled)
+    order = g.permutation(pool)
+    n_train = int(round(fractions[0] * len(order)))
+    n_val = int(round(fractions[1] * len(order)))
+    parts = order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
+    return tuple(torch.from_numpy(np.sort(p)).long() for p in parts)

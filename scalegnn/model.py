@@ -1,0 +1,167 @@
+"""The ScaleGNN model (paper III-A/B, Fig. 2), single-process reference.
+
+Shape legend:
+    B   rows (sampled vertices, or N for full-graph)     F  input features
+    H   hidden dimension d_h                              C  classes
+
+    X_h0 = X_in W_in                                    (Eq. 4)
+    for l in 1..L:
+        H_agg = A~ X_h(l-1)                             (Eq. 5, SpMM)
+        X_conv = H_agg W_l                              (Eq. 6, GEMM)
+        X_h,l = dropout(relu(rmsnorm(X_conv))) + X_h(l-1)   (Eqs. 7-10)
+    O = X_hL W_out                                      (Eq. 11)
+
+The parallel model in :mod:`scalegnn.parallel` shards exactly these parameters;
+dropout uses a counter-based mask (:func:`dropout_keep_mask`) that is a function of
+(key, global row id, global column id), so a rank can compute the mask of its own
+block and the union of all blocks equals the serial mask bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ModelConfig", "ScaleGNN", "spmm", "rms_norm", "dropout_keep_mask", "dropout_key", "node_loss"]
+
+
+@dataclass
+class ModelConfig:
+    """Architecture switches. Each of norm/dropout/residual can be turned off
+    without changing the parallel layout (paper III-A)."""
+
+    hidden: int = 256
+    layers: int = 3
+    dropout: float = 0.5
+    norm: bool = True
+    residual: bool = True
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {self.hidden}")
+        if self.layers < 1:
+            raise ValueError(f"layers must be >= 1, got {self.layers}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+
+class _SpMM(torch.autograd.Function):
+    """Y = A X with the backward dX = A^T dY (Eq. 17) using the prebuilt transpose."""
+
+    @staticmethod
+    def forward(ctx, adj, adj_t, x):
+        ctx.adj_t = adj_t
+        return torch.sparse.mm(adj, x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_x = torch.sparse.mm(ctx.adj_t, grad_out.contiguous()) if ctx.needs_input_grad[2] else None
+        return None, None, grad_x
+
+
+def spmm(adj: torch.Tensor, adj_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Sparse (rows, cols) x dense (cols, d) with autograd through ``adj_t``."""
+    return _SpMM.apply(adj, adj_t, x)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, sum_sq: torch.Tensor | None = None,
+             dim: int | None = None) -> torch.Tensor:
+    """RMSNorm (Eq. 7): x / sqrt(mean_j x_j^2 + eps) * g.
+
+    ``sum_sq`` and ``dim`` let the parallel model pass the all-reduced FP32 sum of
+    squares over the full hidden dimension (Eq. 29) while holding a column slice.
+    """
+    if sum_sq is None:
+        sum_sq, dim = x.float().pow(2).sum(-1, keepdim=True), x.shape[-1]
+    y = x * torch.rsqrt(sum_sq / dim + eps).to(x.dtype)
+    return y * weight if weight is not None else y
+
+
+_M1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 constants as signed int64
+_M2 = 0x94D049BB133111EB - (1 << 64)
+_GOLD = 0x9E3779B97F4A7C15 - (1 << 64)
+
+
+def _lsr(h: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (h >> k) & ((1 << (64 - k)) - 1)
+
+
+def dropout_key(seed: int, step: int, layer: int) -> int:
+    """One 62-bit key per (seed, step, layer) for :func:`dropout_keep_mask`."""
+    return ((seed * 1_000_003 + step) * 131 + layer) & ((1 << 62) - 1)
+
+
+def dropout_keep_mask(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
+    """Bernoulli(1-p) keep mask (len(row_ids), len(col_ids)) from a splitmix64 hash.
+
+    Entry (i, j) depends only on (key, row_ids[i], col_ids[j]): any block of the
+    global mask can be computed alone, which is what makes dropout in the 3D
+    parallel model identical to the serial one under a shared seed.
+    """
+    h = row_ids.to(torch.int64)[:, None] * _GOLD + col_ids.to(torch.int64)[None, :] * _M2 + key
+    h = (h ^ _lsr(h, 30)) * _M1
+    h = (h ^ _lsr(h, 27)) * _M2
+    h = h ^ _lsr(h, 31)
+    threshold = int(p * float(1 << 53))
+    return _lsr(h, 11) >= threshold
+
+
+def node_loss(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (single-label, y int64) or BCE-with-logits (multi-label,
+    y float multi-hot) over the rows selected by ``mask`` (Eq. 12)."""
+    if y.dim() == 2:
+        return F.binary_cross_entropy_with_logits(logits[mask], y[mask])
+    return F.cross_entropy(logits[mask], y[mask])
+
+
+class ScaleGNN(nn.Module):
+    """Input projection, L x [GCN conv, RMSNorm, ReLU, dropout, residual], output head.
+
+    Parameters are plain matrices (no biases, as in Eqs. 4-11) so the parallel
+    model can shard them by rows and columns: ``w_in`` (F, H), ``w[l]`` (H, H),
+    ``norm[l]`` (H,), ``w_out`` (H, C).
+    """
+
+    def __init__(self, in_dim: int, num_classes: int, config: ModelConfig, seed: int = 0):
+        super().__init__()
+        self.config = config
+        gen = torch.Generator().manual_seed(seed)
+        h = config.hidden
+
+        def init(fan_in, fan_out):  # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+            bound = fan_in**-0.5
+            return nn.Parameter((torch.rand(fan_in, fan_out, generator=gen) * 2 - 1) * bound)
+
+        self.w_in = init(in_dim, h)
+        self.w = nn.ParameterList([init(h, h) for _ in range(config.layers)])
+        self.norm = nn.ParameterList([nn.Parameter(torch.ones(h)) for _ in range(config.layers)]) if config.norm else None
+        self.w_out = init(h, num_classes)
+
+    def forward(self, adj, adj_t, x, node_ids: torch.Tensor | None = None, dropout_seed: int = 0,
+                step: int = 0) -> torch.Tensor:
+        """Logits (B, C) for features x (B, F) and the sampled adjacency (B, B).
+
+        ``node_ids`` (global vertex ids of the rows) and ``(dropout_seed, step)``
+        define the dropout mask; they matter only in training mode.
+        """
+        cfg = self.config
+        use_dropout = self.training and cfg.dropout > 0
+        if use_dropout and node_ids is None:
+            raise ValueError("training with dropout needs node_ids (global vertex ids of the rows)")
+        cols = torch.arange(cfg.hidden)
+        h = x @ self.w_in
+        for layer in range(cfg.layers):
+            z = spmm(adj, adj_t, h) @ self.w[layer]
+            if cfg.norm:
+                z = rms_norm(z, self.norm[layer], cfg.norm_eps)
+            z = torch.relu(z)
+            if use_dropout:
+                keep = dropout_keep_mask(dropout_key(dropout_seed, step, layer), node_ids, cols, cfg.dropout)
+                z = z * keep / (1.0 - cfg.dropout)
+            h = z + h if cfg.residual else z
+        return h @ self.w_out
