@@ -1,0 +1,173 @@
+"""Run records: one JSON file per run, written atomically, never edited (DESIGN 5).
+
+Every field is documented in ``results/README.md``. A record is a plain dict so
+that baselines in other environments (DistDGL's own virtualenv) can emit the same
+thing; :func:`validate_record` is the single definition of what a valid one is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "RecordError",
+    "new_run_id",
+    "environment_info",
+    "validate_record",
+    "write_record",
+    "read_record",
+    "time_to_target",
+]
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "failed", "diverged", "timeout", "running")
+
+REQUIRED_FIELDS = (
+    "schema_version", "run_id", "system", "dataset", "config", "grid", "world_size", "seed", "env",
+    "epochs", "target_acc", "time_to_target_s", "peak_memory_bytes", "status", "error",
+)
+EPOCH_FIELDS = ("epoch", "train_time_s", "loss", "train_acc", "val_acc", "test_acc", "eval_time_s",
+                "components", "comm_bytes")
+
+
+class RecordError(ValueError):
+    """A run record is malformed, truncated or from an unsupported schema version."""
+
+
+def new_run_id(system: str, dataset: str) -> str:
+    """Unique across concurrent array jobs: time, system, dataset and 48 random bits."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    safe = lambda s: "".join(c if c.isalnum() or c in "-." else "-" for c in s)  # noqa: E731
+    return f"{stamp}-{safe(system)}-{safe(dataset)}-{uuid.uuid4().hex[:12]}"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment_info(backend: str | None = None, device: str = "cpu") -> dict:
+    """Where a run ran: host, device, backend and library versions."""
+    import numpy
+    import torch
+
+    libs = {"torch": torch.__version__, "numpy": numpy.__version__}
+    for name in ("torch_geometric", "torch_sparse", "torch_scatter", "dgl", "ogb", "pandas", "scipy"):
+        try:
+            mod = __import__(name)
+            libs[name] = getattr(mod, "__version__", "unknown")
+        except Exception:  # an absent or broken optional library is simply not listed
+            continue
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device_name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        device_name = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return {
+        "hostname": socket.gethostname(),
+        "device": device_name,
+        "backend": backend,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "git_commit": _git_commit(),
+        "libraries": libs,
+    }
+
+
+def validate_record(record: dict, source: str = "record") -> dict:
+    """Raise :class:`RecordError` naming the first problem; return the record."""
+    if not isinstance(record, dict):
+        raise RecordError(f"{source}: a run record must be a JSON object")
+    version = record.get("schema_version")
+    if not isinstance(version, int):
+        raise RecordError(f"{source}: missing integer schema_version")
+    if version > SCHEMA_VERSION:
+        raise RecordError(
+            f"{source}: schema_version {version} is newer than this scalegnn understands ({SCHEMA_VERSION}); "
+            "upgrade scalegnn to read it"
+        )
+    missing = [f for f in REQUIRED_FIELDS if f not in record]
+    if missing:
+        raise RecordError(f"{source}: missing fields {missing}")
+    if record["status"] not in STATUSES:
+        raise RecordError(f"{source}: status {record['status']!r} is not one of {STATUSES}")
+    if not isinstance(record["epochs"], list):
+        raise RecordError(f"{source}: epochs must be a list")
+    for row in record["epochs"]:
+        lacking = [f for f in EPOCH_FIELDS if f not in row]
+        if lacking:
+            raise RecordError(f"{source}: epoch row {row.get('epoch')} lacks {lacking}")
+    return record
+
+
+def write_record(record: dict, out_dir: str | os.PathLike) -> Path:
+    """Validate and write ``<out_dir>/<run_id>.json`` atomically.
+
+    The JSON goes to a temporary file in the same directory, is fsynced, and is
+    renamed over the target: a reader sees either no file or the whole record, and
+    an interrupted write leaves nothing behind.
+    """
+    validate_record(record)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"{record['run_id']}.json"
+    fd, tmp = tempfile.mkstemp(prefix=f".{record['run_id']}.", suffix=".tmp", dir=out)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, allow_nan=True, default=_json_default)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
+
+
+def _json_default(obj):
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"run record field of type {type(obj).__name__} is not JSON-serializable")
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    """Load and validate one record; a truncated or corrupt file raises RecordError with its path."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecordError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from None
+    return validate_record(record, source=str(path))
+
+
+def time_to_target(epochs: list[dict], target: float | None, metric: str = "test_acc") -> float | None:
+    """Cumulative training time (evaluation excluded) at the first epoch whose
+    ``metric`` reaches ``target``; None if never reached or no target."""
+    if target is None:
+        return None
+    for row in epochs:
+        value = row.get(metric)
+        if value is not None and value >= target:
+            return row["train_time_s"]
+    return None
