@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="spawn this many local worker processes (gloo); without it, a multi-rank grid "
                      "expects to be started by torchrun, srun or submitit")
 
+    demo = sub.add_parser("demo", help="offline demo: train on a generated graph, write records, compare")
+    demo.add_argument("--out", default="results/demo")
+    demo.add_argument("--data-root", default=None)
+    demo.add_argument("--epochs", type=int, default=30)
+
     d = sub.add_parser("data", help="dataset utilities")
     dsub = d.add_subparsers(dest="data_command", required=True)
     info = dsub.add_parser("info", help="print a dataset's statistics")
@@ -165,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_train(args)
         if args.command == "data":
             return _cmd_data(args)
+        if args.command == "demo":
+            from .demo import run_demo
+
+            return run_demo(args.out, args.data_root, args.epochs)
     except (ValueError, FileNotFoundError) as exc:  # user errors: one clear line, no traceback
         print(f"scalegnn: error: {exc}", file=sys.stderr)
         return 2

@@ -76,7 +76,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, sum_sq: t
     squares over the full hidden dimension (Eq. 29) while holding a column slice.
     """
     if sum_sq is None:
-        sum_sq, dim = x.float().pow(2).sum(-1, keepdim=True), x.shape[-1]
+        acc = x if x.dtype == torch.float64 else x.float()  # FP32 at least, as the parallel all-reduce
+        sum_sq, dim = acc.pow(2).sum(-1, keepdim=True), x.shape[-1]
     y = x * torch.rsqrt(sum_sq / dim + eps).to(x.dtype)
     return y * weight if weight is not None else y
 

@@ -66,12 +66,15 @@ def environment_info(backend: str | None = None, device: str = "cpu") -> dict:
     import numpy
     import torch
 
+    from importlib import metadata
+
     libs = {"torch": torch.__version__, "numpy": numpy.__version__}
-    for name in ("torch_geometric", "torch_sparse", "torch_scatter", "dgl", "ogb", "pandas", "scipy"):
+    # Read installed versions from package metadata: importing PyG or DGL just to
+    # ask their version would cost seconds per record.
+    for dist in ("torch-geometric", "torch-sparse", "torch-scatter", "dgl", "ogb", "pandas", "scipy", "submitit"):
         try:
-            mod = __import__(name)
-            libs[name] = getattr(mod, "__version__", "unknown")
-        except Exception:  # an absent or broken optional library is simply not listed
+            libs[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
             continue
     if device.startswith("cuda") and torch.cuda.is_available():
         device_name = torch.cuda.get_device_name(torch.device(device))

@@ -1,0 +1,224 @@
+"""Shared pieces of the dataset layer: the error type, file lookup, edge-list to CSR,
+and the featureless-graph protocol (random features, degree classes, random split).
+
+Shape legend:
+    N   vertices    E   input edge pairs    nnz   stored adjacency entries
+    F   feature dim C   classes
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scalegnn.graph import Graph, GraphValidationError, random_split
+
+__all__ = [
+    "DatasetError",
+    "FEATURELESS_CLASSES",
+    "FEATURELESS_FEATURE_DIM",
+    "degree_classes",
+    "featureless_graph",
+    "find_dir",
+    "make_graph",
+    "missing_files_error",
+    "reading",
+    "rng_for",
+    "undirected_csr",
+]
+
+# The papers' protocol for graphs without node data (ScaleGNN VII-A, Plexus Table 2).
+FEATURELESS_FEATURE_DIM = 128
+FEATURELESS_CLASSES = 32
+SPLIT_FRACTIONS = (0.5, 0.25, 0.25)
+
+# Independent random streams derived from the user seed, one per purpose, so that e.g.
+# changing the feature dimension never changes the graph or the labels.
+_STREAMS = {"graph": 1, "features": 2, "labels": 3, "perm": 4}
+
+DATA_ROOT_HINT = "pass data_root (CLI: --data-root) or set SCALEGNN_DATA_ROOT"
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be loaded; the message names the dataset or file and the fix."""
+
+
+def rng_for(seed: int, stream: str) -> np.random.Generator:
+    """A numpy Generator for one purpose ('graph', 'features', 'labels', 'perm')."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), _STREAMS[stream]]))
+
+
+@contextmanager
+def reading(path, fix: str = "re-copy it from its source"):
+    """Re-raise any parse error while reading ``path`` as a DatasetError naming it."""
+    try:
+        yield
+    except (DatasetError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - any parser error means a bad file
+        raise DatasetError(
+            f"could not read {path}: {type(e).__name__}: {e}. "
+            f"The file is corrupt, truncated or not in the expected format; {fix}"
+        ) from e
+
+
+def find_dir(root: Path, candidates, required) -> tuple[Path | None, list[Path]]:
+    """The first folder among ``root / c`` (c in candidates) holding all ``required`` files.
+
+    Folder names match case-insensitively (PyG writes ``Cora/raw``, others ``cora``).
+    Returns (folder or None, missing files of the best partial match, for the error).
+    """
+    best_missing: list[Path] = []
+    for rel in candidates:
+        d = _resolve_ci(root, rel)
+        if d is None:
+            continue
+        missing = [d / f for f in required if not (d / f).is_file()]
+        if not missing:
+            return d, []
+        if len(missing) < len(required) and not best_missing:
+            best_missing = missing
+    return None, best_missing
+
+
+def _resolve_ci(root: Path, rel: str) -> Path | None:
+    d = Path(root)
+    for part in Path(rel).parts if rel not in ("", ".") else ():
+        if (d / part).is_dir():
+            d = d / part
+            continue
+        try:
+            match = [e for e in os.listdir(d) if e.casefold() == part.casefold() and (d / e).is_dir()]
+        except OSError:
+            return None
+        if not match:
+            return None
+        d = d / sorted(match)[0]
+    return d if d.is_dir() else None
+
+
+def missing_files_error(name: str, root: Path, expected: Path, partial: list[Path], also: list[str], how: str):
+    """The DatasetError for a dataset whose files are absent under the data root."""
+    if partial:
+        listing = ", ".join(str(p) for p in partial)
+        return DatasetError(f"{name}: incomplete copy, missing {listing}. {how}")
+    alts = f" (also accepted under the data root: {', '.join(also)})" if also else ""
+    rel = expected.relative_to(root).as_posix() if expected.is_relative_to(root) else expected.name
+    return DatasetError(
+        f"{name}: file not found: {expected}{alts}. {how}, and {DATA_ROOT_HINT} pointing to a folder "
+        f"containing {rel}"
+    )
+
+
+# ---------------------------------------------------------------- edges to CSR
+def _to_long(a) -> torch.Tensor:
+    t = torch.as_tensor(np.ascontiguousarray(a)) if not isinstance(a, torch.Tensor) else a
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise DatasetError(f"edge ids must be integers, got dtype {t.dtype}")
+    return t.to(torch.int64).reshape(-1)
+
+
+def undirected_csr(src, dst, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Simple undirected CSR of an edge list: both directions, unit weights, no loops.
+
+    Self loops are dropped and duplicate pairs merged, so every dataset reaches the
+    trainer in one form; the trainer adds I itself (``Graph.gcn_normalize``).
+    Returns (indptr (N+1,), indices (nnz,), values (nnz,), counts for ``Graph.meta``).
+    Cost: one sort of 2E int64 keys (torch.sort, multi-threaded).
+    """
+    s, d = _to_long(src), _to_long(dst)
+    if s.numel() != d.numel():
+        raise DatasetError(f"edge sources and targets differ in length: {s.numel()} vs {d.numel()}")
+    if s.numel():
+        lo, hi = int(torch.minimum(s.min(), d.min())), int(torch.maximum(s.max(), d.max()))
+        if lo < 0 or hi >= n:
+            raise DatasetError(f"edge endpoint {hi if hi >= n else lo} is outside [0, {n}) for a graph with {n} vertices")
+    loop = s == d
+    n_loops = int(loop.sum())
+    if n_loops:
+        keep = ~loop
+        s, d = s[keep], d[keep]
+    key = torch.cat([s * n + d, d * n + s])
+    del s, d
+    key = torch.sort(key).values
+    if key.numel():
+        first = torch.ones(key.numel(), dtype=torch.bool)
+        torch.ne(key[1:], key[:-1], out=first[1:])
+        key = key[first]
+    rows = torch.div(key, n, rounding_mode="floor")
+    cols = key - rows * n
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(rows, minlength=n), 0, out=indptr[1:])
+    counts = {"input_edge_pairs": int(loop.numel()), "self_loops_dropped": n_loops}
+    return indptr, cols, torch.ones(cols.numel(), dtype=torch.float32), counts
+
+
+def make_graph(what: str, **fields) -> Graph:
+    """Construct a Graph, turning a validation failure into a DatasetError about ``what``."""
+    try:
+        return Graph(**fields)
+    except GraphValidationError as e:
+        raise DatasetError(f"{what}: the loaded arrays do not form a valid graph: {e}") from e
+
+
+# ------------------------------------------------------ featureless protocol
+def degree_classes(deg: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
+    """Balanced classes by degree: class = floor(C * rank / N).
+
+    ``rank`` orders vertices by degree, ties broken by a seeded random order, so the C
+    classes have equal sizes (within one) and class grows with degree: the papers'
+    "32 synthetic classes proportional to vertex degree". Plain degree-value quantile
+    bins would collapse on power-law graphs, where most vertices share a few degrees.
+    """
+    n = deg.shape[0]
+    tiebreak = rng_for(seed, "labels").random(n)
+    order = np.lexsort((tiebreak, np.asarray(deg)))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    return rank * num_classes // max(n, 1)
+
+
+def featureless_graph(
+    name: str,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    values: torch.Tensor,
+    seed: int,
+    meta: dict,
+    feature_dim: int = FEATURELESS_FEATURE_DIM,
+    num_classes: int = FEATURELESS_CLASSES,
+) -> Graph:
+    """Attach the papers' synthetic node data to a bare graph.
+
+    x ~ N(0, 1)^(N x feature_dim) (seeded), y = :func:`degree_classes`, and a seeded
+    random 50/25/25 train/val/test split (``scalegnn.graph.random_split``).
+    """
+    n = indptr.numel() - 1
+    deg = (indptr[1:] - indptr[:-1]).numpy()
+    x = rng_for(seed, "features").standard_normal((n, feature_dim), dtype=np.float32)
+    y = degree_classes(deg, num_classes, seed)
+    train, val, test = random_split(n, SPLIT_FRACTIONS, seed=seed)
+    meta = {
+        **meta,
+        "features": f"random N(0,1), dim {feature_dim}",
+        "labels": f"{num_classes} balanced degree classes",
+        "split": f"random 50/25/25 seed {seed}",
+    }
+    return make_graph(
+        name,
+        indptr=indptr,
+        indices=indices,
+        values=values,
+        x=torch.from_numpy(x),
+        y=torch.from_numpy(y),
+        train_idx=train,
+        val_idx=val,
+        test_idx=test,
+        num_classes=num_classes,
+        name=name,
+        meta=meta,
+    )

@@ -1,0 +1,121 @@
+"""Planetoid citation graphs (Cora, CiteSeer, PubMed) with the standard split.
+
+Files ``ind.<name>.{x,y,tx,ty,allx,ally,graph,test.index}`` (Yang et al. 2016):
+pickles written by Python 2 (read with ``encoding='latin1'``). ``allx``/``ally``
+hold vertices 0..len(allx)-1; ``tx``/``ty`` row i belongs to vertex
+``test.index[i]`` (not contiguous, not sorted); ``graph`` maps a vertex to its
+neighbor list.
+
+Decisions (same outcome as PyG's ``Planetoid`` except where noted):
+
+- Self loops and duplicate pairs in ``graph`` are dropped (CiteSeer has 124 self
+  loops, Cora some duplicate pairs); the graph is symmetrized (it already is).
+- CiteSeer has 15 vertices in the test id range with no ``tx`` row (isolated
+  papers missing from the original release). They get zero feature rows, like
+  PyG and Kipf & Welling, but label **-1** (unlabeled) where PyG and Kipf give
+  them class 0 (argmax of an all-zero one-hot row). They are in no split.
+- Split: train = range(len(y)) (20 per class), val = range(len(y), len(y)+500),
+  test = sorted(test.index) (1000 vertices).
+- Features are the binary bag-of-words as stored (PubMed: TF-IDF), not
+  row-normalized.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ._core import DatasetError, find_dir, make_graph, missing_files_error, reading, undirected_csr
+
+PLANETOID = ("cora", "citeseer", "pubmed")
+_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
+_SOURCE = "https://github.com/kimiyoung/planetoid (data/ind.{n}.*)"
+
+
+def planetoid_files(name: str, root: Path) -> list[Path]:
+    """The 8 ind.<name>.* files, from the first accepted layout under ``root``."""
+    required = [f"ind.{name}.{p}" for p in _PARTS]
+    layouts = [f"planetoid_{name}", f"{name}/raw", name, f"planetoid/{name}", "."]
+    folder, partial = find_dir(root, layouts, required)
+    if folder is None:
+        raise missing_files_error(
+            name,
+            root,
+            root / f"planetoid_{name}" / required[0],
+            partial,
+            [f"{lay}/ind.{name}.*" for lay in layouts[1:]],
+            f"Get the Planetoid files from {_SOURCE.format(n=name)}",
+        )
+    return [folder / f for f in required]
+
+
+def _unpickle(path: Path):
+    with reading(path), open(path, "rb") as f, warnings.catch_warnings():
+        # Old scipy pickles reference deprecated module paths (scipy.sparse.csr).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pickle.load(f, encoding="latin1")
+
+
+def _dense(m) -> np.ndarray:
+    return np.asarray(m.todense() if hasattr(m, "todense") else m, dtype=np.float32)
+
+
+def _onehot_to_label(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m)
+    lab = m.argmax(1).astype(np.int64)
+    lab[m.sum(1) == 0] = -1
+    return lab
+
+
+def load_planetoid(name: str, files: list[Path]):
+    parts = dict(zip(_PARTS, files))
+    obj = {p: _unpickle(parts[p]) for p in _PARTS if p != "test.index"}
+    with reading(parts["test.index"]):
+        test_index = np.loadtxt(parts["test.index"], dtype=np.int64, ndmin=1)
+
+    allx, tx, ally, ty = _dense(obj["allx"]), _dense(obj["tx"]), np.asarray(obj["ally"]), np.asarray(obj["ty"])
+    graph = obj["graph"]
+    with reading(parts["graph"]):
+        src = np.fromiter((k for k, nb in graph.items() for _ in nb), dtype=np.int64)
+        dst = np.fromiter((v for nb in graph.values() for v in nb), dtype=np.int64)
+    n = int(max(len(allx), test_index.max() + 1, max(graph) + 1, dst.max() + 1 if dst.size else 0))
+    for part, arr, rows in (("tx", tx, len(test_index)), ("ty", ty, len(test_index)), ("ally", ally, len(allx))):
+        if arr.shape[0] != rows:
+            raise DatasetError(
+                f"{name}: {parts[part]} has {arr.shape[0]} rows, expected {rows}; "
+                "the ind.* files do not belong together, re-copy them"
+            )
+
+    x = np.zeros((n, allx.shape[1]), dtype=np.float32)
+    x[: len(allx)] = allx
+    x[test_index] = tx  # row i of tx is vertex test.index[i]
+    y = np.full(n, -1, dtype=np.int64)
+    y[: len(ally)] = _onehot_to_label(ally)
+    y[test_index] = _onehot_to_label(ty)
+    num_train = len(np.asarray(obj["y"]))
+
+    indptr, indices, values, counts = undirected_csr(src, dst, n)
+    no_features = int(n - len(allx) - len(np.unique(test_index)))
+    return make_graph(
+        name,
+        indptr=indptr,
+        indices=indices,
+        values=values,
+        x=torch.from_numpy(x),
+        y=torch.from_numpy(y),
+        train_idx=torch.arange(num_train),
+        val_idx=torch.arange(num_train, num_train + 500),
+        test_idx=torch.from_numpy(np.sort(test_index)),
+        num_classes=int(ally.shape[1]),
+        name=name,
+        meta={
+            "source": str(files[0].parent),
+            "split": "planetoid (20 per class / 500 / 1000)",
+            "padded_vertices": no_features,
+            **counts,
+        },
+    )

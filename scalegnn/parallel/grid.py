@@ -1,0 +1,218 @@
+"""The 4D process grid ``G = Gd x Gx x Gy x Gz`` (paper IV) and its named axes.
+
+One :class:`ProcessGrid` is built once per process from the grid shape and the
+already-initialized ``torch.distributed`` world, then passed explicitly to every
+parallel component (DESIGN section 7: no module-level process-group globals, no
+``group=None`` fallbacks).
+
+Axes ("axis" is a grid axis, "dim" a tensor dimension):
+
+    dp  data parallel: groups hold the whole graph and model, see different batches
+    x, y, z  the three axes of 3D parallel matrix multiplication (paper IV-C)
+
+Rank order: ``dp`` slowest, then ``x``, ``y``, ``z`` fastest::
+
+    rank = ((d * Gx + x) * Gy + y) * Gz + z
+
+so the ``Gx*Gy*Gz`` ranks of one data-parallel group are contiguous and a ``z``
+group is a run of consecutive ranks (on a GPU cluster, consecutive ranks share a
+node, which keeps the most frequent 3D-PMM all-reduces intra-node).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import torch.distributed as dist
+
+__all__ = ["AXES", "PMM_AXES", "ProcessGrid", "parse_grid", "split_range", "split_bounds", "third_axis"]
+
+AXES = ("dp", "x", "y", "z")
+PMM_AXES = ("x", "y", "z")
+
+
+def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
+    """The ``index``-th of ``parts`` contiguous pieces of ``range(n)``: ``(start, end)``.
+
+    Uneven split: the first ``n % parts`` pieces get one extra element, so sizes
+    differ by at most one and every rank computes every piece locally. Pieces may be
+    empty when ``n < parts``.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    if not 0 <= index < parts:
+        raise ValueError(f"index {index} out of range for {parts} parts")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    base, extra = divmod(n, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def split_bounds(n: int, parts: int) -> list[int]:
+    """All ``parts + 1`` boundaries of :func:`split_range`: piece i is ``[b[i], b[i+1])``."""
+    return [split_range(n, parts, i)[0] for i in range(parts)] + [n]
+
+
+def third_axis(a: str, b: str) -> str:
+    """The 3D-PMM axis that is neither ``a`` nor ``b``."""
+    (t,) = [ax for ax in PMM_AXES if ax not in (a, b)]
+    return t
+
+
+def parse_grid(spec: str) -> tuple[int, int, int, int]:
+    """``"1x2x2x2"`` -> ``(Gd, Gx, Gy, Gz)``; every factor a positive integer."""
+    if not isinstance(spec, str):
+        raise ValueError(f"grid must be a string like '1x2x2x2' (Gd x Gx x Gy x Gz), got {spec!r}")
+    parts = re.split(r"[x,*X]", spec.strip())
+    if len(parts) != 4:
+        raise ValueError(
+            f"grid {spec!r} must have 4 factors Gd x Gx x Gy x Gz, e.g. '1x2x2x2' (use 1 for unused axes), "
+            f"got {len(parts)}"
+        )
+    out = []
+    for name, p in zip(AXES, parts):
+        if not p.strip().isdigit() or int(p) < 1:
+            raise ValueError(f"grid {spec!r}: factor for axis {name} must be a positive integer, got {p!r}")
+        out.append(int(p))
+    return tuple(out)
+
+
+class ProcessGrid:
+    """Owns this rank's coordinates and one process group per axis.
+
+    Build it with :meth:`ProcessGrid.__init__` after ``torch.distributed`` is
+    initialized (every rank must construct it, in the same program order, because
+    ``new_group`` is collective over the world), or with :meth:`single` for one
+    process without ``torch.distributed``.
+
+    Every axis group is created on every rank in the same order (torch requires
+    it), including groups of size 1; a rank keeps only the groups it belongs to.
+    Collectives over an axis of size 1 short-circuit in
+    :mod:`scalegnn.parallel.collectives` and never touch the group.
+    """
+
+    def __init__(self, dp: int, x: int, y: int, z: int, *, rank: int | None = None,
+                 world_size: int | None = None, _groups: bool = True):
+        shape = dict(zip(AXES, (dp, x, y, z)))
+        for ax, size in shape.items():
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"grid axis {ax} must be a positive integer, got {size!r}")
+        if _groups:
+            if not dist.is_available() or not dist.is_initialized():
+                raise RuntimeError(
+                    "ProcessGrid needs torch.distributed to be initialized first "
+                    "(scalegnn.parallel.launch.init_from_env or spawn), or use ProcessGrid.single() for one process"
+                )
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        else:
+            rank, world_size = (0, 1) if rank is None else (rank, world_size)
+        product = dp * x * y * z
+        if product != world_size:
+            raise ValueError(
+                f"grid {dp}x{x}x{y}x{z} has Gd*Gx*Gy*Gz = {product} ranks but the world size is {world_size}; "
+                f"choose a grid whose product equals {world_size} (e.g. 1x1x1x{world_size}) "
+                f"or launch {product} processes"
+            )
+        self.shape: dict[str, int] = shape
+        self.rank = rank
+        self.world_size = world_size
+        self.coords: dict[str, int] = dict(zip(AXES, self.coords_of(rank)))
+        self._groups: dict[str, object] = {}
+        self._group_ranks: dict[str, list[int]] = {}
+        for ax in AXES:
+            self._group_ranks[ax] = self._ranks_along(ax, self.coords)
+        if _groups:
+            # Every rank creates every group, in one fixed order: axis, then the
+            # lexicographic order of the other coordinates.
+            for ax in AXES:
+                others = [o for o in AXES if o != ax]
+                for fixed in itertools.product(*(range(shape[o]) for o in others)):
+                    coord = dict(zip(others, fixed))
+                    ranks = self._ranks_along(ax, coord)
+                    group = dist.new_group(ranks=ranks)
+                    if self.rank in ranks:
+                        self._groups[ax] = group
+        else:
+            self._groups = {ax: None for ax in AXES}
+
+    @classmethod
+    def single(cls) -> "ProcessGrid":
+        """The 1x1x1x1 grid of a single process; needs no ``torch.distributed``.
+
+        Its groups are ``None``: every collective short-circuits on axes of size 1.
+        """
+        return cls(1, 1, 1, 1, rank=0, world_size=1, _groups=False)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "ProcessGrid":
+        """Build from ``"GdxGxxGyxGz"`` on the initialized world (or single() if 1x1x1x1 and no world)."""
+        shape = parse_grid(spec)
+        if shape == (1, 1, 1, 1) and not (dist.is_available() and dist.is_initialized()):
+            return cls.single()
+        return cls(*shape)
+
+    # ----------------------------------------------------------- coordinates
+    def rank_of(self, dp: int, x: int, y: int, z: int) -> int:
+        s = self.shape
+        return ((dp * s["x"] + x) * s["y"] + y) * s["z"] + z
+
+    def coords_of(self, rank: int) -> tuple[int, int, int, int]:
+        s = self.shape
+        rank, z = divmod(rank, s["z"])
+        rank, y = divmod(rank, s["y"])
+        dp, x = divmod(rank, s["x"])
+        return dp, x, y, z
+
+    def _ranks_along(self, ax: str, coord: dict) -> list[int]:
+        ranks = []
+        for i in range(self.shape[ax]):
+            c = {**coord, ax: i}
+            ranks.append(self.rank_of(c["dp"], c["x"], c["y"], c["z"]))
+        return ranks
+
+    def axis_size(self, ax: str) -> int:
+        self._check_axis(ax)
+        return self.shape[ax]
+
+    def axis_index(self, ax: str) -> int:
+        self._check_axis(ax)
+        return self.coords[ax]
+
+    def group(self, ax: str):
+        """The process group of this rank's ``ax`` line (None only for :meth:`single`)."""
+        self._check_axis(ax)
+        return self._groups[ax]
+
+    def group_ranks(self, ax: str) -> list[int]:
+        """Global ranks of this rank's ``ax`` group, ordered by their ``ax`` index."""
+        self._check_axis(ax)
+        return list(self._group_ranks[ax])
+
+    @property
+    def mp_size(self) -> int:
+        """Ranks per data-parallel group: Gx * Gy * Gz."""
+        return self.shape["x"] * self.shape["y"] * self.shape["z"]
+
+    @property
+    def mp_rank(self) -> int:
+        """This rank's index inside its data-parallel group (x, y, z order)."""
+        return self.rank % self.mp_size
+
+    @property
+    def shape_tuple(self) -> tuple[int, int, int, int]:
+        return tuple(self.shape[a] for a in AXES)
+
+    def spec(self) -> str:
+        return "x".join(str(self.shape[a]) for a in AXES)
+
+    @staticmethod
+    def _check_axis(ax: str) -> None:
+        if ax not in AXES:
+            raise ValueError(f"unknown grid axis {ax!r}; the axes are {AXES}")
+
+    def __repr__(self) -> str:
+        c = ",".join(f"{a}={self.coords[a]}" for a in AXES)
+        return f"ProcessGrid({self.spec()}, rank={self.rank}, {c})"

@@ -1,0 +1,102 @@
+"""Training loop and CLI: repeatability, records, early stop, divergence, errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scalegnn import records
+from scalegnn.cli import main
+from scalegnn.engine import OptimConfig
+from scalegnn.model import ModelConfig
+from scalegnn.train import RunConfig, run_training
+
+SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
+
+
+def small_config(tmp_path, **over):
+    fields = dict(dataset=SMALL, batch_ratio=0.2, epochs=3, out_dir=str(tmp_path), progress=False,
+                  model=ModelConfig(hidden=16, layers=2, dropout=0.2), data_root=str(tmp_path / "data"))
+    fields.update(over)
+    return RunConfig(**fields)
+
+
+def test_same_seed_gives_the_same_loss_curve(tmp_path):
+    a = run_training(small_config(tmp_path))
+    b = run_training(small_config(tmp_path))
+    c = run_training(small_config(tmp_path, seed=1))
+    losses = lambda r: [row["loss"] for row in r["epochs"]]  # noqa: E731
+    assert losses(a) == losses(b)
+    assert losses(a) != losses(c)
+    assert a["status"] == "ok" and a["run_id"] != b["run_id"]
+
+
+def test_record_fields_and_timing_semantics(tmp_path):
+    rec = run_training(small_config(tmp_path, epochs=4, eval_every=2, target_acc=0.05))
+    on_disk = records.read_record(rec["path"])
+    assert on_disk["system"] == "scalegnn" and on_disk["world_size"] == 1
+    assert on_disk["grid"] == {"dp": 1, "x": 1, "y": 1, "z": 1}
+    assert on_disk["config"]["model"]["hidden"] == 16
+    assert on_disk["env"]["torch"] and on_disk["env"]["python"]
+    rows = on_disk["epochs"]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["test_acc"] is None and rows[1]["test_acc"] is not None  # eval every 2 epochs
+    times = [r["train_time_s"] for r in rows]
+    assert times == sorted(times) and times[0] > 0  # cumulative
+    assert set(rows[0]["components"]) >= {"sampling", "forward_backward", "optimizer"}
+    # training time excludes evaluation: the components are the step's own parts
+    assert sum(rows[0]["components"].values()) <= rows[0]["train_time_s"] + 1e-6
+    assert on_disk["time_to_target_s"] == rows[1]["train_time_s"]  # 0.05 is reached at the first eval
+    assert on_disk["peak_memory_bytes"] > 0
+    assert on_disk["summary"]["best_epoch"] in (2, 4)
+
+
+def test_stop_at_target_and_full_graph_label(tmp_path):
+    rec = run_training(small_config(tmp_path, epochs=20, target_acc=0.05, stop_at_target=True, batch_ratio=1.0))
+    assert len(rec["epochs"]) == 1
+    assert rec["system"] == "fullgraph-3d" and rec["steps_per_epoch"] == 1
+
+
+def test_divergence_is_recorded(tmp_path):
+    rec = run_training(small_config(tmp_path, optim=OptimConfig(lr=1e30), epochs=5))
+    assert rec["status"] == "diverged" and "loss became" in rec["error"]
+    assert records.read_record(rec["path"])["status"] == "diverged"
+
+
+def test_cli_train_writes_record_and_prints_summary(tmp_path, capsys):
+    code = main(["train", "--dataset", SMALL, "--data-root", str(tmp_path / "d"), "--batch-ratio", "0.25",
+                 "--layers", "2", "--hidden", "16", "--epochs", "2", "--out", str(tmp_path / "runs"), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "status ok" in out and "record:" in out
+    path = out.strip().splitlines()[-1].split("record: ")[1]
+    assert json.loads(open(path).read())["config"]["batch_ratio"] == 0.25
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--dataset", SMALL, "--batch-size", "1"], "batch size must be between 2"),
+        (["train", "--dataset", "facebok"], "did you mean"),
+        (["train", "--dataset", SMALL, "--epochs", "0"], "epochs must be >= 1"),
+    ],
+)
+def test_cli_user_errors_are_one_clear_line(tmp_path, capsys, argv, message):
+    code = main(argv + ["--data-root", str(tmp_path), "--out", str(tmp_path / "runs"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code != 0 and message in err
+
+
+def test_cli_bad_grid_syntax(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--dataset", SMALL, "--grid", "2x2"])
+    assert "GdxGxxGyxGz" in capsys.readouterr().err
+
+
+def test_python_dash_m_help_lists_the_options():
+    out = subprocess.run([sys.executable, "-m", "scalegnn", "train", "--help"], capture_output=True, text=True,
+                         timeout=120).stdout
+    for flag in ("--dataset", "--data-root", "--batch-size", "--batch-ratio", "--layers", "--hidden", "--dropout",
+                 "--lr", "--epochs", "--eval-every", "--target-acc", "--seed", "--out", "--grid", "--nproc"):
+        assert flag in out, flag
