@@ -124,6 +124,12 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
     rank = grid.rank if grid is not None else 0
     world = grid.world_size if grid is not None else 1
     device = "cpu"
+    # Configuration and data errors surface here, before any record exists: they
+    # are the user's to fix, and a "failed" record for a typo would only be noise.
+    if graph is None:
+        graph = prepare_graph(cfg)
+    batch_size = resolve_batch_size(graph.num_nodes, cfg.batch_size, cfg.batch_ratio)
+    engine = make_engine(cfg, graph, batch_size, grid)
     record = {
         "schema_version": records.SCHEMA_VERSION,
         "run_id": records.new_run_id(cfg.system, cfg.dataset),
@@ -134,6 +140,10 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         "world_size": world,
         "seed": cfg.seed,
         "env": records.environment_info(backend=grid.backend if grid is not None else None, device=device),
+        "graph": {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                  "num_features": graph.num_features, "num_classes": graph.num_classes},
+        "batch_size": batch_size,
+        "steps_per_epoch": engine.steps_per_epoch,
         "epochs": [],
         "target_acc": cfg.target_acc,
         "time_to_target_s": None,
@@ -143,14 +153,6 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         "error": None,
     }
     try:
-        if graph is None:
-            graph = prepare_graph(cfg)
-        batch_size = resolve_batch_size(graph.num_nodes, cfg.batch_size, cfg.batch_ratio)
-        record["graph"] = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                           "num_features": graph.num_features, "num_classes": graph.num_classes}
-        record["batch_size"] = batch_size
-        engine = make_engine(cfg, graph, batch_size, grid)
-        record["steps_per_epoch"] = engine.steps_per_epoch
         _train_epochs(cfg, engine, record, rank)
         record["status"] = "ok"
     except DivergedError as exc:

@@ -109,8 +109,7 @@ def missing_files_error(name: str, root: Path, expected: Path, partial: list[Pat
     alts = f" (also accepted under the data root: {', '.join(also)})" if also else ""
     rel = expected.relative_to(root).as_posix() if expected.is_relative_to(root) else expected.name
     return DatasetError(
-        f"{name}: file not found: {expected}{alts}. {how}, and {DATA_ROOT_HINT} pointing to a folder "
-        f"containing {rel}"
+        f"{name}: file not found: {expected}{alts}. {how}, and {DATA_ROOT_HINT} pointing to a folder containing {rel}"
     )
 
 
@@ -136,7 +135,9 @@ def undirected_csr(src, dst, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     if s.numel():
         lo, hi = int(torch.minimum(s.min(), d.min())), int(torch.maximum(s.max(), d.max()))
         if lo < 0 or hi >= n:
-            raise DatasetError(f"edge endpoint {hi if hi >= n else lo} is outside [0, {n}) for a graph with {n} vertices")
+            raise DatasetError(
+                f"edge endpoint {hi if hi >= n else lo} is outside [0, {n}) for a graph with {n} vertices"
+            )
     loop = s == d
     n_loops = int(loop.sum())
     if n_loops:

@@ -1,7 +1,8 @@
 """Planetoid citation graphs (Cora, CiteSeer, PubMed) with the standard split.
 
 Files ``ind.<name>.{x,y,tx,ty,allx,ally,graph,test.index}`` (Yang et al. 2016):
-pickles written by Python 2 (read with ``encoding='latin1'``). ``allx``/``ally``
+pickles written by Python 2 (read with ``encoding='latin1'``; pickle can run code, so load
+only files from a trusted source). ``allx``/``ally``
 hold vertices 0..len(allx)-1; ``tx``/``ty`` row i belongs to vertex
 ``test.index[i]`` (not contiguous, not sorted); ``graph`` maps a vertex to its
 neighbor list.
@@ -72,7 +73,7 @@ def _onehot_to_label(m: np.ndarray) -> np.ndarray:
 
 
 def load_planetoid(name: str, files: list[Path]):
-    parts = dict(zip(_PARTS, files))
+    parts = dict(zip(_PARTS, files, strict=True))
     obj = {p: _unpickle(parts[p]) for p in _PARTS if p != "test.index"}
     with reading(parts["test.index"]):
         test_index = np.loadtxt(parts["test.index"], dtype=np.int64, ndmin=1)

@@ -1,0 +1,316 @@
+"""Graphs from user files: edge lists, Matrix Market, and bring-your-own arrays.
+
+Featureless graphs (``edgelist:<path>``, ``mtx:<path>``, and the papers' named
+graphs ``isolate-3-8m``, ``products-14m``, ``europe-osm`` found as
+``<root>/<name>.mtx|.txt`` or ``<root>/<name>/<name>.mtx``, ``-`` or ``_``) follow
+the papers' protocol (``_core.featureless_graph``): symmetrized, self loops dropped,
+128-d N(0,1) features, 32 balanced degree classes, seeded 50/25/25 split.
+
+Edge list: one pair per line, separated by whitespace or a comma; extra columns
+(weights, timestamps) are ignored; lines starting with ``#`` or ``%`` are comments;
+a non-numeric first line is a header. Vertex ids need not be contiguous: the
+vertices are the distinct ids, renumbered 0..N-1 in increasing id order (so an
+isolated vertex cannot appear in an edge list). Matrix Market: coordinate format,
+general or symmetric, any field (values ignored); vertex i is row i-1, so N comes
+from the header and isolated vertices are kept. A non-square matrix is rejected.
+
+Bring your own (``npz:<file.npz>`` or ``dir:<folder>`` of ``<key>.npy`` files):
+
+=============  ===============  =========================================================
+key            shape / dtype    meaning
+=============  ===============  =========================================================
+edge_index     (2, E) int       edges src -> dst (an (E, 2) array is accepted too), or:
+indptr         (N+1,) int       CSR row pointers ...
+indices        (nnz,) int       ... and column ids
+values         (nnz,) or (E,)   optional edge weights, kept only with undirected=False
+x              (N, F) float     node features (required)
+y              (N,) int         class ids, -1 (or NaN) = unlabeled; or (N, C) multi-hot
+train_idx      (k,) int         vertex ids; or ``train_mask`` (N,) bool
+val_idx        (k,) int         or ``val_mask`` (``valid_idx`` / ``valid_mask`` also accepted)
+test_idx       (k,) int         or ``test_mask``
+num_classes    () int           optional; default max(y)+1, or C for multi-hot y
+undirected     () bool          optional, default true: symmetrize, unit weights
+=============  ===============  =========================================================
+
+Self loops are dropped in both cases (the trainer adds I); duplicates are merged
+(weights summed when directed and weighted). Arrays are read with
+``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scalegnn.graph import csr_from_edges
+
+from ._core import DATA_ROOT_HINT, DatasetError, featureless_graph, make_graph, reading, undirected_csr
+
+__all__ = [
+    "BYO_KEYS", "FEATURELESS_NAMED", "byo_sources", "compact_ids", "featureless_from_file",
+    "load_byo", "named_featureless_file", "path_tag", "read_edgelist", "read_mtx",
+]  # fmt: skip
+
+FEATURELESS_NAMED = {
+    "isolate-3-8m": "the HipMCL protein-similarity data repository (Azad et al.; Plexus Table 2)",
+    "products-14m": "the Amazon product network of Ni et al. 2019 (Plexus Table 2), saved as Matrix Market",
+    "europe-osm": "https://sparse.tamu.edu/DIMACS10/europe_osm (Matrix Market .tar.gz)",
+}
+_EXTS = (".mtx", ".txt", ".edges", ".el", ".tsv", ".csv")
+BYO_KEYS = (
+    "edge_index", "indptr", "indices", "values", "x", "y", "num_classes", "undirected",
+    "train_idx", "val_idx", "valid_idx", "test_idx", "train_mask", "val_mask", "valid_mask", "test_mask",
+)  # fmt: skip
+
+
+def path_tag(path: Path) -> str:
+    """A short stable tag of an absolute path, for cache file names."""
+    return hashlib.sha1(str(path).encode()).hexdigest()[:10]
+
+
+# ----------------------------------------------------------------- edge lists
+def _sniff(path: Path) -> tuple[str, set[str], int]:
+    """(separator, comment chars seen, lines to skip up to and including a header)."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16).decode("utf-8", errors="replace").splitlines()
+    comments, sep, skip = set(), r"\s+", 0
+    for i, line in enumerate(head[:-1] if len(head) > 1 else head):
+        s = line.strip()
+        if not s:
+            continue
+        if s[0] in "#%":
+            comments.add(s[0])
+            continue
+        sep = "," if "," in s else r"\s+"
+        toks = s.replace(",", " ").split()
+        if not (len(toks) >= 2 and all(t.lstrip("-").isdigit() for t in toks[:2])):
+            skip = i + 1  # a header line (and the comments before it)
+        break
+    return sep, comments, skip
+
+
+def _parse_edgelist_slow(path: Path) -> np.ndarray:
+    pairs = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = True
+        for lineno, line in enumerate(f, 1):
+            s = line.strip()
+            if not s or s[0] in "#%":
+                continue
+            toks = s.replace(",", " ").split()
+            try:
+                pairs.append((int(toks[0]), int(toks[1])))
+            except (ValueError, IndexError):
+                if first:  # a header line
+                    first = False
+                    continue
+                raise DatasetError(
+                    f"{path}, line {lineno}: expected two integer vertex ids, got {s[:80]!r}; fix or remove the line"
+                ) from None
+            first = False
+    return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+def read_edgelist(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Edge list file -> (src, dst) original ids (E,), int64."""
+    import pandas as pd
+
+    with reading(path):
+        sep, comments, skip = _sniff(path)
+        e = None
+        if len(comments) <= 1:
+            try:
+                e = pd.read_csv(
+                    path, sep=sep, comment=next(iter(comments), None), header=None,
+                    skiprows=skip, usecols=[0, 1], dtype=np.int64, engine="c",
+                    skipinitialspace=True,
+                ).to_numpy()  # fmt: skip
+            except (ValueError, pd.errors.ParserError, IndexError):
+                e = None  # mixed layout: the line-by-line parser finds the bad line
+        if e is None:
+            e = _parse_edgelist_slow(path)
+    if e.shape[0] == 0:
+        raise DatasetError(f"{path} contains no edges; expected lines 'src dst'")
+    if e.min() < 0:
+        raise DatasetError(f"{path} contains a negative vertex id {int(e.min())}; ids must be >= 0")
+    return e[:, 0].copy(), e[:, 1].copy()
+
+
+def compact_ids(src: np.ndarray, dst: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Renumber the distinct ids to 0..N-1 preserving order; returns (src, dst, N)."""
+    s, d = torch.from_numpy(src), torch.from_numpy(dst)
+    hi = int(torch.maximum(s.max(), d.max()))
+    if hi < 4 * (s.numel() + d.numel()) + 1024:  # dense id space: presence bitmap
+        present = torch.zeros(hi + 1, dtype=torch.bool)
+        present[s] = True
+        present[d] = True
+        new_id = torch.cumsum(present, 0) - 1
+        return new_id[s], new_id[d], int(present.sum())
+    uniq, inverse = torch.unique(torch.cat([s, d]), return_inverse=True)
+    return inverse[: s.numel()], inverse[s.numel() :], uniq.numel()
+
+
+def read_mtx(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    import scipy.io
+
+    with reading(path):
+        m = scipy.io.mmread(path)
+        if not hasattr(m, "tocoo"):
+            raise ValueError("a dense Matrix Market 'array' file; expected 'coordinate' (sparse) format")
+        m = m.tocoo()
+    if m.shape[0] != m.shape[1]:
+        raise DatasetError(
+            f"{path}: the matrix is {m.shape[0]} x {m.shape[1]}; a graph adjacency must be square "
+            "(convert a bipartite graph to a homogeneous one first)"
+        )
+    return np.asarray(m.row, dtype=np.int64), np.asarray(m.col, dtype=np.int64), int(m.shape[0])
+
+
+def featureless_from_file(name: str, path: Path, fmt: str, seed: int):
+    if fmt == "mtx":
+        src, dst, n = read_mtx(path)
+        relabeled = False
+    else:
+        src, dst = read_edgelist(path)
+        src, dst, n = compact_ids(src, dst)
+        relabeled = True
+    indptr, indices, values, counts = undirected_csr(src, dst, n)
+    meta = {"source": str(path), "format": fmt, "ids_renumbered": relabeled, **counts}
+    return featureless_graph(name, indptr, indices, values, seed, meta)
+
+
+def named_featureless_file(name: str, root: Path) -> Path:
+    stems = dict.fromkeys([name, name.replace("-", "_")])
+    tried = []
+    for stem in stems:
+        for ext in _EXTS:
+            for cand in (root / f"{stem}{ext}", root / stem / f"{stem}{ext}"):
+                tried.append(cand)
+                if cand.is_file():
+                    return cand
+    raise DatasetError(
+        f"{name}: no graph file found; expected {root / (name + '.mtx')} (or {name}.txt, "
+        f"{name.replace('-', '_')}.mtx, {name}/{name}.mtx, ... under {root}). Get it from "
+        f"{FEATURELESS_NAMED[name]} and {DATA_ROOT_HINT} pointing to the folder holding it"
+    )
+
+
+# ----------------------------------------------------------- bring your own
+def byo_sources(kind: str, path: Path) -> list[Path]:
+    if kind == "npz":
+        if not path.is_file():
+            raise DatasetError(f"npz: file not found: {path}; pass npz:<path to an existing .npz file>")
+        return [path]
+    if not path.is_dir():
+        raise DatasetError(f"dir: folder not found: {path}; pass dir:<folder holding x.npy, y.npy, ...>")
+    found = [path / f"{k}.npy" for k in BYO_KEYS if (path / f"{k}.npy").is_file()]
+    if not found:
+        raise DatasetError(
+            f"dir: {path} holds none of the expected files ({', '.join(k + '.npy' for k in BYO_KEYS[:6])}, ...)"
+        )
+    return found
+
+
+def _read_byo(kind: str, path: Path, files: list[Path]) -> dict:
+    if kind == "npz":
+        with reading(path), np.load(path, allow_pickle=False) as z:
+            return {k: np.asarray(z[k]) for k in z.files}
+    arrays = {}
+    for f in files:
+        with reading(f):
+            arrays[f.stem] = np.load(f, allow_pickle=False)
+    return arrays
+
+
+def load_byo(name: str, kind: str, path: Path, files: list[Path]):
+    a = _read_byo(kind, path, files)
+    where = f"{path}" if kind == "npz" else f"{path}/<key>.npy"
+
+    def need(key, shape):
+        if key not in a:
+            raise DatasetError(f"{where}: missing key '{key}' (expected {shape}); see scalegnn/datasets/README.md")
+        return a[key]
+
+    x = np.asarray(need("x", "an (N, F) float array of node features"), dtype=np.float32)
+    if x.ndim != 2:
+        raise DatasetError(f"{where}: 'x' must be (N, F), got shape {x.shape}")
+    n = x.shape[0]
+    y = np.asarray(need("y", f"an (N,) int array of classes with N={n}, -1 = unlabeled, or an (N, C) multi-hot array"))
+    if y.shape[0] != n or y.ndim not in (1, 2):
+        raise DatasetError(f"{where}: 'y' must be ({n},) or ({n}, C) to match x, got shape {y.shape}")
+    if y.ndim == 1:
+        if np.issubdtype(y.dtype, np.floating):
+            if np.any(np.isfinite(y) & (y != np.round(y))):
+                raise DatasetError(f"{where}: 'y' holds non-integer class ids; use an (N, C) array for multi-label")
+            y = np.where(np.isnan(y), -1, y)
+        y = y.astype(np.int64)
+        num_classes = int(a["num_classes"]) if "num_classes" in a else int(y.max()) + 1
+    else:
+        y = y.astype(np.float32)
+        num_classes = int(a["num_classes"]) if "num_classes" in a else y.shape[1]
+    undirected = bool(a["undirected"]) if "undirected" in a else True
+
+    if "edge_index" in a:
+        ei = np.asarray(a["edge_index"])
+        if ei.ndim == 2 and ei.shape[0] != 2 and ei.shape[1] == 2:
+            ei = ei.T
+        if ei.ndim != 2 or ei.shape[0] != 2:
+            raise DatasetError(f"{where}: 'edge_index' must be (2, E), got shape {ei.shape}")
+        src, dst = ei[0].astype(np.int64), ei[1].astype(np.int64)
+    elif "indptr" in a and "indices" in a:
+        indptr = np.asarray(a["indptr"]).astype(np.int64)
+        if indptr.shape != (n + 1,):
+            raise DatasetError(f"{where}: 'indptr' must be ({n + 1},) for N={n} rows of x, got shape {indptr.shape}")
+        dst = np.asarray(a["indices"]).astype(np.int64)
+        if indptr[-1] != dst.shape[0]:
+            raise DatasetError(f"{where}: indptr[-1]={indptr[-1]} but 'indices' has {dst.shape[0]} entries")
+        src = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    else:
+        raise DatasetError(
+            f"{where}: missing key 'edge_index' (expected a (2, E) int array), "
+            "or the pair 'indptr' ((N+1,) int) and 'indices' ((nnz,) int)"
+        )
+    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+        raise DatasetError(f"{where}: edge endpoints must be in [0, {n}) (N = rows of x)")
+
+    if undirected:
+        indptr_t, indices_t, values_t, counts = undirected_csr(src, dst, n)
+    else:
+        keep = src != dst
+        w = np.asarray(a["values"], dtype=np.float32)[keep] if "values" in a else None
+        indptr_t, indices_t, values_t = csr_from_edges(src[keep], dst[keep], n, w)
+        counts = {"input_edge_pairs": int(src.size), "self_loops_dropped": int((~keep).sum())}
+
+    splits = []
+    for split, alias in (("train", None), ("val", "valid"), ("test", None)):
+        keys = [f"{split}_idx", f"{split}_mask"] + ([f"{alias}_idx", f"{alias}_mask"] if alias else [])
+        key = next((k for k in keys if k in a), None)
+        if key is None:
+            raise DatasetError(
+                f"{where}: missing key '{split}_idx' (expected a 1-D int array of vertex ids) "
+                f"or '{split}_mask' (expected a ({n},) bool array)"
+            )
+        v = np.asarray(a[key])
+        if key.endswith("_mask"):
+            if v.shape != (n,):
+                raise DatasetError(f"{where}: '{key}' must be a ({n},) bool array, got shape {v.shape}")
+            v = np.flatnonzero(v.astype(bool))
+        splits.append(torch.from_numpy(np.sort(v.reshape(-1).astype(np.int64))))
+
+    return make_graph(
+        str(path),
+        indptr=indptr_t,
+        indices=indices_t,
+        values=values_t,
+        x=torch.from_numpy(x),
+        y=torch.from_numpy(y),
+        train_idx=splits[0],
+        val_idx=splits[1],
+        test_idx=splits[2],
+        num_classes=num_classes,
+        name=name,
+        meta={"source": str(path), "format": kind, "undirected": undirected, **counts},
+    )
