@@ -99,6 +99,16 @@ def _op(op: str):
     return getattr(dist.ReduceOp, _OPS[op])
 
 
+def _group(grid: ProcessGrid, axis: str):
+    group = grid.group(axis)
+    if group is None:
+        raise RuntimeError(
+            f"grid {grid.spec()} has no process groups (built with ProcessGrid.virtual/single) but a collective "
+            f"over axis {axis} of size {grid.axis_size(axis)} was requested; build the grid on an initialized world"
+        )
+    return group
+
+
 def all_reduce(
     t: torch.Tensor,
     grid: ProcessGrid,
@@ -117,8 +127,7 @@ def all_reduce(
         return t
     if comm_dtype is not None and comm_dtype != t.dtype and kind not in PMM_KINDS:
         raise ValueError(f"low-precision communication is only for 3D-PMM partial sums, not for kind {kind!r}")
-    group = grid.group(axis)
-    assert group is not None, "a grid axis of size > 1 always has a process group"
+    group = _group(grid, axis)
     t0 = time.perf_counter()
     if comm_dtype is not None and comm_dtype != t.dtype:
         buf = t.to(comm_dtype)  # cast - all-reduce - cast (paper V-B)
@@ -167,7 +176,7 @@ def all_gather_uneven(
     padded.narrow(dim, 0, sizes[me]).copy_(t)
     outs = [torch.empty_like(padded) for _ in range(n)]
     t0 = time.perf_counter()
-    dist.all_gather(outs, padded, group=grid.group(axis))
+    dist.all_gather(outs, padded, group=_group(grid, axis))
     if stats is not None:
         stats.record(kind, padded.numel() * padded.element_size(), time.perf_counter() - t0)
     return torch.cat([o.narrow(dim, 0, s) for o, s in zip(outs, sizes)], dim=dim)
@@ -179,7 +188,7 @@ def broadcast(t: torch.Tensor, grid: ProcessGrid, axis: str, src_index: int, sta
     if grid.axis_size(axis) == 1 or t.numel() == 0:
         return t
     t0 = time.perf_counter()
-    dist.broadcast(t, src=grid.group_ranks(axis)[src_index], group=grid.group(axis))
+    dist.broadcast(t, src=grid.group_ranks(axis)[src_index], group=_group(grid, axis))
     if stats is not None:
         stats.record(kind, t.numel() * t.element_size(), time.perf_counter() - t0)
     return t

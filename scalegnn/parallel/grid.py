@@ -84,8 +84,11 @@ class ProcessGrid:
 
     Build it with :meth:`ProcessGrid.__init__` after ``torch.distributed`` is
     initialized (every rank must construct it, in the same program order, because
-    ``new_group`` is collective over the world), or with :meth:`single` for one
-    process without ``torch.distributed``.
+    ``new_group`` is collective over the world), with :meth:`single` for one
+    process without ``torch.distributed``, or with :meth:`virtual` for the
+    coordinates of any rank without process groups (planning, communication-free
+    code such as sharding and sampling, tests). ``rank``/``world_size`` are used
+    only by those two; a distributed grid reads them from ``torch.distributed``.
 
     Every axis group is created on every rank in the same order (torch requires
     it), including groups of size 1; a rank keeps only the groups it belongs to.
@@ -105,8 +108,7 @@ class ProcessGrid:
                     "ProcessGrid needs torch.distributed to be initialized first "
                     "(scalegnn.parallel.launch.init_from_env or spawn), or use ProcessGrid.single() for one process"
                 )
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
+            rank, world_size = dist.get_rank(), dist.get_world_size()
         else:
             rank, world_size = (0, 1) if rank is None else (rank, world_size)
         product = dp * x * y * z
@@ -121,6 +123,7 @@ class ProcessGrid:
         self.world_size = world_size
         self.coords: dict[str, int] = dict(zip(AXES, self.coords_of(rank)))
         self._groups: dict[str, object] = {}
+        self._has_groups = _groups
         self._group_ranks: dict[str, list[int]] = {}
         for ax in AXES:
             self._group_ranks[ax] = self._ranks_along(ax, self.coords)
@@ -145,6 +148,15 @@ class ProcessGrid:
         Its groups are ``None``: every collective short-circuits on axes of size 1.
         """
         return cls(1, 1, 1, 1, rank=0, world_size=1, _groups=False)
+
+    @classmethod
+    def virtual(cls, dp: int, x: int, y: int, z: int, rank: int) -> "ProcessGrid":
+        """Coordinates of ``rank`` in a grid, with no process groups: for planning and
+        for communication-free code (sharding, sampling) in one process. Any
+        collective over an axis of size > 1 on it fails."""
+        if not 0 <= rank < dp * x * y * z:
+            raise ValueError(f"rank {rank} is outside the grid {dp}x{x}x{y}x{z}")
+        return cls(dp, x, y, z, rank=rank, world_size=dp * x * y * z, _groups=False)
 
     @classmethod
     def from_spec(cls, spec: str) -> "ProcessGrid":
@@ -182,7 +194,7 @@ class ProcessGrid:
         return self.coords[ax]
 
     def group(self, ax: str):
-        """The process group of this rank's ``ax`` line (None only for :meth:`single`)."""
+        """The process group of this rank's ``ax`` line (None only for single/virtual grids)."""
         self._check_axis(ax)
         return self._groups[ax]
 
@@ -204,6 +216,28 @@ class ProcessGrid:
     @property
     def shape_tuple(self) -> tuple[int, int, int, int]:
         return tuple(self.shape[a] for a in AXES)
+
+    @property
+    def distributed(self) -> bool:
+        """False for :meth:`single` and :meth:`virtual` grids (no process groups)."""
+        return self._has_groups
+
+    @property
+    def backend(self) -> str:
+        """The torch.distributed backend ("gloo", "nccl"), or "none" for :meth:`single`."""
+        return str(dist.get_backend()) if self.distributed else "none"
+
+    def gather_object(self, obj) -> list:
+        """A picklable object from every rank, in rank order, on every rank (world group)."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=dist.group.WORLD)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=dist.group.WORLD)
 
     def spec(self) -> str:
         return "x".join(str(self.shape[a]) for a in AXES)

@@ -1,0 +1,238 @@
+"""The 4D parallel engine: the same interface as :class:`scalegnn.engine.SerialEngine`.
+
+One ``train_step(step)`` on every rank of the ``Gd x Gx x Gy x Gz`` grid:
+
+  1. sample: data-parallel group g draws ``S = sample_vertices(N, B, seed, step, g)``
+     and every rank extracts its shards without communicating (Algorithm 2);
+  2. forward / backward of the 3D-parallel model (paper IV-C), loss = mean over the
+     group's sampled labeled training vertices (Eq. 12);
+  3. data-parallel all-reduce of the weight gradients, averaged over the groups
+     whose sample holds at least one labeled training vertex (paper IV-A), fused
+     with the loss and accuracy counts into one buffer;
+  4. global-norm clipping (each shard counted once: replicas excluded) and AdamW
+     on the local shards (element-wise, so it equals the serial update).
+
+With Gd = 1 and the same seed, every step reproduces :class:`SerialEngine`: same
+sample, same dropout mask, same loss and same updated weights (up to float
+summation order). Steps per epoch: ``ceil(ceil(N / B) / Gd)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
+from ..graph import Graph
+from ..model import ModelConfig
+from ..sampling import steps_per_epoch
+from .collectives import CommStats, ComponentTimer, all_reduce
+from .dist_sampling import DistributedSampler, ShardedBatch
+from .grid import PMM_AXES, ProcessGrid
+from .model import ParallelScaleGNN
+from .pmm import ParallelContext, parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
+from .sharding import RankShard, build_rank_shard
+
+__all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS"]
+
+# Components reported per epoch (cumulative seconds; they do not overlap):
+COMPONENTS = ("sampling", "spmm", "gemm", "elementwise", "pmm_comm", "dp_comm", "optimizer")
+# Collective kinds that count as 3D-PMM-group communication inside forward/backward.
+MP_KINDS = ("pmm_x", "pmm_y", "pmm_z", "norm", "loss", "reshard")
+
+
+def _dropout_seed(seed: int, dp_index: int) -> int:
+    """Group 0 uses ``seed`` (as the serial engine); other groups get their own stream."""
+    return seed if dp_index == 0 else seed + 0x9E3779B1 * dp_index
+
+
+class ParallelEngine:
+    """4D parallel ScaleGNN training on this rank's shards (every rank builds one).
+
+    Args:
+        graph: the GCN-normalized full graph (every rank cuts its shard from it), or
+            None when ``shard`` is given (loaded with :func:`sharding.load_shard`).
+        model_cfg, optim_cfg, batch_size, seed, epochs: as :class:`SerialEngine`.
+        grid: the :class:`ProcessGrid` (required).
+        shard: a prebuilt :class:`RankShard` for this rank.
+        pmm_comm_dtype: e.g. ``torch.bfloat16`` for 3D-PMM partial sums (paper V-B).
+        use_index_map: persistent tagged remap in sampling (Alg. 2 line 14).
+    """
+
+    system = "scalegnn"
+
+    def __init__(self, graph: Graph | None, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_size: int,
+                 seed: int = 0, epochs: int = 1, *, grid: ProcessGrid, shard: RankShard | None = None,
+                 pmm_comm_dtype: torch.dtype | None = None, use_index_map: bool = False):
+        if grid is None:
+            raise ValueError("ParallelEngine needs a ProcessGrid; use SerialEngine for one process without a grid")
+        if shard is None:
+            if graph is None:
+                raise ValueError("give the normalized graph or this rank's shard")
+            if graph.meta.get("normalized") != "gcn":
+                raise ValueError("ParallelEngine needs the GCN-normalized graph: call graph.gcn_normalize() first")
+            shard = build_rank_shard(graph, grid)
+        self.grid, self.shard, self.seed = grid, shard, seed
+        self.dp_index = grid.axis_index("dp")
+        self.dropout_seed = _dropout_seed(seed, self.dp_index)
+        self.sampler = DistributedSampler(shard, grid, batch_size, seed=seed, use_index_map=use_index_map)
+        self.batch_size = self.sampler.batch_size
+        self.steps_per_epoch = steps_per_epoch(shard.num_nodes, self.batch_size, grid.axis_size("dp"))
+        self.multilabel = shard.multilabel
+        self.model = ParallelScaleGNN(shard.num_features, shard.num_classes, model_cfg, grid, seed=seed)
+        self.params = list(self.model.named_parameters())
+        self.optimizer, self.scheduler = make_optimizer(
+            self.model.parameters(), optim_cfg, total_steps=epochs * self.steps_per_epoch
+        )
+        self.grad_clip = optim_cfg.grad_clip
+        self._stats, self._timer = CommStats(), ComponentTimer()
+        self.pc = ParallelContext(grid, self._stats, self._timer, pmm_comm_dtype)
+        self.eval_stats = CommStats()  # evaluation traffic, kept out of the per-epoch training counters
+        self._eval_pc = ParallelContext(grid, self.eval_stats, None, pmm_comm_dtype)
+        self.components: dict[str, float] = defaultdict(float)
+        self.comm_bytes: dict[str, int] = defaultdict(int)
+        self.last_batch: ShardedBatch | None = None
+
+    # ------------------------------------------------------------------ helpers
+    def _labels(self, batch: ShardedBatch, split: str = "train"):
+        """(y, mask) for the logits' rows (head row axis a), classes sliced for multi-label."""
+        a = self.model.head.row_axis
+        y = batch.y[a]
+        if self.multilabel:
+            c0, c1 = self.model.class_range
+            y = y[:, c0:c1]
+        return y, getattr(batch, f"{split}_mask")[a]
+
+    def _loss(self, logits, y, mask, pc):
+        head = self.model.head
+        if self.multilabel:
+            return parallel_bce(logits, y, mask, pc, head.row_axis, head.class_axis, self.shard.num_classes)
+        return parallel_cross_entropy(logits, y, mask, pc, head.row_axis, head.class_axis, self.model.class_range[0])
+
+    def _global_grad_norm(self) -> torch.Tensor:
+        """sqrt(sum over every parameter ELEMENT of g^2): each shard counted on one replica
+        only (see ParallelScaleGNN.is_owner), summed over x, y, z. Gradients are already
+        identical across data-parallel groups, so dp needs no sum."""
+        sq = torch.zeros(1, dtype=torch.float64, device=self.params[0][1].device)
+        for name, p in self.params:
+            if p.grad is not None and self.model.is_owner(name):
+                sq += p.grad.detach().double().pow(2).sum()
+        for ax in PMM_AXES:
+            all_reduce(sq, self.grid, ax, self._stats, "clip")
+        return sq.sqrt()
+
+    def _account(self, fwd_bwd_s: float) -> None:
+        t, s = self._timer.seconds, self._stats
+        mp_comm = sum(s.seconds.get(k, 0.0) for k in MP_KINDS)
+        self.components["spmm"] += t.get("spmm", 0.0)
+        self.components["gemm"] += t.get("gemm", 0.0)
+        self.components["pmm_comm"] += mp_comm
+        self.components["elementwise"] += max(0.0, fwd_bwd_s - t.get("spmm", 0.0) - t.get("gemm", 0.0) - mp_comm)
+        self.components["dp_comm"] += s.seconds.get("dp", 0.0)
+        for kind, nbytes in s.bytes.items():
+            self.comm_bytes[kind] += nbytes
+        self._timer.reset()
+        self._stats.reset()
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, step: int) -> StepResult:
+        """One optimizer update of Algorithm 1 on every data-parallel group at once."""
+        t0 = time.perf_counter()
+        batch = self.sampler.sample(step)
+        self.last_batch = batch
+        self.components["sampling"] += time.perf_counter() - t0
+        self._timer.reset()
+        self._stats.reset()
+
+        t1 = time.perf_counter()
+        self.model.train()
+        logits = self.model(batch, self.pc, self.dropout_seed, step)
+        y, mask = self._labels(batch)
+        loss, count = self._loss(logits, y, mask, self.pc)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        head = self.model.head
+        ((correct, total),) = parallel_accuracy_counts(
+            logits.detach(), y, [mask], self.pc, head.row_axis, head.class_axis, self.model.class_range[0],
+            self.multilabel)
+        fwd_bwd = time.perf_counter() - t1
+
+        # Data parallel (paper IV-A): one fused all-reduce of every gradient and the step scalars.
+        has = float(int(count) > 0)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
+        scalars = torch.tensor([float(loss.detach()) * has, has, correct, total], dtype=torch.float32,
+                               device=grads[0].device)
+        if self.grid.axis_size("dp") > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads] + [scalars])
+            all_reduce(flat, self.grid, "dp", self._stats, "dp")
+            scalars = flat[-4:]
+            groups = float(scalars[1])
+            if groups > 0:
+                off = 0
+                for (_, p), g in zip(self.params, grads):
+                    n = g.numel()
+                    p.grad = (flat[off: off + n].view_as(g) / groups).clone()
+                    off += n
+        loss_sum, groups, correct, total = (float(v) for v in scalars)
+        self._account(fwd_bwd)
+        if groups == 0:  # no labeled training vertex in any group's sample: nothing to learn
+            return StepResult(loss=float("nan"), correct=0.0, count=0)
+
+        t2 = time.perf_counter()
+        if self.grad_clip is not None:  # torch.nn.utils.clip_grad_norm_ semantics, global norm
+            norm = self._global_grad_norm()
+            coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0).to(torch.float32)
+            for _, p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(coef.to(p.grad.device))
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.components["optimizer"] += time.perf_counter() - t2
+        for kind, nbytes in self._stats.bytes.items():  # the clip all-reduce
+            self.comm_bytes[kind] += nbytes
+        self._stats.reset()
+        return StepResult(loss=loss_sum / groups, correct=correct, count=int(total))
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def full_logits(self) -> tuple[torch.Tensor, ShardedBatch]:
+        """One distributed full-graph forward (paper VII-B): B = N, no rescaling."""
+        batch = self.sampler.full_batch()
+        self.model.eval()
+        return self.model(batch, self._eval_pc), batch
+
+    def evaluate(self) -> EvalResult:
+        """Train/val/test accuracy (micro-F1 for multi-label), identical on every rank."""
+        logits, batch = self.full_logits()
+        a = self.model.head.row_axis
+        y, _ = self._labels(batch)
+        masks = [batch.train_mask[a], batch.val_mask[a], batch.test_mask[a]]
+        head = self.model.head
+        counts = parallel_accuracy_counts(logits, y, masks, self._eval_pc, head.row_axis, head.class_axis,
+                                          self.model.class_range[0], self.multilabel, kind="eval")
+        return EvalResult(*[c / t if t else float("nan") for c, t in counts])
+
+    # ------------------------------------------------------------------ state
+    def parameters_for_test(self) -> dict:
+        """{name: {"value", "grad", "rows", "cols", "replicated"}}: this rank's shards with
+        their global ranges in the serial parameter (rows None for 1-D norm weights)."""
+        out = {}
+        for name, p in self.params:
+            sh = self.model.shards[name]
+            out[name] = {"value": p.detach().clone(), "grad": None if p.grad is None else p.grad.detach().clone(),
+                         "rows": sh.rows, "cols": sh.cols, "replicated": sh.replicated}
+        return out
+
+    def state_dict(self) -> dict:
+        """This rank's shards and optimizer state (save one file per rank)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "grid": self.grid.spec(), "rank": self.grid.rank}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("grid") not in (None, self.grid.spec()):
+            raise ValueError(f"state was saved on grid {state['grid']}, this run uses {self.grid.spec()}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,420 @@
+"""3D parallel matrix multiplication and the other sharded operators (paper IV-C).
+
+Shape legend (per rank; a block's size comes from :mod:`scalegnn.parallel.layout`):
+    Br_a   batch rows of this rank's row block along axis a
+    H_a    hidden columns of this rank's column block along axis a
+    F_z    input-feature columns along z          C_d   class columns along d
+
+Gradient convention. A matrix laid out on (a, b) is replicated along the third
+axis. Every operator here returns *complete* gradients: after its backward, each
+replica of an input block holds the full gradient of that block (identical on all
+replicas), never a partial sum. The all-reduces that make this true follow from
+the forward by the chain rule (paper III-C, Eqs. 13-19). For the generic
+
+    C[a, c] = AllReduce_b( A[a, b] @ B[b, c] )       (C replicated along b)
+
+with a complete dC (identical on the replicas along b):
+
+    dA[a, b] = sum_c dC[a, c] B[b, c]^T  -> local dC @ B^T, all-reduce over c
+               (A is replicated along c; each replica has one c-block of the sum)
+    dB[b, c] = sum_a A[a, b]^T dC[a, c]  -> local A^T @ dC, all-reduce over a
+               (B is replicated along a; each replica has one a-block of the sum)
+
+and the forward all-reduce itself back-propagates as the identity (each partial
+product's gradient is dC). Applied to the layer of the rotation table with input
+on (r, c) and third axis t:
+
+    SpMM  H[t, c] = AR_r(A[t, r] @ X[r, c])   backward dX = AR_t(A^T[r, t] @ dH)   (Eq. 17)
+    GEMM  Z[t, r] = AR_c(H[t, c] @ W[c, r])   backward dH = AR_r(dZ @ W^T)         (Eq. 16)
+                                                       dW = AR_t(H^T @ dZ)         (Eq. 15)
+
+i.e. the weight gradient is summed over the axis along which W is replicated and
+H's row blocks differ (t), and the feature gradient over the axis of W's columns.
+Data-parallel reduction of weight gradients is left to the engine.
+
+Operators whose replicas consume a replicated value *differently* (RMSNorm's row
+sum of squares: each replica uses it for its own columns) need an all-reduce in
+backward as well; operators whose replicas consume it identically (the cross-
+entropy's log-sum-exp: every class replica computes the same row loss) do not.
+Each backward below states which case it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..model import dropout_keep_mask, rms_norm
+from ..sampling import SampledBlock
+from .collectives import CommStats, ComponentTimer, _maybe_time, all_gather_uneven, all_reduce
+from .grid import ProcessGrid
+from .layout import RowPartition, col_bounds, interval_overlap
+
+__all__ = ["ParallelContext", "sharded_spmm", "sharded_gemm", "reshard", "parallel_rms_norm", "parallel_dropout",
+           "parallel_cross_entropy", "parallel_bce", "parallel_argmax", "parallel_accuracy_counts"]
+
+
+@dataclass
+class ParallelContext:
+    """What every sharded operator needs: the grid, the byte accounting, optional
+    compute timers and the communication dtype for 3D-PMM partial sums (None: as is)."""
+
+    grid: ProcessGrid
+    stats: CommStats | None = None
+    timer: ComponentTimer | None = None
+    pmm_comm_dtype: torch.dtype | None = None
+
+    def reduce_pmm(self, t: torch.Tensor, axis: str) -> torch.Tensor:
+        return all_reduce(t, self.grid, axis, self.stats, f"pmm_{axis}", comm_dtype=self.pmm_comm_dtype)
+
+    def reduce(self, t: torch.Tensor, axis: str, kind: str, op: str = "sum") -> torch.Tensor:
+        return all_reduce(t, self.grid, axis, self.stats, kind, op=op)
+
+    def time(self, name: str):
+        return _maybe_time(self.timer, name)
+
+
+# ------------------------------------------------------------------------------ SpMM
+class _ShardedSpMM(torch.autograd.Function):
+    """H[t, c] = AllReduce_r(A[t, r] @ X[r, c]) (Eq. 27); dX = AllReduce_t(A^T dH) (Eq. 17)."""
+
+    @staticmethod
+    def forward(ctx, x, adj, adj_t, pc: ParallelContext, spmm_axis: str, grad_axis: str):
+        ctx.adj_t, ctx.pc, ctx.grad_axis = adj_t, pc, grad_axis
+        with pc.time("spmm"):
+            h = torch.sparse.mm(adj, x)  # (Br_t, H_c): a partial sum over the r-blocks of A's columns
+        return pc.reduce_pmm(h, spmm_axis)
+
+    @staticmethod
+    def backward(ctx, grad_h):
+        pc = ctx.pc
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None, None
+        with pc.time("spmm"):
+            grad_x = torch.sparse.mm(ctx.adj_t, grad_h.contiguous())  # (Br_r, H_c): partial over t
+        return pc.reduce_pmm(grad_x, ctx.grad_axis), None, None, None, None, None
+
+
+def sharded_spmm(x: torch.Tensor, block: SampledBlock, pc: ParallelContext, spmm_axis: str,
+                 grad_axis: str) -> torch.Tensor:
+    """Aggregation of one layer: ``x`` (Br_r, H_c) on (r, c), ``block`` the A shard on
+    (t, r) with its transpose. Returns H (Br_t, H_c) on (t, c), replicated along r.
+    ``spmm_axis`` = r, ``grad_axis`` = t (the axis of A's row blocks)."""
+    return _ShardedSpMM.apply(x, block.adj, block.adj_t, pc, spmm_axis, grad_axis)
+
+
+# ------------------------------------------------------------------------------ GEMM
+class _ShardedGEMM(torch.autograd.Function):
+    """Z[t, r] = AllReduce_c(H[t, c] @ W[c, r]) (Eq. 28) with
+    dH = AllReduce_r(dZ W^T) (Eq. 16) and dW = AllReduce_t(H^T dZ) (Eq. 15)."""
+
+    @staticmethod
+    def forward(ctx, h, w, pc: ParallelContext, reduce_axis: str, dh_axis: str, dw_axis: str):
+        ctx.save_for_backward(h, w)
+        ctx.pc, ctx.dh_axis, ctx.dw_axis = pc, dh_axis, dw_axis
+        with pc.time("gemm"):
+            z = h @ w
+        return pc.reduce_pmm(z, reduce_axis)
+
+    @staticmethod
+    def backward(ctx, grad_z):
+        h, w = ctx.saved_tensors
+        pc = ctx.pc
+        grad_h = grad_w = None
+        if ctx.needs_input_grad[0]:
+            with pc.time("gemm"):
+                grad_h = grad_z @ w.t()  # partial over the column blocks of W (axis dh_axis)
+            grad_h = pc.reduce_pmm(grad_h.contiguous(), ctx.dh_axis)
+        if ctx.needs_input_grad[1]:
+            with pc.time("gemm"):
+                grad_w = h.t() @ grad_z  # partial over the row blocks of H (axis dw_axis)
+            grad_w = pc.reduce_pmm(grad_w.contiguous(), ctx.dw_axis)
+        return grad_h, grad_w, None, None, None, None
+
+
+def sharded_gemm(h: torch.Tensor, w: torch.Tensor, pc: ParallelContext, reduce_axis: str, dh_axis: str,
+                 dw_axis: str) -> torch.Tensor:
+    """Dense 3D PMM: ``h`` on (t, c), ``w`` on (c, r) -> (t, r), replicated along c.
+
+    ``reduce_axis`` = c (inner dim), ``dh_axis`` = r (W's columns), ``dw_axis`` = t
+    (H's rows; W is replicated along it). Used for the layer GEMM (Eq. 6), the input
+    projection (Eq. 4: X_in on (x, z), W_in on (z, y): reduce z, dW over x) and the
+    output head (Eq. 11: X on (a, b), W_out on (b, d): reduce b, dX over d, dW over a).
+    """
+    return _ShardedGEMM.apply(h, w, pc, reduce_axis, dh_axis, dw_axis)
+
+
+# ------------------------------------------------------------------------------ reshard
+def _move_rows(x, src_ax, dst_ax, rows: RowPartition, pc: ParallelContext):
+    """Row blocks along ``src_ax`` -> along ``dst_ax`` (columns unchanged), by an
+    uneven all-gather over ``src_ax`` of each member's overlap with my target rows."""
+    if src_ax == dst_ax:
+        return x
+    grid = pc.grid
+    target = rows.block(dst_ax)
+    mine = rows.block(src_ax)
+    sizes = []
+    for i in range(grid.axis_size(src_ax)):
+        lo, hi = interval_overlap(rows.block(src_ax, i), target)
+        sizes.append(hi - lo)
+    lo, hi = interval_overlap(mine, target)
+    piece = x[lo - mine[0]: hi - mine[0]]
+    return all_gather_uneven(piece.contiguous(), sizes, grid, src_ax, pc.stats, "reshard", dim=0)
+
+
+def _move_cols(x, src_ax, dst_ax, dim: int, pc: ParallelContext):
+    """Column blocks along ``src_ax`` -> along ``dst_ax`` (rows unchanged)."""
+    if src_ax == dst_ax:
+        return x
+    grid = pc.grid
+    sb, db = col_bounds(dim, grid, src_ax), col_bounds(dim, grid, dst_ax)
+    j = grid.axis_index(dst_ax)
+    target = (db[j], db[j + 1])
+    sizes = []
+    for i in range(grid.axis_size(src_ax)):
+        lo, hi = interval_overlap((sb[i], sb[i + 1]), target)
+        sizes.append(hi - lo)
+    me = grid.axis_index(src_ax)
+    lo, hi = interval_overlap((sb[me], sb[me + 1]), target)
+    piece = x[:, lo - sb[me]: hi - sb[me]]
+    return all_gather_uneven(piece.contiguous(), sizes, grid, src_ax, pc.stats, "reshard", dim=1)
+
+
+def _reshard_blocks(x, src, dst, rows: RowPartition, dim: int, pc: ParallelContext):
+    (r1, c1), (r2, c2) = src, dst
+    if src == dst:
+        return x
+    if r2 != c1:  # rows first: gather over r1 (members share c1 and r2), then over c1
+        x = _move_rows(x, r1, r2, rows, pc)
+        return _move_cols(x, c1, c2, dim, pc)
+    if c2 != r1:  # columns first: gather over c1 (members share r1 and c2), then over r1
+        x = _move_cols(x, c1, c2, dim, pc)
+        return _move_rows(x, r1, r2, rows, pc)
+    raise NotImplementedError(f"reshard between transposed layouts {src} -> {dst} is not needed by the model")
+
+
+class _Reshard(torch.autograd.Function):
+    """Pure data movement; the backward is the reverse movement of the (complete) gradient."""
+
+    @staticmethod
+    def forward(ctx, x, src, dst, rows, dim, pc):
+        ctx.args = (src, dst, rows, dim, pc)
+        return _reshard_blocks(x, src, dst, rows, dim, pc)
+
+    @staticmethod
+    def backward(ctx, grad):
+        src, dst, rows, dim, pc = ctx.args
+        return _reshard_blocks(grad.contiguous(), dst, src, rows, dim, pc), None, None, None, None, None
+
+
+def reshard(x: torch.Tensor, src: tuple[str, str], dst: tuple[str, str], rows: RowPartition, dim: int,
+            pc: ParallelContext) -> torch.Tensor:
+    """Move a (B, dim) matrix from layout ``src`` to layout ``dst`` (residual, IV-C4).
+
+    Two uneven all-gathers over single axes, each receiving only the part of the
+    target block that the sender holds (received volume = the target block size):
+    for the layer residual ``(r, c) -> (t, r)`` first the rows (over r), then the
+    columns (over c). Differentiable; the backward is the reverse reshard.
+    """
+    return _Reshard.apply(x, tuple(src), tuple(dst), rows, dim, pc)
+
+
+# ------------------------------------------------------------------------------ RMSNorm
+class _ParallelRMSNorm(torch.autograd.Function):
+    """y = x * rinv * g with rinv = (s / H + eps)^-1/2, s = sum over ALL H columns of x^2
+    (Eq. 29: FP32 local sums all-reduced over the column axis).
+
+    Backward, per row, with u_j = g_j dy_j:
+        dx_j = rinv * u_j - x_j * rinv^3 / H * sum_k u_k x_k     (sum over all columns:
+               each replica along the column axis holds one block -> all-reduce, FP32)
+        dg_j = sum_rows dy_j x_j rinv                             (g is replicated along the
+               row axis and the rows differ there -> all-reduce over the row axis)
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, pc: ParallelContext, col_axis: str, row_axis: str, hidden: int, eps: float):
+        sum_sq = x.float().pow(2).sum(-1, keepdim=True)
+        pc.reduce(sum_sq, col_axis, "norm")
+        y = rms_norm(x, weight, eps, sum_sq=sum_sq, dim=hidden)
+        rinv = torch.rsqrt(sum_sq / hidden + eps)  # (Br, 1) FP32
+        ctx.save_for_backward(x, weight, rinv)
+        ctx.pc, ctx.col_axis, ctx.row_axis, ctx.hidden = pc, col_axis, row_axis, hidden
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rinv = ctx.saved_tensors
+        pc = ctx.pc
+        grad_x = grad_w = None
+        r = rinv.to(x.dtype)
+        if ctx.needs_input_grad[0]:
+            u = dy * weight if weight is not None else dy
+            dot = (u.float() * x.float()).sum(-1, keepdim=True)
+            pc.reduce(dot, ctx.col_axis, "norm")
+            grad_x = u * r - x * (rinv.pow(3) * dot / ctx.hidden).to(x.dtype)
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_w = pc.reduce((dy * x * r).sum(0).contiguous(), ctx.row_axis, "norm")
+        return grad_x, grad_w, None, None, None, None, None
+
+
+def parallel_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, pc: ParallelContext, col_axis: str,
+                      row_axis: str, hidden: int, eps: float) -> torch.Tensor:
+    """RMSNorm of ``x`` (Br_row, H_col) on (row_axis, col_axis); ``weight`` (H_col,) its slice of g."""
+    return _ParallelRMSNorm.apply(x, weight, pc, col_axis, row_axis, hidden, eps)
+
+
+# ------------------------------------------------------------------------------ dropout
+def parallel_dropout(x: torch.Tensor, key: int, row_ids: torch.Tensor, col_ids: torch.Tensor,
+                     p: float) -> torch.Tensor:
+    """Dropout (Eq. 9) of a block whose rows are global vertices ``row_ids`` and whose
+    columns are global hidden ids ``col_ids``: the block of the serial mask, exactly."""
+    keep = dropout_keep_mask(key, row_ids, col_ids, p)
+    return x * keep / (1.0 - p)
+
+
+# ------------------------------------------------------------------------------ losses
+class _ParallelCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy over labeled rows with class-sharded logits (Eq. 12).
+
+    Per row i (FP32): m = AR_max,d(max_j o_ij), S = AR_d(sum_j exp(o_ij - m)),
+    o_target = AR_d(o_i,y_i on the rank that holds class y_i), loss_i = m + log S - o_target.
+    L = AR_a(sum_i mask_i loss_i) / AR_a(sum_i mask_i)  (a: the row axis).
+
+    Backward: dO_ij = dL * mask_i / count * (softmax_ij - [j == y_i]). No all-reduce:
+    every class replica computes the same row losses (the reductions are consumed
+    identically), so the local gradient block is already complete.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, y, mask, pc: ParallelContext, row_axis: str, class_axis: str, class_start: int):
+        o = logits.float()
+        n_rows, n_cls = o.shape
+        m = o.max(-1).values if n_cls else o.new_full((n_rows,), float("-inf"))
+        pc.reduce(m, class_axis, "loss", op="max")
+        e = torch.exp(o - m[:, None])
+        s = e.sum(-1)
+        local_t = (y - class_start).clamp(min=0)
+        has = (y >= class_start) & (y < class_start + n_cls) & (y >= 0)
+        tgt = torch.where(has, o.gather(1, local_t.clamp(max=max(n_cls - 1, 0))[:, None]).squeeze(1)
+                          if n_cls else o.new_zeros(n_rows), o.new_zeros(n_rows))
+        both = torch.stack([s, tgt], 1).contiguous()  # one FP32 all-reduce for sum-exp and target
+        pc.reduce(both, class_axis, "loss")
+        s, tgt = both[:, 0], both[:, 1]
+        row_loss = torch.where(mask, m + torch.log(s) - tgt, torch.zeros_like(s))
+        tot = torch.stack([row_loss.sum(), mask.sum().to(torch.float32)]).double()
+        pc.reduce(tot, row_axis, "loss")
+        count = float(tot[1])
+        loss = tot[0] / count if count > 0 else tot[0] * 0.0
+        ctx.save_for_backward(e / s[:, None], local_t, has, mask)
+        ctx.count, ctx.dtype = count, logits.dtype
+        count_t = tot[1].to(torch.int64)
+        ctx.mark_non_differentiable(count_t)
+        return loss.to(logits.dtype), count_t
+
+    @staticmethod
+    def backward(ctx, dloss, _dcount):
+        prob, local_t, has, mask = ctx.saved_tensors
+        if ctx.count == 0:
+            return torch.zeros_like(prob, dtype=ctx.dtype), None, None, None, None, None, None
+        g = prob.clone()
+        rows = has.nonzero().squeeze(1)
+        g[rows, local_t[rows]] -= 1.0
+        g = g * (mask[:, None].float() * (dloss.float() / ctx.count))
+        return g.to(ctx.dtype), None, None, None, None, None, None
+
+
+def parallel_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, pc: ParallelContext,
+                           row_axis: str, class_axis: str, class_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global mean CE; ``logits`` (Br_a, C_d) on (a, d), ``y`` (Br_a,) global class ids,
+    ``mask`` (Br_a,) rows whose loss counts; ``class_start`` the first class of C_d.
+    Returns (loss, count): the same scalars on every rank of the data-parallel group;
+    count is the number of rows that counted (loss is 0 with zero gradient if none)."""
+    return _ParallelCrossEntropy.apply(logits, y, mask, pc, row_axis, class_axis, class_start)
+
+
+class _ParallelBCE(torch.autograd.Function):
+    """Mean BCE-with-logits over labeled rows x all C classes, class-sharded.
+
+    L = AR_a(AR_d(sum_{i in mask, j} bce(o_ij, y_ij))) / (AR_a(count) * C);
+    dO_ij = dL * mask_i (sigmoid(o_ij) - y_ij) / (count * C): local and complete.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, y, mask, pc: ParallelContext, row_axis: str, class_axis: str, num_classes: int):
+        o = logits.float()
+        per = torch.nn.functional.binary_cross_entropy_with_logits(o, y.float(), reduction="none")
+        local = (per * mask[:, None]).sum().reshape(1)
+        pc.reduce(local, class_axis, "loss")
+        tot = torch.cat([local, mask.sum().to(torch.float32).reshape(1)]).double()
+        pc.reduce(tot, row_axis, "loss")
+        denom = float(tot[1]) * num_classes
+        ctx.save_for_backward(o, y, mask)
+        ctx.denom, ctx.dtype = denom, logits.dtype
+        loss = tot[0] / denom if denom > 0 else tot[0] * 0.0
+        count_t = tot[1].to(torch.int64)
+        ctx.mark_non_differentiable(count_t)
+        return loss.to(logits.dtype), count_t
+
+    @staticmethod
+    def backward(ctx, dloss, _dcount):
+        o, y, mask = ctx.saved_tensors
+        if ctx.denom == 0:
+            return torch.zeros_like(o, dtype=ctx.dtype), None, None, None, None, None, None
+        g = (torch.sigmoid(o) - y.float()) * mask[:, None].float() * (dloss.float() / ctx.denom)
+        return g.to(ctx.dtype), None, None, None, None, None, None
+
+
+def parallel_bce(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, pc: ParallelContext, row_axis: str,
+                 class_axis: str, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global mean BCE-with-logits; ``y`` (Br_a, C_d) the multi-hot block of the logits.
+    Returns (loss, count of rows that counted), as :func:`parallel_cross_entropy`."""
+    return _ParallelBCE.apply(logits, y, mask, pc, row_axis, class_axis, num_classes)
+
+
+@torch.no_grad()
+def parallel_argmax(logits: torch.Tensor, pc: ParallelContext, class_axis: str, class_start: int) -> torch.Tensor:
+    """Global argmax class per row of class-sharded logits (first maximum, as torch.argmax)."""
+    o = logits.float()
+    n_rows, n_cls = o.shape
+    m = o.max(-1).values if n_cls else o.new_full((n_rows,), float("-inf"))
+    gmax = pc.reduce(m.clone(), class_axis, "loss", op="max")
+    big = torch.iinfo(torch.int64).max
+    if n_cls:
+        hit = o == gmax[:, None]
+        ids = torch.arange(class_start, class_start + n_cls, device=o.device).expand(n_rows, n_cls)
+        idx = torch.where(hit, ids, torch.full_like(ids, big)).min(-1).values
+    else:
+        idx = torch.full((n_rows,), big, dtype=torch.int64, device=o.device)
+    return pc.reduce(idx, class_axis, "loss", op="min")
+
+
+@torch.no_grad()
+def parallel_accuracy_counts(logits: torch.Tensor, y: torch.Tensor, masks: list[torch.Tensor],
+                             pc: ParallelContext, row_axis: str, class_axis: str, class_start: int,
+                             multilabel: bool, kind: str = "loss") -> list[tuple[float, float]]:
+    """(correct, total) per row mask, summed over the data-parallel group's ranks.
+
+    Single-label: argmax accuracy over rows with ``mask & y >= 0``. Multi-label: the
+    micro-F1 numerator 2TP and denominator 2TP+FP+FN at logit 0 (as
+    :func:`scalegnn.engine.accuracy_counts`), summed over the class and row axes.
+    """
+    vals = []
+    if multilabel:
+        pred, truth = logits > 0, y > 0.5
+        for mk in masks:
+            mk = mk[:, None]
+            tp = (pred & truth & mk).sum()
+            fp = (pred & ~truth & mk).sum()
+            fn = (~pred & truth & mk).sum()
+            vals += [2 * tp, 2 * tp + fp + fn]
+        out = torch.stack(vals).to(torch.float64)
+        pc.reduce(out, class_axis, kind)
+    else:
+        pred = parallel_argmax(logits, pc, class_axis, class_start)
+        for mk in masks:
+            keep = mk & (y >= 0)
+            vals += [((pred == y) & keep).sum(), keep.sum()]
+        out = torch.stack(vals).to(torch.float64)
+    pc.reduce(out, row_axis, kind)
+    return [(float(out[2 * i]), float(out[2 * i + 1])) for i in range(len(masks))]

@@ -1,0 +1,225 @@
+"""Per-rank data of the 3D grid: adjacency shards (one per rotation plane), the input
+feature block, labels and split masks (paper IV-B/C).
+
+Shape legend:
+    N  vertices    F  input features    C  classes
+    Nx, Ny, Nz     vertices in this rank's vertex range along x, y, z
+    Fz             input features in this rank's feature range along z
+
+A rank at (x, y, z) holds, for every data-parallel replica alike:
+
+    adj[0]  A rows: vertex range of z, cols: vertex range of x   (layers 0, 3, ...)
+    adj[1]  A rows: vertex range of y, cols: vertex range of z   (layers 1, 4, ...)
+    adj[2]  A rows: vertex range of x, cols: vertex range of y   (layers 2, 5, ...)
+    x       X_in rows: vertex range of x, cols: feature range of z      (Nx, Fz)
+    y, train/val/test masks, for the vertex range of each axis (the loss rows are on
+            the row axis of the last layer's output, which depends on L)
+
+with vertex ranges ``split_range(N, G_axis, index)``. :func:`save_shards` writes
+these once per (x, y, z) for ``scalegnn data shard``; :func:`load_shard` reads a
+rank's file back (``weights_only=True``, plain tensors only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..graph import Graph
+from ..sampling import CSRBlock, train_mask_of
+from .grid import PMM_AXES, ProcessGrid, split_range
+from .layout import PLANES
+
+__all__ = ["RankShard", "build_shard", "build_rank_shard", "save_shards", "load_shard", "shard_command",
+           "shard_nnz_stats"]
+
+SHARD_FORMAT = 1
+
+
+@dataclass
+class RankShard:
+    """Everything one rank of a data-parallel group needs from the graph."""
+
+    grid_shape: tuple[int, int, int, int]
+    coords: dict  # {"x": i, "y": j, "z": k}
+    num_nodes: int
+    num_features: int
+    num_classes: int
+    multilabel: bool
+    adj: tuple[CSRBlock, CSRBlock, CSRBlock]
+    x: torch.Tensor  # (Nx, Fz)
+    feature_range: tuple[int, int]
+    vertex_ranges: dict  # axis -> (v0, v1)
+    y: dict  # axis -> (N_axis,) int64 or (N_axis, C) float
+    train_mask: dict  # axis -> (N_axis,) bool
+    val_mask: dict
+    test_mask: dict
+    name: str = "graph"
+
+    # -------------------------------------------------------------- (de)serialize
+    def to_state(self) -> dict:
+        """Plain tensors, ints and strings only (loadable with weights_only=True)."""
+        state = {
+            "format": SHARD_FORMAT, "grid_shape": list(self.grid_shape), "coords": dict(self.coords),
+            "num_nodes": self.num_nodes, "num_features": self.num_features, "num_classes": self.num_classes,
+            "multilabel": self.multilabel, "name": self.name, "x": self.x,
+            "feature_range": list(self.feature_range),
+            "vertex_ranges": {a: list(r) for a, r in self.vertex_ranges.items()},
+        }
+        for p, blk in enumerate(self.adj):
+            state[f"adj{p}"] = {"indptr": blk.indptr, "indices": blk.indices, "values": blk.values,
+                                "rows": [blk.row_start, blk.row_end], "cols": [blk.col_start, blk.col_end]}
+        for key in ("y", "train_mask", "val_mask", "test_mask"):
+            state[key] = dict(getattr(self, key))
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> "RankShard":
+        if state.get("format") != SHARD_FORMAT:
+            raise ValueError(f"shard format {state.get('format')} is not {SHARD_FORMAT}; re-run `scalegnn data shard`")
+        adj = tuple(
+            CSRBlock(s["indptr"], s["indices"], s["values"], *s["rows"], *s["cols"])
+            for s in (state[f"adj{p}"] for p in range(3))
+        )
+        return cls(
+            grid_shape=tuple(state["grid_shape"]), coords=dict(state["coords"]), num_nodes=state["num_nodes"],
+            num_features=state["num_features"], num_classes=state["num_classes"], multilabel=state["multilabel"],
+            adj=adj, x=state["x"], feature_range=tuple(state["feature_range"]),
+            vertex_ranges={a: tuple(r) for a, r in state["vertex_ranges"].items()},
+            y=dict(state["y"]), train_mask=dict(state["train_mask"]), val_mask=dict(state["val_mask"]),
+            test_mask=dict(state["test_mask"]), name=state["name"],
+        )
+
+
+def _check_normalized(graph: Graph) -> None:
+    if graph.meta.get("normalized") != "gcn":
+        raise ValueError("sharding needs the GCN-normalized graph: call graph.gcn_normalize() first")
+
+
+def _split_masks(graph: Graph) -> dict:
+    n = graph.num_nodes
+    masks = {"train_mask": train_mask_of(graph)}
+    for key, idx in (("val_mask", graph.val_idx), ("test_mask", graph.test_idx)):
+        m = torch.zeros(n, dtype=torch.bool)
+        m[idx] = True
+        masks[key] = m
+    return masks
+
+
+def _check_shape(grid_shape) -> tuple[int, int, int, int]:
+    shape = tuple(int(g) for g in grid_shape)
+    if len(shape) != 4 or min(shape) < 1:
+        raise ValueError(f"grid shape must be four positive sizes (Gd, Gx, Gy, Gz), got {grid_shape}")
+    return shape
+
+
+def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = None) -> RankShard:
+    """The :class:`RankShard` of the rank at ``coords`` ({"x", "y", "z"}) of a grid of ``grid_shape``."""
+    _check_normalized(graph)
+    shape = _check_shape(grid_shape)
+    sizes = dict(zip(("dp", "x", "y", "z"), shape))
+    n = graph.num_nodes
+    vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
+    adj = tuple(CSRBlock.from_graph(graph, vr[rows], vr[cols]) for rows, cols in PLANES)
+    f0, f1 = split_range(graph.num_features, sizes["z"], coords["z"])
+    x0, x1 = vr["x"]
+    masks = _masks if _masks is not None else _split_masks(graph)
+    sl = lambda t: {ax: t[vr[ax][0]: vr[ax][1]].clone() for ax in PMM_AXES}  # noqa: E731
+    return RankShard(
+        grid_shape=shape, coords={ax: int(coords[ax]) for ax in PMM_AXES}, num_nodes=n,
+        num_features=graph.num_features, num_classes=graph.num_classes, multilabel=graph.multilabel, adj=adj,
+        x=graph.x[x0:x1, f0:f1].clone(), feature_range=(f0, f1), vertex_ranges=vr, y=sl(graph.y),
+        train_mask=sl(masks["train_mask"]), val_mask=sl(masks["val_mask"]), test_mask=sl(masks["test_mask"]),
+        name=graph.name,
+    )
+
+
+def build_rank_shard(graph: Graph, grid: ProcessGrid) -> RankShard:
+    """This rank's shard, cut from the full graph every rank has loaded."""
+    return build_shard(graph, grid.shape_tuple, {ax: grid.axis_index(ax) for ax in PMM_AXES})
+
+
+def _mp_coords(grid_shape) -> list[dict]:
+    _, gx, gy, gz = grid_shape
+    return [{"x": i, "y": j, "z": k} for i in range(gx) for j in range(gy) for k in range(gz)]
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _shard_name(c: dict) -> str:
+    return f"shard_x{c['x']}_y{c['y']}_z{c['z']}.pt"
+
+
+def save_shards(graph: Graph, grid_shape, out_dir) -> list[Path]:
+    """Write one shard file per (x, y, z) (data-parallel replicas share them) and a
+    ``manifest.json``; each written atomically (temp file + rename). Returns the paths."""
+    _check_normalized(graph)
+    shape = _check_shape(grid_shape)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    masks = _split_masks(graph)
+    paths, nnz = [], []
+    for c in _mp_coords(shape):
+        shard = build_shard(graph, shape, c, _masks=masks)
+        path = out / _shard_name(c)
+        _atomic_write(path, lambda tmp, s=shard: torch.save(s.to_state(), tmp))
+        paths.append(path)
+        nnz.append([blk.nnz for blk in shard.adj])
+    manifest = {
+        "format": SHARD_FORMAT, "grid_shape": list(shape), "name": graph.name, "num_nodes": graph.num_nodes,
+        "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
+        "multilabel": graph.multilabel, "files": [p.name for p in paths], "nnz_per_shard": nnz,
+    }
+    mpath = out / "manifest.json"
+    _atomic_write(mpath, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+    return paths + [mpath]
+
+
+def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
+    """Read global ``rank``'s shard (rank order dp, x, y, z; replicas share files)."""
+    out = Path(out_dir)
+    mpath = out / "manifest.json"
+    if not mpath.exists():
+        raise FileNotFoundError(f"{mpath} not found; write the shards first with `scalegnn data shard`")
+    manifest = json.loads(mpath.read_text())
+    shape = tuple(manifest["grid_shape"])
+    if grid_shape is not None and tuple(grid_shape) != shape:
+        raise ValueError(f"shards in {out} were written for grid {shape}, not {tuple(grid_shape)}; re-shard")
+    mp = shape[1] * shape[2] * shape[3]
+    if not 0 <= rank < shape[0] * mp:
+        raise ValueError(f"rank {rank} is outside the grid {shape} ({shape[0] * mp} ranks)")
+    coords = _mp_coords(shape)[rank % mp]
+    state = torch.load(out / _shard_name(coords), weights_only=True)
+    return RankShard.from_state(state)
+
+
+def shard_command(graph: Graph, grid_shape, out_dir) -> list[Path]:
+    """``scalegnn data shard``: write per-rank shards of the normalized graph once.
+
+    Takes the GCN-normalized graph (normalizes a raw one), returns the written paths.
+    """
+    if graph.meta.get("normalized") != "gcn":
+        graph = graph.gcn_normalize()
+    return save_shards(graph, grid_shape, out_dir)
+
+
+def shard_nnz_stats(nnz_per_shard: list[list[int]]) -> dict:
+    """max/mean nonzeros per shard and their ratio (Plexus Table 3's load balance)."""
+    flat = [n for ranks in nnz_per_shard for n in ranks]
+    mean = sum(flat) / max(len(flat), 1)
+    return {"max": max(flat, default=0), "mean": mean, "imbalance": (max(flat, default=0) / mean) if mean else 1.0}

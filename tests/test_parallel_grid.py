@@ -1,0 +1,241 @@
+"""Process grid, collectives over named axes, launch helpers and the spawn utility.
+
+Collectives are checked with rank-valued inputs whose results have a closed form
+(Megatron's test_mappings style); all values are small integers, exact in float32
+and bfloat16, so equality is exact.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from scalegnn.parallel.collectives import CommStats, all_gather_uneven, all_reduce, broadcast
+from scalegnn.parallel.grid import AXES, ProcessGrid, parse_grid, split_bounds, split_range
+from scalegnn.parallel.launch import SpawnTimeout, WorkerError, detect_env, first_host, spawn
+
+pytestmark = pytest.mark.distributed
+
+
+# ----------------------------------------------------------------------------- pure helpers
+@pytest.mark.parametrize("n,parts", [(10, 3), (3, 5), (0, 2), (37, 2), (8, 8), (1, 1)])
+def test_split_range_is_contiguous_and_balanced(n, parts):
+    pieces = [split_range(n, parts, i) for i in range(parts)]
+    assert pieces[0][0] == 0 and pieces[-1][1] == n
+    assert all(pieces[i][1] == pieces[i + 1][0] for i in range(parts - 1))
+    sizes = [b - a for a, b in pieces]
+    assert sizes == sorted(sizes, reverse=True) and max(sizes) - min(sizes) <= 1
+    assert sizes[: n % parts] == [n // parts + 1] * (n % parts)  # the first n % parts get one extra
+    assert split_bounds(n, parts) == [a for a, _ in pieces] + [n]
+
+
+def test_split_range_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="index 3 out of range"):
+        split_range(10, 3, 3)
+    with pytest.raises(ValueError, match="parts must be >= 1"):
+        split_range(10, 0, 0)
+
+
+def test_parse_grid():
+    assert parse_grid("1x2x2x2") == (1, 2, 2, 2)
+    assert parse_grid(" 2x1x4x1 ") == (2, 1, 4, 1)
+    with pytest.raises(ValueError, match="4 factors"):
+        parse_grid("2x2x2")
+    with pytest.raises(ValueError, match="axis y must be a positive integer, got '0'"):
+        parse_grid("1x2x0x2")
+    with pytest.raises(ValueError, match="axis dp must be a positive integer"):
+        parse_grid("ax2x2x2")
+
+
+def test_rank_order_dp_slowest_z_fastest():
+    coords = [ProcessGrid.virtual(2, 2, 3, 2, r).coords for r in range(24)]
+    assert coords[0] == dict(dp=0, x=0, y=0, z=0)
+    assert coords[1] == dict(dp=0, x=0, y=0, z=1)
+    assert coords[2] == dict(dp=0, x=0, y=1, z=0)
+    assert coords[6] == dict(dp=0, x=1, y=0, z=0)
+    assert coords[12] == dict(dp=1, x=0, y=0, z=0)
+    g = ProcessGrid.virtual(2, 2, 3, 2, 17)
+    assert g.rank_of(*(g.coords[a] for a in AXES)) == 17
+    assert g.group_ranks("y") == [13, 15, 17] and g.group_ranks("dp") == [5, 17]
+    assert g.mp_size == 12 and g.mp_rank == 5
+
+
+def test_single_grid_short_circuits_without_torch_distributed():
+    g = ProcessGrid.single()
+    assert g.world_size == 1 and all(g.group(a) is None for a in AXES)
+    stats = CommStats()
+    t = torch.arange(4.0)
+    assert all_reduce(t, g, "x", stats, "pmm_x") is t and torch.equal(t, torch.arange(4.0))
+    assert torch.equal(all_gather_uneven(t[:3], [3], g, "y", stats, "reshard"), t[:3])
+    assert dict(stats.bytes) == {}
+    assert g.gather_object(5) == [5] and g.backend == "none"
+
+
+def test_virtual_grid_refuses_collectives_on_real_axes():
+    g = ProcessGrid.virtual(1, 2, 1, 1, 0)
+    with pytest.raises(RuntimeError, match="no process groups"):
+        all_reduce(torch.ones(2), g, "x", None, "pmm_x")
+
+
+# ----------------------------------------------------------------------------- distributed
+def _mismatch_worker(rank, world):
+    try:
+        ProcessGrid(1, 2, 2, 1)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_grid_product_mismatch_is_a_clear_error():
+    msgs = spawn(_mismatch_worker, 2, timeout_s=60)
+    for msg in msgs:
+        assert "1x2x2x1" in msg and "4" in msg and "world size is 2" in msg and "launch 4 processes" in msg
+
+
+def _collectives_worker(rank, world):
+    out = {}
+    for shape in ((1, 2, 2, 2), (2, 1, 2, 2), (2, 2, 2, 1), (8, 1, 1, 1)):
+        grid = ProcessGrid(*shape)
+        stats = CommStats()
+        res = {}
+        for ax in AXES:
+            t = torch.full((3,), float(rank))
+            all_reduce(t, grid, ax, stats, "pmm_" + ax if ax != "dp" else "dp")
+            res[f"sum_{ax}"] = t[0].item()
+            m = torch.tensor([float(rank)])
+            all_reduce(m, grid, ax, stats, "loss", op="max")
+            res[f"max_{ax}"] = m.item()
+            b = torch.full((2,), float(rank), dtype=torch.float32)
+            all_reduce(b, grid, ax, stats, "pmm_" + ax if ax != "dp" else "pmm_x", comm_dtype=torch.bfloat16)
+            res[f"bf16_{ax}"] = (b.dtype, b[0].item())
+            # uneven all-gather: the member with axis index i contributes i + 1 rows of value rank
+            i = grid.axis_index(ax)
+            sizes = [k + 1 for k in range(grid.axis_size(ax))]
+            piece = torch.full((i + 1, 2), float(rank))
+            res[f"gather_{ax}"] = all_gather_uneven(piece, sizes, grid, ax, stats, "reshard")[:, 0].tolist()
+            c = torch.tensor([float(rank)])
+            broadcast(c, grid, ax, grid.axis_size(ax) - 1, stats, "eval")
+            res[f"bcast_{ax}"] = c.item()
+        res["bytes"] = stats.snapshot()["bytes"]
+        res["groups"] = {ax: grid.group_ranks(ax) for ax in AXES}
+        out[shape] = res
+    return out
+
+
+def test_axis_collectives_have_closed_form_results():
+    """For rank-valued inputs: sum over an axis group = sum of its ranks, max = the
+    largest, an uneven gather lists each member's rank (index i + 1 times), a
+    broadcast from the last member gives its rank; bytes are counted only for axes of
+    size > 1, and a BF16 all-reduce counts half the bytes of FP32."""
+    results = spawn(_collectives_worker, 8, timeout_s=60)
+    for shape in ((1, 2, 2, 2), (2, 1, 2, 2), (2, 2, 2, 1), (8, 1, 1, 1)):
+        for rank, per in enumerate(results):
+            res = per[shape]
+            grid = ProcessGrid.virtual(*shape, rank)
+            for ax in AXES:
+                members = grid.group_ranks(ax)
+                assert res["groups"][ax] == members
+                assert res[f"sum_{ax}"] == sum(members)
+                assert res[f"max_{ax}"] == max(members)
+                assert res[f"bf16_{ax}"] == (torch.float32, sum(members))
+                assert res[f"gather_{ax}"] == [float(r) for k, r in enumerate(members) for _ in range(k + 1)]
+                assert res[f"bcast_{ax}"] == members[-1]
+            active = [ax for ax in AXES if shape[AXES.index(ax)] > 1]
+            b = res["bytes"]
+            assert b.get("dp", 0) == (3 * 4 if "dp" in active else 0)
+            for ax in ("x", "y", "z"):
+                # 3 fp32 elements + 2 bf16 elements (+ the dp bf16 call booked under pmm_x)
+                want = (3 * 4 + 2 * 2 if ax in active else 0) + (2 * 2 if ax == "x" and "dp" in active else 0)
+                assert b.get("pmm_" + ax, 0) == want, (shape, ax, b)
+
+
+def _boom_worker(rank, world):
+    if rank == 2:
+        time.sleep(0.2)
+        raise KeyError("rank two exploded")
+    torch.distributed.barrier()  # would wait forever for rank 2
+    return rank
+
+
+def _exit_worker(rank, world):
+    if rank == 1:
+        os._exit(3)
+    torch.distributed.barrier()
+    return rank
+
+
+def _sleep_worker(rank, world):
+    time.sleep(60)
+
+
+def _ok_worker(rank, world, payload):
+    return rank, world, payload * (rank + 1)
+
+
+def test_spawn_returns_results_in_rank_order():
+    out = spawn(_ok_worker, 3, torch.arange(3.0), timeout_s=60)
+    assert [r for r, _, _ in out] == [0, 1, 2] and all(w == 3 for _, w, _ in out)
+    assert torch.equal(out[2][2], torch.tensor([0.0, 3.0, 6.0]))
+
+
+def test_spawn_raises_worker_error_naming_the_failed_rank_promptly():
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        spawn(_boom_worker, 4, timeout_s=60)
+    assert info.value.rank == 2
+    assert "KeyError" in info.value.traceback_text and "rank two exploded" in info.value.traceback_text
+    assert time.monotonic() - t0 < 20  # not the 60 s deadline: the others were terminated
+
+
+def test_spawn_reports_a_worker_that_dies_without_an_exception():
+    with pytest.raises(WorkerError) as info:
+        spawn(_exit_worker, 3, timeout_s=60)
+    assert info.value.rank == 1 and "code 3" in str(info.value)
+
+
+def test_spawn_times_out_instead_of_hanging():
+    t0 = time.monotonic()
+    with pytest.raises(SpawnTimeout, match="did not finish"):
+        spawn(_sleep_worker, 2, timeout_s=3)
+    assert time.monotonic() - t0 < 15
+
+
+# ----------------------------------------------------------------------------- launch env
+def test_first_host_of_slurm_nodelists():
+    assert first_host("nid[001-004,007]") == "nid001"
+    assert first_host("gpu12") == "gpu12"
+    assert first_host("a[3-4],b[1-2]") == "a3"
+    assert first_host("node-[09,11]-ib") == "node-09-ib"
+
+
+def _clear_launch_env(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR",
+              "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODELIST", "SLURM_JOB_NODELIST",
+              "SLURM_STEP_NODELIST", "SLURM_JOB_ID"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_detect_env_torchrun_slurm_single(monkeypatch):
+    _clear_launch_env(monkeypatch)
+    assert detect_env().source == "single" and detect_env().world_size == 1
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NODELIST", "nid[010-011]")
+    monkeypatch.setenv("SLURM_JOB_ID", "123456")
+    env = detect_env()
+    assert (env.source, env.rank, env.world_size, env.local_rank, env.master_addr) == ("slurm", 5, 8, 1, "nid010")
+    assert 20000 <= env.master_port < 40000
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29501")
+    env = detect_env()  # torchrun takes precedence over the SLURM variables
+    assert (env.source, env.rank, env.world_size, env.master_addr, env.master_port) == \
+        ("torchrun", 3, 4, "10.0.0.1", 29501)
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(ValueError, match="MASTER_ADDR/MASTER_PORT"):
+        detect_env()

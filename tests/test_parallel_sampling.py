@@ -1,0 +1,154 @@
+"""Distributed sampling (Algorithm 2) and sharding: the union of every rank's shards
+is the serial sampled matrix, no collective is called, shard files round-trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from scalegnn.parallel.dist_sampling import DistributedSampler
+from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
+from scalegnn.parallel.launch import spawn
+from scalegnn.parallel.layout import PLANES
+from scalegnn.parallel.sharding import build_rank_shard, build_shard, load_shard, save_shards, shard_command
+from scalegnn.sampling import UniformVertexSampler
+from tests.test_parallel_pmm import parallel_graph
+
+pytestmark = pytest.mark.distributed
+
+
+def _dense(csr) -> torch.Tensor:
+    return csr.to_dense()
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 3, 2, 1), (2, 1, 1, 3), (1, 1, 1, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("seed,step,batch", [(0, 0, 23), (1, 7, 10), (5, 3, 37), (2, 11, 2)])
+def test_union_of_rank_shards_is_the_serial_sampled_matrix(shape, seed, step, batch):
+    """Every plane's blocks, placed at their row/col offsets, tile the serial (B, B)
+    matrix exactly (same arithmetic: one division by p per entry, so bit-equal), the
+    transposes match, and features / labels / masks are the serial slices.
+    Sharding and sampling need no process group, so virtual grids are enough here."""
+    graph = parallel_graph(n=37, m=160)
+    world = shape[0] * shape[1] * shape[2] * shape[3]
+    for dp in range(shape[0]):
+        ref = UniformVertexSampler(graph, batch, seed=seed, dp_index=dp).sample(step)
+        dense = _dense(ref.adj)
+        b = ref.nodes.numel()
+        planes = [torch.full((b, b), float("nan")) for _ in range(3)]
+        for rank in range(world):
+            grid = ProcessGrid.virtual(*shape, rank)
+            if grid.axis_index("dp") != dp:
+                continue
+            shard = build_rank_shard(graph, grid)
+            sb = DistributedSampler(shard, grid, batch, seed=seed).sample(step)
+            assert torch.equal(sb.nodes, ref.nodes)  # same (seed, step, dp) -> same sample on every rank
+            for p, blk in enumerate(sb.adj):
+                r, c = PLANES[p]
+                assert (blk.row_offset, blk.col_offset) == (sb.rows.block(r)[0], sb.rows.block(c)[0])
+                rr, cc = blk.shape
+                region = planes[p][blk.row_offset: blk.row_offset + rr, blk.col_offset: blk.col_offset + cc]
+                block = _dense(blk.adj)
+                assert torch.equal(_dense(blk.adj_t), block.t())
+                # replicas (along the plane's third axis) must agree; first writer fills
+                assert torch.isnan(region).all() or torch.equal(region, block)
+                region.copy_(block)
+            lo, hi = sb.rows.block("x")
+            f0, f1 = shard.feature_range
+            assert torch.equal(sb.x, ref.x[lo:hi, f0:f1])
+            for ax in PMM_AXES:
+                lo, hi = sb.rows.block(ax)
+                assert torch.equal(sb.y[ax], ref.y[lo:hi])
+                assert torch.equal(sb.train_mask[ax], ref.train_mask[lo:hi])
+        for p in range(3):
+            assert torch.equal(planes[p], dense), f"plane {p}"
+
+
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+                "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+                "all_to_all_single", "barrier", "send", "recv", "isend", "irecv", "gather", "scatter",
+                "gather_object", "scatter_object_list", "monitored_barrier", "batch_isend_irecv")
+
+
+def _no_collective_worker(rank, world, shape):
+    grid = ProcessGrid(*shape)  # real process groups exist: a collective would succeed if called
+    graph = parallel_graph(n=37, m=160)
+    calls = []
+    saved = {}
+    import torch.distributed.distributed_c10d as c10d
+
+    def trap(name):
+        def fn(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"collective {name} called during sampling")
+        return fn
+
+    for mod in (dist, c10d):
+        for name in _COLLECTIVES:
+            if hasattr(mod, name):
+                saved[(mod, name)] = getattr(mod, name)
+                setattr(mod, name, trap(name))
+    try:
+        shard = build_rank_shard(graph, grid)
+        sampler = DistributedSampler(shard, grid, 17, seed=4, use_index_map=rank % 2 == 0)
+        nodes = [sampler.sample(step).nodes for step in range(5)]
+        sampler.full_batch()
+    finally:
+        for (mod, name), fn in saved.items():
+            setattr(mod, name, fn)
+    # the trap is live: the same patching makes a real collective fail
+    return calls, nodes
+
+
+def test_distributed_sampling_calls_no_collective():
+    """Every torch.distributed collective is patched to record and raise while 8 ranks
+    shard the graph and sample 5 steps (with and without the tagged index map)."""
+    results = spawn(_no_collective_worker, 8, (2, 2, 2, 1), timeout_s=60)
+    for rank, (calls, nodes) in enumerate(results):
+        assert calls == []
+        dp = ProcessGrid.virtual(2, 2, 2, 1, rank).axis_index("dp")
+        # every rank of a data-parallel group derived its group's sample
+        assert all(torch.equal(n, results[(rank // 4) * 4][1][s]) for s, n in enumerate(nodes))
+        if dp == 1:
+            assert not torch.equal(nodes[0], results[0][1][0])  # groups draw different samples
+
+
+def test_save_and_load_shards_round_trip(tmp_path):
+    graph = parallel_graph(n=37, m=160, multilabel=True)
+    shape = (2, 2, 1, 2)
+    paths = save_shards(graph, shape, tmp_path / "shards")
+    assert len(paths) == 2 * 1 * 2 + 1 and paths[-1].name == "manifest.json"
+    assert not list((tmp_path / "shards").glob("*.tmp"))  # atomic writes leave no temp files
+    manifest = json.loads(paths[-1].read_text())
+    assert manifest["grid_shape"] == list(shape) and manifest["num_nodes"] == 37
+    for rank in range(8):
+        grid = ProcessGrid.virtual(*shape, rank)
+        got = load_shard(tmp_path / "shards", rank, grid_shape=shape)
+        want = build_shard(graph, shape, grid.coords)
+        assert got.coords == {a: grid.axis_index(a) for a in PMM_AXES}  # dp replicas share the x,y,z file
+        assert got.multilabel and got.num_classes == graph.num_classes
+        for a, b in zip(got.adj, want.adj):
+            assert torch.equal(a.indptr, b.indptr) and torch.equal(a.indices, b.indices)
+            assert torch.equal(a.values, b.values)
+            assert (a.row_start, a.row_end, a.col_start, a.col_end) == (b.row_start, b.row_end, b.col_start, b.col_end)
+        assert torch.equal(got.x, want.x)
+        for ax in PMM_AXES:
+            assert torch.equal(got.y[ax], want.y[ax]) and torch.equal(got.test_mask[ax], want.test_mask[ax])
+    with pytest.raises(ValueError, match="written for grid"):
+        load_shard(tmp_path / "shards", 0, grid_shape=(1, 2, 1, 2))
+    with pytest.raises(FileNotFoundError, match="scalegnn data shard"):
+        load_shard(tmp_path / "nothing", 0)
+
+
+def test_shard_command_normalizes_a_raw_graph_and_sampler_checks_its_shard(tmp_path):
+    raw = parallel_graph().replace(meta={})
+    with pytest.raises(ValueError, match="gcn_normalize"):
+        build_shard(raw, (1, 1, 1, 1), {"x": 0, "y": 0, "z": 0})
+    paths = shard_command(raw, (1, 1, 2, 1), tmp_path)
+    assert [p.name for p in paths] == ["shard_x0_y0_z0.pt", "shard_x0_y1_z0.pt", "manifest.json"]
+    shard = load_shard(tmp_path, 1)
+    with pytest.raises(ValueError, match="given to rank 0"):
+        DistributedSampler(shard, ProcessGrid.virtual(1, 1, 2, 1, 0), 10)
