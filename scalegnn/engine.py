@@ -162,7 +162,7 @@ class SerialEngine:
             adj = self.graph.to_torch_csr()
             self._full = (adj, adj.t().to_sparse_csr())
         self.model.eval()
-        return self.model(*self._full, self.graph.x)
+        return self.model(*self._full, self.sampler.features)
 
     def evaluate(self) -> EvalResult:
         logits = self.full_logits()

@@ -182,6 +182,46 @@ def _build_csr_pair(rows, cols, vals, n_rows, n_cols):
     return adj, adj_t
 
 
+def gather_csr_rows(indptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of the stored entries of ``rows`` in CSR order (Alg. 2 lines 7-10).
+
+    Returns (owner, flat): ``flat[k]`` indexes indices/values, ``owner[k]`` is the
+    position in ``rows`` of the row it belongs to. One prefix sum and one sorted
+    search; no Python loop over rows.
+    """
+    starts = indptr[rows]
+    counts = indptr[rows + 1] - starts
+    prefix = torch.cumsum(counts, 0)
+    total = int(prefix[-1]) if rows.numel() else 0
+    k = torch.arange(total, dtype=torch.int64)
+    owner = torch.searchsorted(prefix, k, right=True)
+    return owner, starts[owner] + (k - (prefix[owner] - counts[owner]))
+
+
+# Input features sparser than this are kept as CSR: multi-hot bag-of-words features
+# (Facebook 0.3 %, Planetoid ~1 %) make the input projection 10-20x cheaper that way.
+SPARSE_FEATURE_DENSITY = 0.05
+
+
+def training_features(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as CSR when it is sparse enough to profit, else unchanged (dense)."""
+    if x.layout == torch.strided and x.numel() and (x != 0).sum().item() < SPARSE_FEATURE_DENSITY * x.numel():
+        return x.to_sparse_csr()
+    return x
+
+
+def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``x[rows]`` for a dense or a CSR matrix (CSR has no index_select in torch)."""
+    if x.layout == torch.strided:
+        return x[rows]
+    indptr = x.crow_indices()
+    owner, flat = gather_csr_rows(indptr, rows)
+    new_ptr = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+    new_ptr[1:] = torch.cumsum(indptr[rows + 1] - indptr[rows], 0)
+    return torch.sparse_csr_tensor(new_ptr, x.col_indices()[flat], x.values()[flat], (rows.numel(), x.shape[1]),
+                                   check_invariants=False)
+
+
 def extract_block(
     block: CSRBlock,
     sample: torch.Tensor,
@@ -204,13 +244,7 @@ def extract_block(
     n_rows, n_cols = s_rows.numel(), s_cols.numel()
 
     # Phase 2: gather the sampled rows with a prefix sum and a sorted search (lines 7-10).
-    local_rows = s_rows - block.row_start
-    starts = block.indptr[local_rows]
-    counts = block.indptr[local_rows + 1] - starts
-    prefix = torch.cumsum(counts, 0)
-    total = int(prefix[-1]) if n_rows else 0
-    owner = torch.searchsorted(prefix, torch.arange(total, dtype=torch.int64), right=True)
-    flat = starts[owner] + (torch.arange(total, dtype=torch.int64) - (prefix[owner] - counts[owner]))
+    owner, flat = gather_csr_rows(block.indptr, s_rows - block.row_start)
     cols_g = block.indices[flat]
     vals = block.values[flat]
 
@@ -237,7 +271,7 @@ class SampledBatch:
     """One serial mini-batch (Algorithm 1, lines 1-4).
 
     nodes (B,) sorted global ids; adj / adj_t (B, B) CSR of A~_S and its transpose;
-    x (B, F); y (B,) or (B, C); train_mask (B,) marks sampled vertices whose loss
+    x (B, F), dense or CSR (see :func:`training_features`); y (B,) or (B, C); train_mask (B,) marks sampled vertices whose loss
     counts (training vertices that carry a label); step and scale p are kept for
     the record and for tests.
     """
@@ -281,6 +315,7 @@ class UniformVertexSampler:
         self.block = CSRBlock.from_graph(graph)
         self.index_map = CompactIndexMap(graph.num_nodes)
         self.train_mask = train_mask_of(graph)
+        self.features = training_features(graph.x)
 
     def __len__(self) -> int:
         return steps_per_epoch(self.graph.num_nodes, self.batch_size)
@@ -293,7 +328,7 @@ class UniformVertexSampler:
             nodes=nodes,
             adj=blk.adj,
             adj_t=blk.adj_t,
-            x=self.graph.x[nodes],
+            x=select_rows(self.features, nodes),
             y=self.graph.y[nodes],
             train_mask=self.train_mask[nodes],
             scale=self.scale,

@@ -33,9 +33,10 @@ ATOL, RTOL = 1e-5, 1e-4
 
 
 # ----------------------------------------------------------------------------- helpers
-def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None) -> Graph:
+def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None, sparse=False) -> Graph:
     """A small random normalized graph with awkward sizes (37 vertices, 7 features,
-    5 classes: divisible by none of the axis sizes), some unlabeled test vertices."""
+    5 classes: divisible by none of the axis sizes), some unlabeled test vertices.
+    ``sparse``: 3 % dense multi-hot features, which the samplers keep as CSR."""
     gen = torch.Generator().manual_seed(seed)
     src, dst = torch.randint(0, n, (m,), generator=gen), torch.randint(0, n, (m,), generator=gen)
     if multilabel:
@@ -44,7 +45,8 @@ def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None) 
         y = torch.randint(0, c, (n,), generator=gen)
         y[n - 3:] = -1  # unlabeled (test split only)
     train_idx = torch.arange(0, n // 2) if train is None else torch.as_tensor(train)
-    base = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], torch.randn(n, f, generator=gen), y,
+    x = (torch.rand(n, f, generator=gen) < 0.03).float() if sparse else torch.randn(n, f, generator=gen)
+    base = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], x, y,
                  train_idx, torch.arange(n // 2, 3 * n // 4), torch.arange(3 * n // 4, n), c)
     return base.with_edges(src, dst).symmetrize().gcn_normalize()
 

@@ -138,3 +138,14 @@ def test_sampler_requires_normalized_graph():
     with pytest.raises(ValueError, match="gcn_normalize"):
         UniformVertexSampler(raw, batch_size=10)
     assert math.isclose(inclusion_probability(10, 10), 1.0)
+
+
+def test_sparse_features_are_gathered_as_csr_and_equal_dense_rows():
+    g = random_graph(n=120, m=500)
+    x = (torch.rand(120, 90, generator=torch.Generator().manual_seed(1)) < 0.02).float()
+    g = g.replace(x=x)
+    b = UniformVertexSampler(g, batch_size=30, seed=2).sample(1)
+    assert b.x.layout == torch.sparse_csr
+    assert torch.equal(b.x.to_dense(), x[b.nodes])
+    dense = UniformVertexSampler(random_graph(n=120, m=500), batch_size=30, seed=2).sample(1)
+    assert dense.x.layout == torch.strided

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import (CompactIndexMap, SampledBlock, extract_block, inclusion_probability, resolve_batch_size,
-                        sample_vertices)
+                        sample_vertices, select_rows, training_features)
 from .grid import PMM_AXES, ProcessGrid
 from .layout import RowPartition
 from .sharding import RankShard
@@ -76,6 +76,7 @@ class DistributedSampler:
         self.seed = seed
         self.dp_index = grid.axis_index("dp") if dp_index is None else dp_index
         self.scale = inclusion_probability(self.num_nodes, self.batch_size)
+        self.features = training_features(shard.x)  # CSR when sparse, as the serial sampler
         self.index_maps = [CompactIndexMap(self.num_nodes) for _ in range(3)] if use_index_map else [None] * 3
         self._full: ShardedBatch | None = None
 
@@ -96,7 +97,7 @@ class DistributedSampler:
         rows = RowPartition(nodes, self.num_nodes, self.grid)
         adj = tuple(extract_block(blk, nodes, scale, m) for blk, m in zip(sh.adj, index_maps))
         lo, hi = rows.block("x")
-        x = sh.x[nodes[lo:hi] - sh.vertex_ranges["x"][0]]
+        x = select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
         return ShardedBatch(
             step=step, nodes=nodes, rows=rows, adj=adj, x=x, y=self._slice(nodes, rows, sh.y),
             train_mask=self._slice(nodes, rows, sh.train_mask), scale=scale,
