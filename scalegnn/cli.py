@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     par = t.add_argument_group("parallelism")
     par.add_argument("--grid", type=_grid, default=(1, 1, 1, 1),
                      help="4D process grid GdxGxxGyxGz (data parallel x 3D PMM)")
+    par.add_argument("--shard-dir", default=None,
+                     help="read this rank's graph shard from files written by `scalegnn data shard` "
+                     "instead of loading the whole graph on every rank")
     par.add_argument("--nproc", type=int, default=None,
                      help="spawn this many local worker processes (gloo); without it, a multi-rank grid "
                      "expects to be started by torchrun, srun or submitit")
@@ -108,6 +111,7 @@ def _run_config(args):
         dataset=args.dataset, data_root=args.data_root, batch_size=args.batch_size, batch_ratio=ratio,
         epochs=args.epochs, eval_every=args.eval_every, target_acc=args.target_acc,
         stop_at_target=args.stop_at_target, seed=args.seed, grid=args.grid, out_dir=args.out,
+        shard_dir=args.shard_dir,
         progress=False if args.quiet else None,
         model=ModelConfig(hidden=args.hidden, layers=args.layers, dropout=args.dropout,
                           norm=not args.no_norm, residual=not args.no_residual),

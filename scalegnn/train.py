@@ -50,6 +50,7 @@ class RunConfig:
     seed: int = 0
     grid: tuple[int, int, int, int] = (1, 1, 1, 1)  # (Gd, Gx, Gy, Gz)
     out_dir: str = "results/runs"
+    shard_dir: str | None = None  # per-rank shard files from `scalegnn data shard` (distributed runs)
     progress: bool | None = None  # None: a bar only when stderr is a terminal
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -115,6 +116,25 @@ def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None):
     return ParallelEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, grid=grid)
 
 
+def _engine_from_shards(cfg: RunConfig, grid):
+    """Build the parallel engine from this rank's shard file: big graphs are never
+    loaded whole on every rank (Plexus 5.4). Returns (None, graph info, engine)."""
+    import json
+
+    from .parallel.engine import ParallelEngine
+    from .parallel.sharding import load_shard
+
+    if grid is None:
+        raise ValueError("--shard-dir is for distributed runs: add --nproc N / --grid, or launch with torchrun/srun")
+    shard = load_shard(cfg.shard_dir, grid.rank, cfg.grid)
+    manifest = json.loads((Path(cfg.shard_dir) / "manifest.json").read_text())
+    info = {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
+    batch_size = resolve_batch_size(shard.num_nodes, cfg.batch_size, cfg.batch_ratio)
+    engine = ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, grid=grid,
+                            shard=shard)
+    return None, info, engine
+
+
 def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: bool = True) -> dict:
     """Train per ``cfg`` and return the run record (written by rank 0 when ``write``).
 
@@ -126,10 +146,16 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
     device = "cpu"
     # Configuration and data errors surface here, before any record exists: they
     # are the user's to fix, and a "failed" record for a typo would only be noise.
-    if graph is None:
-        graph = prepare_graph(cfg)
-    batch_size = resolve_batch_size(graph.num_nodes, cfg.batch_size, cfg.batch_ratio)
-    engine = make_engine(cfg, graph, batch_size, grid)
+    if cfg.shard_dir is not None:
+        graph, graph_info, engine = _engine_from_shards(cfg, grid)
+        batch_size = engine.batch_size
+    else:
+        if graph is None:
+            graph = prepare_graph(cfg)
+        graph_info = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                      "num_features": graph.num_features, "num_classes": graph.num_classes}
+        batch_size = resolve_batch_size(graph.num_nodes, cfg.batch_size, cfg.batch_ratio)
+        engine = make_engine(cfg, graph, batch_size, grid)
     record = {
         "schema_version": records.SCHEMA_VERSION,
         "run_id": records.new_run_id(cfg.system, cfg.dataset),
@@ -140,8 +166,7 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         "world_size": world,
         "seed": cfg.seed,
         "env": records.environment_info(backend=grid.backend if grid is not None else None, device=device),
-        "graph": {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                  "num_features": graph.num_features, "num_classes": graph.num_classes},
+        "graph": graph_info,
         "batch_size": batch_size,
         "steps_per_epoch": engine.steps_per_epoch,
         "epochs": [],
