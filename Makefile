@@ -18,7 +18,14 @@ PYG_WHEELS ?= $(if $(wildcard $(SHARED)/wheels/*.whl),--find-links $(SHARED)/whe
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test env bench clean-env
+# DistDGL's own environment (DGL wheels need torch <= 2.2): the `distdgl` baseline runs
+# its trainers and servers with this python (baselines/distdgl/). From PyPI, torch 2.1.2
+# is the CUDA build (about 2.6 GB with its nvidia-* wheels; it also runs on CPU).
+DGL_VENV  ?= .venv-dgl
+DGL_SPEC  ?= torch==2.1.2 dgl==2.1.0 torchdata==0.7.1 "numpy<2" pandas pyyaml pydantic
+DGL_STAMP := $(DGL_VENV)/.installed-$(shell echo '$(DGL_SPEC)' | cksum | cut -d' ' -f1)
+
+.PHONY: demo test env bench clean-env dgl-env
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -27,14 +34,24 @@ $(STAMP):
 	$(if $(TORCH_SPEC),$(PY) -m pip install --quiet "$(TORCH_SPEC)")
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet $(PYG_WHEELS) torch-sparse torch-scatter torch-geometric
+	$(PY) -m pip install --quiet $(PYG_WHEELS) -e ".[dev,baselines]"
 	@touch $@
+
+$(DGL_STAMP):
+	@test -x $(DGL_VENV)/bin/python || $(PYTHON) -m venv $(DGL_VENV)
+	@rm -f $(DGL_VENV)/.installed-*
+	$(DGL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DGL_VENV)/bin/python -m pip install --quiet $(DGL_SPEC)
+	@touch $@
+
+dgl-env: $(DGL_STAMP)
 
 env: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/scalegnn demo
 
-test: $(STAMP)
+test: $(STAMP) $(DGL_STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -5,10 +5,28 @@ grid to ``grid.*``); ``load_epochs`` one row per (run, epoch), with component
 times as ``time.<name>`` and bytes as ``bytes.<kind>``. Files that are truncated,
 corrupt or from a newer schema are reported (path and reason) and skipped, never
 silently dropped: they are returned in ``DataFrame.attrs['skipped']`` and warned.
+
+Derived columns of ``load_runs`` (everything the figures need, computed once):
+
+    record_file       where the record was read from (``path`` is where it was written)
+    run_key           the sweep run folder the record sits in (its parent folder's name)
+    grid_str, mp_grid "GdxGxxGyxGz" and the 3D part "GxxGyxGz"
+    epoch_time_s      mean training time of one epoch, the first (warm-up) excluded
+                      (Plexus: the average of the epochs after the first ones)
+    eval_time_s       median wall time of one evaluation round
+    time.<component>  mean seconds per epoch of each component (first epoch excluded),
+                      time.other = epoch time minus the measured components
+    bytes.<kind>      mean bytes per epoch sent by rank 0 per collective kind
+    best_test_acc, time_to_best_s   best evaluated test accuracy and the training
+                      time when it was first reached (Fig. 6's "x" points)
+    sweep.*           spec, figure, cluster, variant, paper_dataset, order of the run in
+                      its sweep manifest (``<spec>-<cluster>.manifest``), when there is one
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 import warnings
 from pathlib import Path
 
@@ -16,11 +34,13 @@ import pandas as pd
 
 from scalegnn.records import RecordError, read_record
 
-__all__ = ["read_records", "load_runs", "load_epochs"]
+__all__ = ["read_records", "read_manifests", "load_runs", "load_epochs", "runs_from_records"]
 
 
 def read_records(folder) -> tuple[list[dict], list[tuple[str, str]]]:
-    """All valid records under ``folder`` (recursively) and the (path, reason) of the rest."""
+    """All valid records under ``folder`` (recursively) and the (path, reason) of the rest.
+
+    Each record gets ``record_file`` (where it was read; not stored in the file)."""
     good, skipped = [], []
     for path in sorted(Path(folder).rglob("*.json")):
         try:
@@ -29,10 +49,27 @@ def read_records(folder) -> tuple[list[dict], list[tuple[str, str]]]:
             skipped.append((str(path), str(exc)))
             continue
         record.setdefault("path", str(path))
+        record["record_file"] = str(path)
         good.append(record)
     for path, reason in skipped:
         warnings.warn(f"skipping run record {path}: {reason}", stacklevel=2)
     return good, skipped
+
+
+def read_manifests(folder) -> list[dict]:
+    """Every sweep manifest (``*.manifest``, JSON written by ``scalegnn sweep``) under
+    ``folder``, each with ``out``: the sweep's output folder."""
+    out = []
+    for path in sorted(Path(folder).rglob("*.manifest")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            warnings.warn(f"skipping sweep manifest {path}: {exc}", stacklevel=2)
+            continue
+        data["out"] = str(path.parent)
+        data["manifest_file"] = str(path)
+        out.append(data)
+    return out
 
 
 def _flatten(prefix: str, value, out: dict) -> None:
@@ -43,16 +80,83 @@ def _flatten(prefix: str, value, out: dict) -> None:
         out[prefix] = value
 
 
-def load_runs(folder) -> pd.DataFrame:
-    records, skipped = read_records(folder)
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _steady(rows: list[dict]) -> list[dict]:
+    return rows[1:] if len(rows) > 1 else rows
+
+
+def _derived(rec: dict) -> dict:
+    rows = rec["epochs"]
+    times = [r["train_time_s"] for r in rows]
+    deltas = [t - p for p, t in zip([0.0] + times[:-1], times)]
+    steady_deltas = deltas[1:] if len(deltas) > 1 else deltas
+    epoch_time = sum(steady_deltas) / len(steady_deltas) if steady_deltas else None
+    out = {"epoch_time_s": epoch_time,
+           "eval_time_s": _median([r.get("eval_time_s") for r in rows])}
+    steady = _steady(rows)
+    comps: dict[str, float] = {}
+    for r in steady:
+        for k, v in (r.get("components") or {}).items():
+            comps[k] = comps.get(k, 0.0) + v / len(steady)
+    for k, v in comps.items():
+        out[f"time.{k}"] = v
+    if epoch_time is not None and comps:
+        out["time.other"] = max(0.0, epoch_time - sum(comps.values()))
+    byts: dict[str, float] = {}
+    for r in steady:
+        for k, v in (r.get("comm_bytes") or {}).items():
+            byts[k] = byts.get(k, 0.0) + v / len(steady)
+    out.update({f"bytes.{k}": v for k, v in byts.items()})
+    evaluated = [r for r in rows if r.get("test_acc") is not None]
+    if evaluated:
+        best = max(r["test_acc"] for r in evaluated)
+        out["best_test_acc"] = best
+        out["time_to_best_s"] = next(r["train_time_s"] for r in evaluated if r["test_acc"] >= best)
+    else:
+        out["best_test_acc"] = out["time_to_best_s"] = None
+    g = rec.get("grid") or {}
+    shape = [g.get(a, 1) for a in ("dp", "x", "y", "z")]
+    out["grid_str"] = "x".join(map(str, shape))
+    out["mp_grid"] = "x".join(map(str, shape[1:]))
+    return out
+
+
+def runs_from_records(records: list[dict], manifests: list[dict] | None = None) -> pd.DataFrame:
+    """The ``load_runs`` frame for records already in memory (tests build synthetic ones)."""
+    sweep_of: dict[str, dict] = {}
+    for m in manifests or []:
+        for i, run in enumerate(m.get("runs", [])):
+            sweep_of[run["key"]] = {"spec": m.get("spec"), "figure": m.get("figure"), "cluster": m.get("cluster"),
+                                    "variant": run.get("variant", ""), "paper_dataset": run.get("paper_dataset"),
+                                    "order": i, "key": run["key"]}
     rows = []
     for rec in records:
         row = {k: v for k, v in rec.items() if k not in ("epochs", "config", "grid", "env", "summary", "graph")}
         for key in ("config", "grid", "env", "summary", "graph"):
             _flatten(key, rec.get(key) or {}, row)
         row["epochs_run"] = len(rec["epochs"])
+        row.update(_derived(rec))
+        file = rec.get("record_file") or rec.get("path")
+        row["record_file"] = file
+        row["run_key"] = Path(file).parent.name if file else None
+        info = sweep_of.get(row["run_key"])
+        if info:
+            row.update({f"sweep.{k}": v for k, v in info.items()})
         rows.append(row)
     frame = pd.DataFrame(rows)
+    for col in ("sweep.spec", "sweep.figure", "sweep.cluster", "sweep.variant", "sweep.paper_dataset"):
+        if col not in frame:
+            frame[col] = None
+    return frame
+
+
+def load_runs(folder) -> pd.DataFrame:
+    records, skipped = read_records(folder)
+    frame = runs_from_records(records, read_manifests(folder))
     frame.attrs["skipped"] = skipped
     return frame
 
@@ -61,9 +165,10 @@ def load_epochs(folder) -> pd.DataFrame:
     records, skipped = read_records(folder)
     rows = []
     for rec in records:
+        prev = 0.0
         for ep in rec["epochs"]:
             row = {"run_id": rec["run_id"], "system": rec["system"], "dataset": rec["dataset"],
-                   "world_size": rec["world_size"], "seed": rec["seed"]}
+                   "world_size": rec["world_size"], "seed": rec["seed"], "record_file": rec["record_file"]}
             for key, value in ep.items():
                 if key == "components":
                     row.update({f"time.{k}": v for k, v in value.items()})
@@ -71,6 +176,8 @@ def load_epochs(folder) -> pd.DataFrame:
                     row.update({f"bytes.{k}": v for k, v in value.items()})
                 else:
                     row[key] = value
+            row["epoch_time_s"] = ep["train_time_s"] - prev
+            prev = ep["train_time_s"]
             rows.append(row)
     frame = pd.DataFrame(rows)
     frame.attrs["skipped"] = skipped

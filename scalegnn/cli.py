@@ -1,4 +1,5 @@
-"""Command line: ``scalegnn train``, ``scalegnn data info|shard``, ``scalegnn demo``.
+"""Command line: ``scalegnn train``, ``scalegnn data info|shard``, ``scalegnn demo``,
+``scalegnn sweep|report|plan`` (the harness: :mod:`sweeps.cli`).
 
 ``python -m scalegnn`` is the same program.
 """
@@ -78,11 +79,55 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--nproc", type=int, default=None,
                      help="spawn this many local worker processes (gloo); without it, a multi-rank grid "
                      "expects to be started by torchrun, srun or submitit")
+    t.add_argument("--system", default="scalegnn",
+                   choices=("scalegnn", "fullgraph-3d", "graphsage", "graphsaint", "salient", "distdgl", "bns-gcn"),
+                   help="which system trains: scalegnn, fullgraph-3d (batch ratio 1.0, Plexus) or a compared "
+                   "system from baselines/ (same dataset split, same run record)")
+    from baselines.cli import add_baseline_arguments
 
-    demo = sub.add_parser("demo", help="offline demo: train on a generated graph, write records, compare")
+    add_baseline_arguments(t)
+    rel = t.add_argument_group("checkpointing and failures")
+    rel.add_argument("--checkpoint-every", default=None, metavar="K",
+                     help="save a checkpoint every K steps (e.g. 500) or every period (e.g. 30m, 90s, 2h)")
+    rel.add_argument("--checkpoint-dir", default=None,
+                     help="folder for this run's checkpoints (one per run; shared storage on multi-node jobs)")
+    rel.add_argument("--resume", action="store_true",
+                     help="continue from the newest complete checkpoint in --checkpoint-dir; starts from "
+                     "scratch when there is none, so a requeued job can always pass it")
+    rel.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints kept on disk")
+    rel.add_argument("--collective-timeout", type=float, default=600.0, metavar="SECONDS",
+                     help="a collective that waits longer (a rank died or hangs) fails the run")
+    perf = t.add_argument_group("performance (paper V; each switch leaves the trained result unchanged, "
+                                "bf16 up to its rounding)")
+    perf.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
+                      help="sample step t+1 while step t trains (background thread; CUDA side stream on GPU)")
+    perf.add_argument("--comm-dtype", choices=("fp32", "bf16"), default="fp32",
+                      help="wire dtype of the 3D-PMM partial-sum all-reduces (RMSNorm/loss stay fp32)")
+    perf.add_argument("--compile", action="store_true",
+                      help="fuse RMSNorm + ReLU + dropout with torch.compile (compile time recorded apart)")
+    perf.add_argument("--comm-overlap", action="store_true",
+                      help="asynchronous gradient all-reduces in backward, overlapped with the weight-gradient GEMM")
+    perf.add_argument("--profile", default=None, metavar="DIR",
+                      help="write a torch.profiler trace of a few training steps per rank to DIR")
+    perf.add_argument("--permute", choices=("none", "single", "double"), default="none",
+                      help="vertex permutation for shard load balance (Plexus 5.1); double needs --no-residual")
+    perf.add_argument("--sampler", choices=("auto", "torch", "numba"), default="auto",
+                      help="Algorithm 2 kernel: numba on CPU when installed (auto), else vectorized torch")
+
+    demo = sub.add_parser("demo", help="offline demo: a local sweep (ScaleGNN on two grids and the compared "
+                          "systems on a generated graph), then its report")
     demo.add_argument("--out", default="results/demo")
     demo.add_argument("--data-root", default=None)
-    demo.add_argument("--epochs", type=int, default=30)
+    demo.add_argument("--epochs", type=int, default=None, help="override the demo sweep's epochs "
+                      "(default: sweeps/specs/demo.toml)")
+
+    from sweeps.cli import add_commands as add_harness_commands  # sweep, report, plan
+
+    add_harness_commands(sub)
+
+    from .bench import add_bench_command
+
+    add_bench_command(sub)
 
     d = sub.add_parser("data", help="dataset utilities")
     dsub = d.add_subparsers(dest="data_command", required=True)
@@ -102,8 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_config(args):
+    from .checkpoint import CheckpointConfig
     from .engine import OptimConfig
     from .model import ModelConfig
+    from .perf import PerfConfig
     from .train import RunConfig
 
     ratio = args.batch_ratio if args.batch_ratio is not None else (None if args.batch_size else 0.1)
@@ -117,12 +164,32 @@ def _run_config(args):
                           norm=not args.no_norm, residual=not args.no_residual),
         optim=OptimConfig(lr=args.lr, weight_decay=args.weight_decay, schedule=args.schedule,
                           grad_clip=args.grad_clip),
+        checkpoint=CheckpointConfig(dir=args.checkpoint_dir, every=args.checkpoint_every, resume=args.resume,
+                                    keep=args.keep_checkpoints),
+        collective_timeout_s=args.collective_timeout,
+        perf=PerfConfig(prefetch=args.prefetch, comm_dtype=args.comm_dtype, compile=args.compile,
+                        comm_overlap=args.comm_overlap, profile=args.profile, permute=args.permute,
+                        sampler=args.sampler),
     )
 
 
 def _cmd_train(args) -> int:
     from .train import run_training, summary_line
 
+    if args.system not in ("scalegnn", "fullgraph-3d"):  # a compared system: baselines/
+        from baselines.cli import run_system
+
+        record = run_system(args)
+        if record is None:  # a rank other than 0 of an externally launched job
+            return 0
+        print(summary_line(record))
+        if record.get("path"):
+            print(f"record: {record['path']}")
+        return 0 if record["status"] == "ok" else 1
+    if args.system == "fullgraph-3d":
+        from baselines.cli import adjust_fullgraph_args
+
+        adjust_fullgraph_args(args)
     cfg = _run_config(args)
     launched = any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SUBMITIT_EXECUTOR")) and \
         int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1
@@ -131,7 +198,12 @@ def _cmd_train(args) -> int:
 
         record = run_distributed_training(cfg, nproc=args.nproc)
     else:
-        record = run_training(cfg)
+        try:
+            record = run_training(cfg)
+        except MemoryError as exc:  # while loading the data or building the model
+            from .train import out_of_memory
+
+            raise out_of_memory(exc, cfg, 0, "setup (loading the data, building the model)") from exc
     if record is not None:  # None on ranks other than 0 of an externally launched job
         print(summary_line(record))
         if record.get("path"):
@@ -174,6 +246,14 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_train(args)
         if args.command == "data":
             return _cmd_data(args)
+        if args.command == "bench":
+            from .bench import run_bench_command
+
+            return run_bench_command(args)
+        if args.command in ("sweep", "report", "plan"):
+            from sweeps.cli import run as run_harness_command
+
+            return run_harness_command(args)
         if args.command == "demo":
             from .demo import run_demo
 
@@ -181,6 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # user errors: one clear line, no traceback
         print(f"scalegnn: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - an out-of-memory or a failed distributed job
+        from .parallel.launch import WorkerError
+        from .train import OutOfMemory
+
+        if not isinstance(exc, (OutOfMemory, WorkerError)):
+            raise
+        print(f"scalegnn: error: {exc}", file=sys.stderr)
+        if getattr(exc, "record_path", None):
+            print(f"record: {exc.record_path}")
+        return 1
     parser.error(f"unknown command {args.command}")
     return 2
 

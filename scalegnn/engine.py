@@ -118,11 +118,18 @@ class SerialEngine:
     system = "scalegnn"
 
     def __init__(self, graph: Graph, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_size: int,
-                 seed: int = 0, epochs: int = 1):
+                 seed: int = 0, epochs: int = 1, perf=None):
+        from .perf import PerfConfig, StepProfiler
+
         if graph.meta.get("normalized") != "gcn":
             raise ValueError("SerialEngine needs the GCN-normalized graph: call graph.gcn_normalize() first")
         self.graph, self.seed = graph, seed
-        self.sampler = UniformVertexSampler(graph, batch_size, seed=seed)
+        self.perf = perf if perf is not None else PerfConfig()
+        self.sampler = UniformVertexSampler(graph, batch_size, seed=seed, backend=self.perf.sampler)
+        # Paper V-A: sample step t+1 in a background thread while step t trains (started by the first step).
+        self._prefetcher = None
+        self._profiler = StepProfiler(self.perf.profile)
+        self.compile_time_s = 0.0
         self.steps_per_epoch = steps_per_epoch(graph.num_nodes, self.sampler.batch_size)
         self.model = ScaleGNN(graph.num_features, graph.num_classes, model_cfg, seed=seed)
         self.optimizer, self.scheduler = make_optimizer(
@@ -135,8 +142,28 @@ class SerialEngine:
         self._full = None  # (A, A^T) of the full graph, built on first evaluation
 
     def train_step(self, step: int) -> StepResult:
+        t0, before = time.perf_counter(), sum(self.components.values())
+        try:
+            return self._train_step(step)
+        finally:  # "other": the step's wall time outside the timed components
+            timed = sum(self.components.values()) - before
+            self.components["other"] += max(0.0, time.perf_counter() - t0 - timed)
+            self._profiler.step()
+
+    def close(self) -> None:
+        """Stop the prefetch thread and write the profiler trace; idempotent."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+        self._profiler.close()
+
+    def _train_step(self, step: int) -> StepResult:
+        if self.perf.prefetch and self._prefetcher is None:
+            from .perf import Prefetcher
+
+            self._prefetcher = Prefetcher(self.sampler.sample)
         with self._time("sampling"):
-            batch = self.sampler.sample(step)
+            batch = self._prefetcher.get(step) if self._prefetcher is not None else self.sampler.sample(step)
         self.model.train()
         with self._time("forward_backward"):
             logits = self.model(batch.adj, batch.adj_t, batch.x, batch.nodes, self.seed, step)
@@ -175,8 +202,14 @@ class SerialEngine:
         return EvalResult(*accs)
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """Model, optimizer and LR-scheduler state: tensors and plain containers only
+        (saved by :mod:`scalegnn.checkpoint`, loaded with ``weights_only=True``). The
+        sampler and dropout are pure functions of (seed, step) and hold no state."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])

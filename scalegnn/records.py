@@ -110,10 +110,18 @@ def validate_record(record: dict, source: str = "record") -> dict:
         raise RecordError(f"{source}: status {record['status']!r} is not one of {STATUSES}")
     if not isinstance(record["epochs"], list):
         raise RecordError(f"{source}: epochs must be a list")
-    for row in record["epochs"]:
+    for i, row in enumerate(record["epochs"]):
+        if not isinstance(row, dict):
+            raise RecordError(f"{source}: epoch row {i} is a {type(row).__name__}, not an object")
         lacking = [f for f in EPOCH_FIELDS if f not in row]
         if lacking:
             raise RecordError(f"{source}: epoch row {row.get('epoch')} lacks {lacking}")
+        for key in ("components", "comm_bytes"):
+            if not isinstance(row[key], dict):
+                raise RecordError(f"{source}: epoch row {row.get('epoch')}: {key} must be an object")
+    for key in ("config", "grid", "env"):
+        if not isinstance(record[key], dict):
+            raise RecordError(f"{source}: {key} must be an object, got {type(record[key]).__name__}")
     return record
 
 
@@ -161,6 +169,8 @@ def read_record(path: str | os.PathLike) -> dict:
         record = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RecordError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from None
+    except OSError as exc:  # unreadable (permissions, a dangling link, an I/O error)
+        raise RecordError(f"{path}: cannot be read: {exc}") from None
     return validate_record(record, source=str(path))
 
 

@@ -74,18 +74,70 @@ def sample_vertices(num_nodes: int, batch_size: int, seed: int, step: int, dp_in
     A pure function of its arguments: every rank of a data-parallel group calls it
     with the same (seed, dp_index, step) and gets the same S without communicating.
     B == N returns all vertices (full-graph training).
+
+    Algorithm 2 writes the draw as ``Sort(RandPerm(N)[:B])``; a permutation of all
+    N vertices costs O(N) per step (8-30 ms for N = 10^6), so the same distribution
+    is drawn in O(B log B) instead: the first B *distinct* values of a stream of
+    i.i.d. uniform draws from [0, N) are a uniform B-subset (each new distinct value
+    is uniform over the values not seen yet, exactly as the next element of a
+    random permutation). The stream comes from a CPU generator seeded by
+    (seed, dp_index, step), so the sample is the same on every device. For B > N/2
+    the N - B vertices left out are drawn instead.
     """
     if batch_size >= num_nodes:
         return torch.arange(num_nodes, dtype=torch.int64)
     gen = torch.Generator().manual_seed(_step_seed(seed, dp_index, step))
-    return torch.sort(torch.randperm(num_nodes, generator=gen)[:batch_size]).values
+    if 2 * batch_size > num_nodes:
+        left_out = _first_distinct(num_nodes, num_nodes - batch_size, gen)
+        keep = torch.ones(num_nodes, dtype=torch.bool)
+        keep[left_out] = False
+        return keep.nonzero().squeeze(1)
+    return _first_distinct(num_nodes, batch_size, gen)
+
+
+def _first_distinct(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """The first ``k`` distinct values of i.i.d. uniform draws from [0, n), sorted.
+
+    Draws come in chunks sized from the expected number of draws to see k distinct
+    values, ``-n log(1 - k/n)``, plus a margin; a short chunk (rare) is extended with
+    more draws from the same generator, so the result depends only on the seed.
+    """
+    expected = -n * math.log1p(-k / n)
+    chunk = int(expected + 6.0 * math.sqrt(expected) + 16)
+    draws = torch.randint(0, n, (chunk,), generator=gen)
+    while True:
+        fast = _fastsample_module() if k >= NUMBA_MIN_SAMPLE else None
+        if fast is not None:  # same result in one pass over a bitmap (see _fastsample)
+            try:
+                out = fast.first_distinct(draws, n, k)
+            except fast.Unavailable:
+                continue
+            if out is not None:
+                return out
+            draws = torch.cat([draws, torch.randint(0, n, (max(chunk // 4, 16),), generator=gen)])
+            continue
+        # A stable sort puts each value's first occurrence first among its copies.
+        vals, order = torch.sort(draws, stable=True)
+        first = torch.ones_like(vals, dtype=torch.bool)
+        first[1:] = vals[1:] != vals[:-1]
+        uniq, pos = vals[first], order[first]  # distinct values (sorted) and first draw index
+        if uniq.numel() >= k:
+            break
+        draws = torch.cat([draws, torch.randint(0, n, (max(chunk // 4, 16),), generator=gen)])
+    if uniq.numel() > k:  # keep the k values drawn first: first-draw indices are distinct
+        uniq = uniq[pos <= torch.kthvalue(pos, k).values]
+    return uniq
 
 
 @dataclass(frozen=True)
 class CSRBlock:
     """A block of the normalized adjacency: rows [row_start, row_end), columns
     [col_start, col_end), stored as CSR with local row ids and GLOBAL column ids
-    (sorted within each row). The serial sampler uses one block spanning N x N."""
+    (sorted within each row). The serial sampler uses one block spanning N x N.
+
+    ``from_graph`` stores the column ids as int32 when N < 2^31: the sampler streams
+    them once per step, and half the bytes is a quarter less time (and half the
+    shard memory); ``indptr`` stays int64 (nnz may exceed 2^31)."""
 
     indptr: torch.Tensor
     indices: torch.Tensor
@@ -110,6 +162,8 @@ class CSRBlock:
             counts.index_add_(0, rows[keep], torch.ones_like(rows[keep]))
             indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
             indices, values = indices[keep], values[keep]
+        if n < 2**31:
+            indices = indices.to(torch.int32)
         return cls(indptr.contiguous(), indices.contiguous(), values.contiguous(), r0, r1, c0, c1)
 
     @property
@@ -137,65 +191,88 @@ class SampledBlock:
 
 
 class CompactIndexMap:
-    """Persistent global-id -> compact-id map tagged with the step (Alg. 2 line 14).
+    """Persistent global-id -> compact-id map over a column range (Alg. 2 line 14).
 
-    Writing the B sampled ids with the current tag makes every stale entry
-    invisible, so no N-sized array is cleared per step: the update is O(B).
+    ``compact[v - offset]`` is the position of vertex v in the sampled columns S_c,
+    or -1. :meth:`assign` first resets the entries the previous step wrote, then
+    writes the new ones, so no range-sized array is ever cleared: O(B) work per step,
+    the purpose of the paper's step tag, with one int32 lookup per gathered entry
+    instead of two. The range is the block's column range, so three maps cost a rank
+    4 bytes per vertex of its three column ranges (not of N).
     """
 
-    def __init__(self, num_nodes: int):
-        self.compact = torch.zeros(num_nodes, dtype=torch.int64)
-        self.tag = torch.full((num_nodes,), -1, dtype=torch.int64)
-        self._next_tag = 0
+    def __init__(self, num_nodes: int, offset: int = 0, device=None):
+        self.offset, self.size = int(offset), int(num_nodes)
+        self.compact = torch.full((self.size,), -1, dtype=torch.int32, device=device)
+        self._written: torch.Tensor | None = None
+        self._tag = -1
+
+    def covers(self, lo: int, hi: int) -> bool:
+        return self.offset <= lo and hi <= self.offset + self.size
 
     def assign(self, ids: torch.Tensor) -> int:
-        """Map ``ids[k] -> k`` under a fresh tag; returns the tag."""
-        tag = self._next_tag
-        self._next_tag += 1
-        self.compact[ids] = torch.arange(ids.numel(), dtype=torch.int64)
-        self.tag[ids] = tag
-        return tag
+        """Map ``ids[k] -> k`` (global ids inside the range); returns the step's tag."""
+        if self._written is not None:
+            self.compact[self._written] = -1
+        local = ids - self.offset if self.offset else ids
+        self.compact[local] = torch.arange(ids.numel(), dtype=torch.int32, device=self.compact.device)
+        self._written = local
+        self._tag += 1
+        return self._tag
+
+    def lookup_raw(self, ids: torch.Tensor, tag: int) -> torch.Tensor:
+        """int32 compact ids of global ``ids`` under ``tag``; -1 where not sampled."""
+        if tag != self._tag:
+            raise ValueError(f"stale tag {tag}: the map now holds tag {self._tag}")
+        return self.compact.index_select(0, ids - self.offset if self.offset else ids)
 
     def lookup(self, ids: torch.Tensor, tag: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(member mask, compact ids) for global ``ids`` under ``tag``."""
-        return self.tag[ids] == tag, self.compact[ids]
+        raw = self.lookup_raw(ids, tag)
+        return raw >= 0, raw.long()
 
 
 def _csr(indptr, indices, values, shape) -> torch.Tensor:
     return torch.sparse_csr_tensor(indptr, indices, values, shape, check_invariants=False)
 
 
-def _build_csr_pair(rows, cols, vals, n_rows, n_cols):
-    """Forward CSR and transposed CSR from row-sorted (rows, cols, vals) triples.
-
-    Rows are already sorted (the gather walks sampled rows in order), so the forward
-    indptr is a bincount; the transpose is a stable sort by column, which keeps the
-    rows sorted inside each column.
-    """
-    fwd_ptr = torch.zeros(n_rows + 1, dtype=torch.int64)
-    fwd_ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n_rows), 0)
+def _transpose_csr(rows, cols, vals, n_cols):
+    """CSR of the transpose from row-major (rows, cols, vals) triples: a counting sort
+    by column (stable, so rows stay sorted inside each column)."""
     order = torch.sort(cols, stable=True).indices
-    t_ptr = torch.zeros(n_cols + 1, dtype=torch.int64)
-    t_ptr[1:] = torch.cumsum(torch.bincount(cols, minlength=n_cols), 0)
-    adj = _csr(fwd_ptr, cols, vals, (n_rows, n_cols))
-    adj_t = _csr(t_ptr, rows[order], vals[order], (n_cols, n_rows))
-    return adj, adj_t
+    t_ptr = torch.zeros(n_cols + 1, dtype=torch.int64, device=cols.device)
+    torch.cumsum(torch.bincount(cols, minlength=n_cols), 0, out=t_ptr[1:])
+    return t_ptr, rows.index_select(0, order), vals.index_select(0, order)
+
+
+def _row_runs(indptr: torch.Tensor, rows: torch.Tensor):
+    """Flat positions of the stored entries of ``rows`` (Alg. 2 lines 7-10).
+
+    Returns (counts, incl, total, flat): entries per row, their inclusive prefix
+    sum, the total, and ``flat`` (total,) indexing indices/values in CSR order. One
+    prefix sum and one repeat_interleave (no O(total log B) sorted search):
+    ``flat[k] = start[row(k)] + (k - excl[row(k)])``.
+    """
+    starts = indptr.index_select(0, rows)
+    counts = indptr.index_select(0, rows + 1) - starts
+    incl = torch.cumsum(counts, 0)
+    total = int(incl[-1]) if rows.numel() else 0
+    # int32 positions when the block allows: half the bytes in the widest arrays.
+    dtype = torch.int32 if int(indptr[-1]) < 2**31 else torch.int64
+    flat = torch.repeat_interleave((starts - (incl - counts)).to(dtype), counts, output_size=total)
+    flat += torch.arange(total, dtype=dtype, device=flat.device)
+    return counts, incl, total, flat
 
 
 def gather_csr_rows(indptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions of the stored entries of ``rows`` in CSR order (Alg. 2 lines 7-10).
 
     Returns (owner, flat): ``flat[k]`` indexes indices/values, ``owner[k]`` is the
-    position in ``rows`` of the row it belongs to. One prefix sum and one sorted
-    search; no Python loop over rows.
+    position in ``rows`` of the row it belongs to. No Python loop over rows.
     """
-    starts = indptr[rows]
-    counts = indptr[rows + 1] - starts
-    prefix = torch.cumsum(counts, 0)
-    total = int(prefix[-1]) if rows.numel() else 0
-    k = torch.arange(total, dtype=torch.int64)
-    owner = torch.searchsorted(prefix, k, right=True)
-    return owner, starts[owner] + (k - (prefix[owner] - counts[owner]))
+    counts, _, total, flat = _row_runs(indptr, rows)
+    owner = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), counts, output_size=total)
+    return owner, flat
 
 
 # Input features sparser than this are kept as CSR: multi-hot bag-of-words features
@@ -222,11 +299,45 @@ def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
                                    check_invariants=False)
 
 
+# Sampler kernel: "auto" takes the compiled CPU kernel (numba, optional) for CPU
+# blocks with at least this many stored entries and the vectorized torch path
+# otherwise (any device; small blocks, where JIT start-up would dominate). Both give
+# bit-identical results (tests/test_optimizations.py checks it).
+SAMPLER_BACKENDS = ("auto", "torch", "numba")
+NUMBA_MIN_NNZ = 1 << 15
+NUMBA_MIN_SAMPLE = 1 << 12  # the sample draw (same result either way) from this B on
+
+
+def _fastsample_module():
+    """The numba kernels, or None when numba is not installed."""
+    from . import _fastsample
+
+    return _fastsample if _fastsample.available() else None
+
+
+def _pick_backend(backend: str, block: "CSRBlock") -> str:
+    if backend not in SAMPLER_BACKENDS:
+        raise ValueError(f"sampler backend must be one of {SAMPLER_BACKENDS}, got {backend!r}")
+    if backend == "torch" or block.indices.device.type != "cpu" or (backend == "auto" and block.nnz < NUMBA_MIN_NNZ):
+        return "torch"  # (small blocks: not even the numba import is paid)
+    from . import _fastsample
+
+    if backend == "numba":
+        if not _fastsample.available():
+            raise ValueError("sampler backend 'numba' needs numba: pip install numba (or use backend 'torch')")
+        return "numba"
+    return "numba" if _fastsample.available() else "torch"
+
+
 def extract_block(
     block: CSRBlock,
     sample: torch.Tensor,
     scale: float,
     index_map: CompactIndexMap | None = None,
+    backend: str = "auto",
+    *,
+    col_sample: torch.Tensor | None = None,
+    keys: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> SampledBlock:
     """Algorithm 2, phases 1-4, for one adjacency block. Calls no collective.
 
@@ -234,35 +345,86 @@ def extract_block(
         block: the local CSR block (rows local, columns global).
         sample: the sorted global sample S (B,).
         scale: p of Eq. 23; off-diagonal weights are divided by it (Eq. 24).
-        index_map: a persistent tagged map for the column remap; without one a
-            binary search over S_c does the membership test and remap.
+        index_map: a persistent compact map covering the block's column range for
+            the torch kernel's remap; without one a binary search over S_c does the
+            membership test and remap. The numba kernel needs neither (it builds a
+            bitmap of S_c with rank counts per 64-bit word, which stays in cache).
+        backend: "auto", "torch" or "numba" (see :data:`NUMBA_MIN_NNZ`).
+        col_sample: the sample in the block's COLUMN id space when rows and columns
+            are labeled differently (double permutation, :mod:`scalegnn.permutation`);
+            default ``sample``.
+        keys: (row_key, col_key), the vertex of every entry of ``sample`` and of
+            ``col_sample`` in one common labeling, to find the self loops (the
+            entries Eq. 24 leaves unscaled) when the two id spaces differ; default:
+            the samples themselves.
+
+    Returns the block of A~_S as CSR and its transpose; entries are in CSR order
+    (rows, then columns ascending) in both, whichever kernel ran.
     """
     # Phase 1: the parts of S inside this block's row and column ranges (binary search).
-    r_lo, r_hi = torch.searchsorted(sample, torch.tensor([block.row_start, block.row_end])).tolist()
-    c_lo, c_hi = torch.searchsorted(sample, torch.tensor([block.col_start, block.col_end])).tolist()
-    s_rows, s_cols = sample[r_lo:r_hi], sample[c_lo:c_hi]
+    if col_sample is None:
+        bounds = torch.tensor([block.row_start, block.row_end, block.col_start, block.col_end], device=sample.device)
+        r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, bounds).tolist()
+        col_sample = sample
+    else:
+        r_lo, r_hi = torch.searchsorted(sample, torch.tensor([block.row_start, block.row_end],
+                                                             device=sample.device)).tolist()
+        c_lo, c_hi = torch.searchsorted(col_sample, torch.tensor([block.col_start, block.col_end],
+                                                                 device=col_sample.device)).tolist()
+    s_rows, s_cols = sample[r_lo:r_hi], col_sample[c_lo:c_hi]
     n_rows, n_cols = s_rows.numel(), s_cols.numel()
+    rows_local = s_rows - block.row_start if block.row_start else s_rows
+    # Self loops: same position in S when rows and columns share the labeling, else same key.
+    rkey, ckey = (keys[0][r_lo:r_hi], keys[1][c_lo:c_hi]) if keys is not None else (None, None)
 
-    # Phase 2: gather the sampled rows with a prefix sum and a sorted search (lines 7-10).
-    owner, flat = gather_csr_rows(block.indptr, s_rows - block.row_start)
-    cols_g = block.indices[flat]
-    vals = block.values[flat]
+    if _pick_backend(backend, block) == "numba":
+        from . import _fastsample
+
+        try:
+            fwd_ptr, cols_c, vals, t_ptr, t_rows, t_vals = _fastsample.extract(
+                block.indptr, block.indices, block.values, rows_local, s_cols, block.col_start, block.col_end,
+                r_lo - c_lo, scale, rkey, ckey)
+        except _fastsample.Unavailable:
+            if backend == "numba":
+                raise
+        else:
+            adj = _csr(fwd_ptr, cols_c, vals, (n_rows, n_cols))
+            adj_t = _csr(t_ptr, t_rows, t_vals, (n_cols, n_rows))
+            return SampledBlock(adj=adj, adj_t=adj_t, row_offset=r_lo, col_offset=c_lo)
+
+    # Phase 2: positions of the sampled rows' entries, then their columns (lines 7-10).
+    counts, incl, total, flat = _row_runs(block.indptr, rows_local)
+    cols_g = block.indices.index_select(0, flat)
 
     # Phase 3: keep columns in S_c and remap them to compact ids (lines 12-14).
     if index_map is not None:
-        tag = index_map.assign(s_cols)
-        keep, cols_c = index_map.lookup(cols_g, tag)
+        if not index_map.covers(block.col_start, block.col_end):
+            raise ValueError(f"index map covers [{index_map.offset}, {index_map.offset + index_map.size}), "
+                             f"not the block's columns [{block.col_start}, {block.col_end})")
+        raw = index_map.lookup_raw(cols_g, index_map.assign(s_cols))
+        kept = (raw >= 0).nonzero().squeeze(1)
+        cols_c = raw.index_select(0, kept).long()
     else:
+        cols_g = cols_g.long()
         pos = torch.searchsorted(s_cols, cols_g).clamp_(max=max(n_cols - 1, 0))
-        keep = s_cols[pos] == cols_g if n_cols else torch.zeros_like(cols_g, dtype=torch.bool)
-        cols_c = pos
-    rows_c, cols_c, cols_g, vals = owner[keep], cols_c[keep], cols_g[keep], vals[keep]
+        hit = s_cols[pos] == cols_g if n_cols else torch.zeros_like(cols_g, dtype=torch.bool)
+        kept = hit.nonzero().squeeze(1)
+        cols_c = pos.index_select(0, kept)
+    # Kept positions are increasing, so each row's kept entries are a contiguous run:
+    # the row of an entry and the forward row pointer are sorted searches over B rows.
+    rows_c = torch.searchsorted(incl, kept, right=True)
+    fwd_ptr = torch.searchsorted(kept, torch.cat([incl.new_zeros(1), incl]))
+    vals = block.values.index_select(0, flat.index_select(0, kept))
 
     # Phase 4: rescale off-diagonal weights by 1/p (Eq. 24) and assemble both CSRs.
+    # Diagonal <=> same global vertex <=> same position in S: cols_c + c_lo == rows_c + r_lo.
     if scale != 1.0:
-        off_diag = s_rows[rows_c] != cols_g
+        off_diag = (cols_c - rows_c != r_lo - c_lo) if rkey is None else \
+            (rkey.index_select(0, rows_c) != ckey.index_select(0, cols_c))
         vals = torch.where(off_diag, vals / scale, vals)
-    adj, adj_t = _build_csr_pair(rows_c, cols_c, vals, n_rows, n_cols)
+    t_ptr, t_rows, t_vals = _transpose_csr(rows_c, cols_c, vals, n_cols)
+    adj = _csr(fwd_ptr, cols_c, vals, (n_rows, n_cols))
+    adj_t = _csr(t_ptr, t_rows, t_vals, (n_cols, n_rows))
     return SampledBlock(adj=adj, adj_t=adj_t, row_offset=r_lo, col_offset=c_lo)
 
 
@@ -305,7 +467,7 @@ class UniformVertexSampler:
     distributed run sees exactly the batches of an uninterrupted serial one.
     """
 
-    def __init__(self, graph: Graph, batch_size: int, seed: int = 0, dp_index: int = 0):
+    def __init__(self, graph: Graph, batch_size: int, seed: int = 0, dp_index: int = 0, backend: str = "auto"):
         if graph.meta.get("normalized") != "gcn":
             raise ValueError("UniformVertexSampler needs the GCN-normalized graph: call graph.gcn_normalize() first")
         self.graph = graph
@@ -314,6 +476,7 @@ class UniformVertexSampler:
         self.scale = inclusion_probability(graph.num_nodes, self.batch_size)
         self.block = CSRBlock.from_graph(graph)
         self.index_map = CompactIndexMap(graph.num_nodes)
+        self.backend = backend
         self.train_mask = train_mask_of(graph)
         self.features = training_features(graph.x)
 
@@ -322,7 +485,8 @@ class UniformVertexSampler:
 
     def sample(self, step: int) -> SampledBatch:
         nodes = sample_vertices(self.graph.num_nodes, self.batch_size, self.seed, step, self.dp_index)
-        blk = extract_block(self.block, nodes, self.scale, self.index_map)
+        nodes = nodes.to(self.graph.indptr.device)  # drawn on the CPU generator: the same S on every device
+        blk = extract_block(self.block, nodes, self.scale, self.index_map, backend=self.backend)
         return SampledBatch(
             step=step,
             nodes=nodes,

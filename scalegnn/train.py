@@ -22,10 +22,13 @@ from pathlib import Path
 
 import torch
 
+from . import checkpoint as ckpt_mod
 from . import records
+from .checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 from .engine import OptimConfig, SerialEngine
 from .graph import Graph
 from .model import ModelConfig
+from .perf import PerfConfig
 from .sampling import resolve_batch_size
 
 __all__ = ["RunConfig", "prepare_graph", "run_training", "DivergedError", "peak_memory_bytes"]
@@ -33,6 +36,10 @@ __all__ = ["RunConfig", "prepare_graph", "run_training", "DivergedError", "peak_
 
 class DivergedError(RuntimeError):
     """The training loss became NaN or inf."""
+
+
+class OutOfMemory(RuntimeError):
+    """A rank ran out of memory; the message names the rank, the stage and a fix."""
 
 
 @dataclass
@@ -54,12 +61,21 @@ class RunConfig:
     progress: bool | None = None  # None: a bar only when stderr is a terminal
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)  # paper V optimizations, instrumentation, permutation
+    collective_timeout_s: float = 600.0  # every collective (and the rendezvous) fails after this
 
     def __post_init__(self):
         if isinstance(self.model, dict):
             self.model = ModelConfig(**self.model)
         if isinstance(self.optim, dict):
             self.optim = OptimConfig(**self.optim)
+        if isinstance(self.checkpoint, dict):
+            self.checkpoint = CheckpointConfig(**self.checkpoint)
+        if isinstance(self.perf, dict):
+            self.perf = PerfConfig(**self.perf)
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"--collective-timeout must be > 0 seconds, got {self.collective_timeout_s}")
         self.grid = tuple(int(g) for g in self.grid)
         if self.batch_size is not None:
             self.batch_ratio = None
@@ -71,6 +87,13 @@ class RunConfig:
             raise ValueError(f"target_acc is a fraction in (0, 1], got {self.target_acc}")
         if len(self.grid) != 4 or min(self.grid) < 1:
             raise ValueError(f"grid must be four positive sizes (Gd, Gx, Gy, Gz), got {self.grid}")
+        widest = max(zip(self.grid[1:], "xyz"))
+        if self.model.hidden < widest[0]:
+            raise ValueError(
+                f"hidden size {self.model.hidden} is smaller than grid axis {widest[1]} = {widest[0]}: every 3D "
+                f"axis splits the hidden dimension, so some ranks would hold no weights; use --hidden >= "
+                f"{widest[0]} or a grid with at most {self.model.hidden} ranks per axis"
+            )
 
     @property
     def world_size(self) -> int:
@@ -89,6 +112,10 @@ def prepare_graph(cfg: RunConfig) -> Graph:
     from .datasets import load_dataset
 
     graph = load_dataset(cfg.dataset, data_root=cfg.data_root, seed=cfg.seed)
+    if cfg.perf.permute != "none":  # Plexus 5.1: relabel the vertices once (P_c; double adds sigma in the engine)
+        from .permutation import random_permutation
+
+        graph = graph.permute(random_permutation(graph.num_nodes, cfg.seed))
     return graph.gcn_normalize()
 
 
@@ -109,11 +136,15 @@ def _progress(cfg: RunConfig, total: int, rank: int):
 
 
 def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None):
-    if grid is None:
-        return SerialEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs)
+    if grid is None and not cfg.perf.needs_parallel_engine:
+        return SerialEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, perf=cfg.perf)
     from .parallel.engine import ParallelEngine
+    from .parallel.grid import ProcessGrid
 
-    return ParallelEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, grid=grid)
+    # Fusion, communication overlap and double permutation live in the sharded
+    # operators: one process runs them on the 1x1x1x1 grid (collectives are no-ops).
+    return ParallelEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs,
+                          grid=grid if grid is not None else ProcessGrid.single(), perf=cfg.perf)
 
 
 def _engine_from_shards(cfg: RunConfig, grid):
@@ -131,15 +162,21 @@ def _engine_from_shards(cfg: RunConfig, grid):
     info = {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
     batch_size = resolve_batch_size(shard.num_nodes, cfg.batch_size, cfg.batch_ratio)
     engine = ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, grid=grid,
-                            shard=shard)
+                            shard=shard, perf=cfg.perf)
     return None, info, engine
 
 
-def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: bool = True) -> dict:
+def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: bool = True,
+                 run_id: str | None = None, write_failed: bool = True) -> dict:
     """Train per ``cfg`` and return the run record (written by rank 0 when ``write``).
 
     ``grid`` is a :class:`scalegnn.parallel.grid.ProcessGrid` for a distributed run
-    (every rank calls this function); None runs the serial engine.
+    (every rank calls this function); None runs the serial engine. ``run_id`` names
+    the record (default: a new id; on resume, always the checkpoint's run id).
+    ``write_failed=False`` leaves a ``failed`` record to the caller: the local
+    launcher writes it with the first error of whichever rank failed first.
+    With ``cfg.checkpoint.resume`` and a complete checkpoint in ``cfg.checkpoint.dir``
+    the run continues from it (see :mod:`scalegnn.checkpoint`); without one, it starts.
     """
     rank = grid.rank if grid is not None else 0
     world = grid.world_size if grid is not None else 1
@@ -158,7 +195,7 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         engine = make_engine(cfg, graph, batch_size, grid)
     record = {
         "schema_version": records.SCHEMA_VERSION,
-        "run_id": records.new_run_id(cfg.system, cfg.dataset),
+        "run_id": run_id or records.new_run_id(cfg.system, cfg.dataset),
         "system": cfg.system,
         "dataset": cfg.dataset,
         "config": cfg.to_dict(),
@@ -169,6 +206,7 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         "graph": graph_info,
         "batch_size": batch_size,
         "steps_per_epoch": engine.steps_per_epoch,
+        "compile_time_s": engine.compile_time_s,  # torch.compile warm-up (paper V-C), not in train_time_s
         "epochs": [],
         "target_acc": cfg.target_acc,
         "time_to_target_s": None,
@@ -177,38 +215,153 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         "status": "running",
         "error": None,
     }
+    # Resume (a checkpoint of another config or grid raises here: a user error, no record).
+    start = _resume(cfg, engine, record, grid) if cfg.checkpoint.resume else None
+    ckpt = Checkpointer(cfg.checkpoint, grid) if cfg.checkpoint.enabled else None
+    where = _Where()
     try:
-        _train_epochs(cfg, engine, record, rank)
+        _train_epochs(cfg, engine, record, rank, ckpt=ckpt, start=start, where=where)
         record["status"] = "ok"
     except DivergedError as exc:
         record["status"], record["error"] = "diverged", str(exc)
     except Exception as exc:
+        err = out_of_memory(exc, cfg, rank, where.stage, batch_size) or exc
         record["status"] = "failed"
-        record["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
+        record["error"] = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=8)}"
         if grid is not None or not write:
-            raise  # a distributed job must fail as a whole; the launcher reports it
+            err.run_record = record  # the launcher writes it if this rank cannot
+            if err is exc:
+                raise  # a distributed job must fail as a whole; the launcher reports it
+            raise err from exc
     finally:
+        engine.close()  # stops the prefetch thread (no orphan threads), writes the profiler trace
+        if ckpt is not None:
+            record["checkpoint"] = {**record.get("checkpoint", {}), **ckpt.summary(),
+                                    "saves": record.get("checkpoint", {}).get("saves", 0) + ckpt.saves}
         peak = peak_memory_bytes(device)
         per_rank = grid.gather_object(peak) if grid is not None and record["status"] != "failed" else [peak]
         record["peak_memory_bytes_per_rank"] = per_rank
         record["peak_memory_bytes"] = max(per_rank)
         record["time_to_target_s"] = records.time_to_target(record["epochs"], cfg.target_acc)
         _summarize(record)
-        if write and rank == 0:
+        if write and rank == 0 and (write_failed or record["status"] != "failed"):
             record["path"] = str(records.write_record(record, cfg.out_dir))
     return record
 
 
-def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int) -> None:
+class _Where:
+    """What the loop is doing, for error messages (an OOM names its stage)."""
+
+    stage = "setup"
+
+
+def out_of_memory(exc: BaseException, cfg: RunConfig, rank: int, stage: str,
+                  batch_size: int | None = None) -> OutOfMemory | None:
+    """An :class:`OutOfMemory` naming the rank, the stage and a fix when ``exc`` is an
+    out-of-memory error (CUDA/ROCm allocator, ``MemoryError``, torch's CPU
+    allocator); None otherwise. (On Linux the kernel's OOM killer may SIGKILL a rank
+    instead: the launcher then reports that rank as killed by signal 9.)"""
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    text = str(exc).lower()
+    if not (isinstance(exc, MemoryError) or (oom_types and isinstance(exc, oom_types))
+            or (isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))):
+        return None
+    if isinstance(exc, OutOfMemory):
+        return exc
+    gd, gx, gy, gz = cfg.grid
+    bigger = list(cfg.grid)
+    axis = min((1, 2, 3), key=lambda i: (cfg.grid[i], -i))  # double the smallest 3D axis
+    bigger[axis] *= 2
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    b = f"B={batch_size}" if batch_size else "the batch"
+    return OutOfMemory(
+        f"rank {rank} ran out of memory during {stage} (grid {gd}x{gx}x{gy}x{gz}, {b}, hidden "
+        f"{cfg.model.hidden}): {first}. Use a larger grid, whose Gx*Gy*Gz ranks split the graph, features and "
+        f"weights (e.g. --grid {'x'.join(map(str, bigger))}), a smaller batch (--batch-size / --batch-ratio), "
+        f"or a smaller --hidden"
+    )
+
+
+def _resume(cfg: RunConfig, engine, record: dict, grid) -> dict | None:
+    """Load the newest complete checkpoint of ``cfg.checkpoint.dir`` into ``engine`` and
+    ``record``; return the loop position, or None when there is none (a fresh start)."""
+    path = ckpt_mod.latest(cfg.checkpoint.dir)
+    if grid is not None and grid.distributed:
+        seen = set(grid.gather_object(str(path)))  # every rank must resume the same checkpoint
+        if len(seen) != 1:
+            raise CheckpointError(f"ranks see different latest checkpoints in {cfg.checkpoint.dir}: {sorted(seen)}; "
+                                  "the folder must be on storage every rank can reach")
+    if path is None:
+        return None
+    meta = ckpt_mod.read_meta(path)
+    diff = ckpt_mod.config_mismatch(meta["config"], cfg.to_dict())
+    if diff:
+        raise CheckpointError(f"{path} was written by a run with another config ({'; '.join(diff)}); resume with "
+                              "the same settings, or use a new --checkpoint-dir for a new run")
+    for key in ("world_size", "batch_size", "steps_per_epoch"):
+        now = record[key]
+        if meta.get(key) != now:
+            raise CheckpointError(f"{path}: {key} was {meta.get(key)} when saved, is {now} now "
+                                  "(the dataset or the launch changed); use a new --checkpoint-dir")
+    rank = grid.rank if grid is not None else 0
+    state = ckpt_mod.load_rank_state(path, rank)
+    engine.load_state_dict(state["engine"])
+    ckpt_mod.set_rng_state(state["rng"])
+    saved = meta["record"]
+    record["run_id"] = saved["run_id"]
+    record["epochs"] = saved["epochs"]
+    record["checkpoint"] = saved.get("checkpoint", {})
+    record["resumed"] = saved.get("resumed", []) + [{
+        "step": meta["step"], "epoch": meta["epoch"], "checkpoint": str(path), "saved_at": meta.get("saved_at"),
+        "resumed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hostname": record["env"].get("hostname"),
+    }]
+    return meta["loop"]
+
+
+def _save_checkpoint(ckpt: Checkpointer, cfg: RunConfig, engine, record: dict, step: int, epochs_done: int,
+                     train_time: float, partial: tuple) -> None:
+    loss_sum, loss_n, correct, count = partial
+    loop = {"step": step, "train_time": train_time, "loss_sum": loss_sum, "loss_n": loss_n, "correct": correct,
+            "count": count, "components": dict(engine.components), "comm_bytes": dict(engine.comm_bytes)}
+    saves = record.get("checkpoint", {}).get("saves", 0) + ckpt.saves + 1  # all attempts, this one included
+    meta = {"epoch": epochs_done, "steps_per_epoch": engine.steps_per_epoch, "batch_size": record["batch_size"],
+            "config": cfg.to_dict(), "loop": loop, "record": {**record, "checkpoint": {"saves": saves}}}
+    ckpt.save(step, engine.state_dict(), meta)
+
+
+def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpointer | None = None,
+                  start: dict | None = None, where: _Where | None = None) -> None:
+    """Epochs of ``steps_per_epoch`` steps; step ``s`` belongs to epoch ``s // steps_per_epoch + 1``.
+
+    ``start`` (from a checkpoint) gives the global step to continue from and, when it
+    falls mid-epoch, that epoch's partial sums, so the resumed loss sequence equals the
+    uninterrupted one. Checkpoint saves (``ckpt.due`` is asked once per step, on every
+    rank) are excluded from the training time, like evaluation.
+    """
+    where = where if where is not None else _Where()
+    spe = engine.steps_per_epoch
+    step, train_time = (int(start["step"]), float(start["train_time"])) if start else (0, 0.0)
+    last = record["epochs"][-1] if record["epochs"] else None
+    if start and last and cfg.stop_at_target and cfg.target_acc is not None \
+            and (last["test_acc"] or 0.0) >= cfg.target_acc and step % spe == 0:
+        return  # the interrupted run had already stopped at its target
     bar = _progress(cfg, cfg.epochs, rank)
-    train_time, step = 0.0, 0
+    if bar is not None and step // spe:
+        bar.update(step // spe)
     try:
-        for epoch in range(1, cfg.epochs + 1):
+        for epoch in range(step // spe + 1, cfg.epochs + 1):
             engine.components.clear()
             engine.comm_bytes.clear()
             loss_sum, loss_n, correct, count = 0.0, 0, 0.0, 0
+            if step % spe:  # resumed mid-epoch: continue this epoch's sums
+                loss_sum, loss_n, correct, count = start["loss_sum"], start["loss_n"], start["correct"], start["count"]
+                engine.components.update(start["components"])
+                engine.comm_bytes.update(start["comm_bytes"])
             t0 = time.perf_counter()
-            for _ in range(engine.steps_per_epoch):
+            end = epoch * spe
+            while step < end:
+                where.stage = f"training step {step} (epoch {epoch})"
                 res = engine.train_step(step)
                 step += 1
                 if res.count:
@@ -216,6 +369,12 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int) -> None:
                         raise DivergedError(f"loss became {res.loss} at epoch {epoch}, step {step - 1}")
                     loss_sum, loss_n = loss_sum + res.loss, loss_n + 1
                     correct, count = correct + res.correct, count + res.count
+                if ckpt is not None and step < end and ckpt.due(step):  # mid-epoch save
+                    train_time += time.perf_counter() - t0
+                    where.stage = f"checkpoint save at step {step}"
+                    _save_checkpoint(ckpt, cfg, engine, record, step, epoch - 1, train_time,
+                                     (loss_sum, loss_n, correct, count))
+                    t0 = time.perf_counter()
             train_time += time.perf_counter() - t0
             row = {
                 "epoch": epoch, "train_time_s": train_time, "loss": loss_sum / max(loss_n, 1),
@@ -224,10 +383,14 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int) -> None:
                 "components": dict(engine.components), "comm_bytes": dict(engine.comm_bytes),
             }
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+                where.stage = f"evaluation after epoch {epoch}"
                 t1 = time.perf_counter()
                 row.update(engine.evaluate().as_dict())
                 row["eval_time_s"] = time.perf_counter() - t1
             record["epochs"].append(row)
+            if ckpt is not None and ckpt.due(step):  # epoch-end save, after the row
+                where.stage = f"checkpoint save at step {step}"
+                _save_checkpoint(ckpt, cfg, engine, record, step, epoch, train_time, (0.0, 0, 0.0, 0))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", test=row["test_acc"] or float("nan"))

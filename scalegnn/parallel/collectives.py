@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from .grid import ProcessGrid
 
-__all__ = ["CommStats", "ComponentTimer", "all_reduce", "all_gather_uneven", "broadcast", "PMM_KINDS"]
+__all__ = ["CommStats", "ComponentTimer", "all_reduce", "all_reduce_async", "PendingReduce", "all_gather_uneven",
+           "broadcast", "PMM_KINDS"]
 
 PMM_KINDS = ("pmm_x", "pmm_y", "pmm_z")
 
@@ -42,24 +43,63 @@ _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 @dataclass
 class CommStats:
-    """Cumulative bytes, calls and wall seconds per collective kind (one per process)."""
+    """Cumulative bytes, calls and seconds per collective kind (one per process).
+
+    Seconds are the time a collective holds up its caller: around a blocking call
+    on CPU (gloo is synchronous), the wait of an asynchronous one (the overlapped
+    part is hidden, so it is not counted). On GPU a collective only enqueues work,
+    so :meth:`span` records CUDA events instead and :meth:`flush` resolves them.
+    ``timing=False`` keeps the byte counts and skips every clock.
+    """
 
     bytes: dict = field(default_factory=lambda: defaultdict(int))
     calls: dict = field(default_factory=lambda: defaultdict(int))
     seconds: dict = field(default_factory=lambda: defaultdict(float))
+    timing: bool = True
+    _events: list = field(default_factory=list)
 
     def record(self, kind: str, nbytes: int, seconds: float = 0.0) -> None:
         self.bytes[kind] += int(nbytes)
         self.calls[kind] += 1
         self.seconds[kind] += float(seconds)
 
+    @contextmanager
+    def span(self, kind: str, device: torch.device):
+        """Time the enclosed collective under ``kind`` (host clock on CPU, events on GPU)."""
+        if not self.timing:
+            yield
+        elif device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._events.append((kind, start, end))
+        else:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[kind] += time.perf_counter() - t0
+
+    def flush(self) -> None:
+        """Add the elapsed time of pending GPU event pairs (waits for the last one)."""
+        if self._events:
+            self._events[-1][2].synchronize()
+            for kind, start, end in self._events:
+                self.seconds[kind] += start.elapsed_time(end) / 1e3
+            self._events.clear()
+
     def snapshot(self) -> dict:
+        self.flush()
         return {"bytes": dict(self.bytes), "calls": dict(self.calls), "seconds": dict(self.seconds)}
 
     def reset(self) -> None:
         self.bytes.clear()
         self.calls.clear()
         self.seconds.clear()
+        self._events.clear()
 
 
 class ComponentTimer:
@@ -128,20 +168,90 @@ def all_reduce(
     if comm_dtype is not None and comm_dtype != t.dtype and kind not in PMM_KINDS:
         raise ValueError(f"low-precision communication is only for 3D-PMM partial sums, not for kind {kind!r}")
     group = _group(grid, axis)
-    t0 = time.perf_counter()
-    if comm_dtype is not None and comm_dtype != t.dtype:
-        buf = t.to(comm_dtype)  # cast - all-reduce - cast (paper V-B)
-        dist.all_reduce(buf, op=_op(op), group=group)
-        t.copy_(buf)
-        nbytes = buf.numel() * buf.element_size()
-    else:
-        if not t.is_contiguous():
-            raise ValueError("all_reduce needs a contiguous tensor (it reduces in place)")
-        dist.all_reduce(t, op=_op(op), group=group)
-        nbytes = t.numel() * t.element_size()
+    with _span(stats, kind, t):
+        if comm_dtype is not None and comm_dtype != t.dtype:
+            buf = t.to(comm_dtype)  # cast - all-reduce - cast (paper V-B)
+            dist.all_reduce(buf, op=_op(op), group=group)
+            t.copy_(buf)
+            nbytes = buf.numel() * buf.element_size()
+        else:
+            if not t.is_contiguous():
+                raise ValueError("all_reduce needs a contiguous tensor (it reduces in place)")
+            dist.all_reduce(t, op=_op(op), group=group)
+            nbytes = t.numel() * t.element_size()
     if stats is not None:
-        stats.record(kind, nbytes, time.perf_counter() - t0)
+        stats.record(kind, nbytes)
     return t
+
+
+def _span(stats: CommStats | None, kind: str, t: torch.Tensor):
+    return stats.span(kind, t.device) if stats is not None else _NULL_SPAN
+
+
+class _NullSpan:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class PendingReduce:
+    """An all-reduce in flight (:func:`all_reduce_async`); :meth:`wait` completes it.
+
+    After ``wait()`` the tensor holds the reduced value (cast back from the wire
+    dtype if one was used). The wait is what the caller pays, so it is what
+    :class:`CommStats` counts as seconds.
+    """
+
+    __slots__ = ("tensor", "_work", "_buf", "_stats", "_kind")
+
+    def __init__(self, tensor, work=None, buf=None, stats=None, kind=""):
+        self.tensor, self._work, self._buf, self._stats, self._kind = tensor, work, buf, stats, kind
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            work, self._work = self._work, None
+            with _span(self._stats, self._kind, self.tensor):
+                work.wait()
+                if self._buf is not None:
+                    self.tensor.copy_(self._buf)
+                    self._buf = None
+        return self.tensor
+
+
+def all_reduce_async(
+    t: torch.Tensor,
+    grid: ProcessGrid,
+    axis: str,
+    stats: CommStats | None,
+    kind: str,
+    comm_dtype: torch.dtype | None = None,
+) -> PendingReduce:
+    """Start an in-place sum all-reduce of ``t`` over ``axis``; ``.wait()`` finishes it.
+
+    Same accounting and precision rules as :func:`all_reduce` (bytes are counted at
+    launch). Collectives on different axes use different process groups, so an
+    all-reduce over x can be in flight while one over y runs (paper V-D). ``t`` must
+    not be read or written until the wait.
+    """
+    if grid.axis_size(axis) == 1 or t.numel() == 0:
+        return PendingReduce(t)
+    if comm_dtype is not None and comm_dtype != t.dtype and kind not in PMM_KINDS:
+        raise ValueError(f"low-precision communication is only for 3D-PMM partial sums, not for kind {kind!r}")
+    if not t.is_contiguous():
+        raise ValueError("all_reduce_async needs a contiguous tensor (it reduces in place)")
+    group = _group(grid, axis)
+    buf = t.to(comm_dtype) if comm_dtype is not None and comm_dtype != t.dtype else None
+    wire = t if buf is None else buf
+    with _span(stats, kind, t):
+        work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    if stats is not None:
+        stats.record(kind, wire.numel() * wire.element_size())
+    return PendingReduce(t, work, buf, stats, kind)
 
 
 def all_gather_uneven(
@@ -175,10 +285,10 @@ def all_gather_uneven(
     padded = t.new_zeros(other)
     padded.narrow(dim, 0, sizes[me]).copy_(t)
     outs = [torch.empty_like(padded) for _ in range(n)]
-    t0 = time.perf_counter()
-    dist.all_gather(outs, padded, group=_group(grid, axis))
+    with _span(stats, kind, padded):
+        dist.all_gather(outs, padded, group=_group(grid, axis))
     if stats is not None:
-        stats.record(kind, padded.numel() * padded.element_size(), time.perf_counter() - t0)
+        stats.record(kind, padded.numel() * padded.element_size())
     return torch.cat([o.narrow(dim, 0, s) for o, s in zip(outs, sizes)], dim=dim)
 
 
@@ -187,8 +297,8 @@ def broadcast(t: torch.Tensor, grid: ProcessGrid, axis: str, src_index: int, sta
     """In-place broadcast of ``t`` from the rank with ``axis`` index ``src_index``."""
     if grid.axis_size(axis) == 1 or t.numel() == 0:
         return t
-    t0 = time.perf_counter()
-    dist.broadcast(t, src=grid.group_ranks(axis)[src_index], group=_group(grid, axis))
+    with _span(stats, kind, t):
+        dist.broadcast(t, src=grid.group_ranks(axis)[src_index], group=_group(grid, axis))
     if stats is not None:
-        stats.record(kind, t.numel() * t.element_size(), time.perf_counter() - t0)
+        stats.record(kind, t.numel() * t.element_size())
     return t

@@ -50,22 +50,44 @@ class ShardedBatch:
     scale: float
     val_mask: dict | None = None
     test_mask: dict | None = None
+    alt: "AltBatch | None" = None  # double permutation only
 
     @property
     def batch_size(self) -> int:
         return self.nodes.numel()
 
 
+@dataclass
+class AltBatch:
+    """The batch in the second labeling of the double permutation: ``nodes`` (B,) the
+    sorted sigma ids of the sample, ``rows`` their row blocks, ``adj[p]`` / ``adj_t[p]``
+    the sampled plane-p shards of A with rows / columns in sigma ids (even / odd
+    layers), ``ids`` the vertex (id labeling) of every entry of ``nodes``; labels and
+    masks per axis for rows in sigma order."""
+
+    nodes: torch.Tensor
+    rows: RowPartition
+    adj: tuple
+    adj_t: tuple
+    ids: torch.Tensor
+    y: dict
+    train_mask: dict
+    val_mask: dict | None = None
+    test_mask: dict | None = None
+
+
 class DistributedSampler:
     """Per-rank uniform vertex sampler over a :class:`RankShard` (Algorithm 2).
 
-    ``use_index_map`` keeps one persistent step-tagged compact map per plane
-    (Alg. 2 line 14; 16 bytes x N per plane); without it the column remap is a
-    binary search in the sorted sample (no N-sized state).
+    ``use_index_map`` keeps one persistent compact map per plane over that plane's
+    column range (Alg. 2 line 14; 4 bytes per vertex of the range) for the torch
+    kernel; without it the column remap is a binary search in the sorted sample.
+    The numba kernel (``backend``, see :func:`scalegnn.sampling.extract_block`)
+    needs neither. All choices give bit-identical shards.
     """
 
     def __init__(self, shard: RankShard, grid: ProcessGrid, batch_size: int, seed: int = 0,
-                 dp_index: int | None = None, use_index_map: bool = False):
+                 dp_index: int | None = None, use_index_map: bool = True, backend: str = "auto"):
         if tuple(shard.coords[a] for a in PMM_AXES) != tuple(grid.axis_index(a) for a in PMM_AXES):
             raise ValueError(f"shard for coords {shard.coords} given to rank {grid.rank} at {grid.coords}")
         if tuple(shard.grid_shape[1:]) != tuple(grid.axis_size(a) for a in PMM_AXES):
@@ -77,12 +99,20 @@ class DistributedSampler:
         self.dp_index = grid.axis_index("dp") if dp_index is None else dp_index
         self.scale = inclusion_probability(self.num_nodes, self.batch_size)
         self.features = training_features(shard.x)  # CSR when sparse, as the serial sampler
-        self.index_maps = [CompactIndexMap(self.num_nodes) for _ in range(3)] if use_index_map else [None] * 3
+        self.backend = backend
+
+        def maps(blocks):
+            return ([CompactIndexMap(b.col_end - b.col_start, b.col_start, b.indices.device) for b in blocks]
+                    if use_index_map else [None] * 3)
+
+        self.index_maps = maps(shard.adj)
+        self.alt_maps = (maps(shard.alt.adj), maps(shard.alt.adj_t)) if shard.alt is not None else None
         self._full: ShardedBatch | None = None
 
     def nodes(self, step: int) -> torch.Tensor:
         """The shared sorted sample S of ``step`` (Alg. 2 line 1)."""
-        return sample_vertices(self.num_nodes, self.batch_size, self.seed, step, self.dp_index)
+        nodes = sample_vertices(self.num_nodes, self.batch_size, self.seed, step, self.dp_index)
+        return nodes.to(self.shard.x.device)  # drawn on the CPU generator: the same S on every device
 
     def _slice(self, nodes: torch.Tensor, rows: RowPartition, table: dict) -> dict:
         out = {}
@@ -92,17 +122,41 @@ class DistributedSampler:
             out[ax] = table[ax][nodes[lo:hi] - v0]
         return out
 
+    def _alt_batch(self, nodes: torch.Tensor, scale: float, maps, with_eval_masks: bool) -> AltBatch:
+        """Double permutation: even layers' shards have rows in sigma ids and columns in
+        ids, odd layers' the reverse; self loops are found by vertex (``keys``)."""
+        alt = self.shard.alt
+        nodes_alt = torch.sort(alt.sigma[nodes]).values
+        ids = alt.sigma_inv[nodes_alt]
+        rows = RowPartition(nodes_alt, self.num_nodes, self.grid)
+        rmaps, cmaps = maps if maps is not None else ([None] * 3, [None] * 3)
+        adj = tuple(extract_block(blk, nodes_alt, scale, m, backend=self.backend, col_sample=nodes, keys=(ids, nodes))
+                    for blk, m in zip(alt.adj, rmaps))
+        adj_t = tuple(extract_block(blk, nodes, scale, m, backend=self.backend, col_sample=nodes_alt,
+                                    keys=(nodes, ids)) for blk, m in zip(alt.adj_t, cmaps))
+        sl = lambda table: self._slice(nodes_alt, rows, table)  # noqa: E731
+        return AltBatch(nodes=nodes_alt, rows=rows, adj=adj, adj_t=adj_t, ids=ids, y=sl(alt.y),
+                        train_mask=sl(alt.train_mask), val_mask=sl(alt.val_mask) if with_eval_masks else None,
+                        test_mask=sl(alt.test_mask) if with_eval_masks else None)
+
     def _batch(self, step: int, nodes: torch.Tensor, scale: float, index_maps, with_eval_masks: bool) -> ShardedBatch:
         sh = self.shard
         rows = RowPartition(nodes, self.num_nodes, self.grid)
-        adj = tuple(extract_block(blk, nodes, scale, m) for blk, m in zip(sh.adj, index_maps))
+        alt = None
+        if sh.alt is not None:  # even layers use the alternative shards; sh.adj is not needed
+            alt = self._alt_batch(nodes, scale, self.alt_maps if index_maps is self.index_maps else None,
+                                  with_eval_masks)
+            adj = (None, None, None)
+        else:
+            adj = tuple(extract_block(blk, nodes, scale, m, backend=self.backend)
+                        for blk, m in zip(sh.adj, index_maps))
         lo, hi = rows.block("x")
         x = select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
         return ShardedBatch(
             step=step, nodes=nodes, rows=rows, adj=adj, x=x, y=self._slice(nodes, rows, sh.y),
             train_mask=self._slice(nodes, rows, sh.train_mask), scale=scale,
             val_mask=self._slice(nodes, rows, sh.val_mask) if with_eval_masks else None,
-            test_mask=self._slice(nodes, rows, sh.test_mask) if with_eval_masks else None,
+            test_mask=self._slice(nodes, rows, sh.test_mask) if with_eval_masks else None, alt=alt,
         )
 
     def sample(self, step: int) -> ShardedBatch:
@@ -112,6 +166,6 @@ class DistributedSampler:
     def full_batch(self) -> ShardedBatch:
         """The full graph as a batch (B = N, no rescaling) for evaluation; built once."""
         if self._full is None:
-            nodes = torch.arange(self.num_nodes, dtype=torch.int64)
+            nodes = torch.arange(self.num_nodes, dtype=torch.int64, device=self.shard.x.device)
             self._full = self._batch(-1, nodes, 1.0, [None] * 3, with_eval_masks=True)
         return self._full

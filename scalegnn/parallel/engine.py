@@ -27,18 +27,26 @@ import torch
 from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
 from ..graph import Graph
 from ..model import ModelConfig
+from ..perf import PerfConfig, Prefetcher, SpanTimer, StepProfiler, synchronize
 from ..sampling import steps_per_epoch
-from .collectives import CommStats, ComponentTimer, all_reduce
+from .collectives import CommStats, all_reduce
 from .dist_sampling import DistributedSampler, ShardedBatch
 from .grid import PMM_AXES, ProcessGrid
 from .model import ParallelScaleGNN
-from .pmm import ParallelContext, parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
+from .pmm import ParallelContext, norm_relu_dropout, parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
 from .sharding import RankShard, build_rank_shard
 
 __all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS"]
 
-# Components reported per epoch (cumulative seconds; they do not overlap):
-COMPONENTS = ("sampling", "spmm", "gemm", "elementwise", "pmm_comm", "dp_comm", "optimizer")
+# Components reported per epoch (cumulative seconds). They partition the step time:
+#   sampling     time the step waited for its batch (all of it without prefetch)
+#   spmm, gemm   local sparse / dense products, forward and backward
+#   pmm_comm     3D-PMM-group collectives: partial sums, RMSNorm, loss, reshard
+#   elementwise  the rest of forward/backward: norm, ReLU, dropout, residual, loss, autograd
+#   dp_comm      data-parallel gradient all-reduce (and the clip-norm reduction)
+#   optimizer    clipping and AdamW
+#   other        what is left of the step's wall time (bookkeeping, accuracy counts)
+COMPONENTS = ("sampling", "spmm", "gemm", "elementwise", "pmm_comm", "dp_comm", "optimizer", "other")
 # Collective kinds that count as 3D-PMM-group communication inside forward/backward.
 MP_KINDS = ("pmm_x", "pmm_y", "pmm_z", "norm", "loss", "reshard")
 
@@ -57,27 +65,43 @@ class ParallelEngine:
         model_cfg, optim_cfg, batch_size, seed, epochs: as :class:`SerialEngine`.
         grid: the :class:`ProcessGrid` (required).
         shard: a prebuilt :class:`RankShard` for this rank.
-        pmm_comm_dtype: e.g. ``torch.bfloat16`` for 3D-PMM partial sums (paper V-B).
-        use_index_map: persistent tagged remap in sampling (Alg. 2 line 14).
+        pmm_comm_dtype: e.g. ``torch.bfloat16`` for 3D-PMM partial sums (paper V-B);
+            overrides ``perf.comm_dtype``.
+        use_index_map: persistent compact column maps for the torch sampler kernel.
+        perf: :class:`scalegnn.perf.PerfConfig` switches (prefetch, comm dtype,
+            compile, comm overlap, profile, sampler kernel, instrumentation).
+        rank: for the profiler's file name (default: the grid rank).
     """
 
     system = "scalegnn"
 
     def __init__(self, graph: Graph | None, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_size: int,
                  seed: int = 0, epochs: int = 1, *, grid: ProcessGrid, shard: RankShard | None = None,
-                 pmm_comm_dtype: torch.dtype | None = None, use_index_map: bool = False):
+                 pmm_comm_dtype: torch.dtype | None = None, use_index_map: bool = True,
+                 perf: PerfConfig | None = None):
         if grid is None:
             raise ValueError("ParallelEngine needs a ProcessGrid; use SerialEngine for one process without a grid")
+        perf = perf if perf is not None else PerfConfig()
         if shard is None:
             if graph is None:
                 raise ValueError("give the normalized graph or this rank's shard")
             if graph.meta.get("normalized") != "gcn":
                 raise ValueError("ParallelEngine needs the GCN-normalized graph: call graph.gcn_normalize() first")
-            shard = build_rank_shard(graph, grid)
-        self.grid, self.shard, self.seed = grid, shard, seed
+            sigma = None
+            if perf.permute == "double":  # Plexus 5.1; the graph is already relabeled by P_c (prepare_graph)
+                from ..permutation import double_sigma
+
+                if model_cfg.residual:
+                    raise ValueError("--permute double needs --no-residual: the residual add would need an "
+                                     "all-to-all row permutation per layer (Plexus' model has no residual)")
+                sigma = double_sigma(graph.num_nodes, seed)
+            shard = build_rank_shard(graph, grid, sigma=sigma)
+        self.grid, self.shard, self.seed, self.perf = grid, shard, seed, perf
+        self.device = shard.x.device
         self.dp_index = grid.axis_index("dp")
         self.dropout_seed = _dropout_seed(seed, self.dp_index)
-        self.sampler = DistributedSampler(shard, grid, batch_size, seed=seed, use_index_map=use_index_map)
+        self.sampler = DistributedSampler(shard, grid, batch_size, seed=seed, use_index_map=use_index_map,
+                                          backend=perf.sampler)
         self.batch_size = self.sampler.batch_size
         self.steps_per_epoch = steps_per_epoch(shard.num_nodes, self.batch_size, grid.axis_size("dp"))
         self.multilabel = shard.multilabel
@@ -87,23 +111,55 @@ class ParallelEngine:
             self.model.parameters(), optim_cfg, total_steps=epochs * self.steps_per_epoch
         )
         self.grad_clip = optim_cfg.grad_clip
-        self._stats, self._timer = CommStats(), ComponentTimer()
-        self.pc = ParallelContext(grid, self._stats, self._timer, pmm_comm_dtype)
-        self.eval_stats = CommStats()  # evaluation traffic, kept out of the per-epoch training counters
-        self._eval_pc = ParallelContext(grid, self.eval_stats, None, pmm_comm_dtype)
+        comm_dtype = pmm_comm_dtype if pmm_comm_dtype is not None else perf.pmm_comm_dtype
+        self._stats = CommStats(timing=perf.instrument)
+        self._timer = SpanTimer(self.device, enabled=perf.instrument)
+        fused = None
+        if perf.compile:
+            fused = torch.compile(norm_relu_dropout, dynamic=True, backend=perf.compile_backend)
+        self.pc = ParallelContext(grid, self._stats, self._timer, comm_dtype, overlap=perf.comm_overlap,
+                                  fused=fused)
+        if perf.comm_overlap:
+            self.model.defer_weight_grad_sync(self.pc)
+        self.eval_stats = CommStats(timing=False)  # evaluation traffic, kept out of the per-epoch training counters
+        self._eval_pc = ParallelContext(grid, self.eval_stats, None, comm_dtype, fused=fused)
         self.components: dict[str, float] = defaultdict(float)
         self.comm_bytes: dict[str, int] = defaultdict(int)
         self.last_batch: ShardedBatch | None = None
+        self.compile_time_s = self._warm_up_compile() if perf.compile else 0.0
+        self._prefetcher: Prefetcher | None = None  # started by the first step (paper V-A)
+        self._profiler = StepProfiler(perf.profile, grid.rank)
 
     # ------------------------------------------------------------------ helpers
+    def _warm_up_compile(self) -> float:
+        """Compile the fused element-wise function before training (V-C), for the
+        shapes of training (with autograd, with/without dropout) and of evaluation,
+        and return the seconds it took: recorded apart, as the paper does, and kept
+        out of the epoch time. ``dynamic=True`` makes one graph serve every batch size."""
+        cfg = self.model.config
+        t0 = time.perf_counter()
+        for training in (True, False):
+            x = torch.randn(5, 3, device=self.device, requires_grad=training)
+            s = (x.detach().float() ** 2).sum(-1, keepdim=True).requires_grad_(training) if cfg.norm else None
+            g = torch.ones(3, device=self.device, requires_grad=training) if cfg.norm else None
+            keep = (torch.arange(15, device=self.device).view(5, 3) % 2 == 0) if training and cfg.dropout > 0 else None
+            with torch.set_grad_enabled(training):
+                y = self.pc.fused(x, s, g, keep, cfg.hidden, cfg.norm_eps, cfg.dropout)
+                if training:
+                    y.sum().backward()
+        synchronize(self.device)
+        return time.perf_counter() - t0
+
     def _labels(self, batch: ShardedBatch, split: str = "train"):
         """(y, mask) for the logits' rows (head row axis a), classes sliced for multi-label."""
         a = self.model.head.row_axis
-        y = batch.y[a]
+        # Double permutation with L odd: the last layer leaves its rows in sigma order.
+        src = batch.alt if batch.alt is not None and self.model.config.layers % 2 == 1 else batch
+        y = src.y[a]
         if self.multilabel:
             c0, c1 = self.model.class_range
             y = y[:, c0:c1]
-        return y, getattr(batch, f"{split}_mask")[a]
+        return y, getattr(src, f"{split}_mask")[a]
 
     def _loss(self, logits, y, mask, pc):
         head = self.model.head
@@ -123,26 +179,37 @@ class ParallelEngine:
             all_reduce(sq, self.grid, ax, self._stats, "clip")
         return sq.sqrt()
 
-    def _account(self, fwd_bwd_s: float) -> None:
-        t, s = self._timer.seconds, self._stats
+    def _account(self, step_s: float, sampling_s: float, fwd_bwd_s: float, optimizer_s: float) -> None:
+        """Split one step's wall time into :data:`COMPONENTS` and add the bytes sent."""
+        t = self._timer.flush()
+        s = self._stats
+        s.flush()
+        spmm, gemm = t.get("spmm", 0.0), t.get("gemm", 0.0)
         mp_comm = sum(s.seconds.get(k, 0.0) for k in MP_KINDS)
-        self.components["spmm"] += t.get("spmm", 0.0)
-        self.components["gemm"] += t.get("gemm", 0.0)
-        self.components["pmm_comm"] += mp_comm
-        self.components["elementwise"] += max(0.0, fwd_bwd_s - t.get("spmm", 0.0) - t.get("gemm", 0.0) - mp_comm)
-        self.components["dp_comm"] += s.seconds.get("dp", 0.0)
+        dp_comm = s.seconds.get("dp", 0.0) + s.seconds.get("clip", 0.0)
+        c = self.components
+        c["sampling"] += sampling_s
+        c["spmm"] += spmm
+        c["gemm"] += gemm
+        c["pmm_comm"] += mp_comm
+        c["elementwise"] += max(0.0, fwd_bwd_s - spmm - gemm - mp_comm)
+        c["dp_comm"] += dp_comm
+        c["optimizer"] += max(0.0, optimizer_s - s.seconds.get("clip", 0.0))
+        c["other"] += max(0.0, step_s - sampling_s - fwd_bwd_s - optimizer_s - s.seconds.get("dp", 0.0))
         for kind, nbytes in s.bytes.items():
             self.comm_bytes[kind] += nbytes
         self._timer.reset()
-        self._stats.reset()
+        s.reset()
 
     # ------------------------------------------------------------------ training
     def train_step(self, step: int) -> StepResult:
         """One optimizer update of Algorithm 1 on every data-parallel group at once."""
         t0 = time.perf_counter()
-        batch = self.sampler.sample(step)
+        if self.perf.prefetch and self._prefetcher is None:
+            self._prefetcher = Prefetcher(self.sampler.sample, self.device)
+        batch = self._prefetcher.get(step) if self._prefetcher is not None else self.sampler.sample(step)
         self.last_batch = batch
-        self.components["sampling"] += time.perf_counter() - t0
+        sampling_s = time.perf_counter() - t0
         self._timer.reset()
         self._stats.reset()
 
@@ -153,6 +220,7 @@ class ParallelEngine:
         loss, count = self._loss(logits, y, mask, self.pc)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.pc.wait_pending()  # deferred weight-gradient all-reduces (V-D); none otherwise
         head = self.model.head
         ((correct, total),) = parallel_accuracy_counts(
             logits.detach(), y, [mask], self.pc, head.row_axis, head.class_axis, self.model.class_range[0],
@@ -176,8 +244,9 @@ class ParallelEngine:
                     p.grad = (flat[off: off + n].view_as(g) / groups).clone()
                     off += n
         loss_sum, groups, correct, total = (float(v) for v in scalars)
-        self._account(fwd_bwd)
         if groups == 0:  # no labeled training vertex in any group's sample: nothing to learn
+            self._account(time.perf_counter() - t0, sampling_s, fwd_bwd, 0.0)
+            self._profiler.step()
             return StepResult(loss=float("nan"), correct=0.0, count=0)
 
         t2 = time.perf_counter()
@@ -190,11 +259,18 @@ class ParallelEngine:
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        self.components["optimizer"] += time.perf_counter() - t2
-        for kind, nbytes in self._stats.bytes.items():  # the clip all-reduce
-            self.comm_bytes[kind] += nbytes
-        self._stats.reset()
+        synchronize(self.device)
+        t3 = time.perf_counter()
+        self._account(t3 - t0, sampling_s, fwd_bwd, t3 - t2)
+        self._profiler.step()
         return StepResult(loss=loss_sum / groups, correct=correct, count=int(total))
+
+    def close(self) -> None:
+        """Stop the prefetch thread and write the profiler trace; idempotent."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+        self._profiler.close()
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -207,9 +283,8 @@ class ParallelEngine:
     def evaluate(self) -> EvalResult:
         """Train/val/test accuracy (micro-F1 for multi-label), identical on every rank."""
         logits, batch = self.full_logits()
-        a = self.model.head.row_axis
+        masks = [self._labels(batch, split)[1] for split in ("train", "val", "test")]
         y, _ = self._labels(batch)
-        masks = [batch.train_mask[a], batch.val_mask[a], batch.test_mask[a]]
         head = self.model.head
         counts = parallel_accuracy_counts(logits, y, masks, self._eval_pc, head.row_axis, head.class_axis,
                                           self.model.class_range[0], self.multilabel, kind="eval")
@@ -227,12 +302,19 @@ class ParallelEngine:
         return out
 
     def state_dict(self) -> dict:
-        """This rank's shards and optimizer state (save one file per rank)."""
+        """This rank's shards, optimizer and LR-scheduler state (save one file per rank;
+        tensors and plain containers only, so ``weights_only=True`` loads it). Sampling
+        and dropout are pure functions of (seed, dp_index, step): no sampler state."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "grid": self.grid.spec(), "rank": self.grid.rank}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("grid") not in (None, self.grid.spec()):
             raise ValueError(f"state was saved on grid {state['grid']}, this run uses {self.grid.spec()}")
+        if state.get("rank") not in (None, self.grid.rank):
+            raise ValueError(f"state of rank {state['rank']} given to rank {self.grid.rank}")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])

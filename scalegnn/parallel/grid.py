@@ -79,6 +79,19 @@ def parse_grid(spec: str) -> tuple[int, int, int, int]:
     return tuple(out)
 
 
+def _world_timeout():
+    """The collective timeout of the initialized world group (None: torch's default)."""
+    import torch
+
+    for device in ("cpu", "cuda"):
+        try:
+            pg = dist.distributed_c10d._get_default_group()
+            return pg._get_backend(torch.device(device)).options._timeout
+        except Exception:  # noqa: BLE001 - private API; an NCCL-only world has no CPU backend
+            continue
+    return None
+
+
 class ProcessGrid:
     """Owns this rank's coordinates and one process group per axis.
 
@@ -128,6 +141,10 @@ class ProcessGrid:
         for ax in AXES:
             self._group_ranks[ax] = self._ranks_along(ax, self.coords)
         if _groups:
+            # Axis groups inherit the world group's collective timeout (torch would give
+            # them its 30-minute default): a dead or silent peer fails every collective
+            # after the timeout the launcher chose (RunConfig.collective_timeout_s).
+            timeout = _world_timeout()
             # Every rank creates every group, in one fixed order: axis, then the
             # lexicographic order of the other coordinates.
             for ax in AXES:
@@ -135,7 +152,7 @@ class ProcessGrid:
                 for fixed in itertools.product(*(range(shape[o]) for o in others)):
                     coord = dict(zip(others, fixed))
                     ranks = self._ranks_along(ax, coord)
-                    group = dist.new_group(ranks=ranks)
+                    group = dist.new_group(ranks=ranks, timeout=timeout)
                     if self.rank in ranks:
                         self._groups[ax] = group
         else:

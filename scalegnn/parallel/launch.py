@@ -6,6 +6,15 @@ explicit timeout. :func:`spawn` starts ``nprocs`` local gloo workers, runs
 ``fn(rank, world, *args)`` in each and returns their results; a failing or dying
 worker makes it terminate the others and raise :class:`WorkerError` naming the
 rank, and a global deadline guarantees it never hangs. The distributed tests use it.
+
+Failing fast (a job never hangs, never leaves processes behind): every collective,
+including those of the grid's axis groups, times out after the run's
+``collective_timeout_s``, so a rank that stops answering makes its peers raise; a
+rank that dies is seen by the spawner at once (its process sentinel); the spawner
+then stops every worker (SIGTERM, then SIGKILL) and writes the ``failed`` record
+with the first error when rank 0 could not. Workers watch the spawner and exit
+within a second when it is killed. Under torchrun / srun, the failing rank exits
+non-zero and the launcher stops the others (``srun --kill-on-bad-exit=1``).
 """
 
 from __future__ import annotations
@@ -24,7 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistEnv", "init_from_env", "first_host", "spawn", "WorkerError", "SpawnTimeout"]
+__all__ = ["DistEnv", "init_from_env", "first_host", "spawn", "WorkerError", "SpawnTimeout", "failed_record",
+           "run_distributed_training"]
 
 
 # --------------------------------------------------------------------------- environment
@@ -131,11 +141,23 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
 
 # --------------------------------------------------------------------------- local spawn
 class WorkerError(RuntimeError):
-    """A spawned worker failed: ``rank`` (None for a global timeout) and its traceback text."""
+    """A spawned worker failed: ``rank`` (None for a global timeout) and its traceback text.
 
-    def __init__(self, rank: int | None, traceback_text: str):
+    ``errors`` holds every rank's report gathered before the workers were stopped
+    ({rank: text}); ``run_record`` rank 0's partial run record when it sent one;
+    ``user_error`` is True when the failure is a configuration or data error raised
+    before training started (a ``ValueError``: the CLI prints it as one line).
+    """
+
+    def __init__(self, rank: int | None, traceback_text: str, errors: dict | None = None,
+                 run_record: dict | None = None, user_error: bool = False, message: str | None = None):
         self.rank = rank
         self.traceback_text = traceback_text
+        self.errors = dict(errors or {})
+        self.run_record = run_record
+        self.user_error = user_error
+        self.message = message
+        self.record_path: str | None = None
         head = f"worker rank {rank} failed" if rank is not None else "spawned workers failed"
         super().__init__(f"{head}:\n{traceback_text}")
 
@@ -155,7 +177,47 @@ def _context():
     return ctx
 
 
-def _worker(rank, world, port, timeout_s, threads, conn, fn, args):
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (dead, not yet reaped) counts as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _watch_parent(parent_pid: int, period_s: float = 1.0) -> None:
+    """Exit this worker when the spawning process is gone: no orphan keeps training
+    (or holding a GPU) after its launcher was killed. A daemon thread."""
+    import threading
+
+    def watch():
+        while True:
+            time.sleep(period_s)
+            if not _pid_alive(parent_pid):
+                os._exit(70)
+
+    threading.Thread(target=watch, name="scalegnn-parent-watch", daemon=True).start()
+
+
+def _name_process(rank: int) -> None:
+    """``scalegnn-r<rank>`` in ps/top (Linux /proc/self/comm, 15 chars at most)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(f"scalegnn-r{rank}"[:15])
+    except OSError:
+        pass
+
+
+def _worker(rank, world, port, timeout_s, threads, conn, fn, args, parent_pid=None):
+    _name_process(rank)
+    if parent_pid is not None:
+        _watch_parent(parent_pid)
     try:
         torch.set_num_threads(threads)
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -163,8 +225,14 @@ def _worker(rank, world, port, timeout_s, threads, conn, fn, args):
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         result = fn(rank, world, *args)
         payload = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
-    except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        payload = pickle.dumps(("err", traceback.format_exc()))
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        record = getattr(exc, "run_record", None)
+        info = {"user_error": isinstance(exc, (ValueError, FileNotFoundError)) and record is None,
+                "message": f"{exc}", "run_record": record}
+        try:
+            payload = pickle.dumps(("err", traceback.format_exc(), info))
+        except Exception:  # noqa: BLE001 - an unpicklable record: send the text alone
+            payload = pickle.dumps(("err", traceback.format_exc(), {**info, "run_record": None}))
     try:
         conn.send_bytes(payload)
         conn.close()
@@ -188,21 +256,55 @@ def _stop(procs, grace_s: float = 2.0) -> None:
             p.join(1.0)
 
 
-def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_worker: int = 1) -> list:
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            import signal
+
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (the kernel's OOM killer, the scheduler, or a user)" if -code == 9 else ""
+        return f"was killed by {name}{hint} before returning a result"
+    return f"exited with code {code} before returning a result"
+
+
+# Messages of ranks that fail only because a peer died or stopped answering: the
+# first error reported is the one whose message is not of this kind, if any.
+_SECONDARY = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
+              "socket closed", "connection refused", "read error", "no route", "peer")
+
+
+def _secondary(text: str) -> bool:
+    tail = "\n".join(text.strip().splitlines()[-3:]).lower()
+    return any(s in tail for s in _SECONDARY)
+
+
+def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_worker: int = 1,
+          collective_timeout_s: float | None = None, report_grace_s: float = 3.0) -> list:
     """Run ``fn(rank, nprocs, *args)`` in ``nprocs`` local gloo workers; return their results.
 
     ``fn`` must be importable (a module-level function) and its results picklable.
     The parent hosts the rendezvous store on a free port (bound by the OS, so no
-    race), waits on every worker's pipe and process sentinel, and on the first
-    error or unexpected exit terminates the remaining workers and raises
-    :class:`WorkerError` with that rank's traceback. After ``timeout_s`` seconds in
-    all it kills everything and raises :class:`SpawnTimeout` (``None``: no deadline,
-    for training runs; collectives still time out after 30 minutes).
+    race) and waits on every worker's pipe and process sentinel. On the first error
+    or unexpected exit it waits at most ``report_grace_s`` for the other ranks to
+    report (ranks blocked on the lost peer fail at once; their reports, and rank 0's
+    partial run record, make the error message), then terminates the rest (SIGTERM,
+    then SIGKILL) and raises :class:`WorkerError` naming the first failing rank.
+    After ``timeout_s`` seconds in all it kills everything and raises
+    :class:`SpawnTimeout` (``None``: no deadline, for training runs).
+
+    Bounded failure time: a rank that dies is seen at once (its sentinel); a rank that
+    hangs makes its peers' collectives fail after ``collective_timeout_s`` (default:
+    ``timeout_s``, or 30 minutes without one). Workers exit by themselves within a
+    second or two when this process dies, so none is left orphaned.
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
     ctx = _context()
-    pg_timeout = 1800.0 if timeout_s is None else timeout_s
+    if collective_timeout_s is None:
+        collective_timeout_s = 1800.0 if timeout_s is None else timeout_s
+    pg_timeout = float(collective_timeout_s)
     store = dist.TCPStore("127.0.0.1", 0, world_size=nprocs + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=pg_timeout))
     port = store.port
@@ -211,7 +313,8 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
     try:
         for rank in range(nprocs):
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(rank, nprocs, port, pg_timeout, threads_per_worker, send, fn, args),
+            p = ctx.Process(target=_worker, args=(rank, nprocs, port, pg_timeout, threads_per_worker, send, fn, args,
+                                                  os.getpid()),
                             name=f"scalegnn-worker-{rank}", daemon=True)
             p.start()
             send.close()
@@ -219,34 +322,62 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
             conns.append(recv)
         results: list = [None] * nprocs
         pending = set(range(nprocs))
+        failures: list[tuple[int, str, dict]] = []  # (rank, text, info) in arrival order
 
         def take(rank: int) -> None:
-            try:
-                status, value = pickle.loads(conns[rank].recv_bytes())
-            except EOFError:
-                procs[rank].join(1.0)
-                raise WorkerError(rank, f"exited with code {procs[rank].exitcode} before returning a result")
-            if status == "err":
-                raise WorkerError(rank, value)
-            results[rank] = value
             pending.discard(rank)
+            try:
+                msg = pickle.loads(conns[rank].recv_bytes())
+            except (EOFError, OSError):
+                procs[rank].join(1.0)
+                failures.append((rank, _exit_text(procs[rank].exitcode), {}))
+                return
+            if msg[0] == "err":
+                failures.append((rank, msg[1], msg[2] if len(msg) > 2 else {}))
+            else:
+                results[rank] = msg[1]
 
+        first_failure_at = None
         while pending:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            if failures and first_failure_at is None:
+                first_failure_at = now
+            if first_failure_at is not None and now - first_failure_at >= report_grace_s:
+                break
+            left = deadline - now
             if left <= 0:
+                if failures:
+                    break
                 raise SpawnTimeout(None, f"timed out after {timeout_s:.0f} s; ranks {sorted(pending)} did not finish")
+            wait_s = None if left == float("inf") else left
+            if first_failure_at is not None:
+                wait_s = max(0.0, min(wait_s if wait_s is not None else report_grace_s,
+                                      first_failure_at + report_grace_s - now))
             waitables = {conns[r]: r for r in pending}
             waitables.update({procs[r].sentinel: r for r in pending})
-            wait_s = None if left == float("inf") else left
             for obj in multiprocessing.connection.wait(list(waitables), timeout=wait_s):
                 r = waitables[obj]
                 if r not in pending:
                     continue
                 if obj is conns[r] or conns[r].poll():
                     take(r)
-                else:  # died without writing: a crash or os._exit
+                else:  # died without writing: a crash, a signal or os._exit
                     procs[r].join(1.0)
-                    raise WorkerError(r, f"exited with code {procs[r].exitcode} before returning a result")
+                    pending.discard(r)
+                    failures.append((r, _exit_text(procs[r].exitcode), {}))
+        if failures:
+            primary = next((f for f in failures if not _secondary(f[1])), failures[0])
+            rank, text, info = primary
+            errors = {r: t for r, t, _ in failures}
+            silent = sorted(pending)
+            if silent and len(failures) < nprocs:
+                text = f"{text}\n(ranks {silent} reported nothing within {report_grace_s:.0f} s of the first " \
+                       "failure: hung, or still computing; they were terminated)"
+            record = next((i.get("run_record") for r, _, i in failures if r == 0 and i.get("run_record")), None)
+            err = WorkerError(rank, text, errors=errors, run_record=record,
+                              user_error=bool(info.get("user_error")), message=info.get("message"))
+            err.results = results  # what the ranks that finished returned (None for the others)
+            raise err
         for p in procs:
             p.join(5.0)
         return results
@@ -265,21 +396,73 @@ def free_port() -> int:
 
 
 # --------------------------------------------------------------------------- training entry
-def _training_worker(rank: int, world: int, cfg):
-    from ..train import run_training
+_SETUP = "setup (loading the data or shards, building the model)"
+
+
+def _training_worker(rank: int, world: int, cfg, run_id: str | None = None):
+    from ..train import out_of_memory, run_training
     from .grid import ProcessGrid
 
     grid = ProcessGrid(*cfg.grid)
-    record = run_training(cfg, grid=grid)
+    try:
+        # write_failed=False: the parent writes the failed record, with the first error of any rank
+        record = run_training(cfg, grid=grid, run_id=run_id, write_failed=False)
+    except Exception as exc:
+        oom = None if hasattr(exc, "run_record") else out_of_memory(exc, cfg, rank, _SETUP)
+        if oom is None:
+            raise
+        raise oom from exc
     return record if rank == 0 else None
 
 
-def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | None = None):
+def failed_record(cfg, run_id: str, error: str, world_size: int, partial: dict | None = None,
+                  rank_errors: dict | None = None) -> dict:
+    """A ``failed`` run record for a job whose rank 0 could not write one: built on
+    rank 0's partial record when it sent one, else on the checkpoint's, else minimal."""
+    from .. import records
+    from ..checkpoint import latest, read_meta
+
+    base = dict(partial) if partial else None
+    if base is None and cfg.checkpoint.dir:
+        ckpt = latest(cfg.checkpoint.dir)
+        if ckpt is not None:
+            saved = read_meta(ckpt)["record"]
+            base = saved if saved.get("run_id") == run_id else None
+    if base is None:
+        base = {
+            "schema_version": records.SCHEMA_VERSION, "system": cfg.system, "dataset": cfg.dataset,
+            "config": cfg.to_dict(), "grid": dict(zip(("dp", "x", "y", "z"), cfg.grid)), "seed": cfg.seed,
+            "env": records.environment_info(backend="gloo", device="cpu"), "graph": None, "batch_size": None,
+            "steps_per_epoch": None, "epochs": [], "target_acc": cfg.target_acc, "summary": None,
+            "peak_memory_bytes_per_rank": None,
+        }
+    base.pop("path", None)
+    base.update(run_id=run_id, world_size=world_size, status="failed", error=error,
+                time_to_target_s=records.time_to_target(base.get("epochs", []), cfg.target_acc),
+                peak_memory_bytes=base.get("peak_memory_bytes"))
+    if rank_errors:
+        base["rank_errors"] = {str(r): (t.strip().splitlines() or [""])[-1][:500]
+                               for r, t in sorted(rank_errors.items())}
+    return base
+
+
+def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | None = None, *, worker=None):
     """Run :func:`scalegnn.train.run_training` on every rank of ``cfg.grid``.
 
     With ``nproc``: spawn that many local gloo workers (must equal Gd*Gx*Gy*Gz) and
-    return rank 0's record. Without: join the job a launcher started (torchrun,
-    srun, submitit); returns the record on rank 0 and None on the other ranks.
+    return rank 0's record. If any rank raises, is killed or stops answering, every
+    worker is stopped within ``cfg.collective_timeout_s`` plus a few seconds, and this
+    process writes and returns a ``failed`` record carrying the first error (rank 0
+    may be the one that died). A configuration or data error raises ``ValueError``
+    and writes no record, as in a serial run.
+
+    Without ``nproc``: join the job a launcher started (torchrun, srun, submitit);
+    returns the record on rank 0 and None on the other ranks. Collectives time out
+    after ``cfg.collective_timeout_s``; a failing rank exits non-zero, and the
+    launcher (torchrun, ``srun --kill-on-bad-exit=1``) stops the others.
+
+    ``worker`` replaces the per-rank function ``(rank, world, cfg, run_id) -> record``
+    of a spawned run (the fault-injection tests use it).
     """
     from .grid import ProcessGrid
 
@@ -290,9 +473,27 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
                 f"--nproc {nproc} does not match the grid {'x'.join(map(str, cfg.grid))} "
                 f"(Gd*Gx*Gy*Gz = {world}); pass --nproc {world} or change --grid"
             )
+        from .. import records
+        from ..checkpoint import resume_run_id
+
+        run_id = (resume_run_id(cfg.checkpoint.dir) if cfg.checkpoint.resume else None) \
+            or records.new_run_id(cfg.system, cfg.dataset)
         threads = max(1, (os.cpu_count() or 1) // nproc)
-        return spawn(_training_worker, nproc, cfg, timeout_s=timeout_s, threads_per_worker=threads)[0]
-    info = init_from_env()
+        try:
+            return spawn(worker or _training_worker, nproc, cfg, run_id, timeout_s=timeout_s,
+                         threads_per_worker=threads,
+                         collective_timeout_s=cfg.collective_timeout_s)[0]
+        except WorkerError as exc:
+            if exc.user_error:
+                raise ValueError(exc.message or str(exc)) from None
+            done = (getattr(exc, "results", None) or [None])[0]
+            if isinstance(done, dict) and done.get("path"):
+                return done  # rank 0 finished and wrote its record; a rank failed while exiting
+            where = f"rank {exc.rank}" if exc.rank is not None else "the job"
+            record = failed_record(cfg, run_id, f"{where}: {exc.traceback_text}", nproc, exc.run_record, exc.errors)
+            record["path"] = str(records.write_record(record, cfg.out_dir))
+            return record
+    info = init_from_env(timeout=datetime.timedelta(seconds=cfg.collective_timeout_s))
     if info.world_size != world:
         hint = (f"pass --nproc {world} to spawn local workers, or launch {world} processes with torchrun/srun"
                 if info.source == "single" else f"launch {world} processes or change --grid")

@@ -23,6 +23,14 @@ built with the same seed, so the parallel model starts from exactly the serial
 weights. Memory caveat: every rank briefly holds the full parameters
 (F*H + L*H^2 + H*C floats) during construction; for the model sizes of the paper
 (H <= 1024) that is a few MB, far below the graph shards.
+
+Paper V switches, carried by the :class:`ParallelContext`: ``pc.fused`` evaluates
+RMSNorm + ReLU + dropout as one (``torch.compile``-d) element-wise function (V-C);
+``pc.overlap`` with :meth:`ParallelScaleGNN.defer_weight_grad_sync` overlaps the
+backward all-reduces (V-D). With a double-permuted batch (``batch.alt``, Plexus 5.1)
+even layers multiply ``A`` with rows in sigma ids and odd layers ``A`` with columns
+in sigma ids, so activations alternate between the two labelings; dropout masks are
+keyed by vertex, so they equal the serial ones.
 """
 
 from __future__ import annotations
@@ -30,11 +38,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..model import ModelConfig, ScaleGNN, dropout_key
+from ..model import ModelConfig, ScaleGNN, dropout_keep_mask, dropout_key
 from .dist_sampling import ShardedBatch
 from .grid import PMM_AXES, ProcessGrid, split_range
 from .layout import INPUT_LAYOUT, head_layout, layer_layout
-from .pmm import ParallelContext, parallel_dropout, parallel_rms_norm, reshard, sharded_gemm, sharded_spmm
+from .pmm import ParallelContext, fused_layer_tail, parallel_rms_norm, reshard, sharded_gemm, sharded_spmm
 
 __all__ = ["ParallelScaleGNN", "ParamShard"]
 
@@ -95,6 +103,22 @@ class ParallelScaleGNN(nn.Module):
         self.w_out = take("w_out", ref.w_out, ParamShard(rng(h, br), rng(num_classes, bc), br, bc))
         self.class_range = rng(num_classes, head.class_axis)
 
+    def defer_weight_grad_sync(self, pc: ParallelContext) -> None:
+        """Paper V-D: with ``pc.overlap``, the GEMMs leave each weight gradient partial and
+        a post-accumulate-grad hook launches its all-reduce (over the axis along which
+        the shard is replicated) as soon as autograd has accumulated it, so the sync
+        overlaps with the rest of backward; ``pc.wait_pending()`` completes them all.
+        RMSNorm weights keep their synchronous reduction inside the norm's backward."""
+        if getattr(self, "_defer_pc", None) is not None:
+            raise RuntimeError("weight-gradient hooks are already installed")
+        self._defer_pc = pc
+        for name, param in self.named_parameters():
+            shard = self.shards[name]
+            if shard.rows is None:
+                continue
+            (axis,) = shard.replicated
+            param.register_post_accumulate_grad_hook(lambda p, axis=axis: pc.reduce_weight_grad(p.grad, axis))
+
     def is_owner(self, name: str) -> bool:
         """True on exactly one replica of each shard (index 0 along its replicated axes):
         sums over owners count every parameter element once (e.g. the global grad norm)."""
@@ -111,24 +135,43 @@ class ParallelScaleGNN(nn.Module):
         rows = batch.rows
         hidden = cfg.hidden
         use_dropout = self.training and cfg.dropout > 0
+        alt = batch.alt  # double permutation: layers alternate between the two labelings
+        if alt is not None and cfg.residual:
+            raise ValueError("double permutation needs residual connections off (--no-residual): the residual add "
+                             "would need an all-to-all row permutation per layer (Plexus' model has none)")
+        defer = pc.overlap and pc is getattr(self, "_defer_pc", None) and torch.is_grad_enabled()
         # X_h0 = AR_z(X_in[x, z] W_in[z, y]) on (x, y); dW_in summed over x (Eq. 18).
-        x = sharded_gemm(batch.x, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x")
+        x = sharded_gemm(batch.x, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x", defer_dw=defer)
         for layer in range(cfg.layers):
             lay = layer_layout(layer)
-            agg = sharded_spmm(x, batch.adj[layer % 3], pc, lay.spmm_axis, grad_axis=lay.adj[0])
+            if alt is None:
+                adj, out_rows, out_ids = batch.adj[layer % 3], rows, batch.nodes
+            elif layer % 2 == 0:  # A with rows in sigma ids: id-order input, sigma-order output
+                adj, out_rows, out_ids = alt.adj[layer % 3], alt.rows, alt.ids
+            else:  # A with columns in sigma ids: sigma-order input, id-order output
+                adj, out_rows, out_ids = alt.adj_t[layer % 3], rows, batch.nodes
+            agg = sharded_spmm(x, adj, pc, lay.spmm_axis, grad_axis=lay.adj[0])
             z = sharded_gemm(agg, self.w[layer], pc, reduce_axis=lay.gemm_axis, dh_axis=lay.w[1],
-                             dw_axis=lay.h[0])
+                             dw_axis=lay.h[0], defer_dw=defer)
             row_ax, col_ax = lay.out
-            if cfg.norm:
-                z = parallel_rms_norm(z, self.norm[layer], pc, col_axis=col_ax, row_axis=row_ax, hidden=hidden,
-                                      eps=cfg.norm_eps)
-            z = torch.relu(z)
+            keep = None
             if use_dropout:
                 c0, c1 = split_range(hidden, self.grid.axis_size(col_ax), self.grid.axis_index(col_ax))
                 cols = torch.arange(c0, c1, device=z.device)
                 key = dropout_key(dropout_seed, step, layer)
-                z = parallel_dropout(z, key, rows.global_ids(row_ax).to(z.device), cols, cfg.dropout)
+                lo, hi = out_rows.block(row_ax)  # the mask is keyed by vertex (id labeling): the serial mask
+                keep = dropout_keep_mask(key, out_ids[lo:hi].to(z.device), cols, cfg.dropout)
+            if pc.fused is not None:  # RMSNorm + ReLU + dropout in one fused function (V-C)
+                z = fused_layer_tail(z, self.norm[layer] if cfg.norm else None, keep, pc, col_ax, row_ax, hidden,
+                                     cfg.norm_eps, cfg.dropout, cfg.norm)
+            else:
+                if cfg.norm:
+                    z = parallel_rms_norm(z, self.norm[layer], pc, col_axis=col_ax, row_axis=row_ax,
+                                          hidden=hidden, eps=cfg.norm_eps)
+                z = torch.relu(z)
+                if keep is not None:
+                    z = z * keep / (1.0 - cfg.dropout)  # parallel_dropout with the mask drawn above
             x = z + reshard(x, lay.feat, lay.out, rows, hidden, pc) if cfg.residual else z
         head = self.head
         return sharded_gemm(x, self.w_out, pc, reduce_axis=head.reduce_axis, dh_axis=head.w[1],
-                            dw_axis=head.feat[0])
+                            dw_axis=head.feat[0], defer_dw=defer)

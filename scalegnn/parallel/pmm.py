@@ -41,35 +41,63 @@ Each backward below states which case it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..model import dropout_keep_mask, rms_norm
 from ..sampling import SampledBlock
-from .collectives import CommStats, ComponentTimer, _maybe_time, all_gather_uneven, all_reduce
+from .collectives import (CommStats, ComponentTimer, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
+                          all_reduce_async)
 from .grid import ProcessGrid
 from .layout import RowPartition, col_bounds, interval_overlap
 
 __all__ = ["ParallelContext", "sharded_spmm", "sharded_gemm", "reshard", "parallel_rms_norm", "parallel_dropout",
+           "norm_relu_dropout", "fused_layer_tail",
            "parallel_cross_entropy", "parallel_bce", "parallel_argmax", "parallel_accuracy_counts"]
 
 
 @dataclass
 class ParallelContext:
     """What every sharded operator needs: the grid, the byte accounting, optional
-    compute timers and the communication dtype for 3D-PMM partial sums (None: as is)."""
+    compute timers and the communication dtype for 3D-PMM partial sums (None: as is).
+
+    Optimization switches (paper V; defaults are the plain path):
+        overlap   asynchronous all-reduces in backward (V-D): the GEMM's feature-
+                  gradient all-reduce runs while its weight gradient is computed, and
+                  weight-gradient reductions the caller defers (``defer_dw``) are
+                  launched by :meth:`reduce_weight_grad` and finished by :meth:`wait_pending`
+        fused     the element-wise tail of a layer, ``norm_relu_dropout`` or its
+                  ``torch.compile``-d version (V-C); None keeps the unfused operators
+    """
 
     grid: ProcessGrid
     stats: CommStats | None = None
     timer: ComponentTimer | None = None
     pmm_comm_dtype: torch.dtype | None = None
+    overlap: bool = False
+    fused: object | None = None
+    pending: list = field(default_factory=list)
 
     def reduce_pmm(self, t: torch.Tensor, axis: str) -> torch.Tensor:
         return all_reduce(t, self.grid, axis, self.stats, f"pmm_{axis}", comm_dtype=self.pmm_comm_dtype)
 
+    def reduce_pmm_async(self, t: torch.Tensor, axis: str) -> PendingReduce:
+        return all_reduce_async(t, self.grid, axis, self.stats, f"pmm_{axis}", comm_dtype=self.pmm_comm_dtype)
+
     def reduce(self, t: torch.Tensor, axis: str, kind: str, op: str = "sum") -> torch.Tensor:
         return all_reduce(t, self.grid, axis, self.stats, kind, op=op)
+
+    def reduce_weight_grad(self, grad: torch.Tensor, axis: str) -> None:
+        """Launch the deferred all-reduce of a weight gradient (in place); it completes
+        in :meth:`wait_pending`, overlapping with the rest of backward."""
+        self.pending.append(self.reduce_pmm_async(grad, axis))
+
+    def wait_pending(self) -> None:
+        """Finish every launched weight-gradient reduction (before the optimizer)."""
+        pending, self.pending = self.pending, []
+        for handle in pending:
+            handle.wait()
 
     def time(self, name: str):
         return _maybe_time(self.timer, name)
@@ -110,9 +138,9 @@ class _ShardedGEMM(torch.autograd.Function):
     dH = AllReduce_r(dZ W^T) (Eq. 16) and dW = AllReduce_t(H^T dZ) (Eq. 15)."""
 
     @staticmethod
-    def forward(ctx, h, w, pc: ParallelContext, reduce_axis: str, dh_axis: str, dw_axis: str):
+    def forward(ctx, h, w, pc: ParallelContext, reduce_axis: str, dh_axis: str, dw_axis: str, defer_dw: bool):
         ctx.save_for_backward(h, w)
-        ctx.pc, ctx.dh_axis, ctx.dw_axis = pc, dh_axis, dw_axis
+        ctx.pc, ctx.dh_axis, ctx.dw_axis, ctx.defer_dw = pc, dh_axis, dw_axis, defer_dw
         with pc.time("gemm"):
             z = h @ w
         return pc.reduce_pmm(z, reduce_axis)
@@ -121,28 +149,39 @@ class _ShardedGEMM(torch.autograd.Function):
     def backward(ctx, grad_z):
         h, w = ctx.saved_tensors
         pc = ctx.pc
-        grad_h = grad_w = None
+        grad_h = grad_w = pending_h = None
         if ctx.needs_input_grad[0]:
             with pc.time("gemm"):
-                grad_h = grad_z @ w.t()  # partial over the column blocks of W (axis dh_axis)
-            grad_h = pc.reduce_pmm(grad_h.contiguous(), ctx.dh_axis)
+                grad_h = (grad_z @ w.t()).contiguous()  # partial over the column blocks of W (axis dh_axis)
+            if pc.overlap:  # V-D: the dH all-reduce runs while dW is computed
+                pending_h = pc.reduce_pmm_async(grad_h, ctx.dh_axis)
+            else:
+                grad_h = pc.reduce_pmm(grad_h, ctx.dh_axis)
         if ctx.needs_input_grad[1]:
             with pc.time("gemm"):
-                grad_w = h.t() @ grad_z  # partial over the row blocks of H (axis dw_axis)
-            grad_w = pc.reduce_pmm(grad_w.contiguous(), ctx.dw_axis)
-        return grad_h, grad_w, None, None, None, None
+                grad_w = (h.t() @ grad_z).contiguous()  # partial over the row blocks of H (axis dw_axis)
+            if not ctx.defer_dw:  # deferred: the caller's hook reduces it after accumulation
+                grad_w = pc.reduce_pmm(grad_w, ctx.dw_axis)
+        if pending_h is not None:
+            grad_h = pending_h.wait()
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def sharded_gemm(h: torch.Tensor, w: torch.Tensor, pc: ParallelContext, reduce_axis: str, dh_axis: str,
-                 dw_axis: str) -> torch.Tensor:
+                 dw_axis: str, defer_dw: bool = False) -> torch.Tensor:
     """Dense 3D PMM: ``h`` on (t, c), ``w`` on (c, r) -> (t, r), replicated along c.
 
     ``reduce_axis`` = c (inner dim), ``dh_axis`` = r (W's columns), ``dw_axis`` = t
     (H's rows; W is replicated along it). Used for the layer GEMM (Eq. 6), the input
     projection (Eq. 4: X_in on (x, z), W_in on (z, y): reduce z, dW over x) and the
     output head (Eq. 11: X on (a, b), W_out on (b, d): reduce b, dX over d, dW over a).
+
+    ``defer_dw``: the backward returns dW as this rank's PARTIAL sum and leaves the
+    all-reduce over ``dw_axis`` to the caller (a post-accumulate-grad hook on the
+    parameter that calls :meth:`ParallelContext.reduce_weight_grad`), so the weight-
+    gradient sync overlaps with the rest of backward (paper V-D).
     """
-    return _ShardedGEMM.apply(h, w, pc, reduce_axis, dh_axis, dw_axis)
+    return _ShardedGEMM.apply(h, w, pc, reduce_axis, dh_axis, dw_axis, defer_dw)
 
 
 # ------------------------------------------------------------------------------ reshard
@@ -262,6 +301,75 @@ def parallel_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, pc: Parallel
                       row_axis: str, hidden: int, eps: float) -> torch.Tensor:
     """RMSNorm of ``x`` (Br_row, H_col) on (row_axis, col_axis); ``weight`` (H_col,) its slice of g."""
     return _ParallelRMSNorm.apply(x, weight, pc, col_axis, row_axis, hidden, eps)
+
+
+# ------------------------------------------------------------------------------ fused tail (V-C)
+class _NormSumSq(torch.autograd.Function):
+    """s = AR_col(sum_j x_j^2) in FP32 (Eq. 29), (Br, 1), differentiable.
+
+    Each replica along the column axis uses s for its own columns, so the complete
+    ds is the sum of the replicas' ds: backward all-reduces ds (FP32, kind "norm")
+    and returns dx = 2 x ds.
+    """
+
+    @staticmethod
+    def forward(ctx, x, pc: ParallelContext, col_axis: str):
+        s = x.float().pow(2).sum(-1, keepdim=True)
+        pc.reduce(s, col_axis, "norm")
+        ctx.save_for_backward(x)
+        ctx.pc, ctx.col_axis = pc, col_axis
+        return s
+
+    @staticmethod
+    def backward(ctx, ds):
+        (x,) = ctx.saved_tensors
+        ds = ds.contiguous().clone()
+        ctx.pc.reduce(ds, ctx.col_axis, "norm")
+        return (2.0 * x.float() * ds).to(x.dtype), None, None
+
+
+class _SumGrad(torch.autograd.Function):
+    """Identity whose backward all-reduces the gradient over ``axis``: for a parameter
+    replicated along an axis whose ranks see different rows (RMSNorm's g over the row
+    axis), the complete gradient is the sum of the replicas' partial ones."""
+
+    @staticmethod
+    def forward(ctx, t, pc: ParallelContext, axis: str, kind: str):
+        ctx.pc, ctx.axis, ctx.kind = pc, axis, kind
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.pc.reduce(grad.contiguous().clone(), ctx.axis, ctx.kind), None, None, None
+
+
+def norm_relu_dropout(x: torch.Tensor, sum_sq: torch.Tensor | None, weight: torch.Tensor | None,
+                      keep: torch.Tensor | None, hidden: int, eps: float, p: float) -> torch.Tensor:
+    """The element-wise tail of a layer (Eqs. 7-9) given the all-reduced FP32 sum of
+    squares: ``dropout(relu(x * (s / H + eps)^-1/2 * g))``, each term written exactly as
+    the unfused operators compute it. Pure element-wise torch, so ``torch.compile``
+    fuses forward and backward into a kernel each (paper V-C); eager it is the same
+    arithmetic, unfused. ``sum_sq=None``: no norm; ``keep=None``: no dropout."""
+    if sum_sq is not None:
+        x = x * torch.rsqrt(sum_sq / hidden + eps).to(x.dtype)
+        if weight is not None:
+            x = x * weight
+    x = torch.relu(x)
+    if keep is not None:
+        x = x * keep / (1.0 - p)
+    return x
+
+
+def fused_layer_tail(z: torch.Tensor, weight: torch.Tensor | None, keep: torch.Tensor | None,
+                     pc: ParallelContext, col_axis: str, row_axis: str, hidden: int, eps: float, p: float,
+                     norm: bool) -> torch.Tensor:
+    """RMSNorm + ReLU + dropout of ``z`` (Br_row, H_col) with ``pc.fused`` (V-C): the
+    two reductions stay outside the fused function (FP32 all-reduces of the sum of
+    squares and, in backward, of ds and dg), everything element-wise inside it."""
+    sum_sq = _NormSumSq.apply(z, pc, col_axis) if norm else None
+    if weight is not None:
+        weight = _SumGrad.apply(weight, pc, row_axis, "norm")
+    return pc.fused(z, sum_sq, weight, keep, hidden, eps, p)
 
 
 # ------------------------------------------------------------------------------ dropout

@@ -35,10 +35,31 @@ from ..sampling import CSRBlock, train_mask_of
 from .grid import PMM_AXES, ProcessGrid, split_range
 from .layout import PLANES
 
-__all__ = ["RankShard", "build_shard", "build_rank_shard", "save_shards", "load_shard", "shard_command",
-           "shard_nnz_stats"]
+__all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
+           "load_shard", "shard_command", "shard_nnz_stats"]
 
 SHARD_FORMAT = 1
+
+
+@dataclass
+class AltOrdering:
+    """Double permutation (Plexus 5.1, :mod:`scalegnn.permutation`): the second vertex
+    labeling ``sigma`` (``sigma[v]`` = new id of vertex v) and this rank's data in it.
+
+    adj[p]   plane p of ``A`` with ROWS relabeled by sigma   (even layers: in id order, out sigma order)
+    adj_t[p] plane p of ``A`` with COLUMNS relabeled by sigma (odd layers: in sigma order, out id order)
+    y, masks per axis, for the rows of that axis' vertex range in sigma order (the
+    logits' rows when the last layer leaves sigma order, i.e. L odd)
+    """
+
+    sigma: torch.Tensor
+    sigma_inv: torch.Tensor
+    adj: tuple
+    adj_t: tuple
+    y: dict
+    train_mask: dict
+    val_mask: dict
+    test_mask: dict
 
 
 @dataclass
@@ -60,6 +81,7 @@ class RankShard:
     val_mask: dict
     test_mask: dict
     name: str = "graph"
+    alt: AltOrdering | None = None  # double permutation only
 
     # -------------------------------------------------------------- (de)serialize
     def to_state(self) -> dict:
@@ -76,6 +98,11 @@ class RankShard:
                                 "rows": [blk.row_start, blk.row_end], "cols": [blk.col_start, blk.col_end]}
         for key in ("y", "train_mask", "val_mask", "test_mask"):
             state[key] = dict(getattr(self, key))
+        if self.alt is not None:
+            a = self.alt
+            state["alt"] = {"sigma": a.sigma, "sigma_inv": a.sigma_inv,
+                            "adj": [_block_state(b) for b in a.adj], "adj_t": [_block_state(b) for b in a.adj_t],
+                            **{k: dict(getattr(a, k)) for k in ("y", "train_mask", "val_mask", "test_mask")}}
         return state
 
     @classmethod
@@ -92,8 +119,41 @@ class RankShard:
             adj=adj, x=state["x"], feature_range=tuple(state["feature_range"]),
             vertex_ranges={a: tuple(r) for a, r in state["vertex_ranges"].items()},
             y=dict(state["y"]), train_mask=dict(state["train_mask"]), val_mask=dict(state["val_mask"]),
-            test_mask=dict(state["test_mask"]), name=state["name"],
+            test_mask=dict(state["test_mask"]), name=state["name"], alt=_alt_from_state(state.get("alt")),
         )
+
+
+def _block_state(blk: CSRBlock) -> dict:
+    return {"indptr": blk.indptr, "indices": blk.indices, "values": blk.values,
+            "rows": [blk.row_start, blk.row_end], "cols": [blk.col_start, blk.col_end]}
+
+
+def _alt_from_state(state: dict | None) -> AltOrdering | None:
+    if state is None:
+        return None
+    blocks = lambda key: tuple(CSRBlock(s["indptr"], s["indices"], s["values"], *s["rows"], *s["cols"])  # noqa: E731
+                               for s in state[key])
+    return AltOrdering(sigma=state["sigma"], sigma_inv=state["sigma_inv"], adj=blocks("adj"), adj_t=blocks("adj_t"),
+                       **{k: dict(state[k]) for k in ("y", "train_mask", "val_mask", "test_mask")})
+
+
+def double_permuted(graph: Graph, sigma: torch.Tensor) -> tuple[Graph, Graph]:
+    """(A with rows relabeled by sigma, A with columns relabeled by sigma) as graphs
+    over the new ids (Plexus Eqs. 5.3-5.4 after relabeling by P_c): row r of the
+    first is row ``sigma_inv[r]`` of A; column ``sigma[j]`` of the second is column j."""
+    from ..graph import csr_from_edges
+    from ..permutation import inverse_permutation
+    from ..sampling import gather_csr_rows
+
+    sigma_inv = inverse_permutation(sigma)
+    _, flat = gather_csr_rows(graph.indptr, sigma_inv)
+    deg = graph.indptr[1:] - graph.indptr[:-1]
+    indptr = torch.zeros_like(graph.indptr)
+    indptr[1:] = torch.cumsum(deg[sigma_inv], 0)
+    rows_relabeled = graph.replace(indptr=indptr, indices=graph.indices[flat], values=graph.values[flat])
+    ip, ix, vals = csr_from_edges(graph.row_ids(), sigma[graph.indices], graph.num_nodes, graph.values)
+    cols_relabeled = graph.replace(indptr=ip, indices=ix, values=vals)
+    return rows_relabeled, cols_relabeled
 
 
 def _check_normalized(graph: Graph) -> None:
@@ -118,30 +178,49 @@ def _check_shape(grid_shape) -> tuple[int, int, int, int]:
     return shape
 
 
-def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = None) -> RankShard:
-    """The :class:`RankShard` of the rank at ``coords`` ({"x", "y", "z"}) of a grid of ``grid_shape``."""
+def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = None, sigma: torch.Tensor | None = None,
+                _permuted: tuple | None = None) -> RankShard:
+    """The :class:`RankShard` of the rank at ``coords`` ({"x", "y", "z"}) of a grid of ``grid_shape``.
+
+    ``sigma`` (new ids, see :func:`scalegnn.permutation.double_sigma`) adds the
+    second labeling of the double permutation (:class:`AltOrdering`)."""
     _check_normalized(graph)
     shape = _check_shape(grid_shape)
     sizes = dict(zip(("dp", "x", "y", "z"), shape))
     n = graph.num_nodes
     vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
-    adj = tuple(CSRBlock.from_graph(graph, vr[rows], vr[cols]) for rows, cols in PLANES)
     f0, f1 = split_range(graph.num_features, sizes["z"], coords["z"])
     x0, x1 = vr["x"]
     masks = _masks if _masks is not None else _split_masks(graph)
     sl = lambda t: {ax: t[vr[ax][0]: vr[ax][1]].clone() for ax in PMM_AXES}  # noqa: E731
+    alt = None
+    if sigma is not None:
+        from ..permutation import inverse_permutation
+
+        g_rows, g_cols = _permuted if _permuted is not None else double_permuted(graph, sigma)
+        inv = inverse_permutation(sigma)
+        sl_alt = lambda t: {ax: t[inv[vr[ax][0]: vr[ax][1]]].clone() for ax in PMM_AXES}  # noqa: E731
+        alt = AltOrdering(
+            sigma=sigma.clone(), sigma_inv=inv,
+            adj=tuple(CSRBlock.from_graph(g_rows, vr[rows], vr[cols]) for rows, cols in PLANES),
+            adj_t=tuple(CSRBlock.from_graph(g_cols, vr[rows], vr[cols]) for rows, cols in PLANES),
+            y=sl_alt(graph.y), train_mask=sl_alt(masks["train_mask"]), val_mask=sl_alt(masks["val_mask"]),
+            test_mask=sl_alt(masks["test_mask"]))
+        adj = alt.adj  # the plain-id shards are never used: even layers take alt.adj, odd ones alt.adj_t
+    else:
+        adj = tuple(CSRBlock.from_graph(graph, vr[rows], vr[cols]) for rows, cols in PLANES)
     return RankShard(
         grid_shape=shape, coords={ax: int(coords[ax]) for ax in PMM_AXES}, num_nodes=n,
         num_features=graph.num_features, num_classes=graph.num_classes, multilabel=graph.multilabel, adj=adj,
         x=graph.x[x0:x1, f0:f1].clone(), feature_range=(f0, f1), vertex_ranges=vr, y=sl(graph.y),
         train_mask=sl(masks["train_mask"]), val_mask=sl(masks["val_mask"]), test_mask=sl(masks["test_mask"]),
-        name=graph.name,
+        name=graph.name, alt=alt,
     )
 
 
-def build_rank_shard(graph: Graph, grid: ProcessGrid) -> RankShard:
+def build_rank_shard(graph: Graph, grid: ProcessGrid, sigma: torch.Tensor | None = None) -> RankShard:
     """This rank's shard, cut from the full graph every rank has loaded."""
-    return build_shard(graph, grid.shape_tuple, {ax: grid.axis_index(ax) for ax in PMM_AXES})
+    return build_shard(graph, grid.shape_tuple, {ax: grid.axis_index(ax) for ax in PMM_AXES}, sigma=sigma)
 
 
 def _mp_coords(grid_shape) -> list[dict]:

@@ -1,0 +1,444 @@
+"""The paper's figures from the runs DataFrame (:func:`analysis.load_runs`).
+
+Every function takes the runs frame (and, where a figure needs it, the speedup
+reference or the model validation frame) and returns a matplotlib ``Figure``; it
+raises :class:`NoData` when the frame holds no run for that figure. Selection:
+
+    fig5_ablation         runs with a sweep variant (the cumulative optimizations)
+    fig6_time_to_target   runs with a target accuracy
+    fig7_strong_scaling   ScaleGNN runs without a variant, one curve per
+                          (cluster, dataset, 3D grid) as Gd grows
+    fig8_epoch_breakdown  the same runs, stacked component times per Gd
+    plexus_fig5_model     predicted vs observed epoch time (analysis.perfmodel)
+
+Runs tagged by a sweep manifest are used only by the figures their spec feeds
+(``FIGURE_SPECS``); untagged runs (plain ``scalegnn train``) by every figure
+whose selection they pass.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+__all__ = ["NoData", "fig5_ablation", "fig6_time_to_target", "fig7_strong_scaling", "fig8_epoch_breakdown",
+           "plexus_fig5_model", "select", "COMPONENTS", "SYSTEM_STYLE", "FIGURE_SPECS", "component_table"]
+
+
+class NoData(LookupError):
+    """The runs frame holds nothing this figure can show."""
+
+
+# Which sweep figures feed which report figure (untagged runs feed all of them).
+FIGURE_SPECS = {
+    "fig5": {"fig5"},
+    "fig6": {"fig6", "demo"},
+    "fig7": {"fig7", "fig8", "demo"},
+    "fig8": {"fig8", "fig7", "demo"},
+    "table1": {"table1", "demo"},
+    "table2": {"table2", "demo"},
+    "perfmodel": {"perfmodel"},
+}
+
+SYSTEM_STYLE = {  # colour, marker, legend name
+    "scalegnn": ("#d62728", "o", "ScaleGNN"),
+    "salient": ("#1f77b4", "s", "SALIENT++"),
+    "bns-gcn": ("#2ca02c", "^", "BNS-GCN"),
+    "distdgl": ("#9467bd", "D", "DistDGL"),
+    "massivegnn": ("#8c564b", "v", "MassiveGNN"),
+    "graphsage": ("#ff7f0e", "P", "GraphSAGE"),
+    "graphsaint": ("#17becf", "X", "GraphSAINT"),
+    "fullgraph-3d": ("#7f7f7f", "*", "full-graph 3D"),
+}
+
+# Stacking order and colours of the per-epoch components (records' ``components``).
+COMPONENTS = [
+    ("sampling", "sampling", "#1b9e77"),
+    ("pmm_comm", "3D-PMM all-reduce", "#d95f02"),
+    ("dp_comm", "DP all-reduce", "#7570b3"),
+    ("spmm", "SpMM", "#e7298a"),
+    ("gemm", "GEMM", "#66a61e"),
+    ("elementwise", "element-wise", "#e6ab02"),
+    ("forward_backward", "forward + backward", "#a6761d"),
+    ("optimizer", "optimizer", "#1f78b4"),
+    ("other", "other", "#bdbdbd"),
+]
+_ALIASES = {"dp_allreduce": "dp_comm"}
+
+
+def _style(system: str):
+    return SYSTEM_STYLE.get(system, ("#444444", "o", system))
+
+
+def _log_axis(axis) -> None:
+    """Log scale with plain numbers at 1, 2, 3, 5 x 10^k (no 6x10^0 labels)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _figure(panels: int, panel_w: float, height: float):
+    """A row of panels, at least 7.5 inches wide so titles and legends fit."""
+    fig, axes = plt.subplots(1, panels, figsize=(max(7.5, panel_w * panels), height), squeeze=False)
+    return fig, axes[0]
+
+
+def _component_legend(fig, used: dict) -> float:
+    """Legend of the stacked components, in stacking order, under the panels."""
+    order = [label for _, label, _ in COMPONENTS if label in used]
+    return _legend_below(fig, [plt.Rectangle((0, 0), 1, 1, color=used[k]) for k in order], order)
+
+
+def _legend_below(fig, handles, labels, rows_hint: int = 0) -> float:
+    """A legend under the panels; returns the bottom margin (figure fraction) it needs."""
+    width = fig.get_size_inches()[0]
+    ncol = max(1, min(len(labels), int(width // 2.1)))
+    nrows = -(-len(labels) // ncol)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    return min(0.35, (0.035 + 0.04 * max(nrows, rows_hint)) * 4.6 / fig.get_size_inches()[1])
+
+
+def select(runs: pd.DataFrame, figure: str) -> pd.DataFrame:
+    """Ok runs that may feed ``figure``: tagged for it, or untagged."""
+    if runs is None or runs.empty:
+        return pd.DataFrame(columns=list(runs.columns) if runs is not None else [])
+    ok = runs[runs["status"] == "ok"] if "status" in runs else runs
+    tag = ok["sweep.figure"] if "sweep.figure" in ok else pd.Series([None] * len(ok), index=ok.index)
+    keep = tag.isna() | tag.isin(FIGURE_SPECS.get(figure, {figure}))
+    return ok[keep].copy()
+
+
+def _cluster(frame: pd.DataFrame) -> pd.Series:
+    if "sweep.cluster" in frame:
+        host = frame["env.hostname"] if "env.hostname" in frame else "unknown"
+        return frame["sweep.cluster"].fillna(host if isinstance(host, str) else host.astype(str))
+    return frame.get("env.hostname", pd.Series(["unknown"] * len(frame), index=frame.index))
+
+
+def _dataset_label(row) -> str:
+    ds = row["dataset"]
+    paper = row.get("sweep.paper_dataset")
+    short = f"{ds.split(':', 1)[0]} {ds.split(':', 1)[1].split(',')[0]}" if ":" in ds and len(ds) > 24 else ds
+    if isinstance(paper, str) and paper and paper != ds:
+        return f"{short} (stand-in for {paper})"
+    return short
+
+
+def _variant(frame: pd.DataFrame) -> pd.Series:
+    v = frame["sweep.variant"] if "sweep.variant" in frame else pd.Series([None] * len(frame), index=frame.index)
+    return v.fillna("").astype(str)
+
+
+def component_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per-run seconds per epoch of each component in :data:`COMPONENTS` order (zeros
+    where a component was not measured)."""
+    out = pd.DataFrame(index=frame.index)
+    for key, _, _ in COMPONENTS:
+        col = f"time.{key}"
+        out[key] = frame[col].fillna(0.0) if col in frame else 0.0
+    for alias, key in _ALIASES.items():
+        if f"time.{alias}" in frame:
+            out[key] = out[key] + frame[f"time.{alias}"].fillna(0.0)
+    return out
+
+
+def _stacked_bars(ax, x, comps: pd.DataFrame, scale: float = 1e3, width: float = 0.7):
+    """Stack the non-zero components; returns the bar totals and the legend handles used."""
+    bottom = np.zeros(len(x))
+    used = {}
+    for key, label, color in COMPONENTS:
+        vals = comps[key].to_numpy(dtype=float) * scale
+        if not np.any(vals > 0):
+            continue
+        ax.bar(x, vals, width, bottom=bottom, color=color, label=label, edgecolor="white", linewidth=0.5)
+        bottom += vals
+        used[label] = color
+    return bottom, used
+
+
+# ---------------------------------------------------------------------------- Fig. 5
+def fig5_ablation(runs: pd.DataFrame) -> plt.Figure:
+    """Stacked epoch-time breakdown per cumulative optimization, one panel per Gd
+    (paper Fig. 5): bars labelled with the epoch time and the speedup over the first
+    variant (the baseline)."""
+    frame = select(runs, "fig5")
+    frame = frame[_variant(frame) != ""]
+    if frame.empty:
+        raise NoData("no runs with a sweep variant (the `fig5` sweep)")
+    frame = frame.assign(_order=frame["sweep.order"] if "sweep.order" in frame else 0, _variant=_variant(frame))
+    panels = sorted(frame["grid.dp"].unique())
+    fig, axes = _figure(len(panels), 5.2, 4.8)
+    handles = {}
+    for ax, gd in zip(axes, panels):
+        sub = frame[frame["grid.dp"] == gd]
+        order = sub.groupby("_variant")["_order"].min().sort_values().index.tolist()
+        comps = component_table(sub).assign(_variant=sub["_variant"]).groupby("_variant").mean().loc[order]
+        totals_epoch = sub.groupby("_variant")["epoch_time_s"].mean().loc[order]
+        # the "other" share makes each bar add up to the measured epoch time
+        comps["other"] = np.maximum(0.0, totals_epoch.to_numpy() - comps.drop(columns="other").sum(axis=1).to_numpy())
+        x = np.arange(len(order))
+        totals, used = _stacked_bars(ax, x, comps)
+        handles.update(used)
+        base = totals[0]
+        for xi, tot in zip(x, totals):
+            ax.text(xi, tot, f"{tot:.0f} ms\n{base / tot:.2f}x", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(x, order, rotation=20, ha="right")
+        world = int(sub["world_size"].iloc[0])
+        ax.set_title(f"DP{gd}: {world} ranks, grid {sub['grid_str'].iloc[0]}")
+        ax.set_ylabel("epoch time (ms)")
+        ax.set_ylim(0, max(totals) * 1.22)
+        ax.grid(axis="y", alpha=0.3)
+    row = frame.iloc[0]
+    fig.suptitle(f"Optimizations applied cumulatively\n{_dataset_label(row)}, {_cluster(frame).iloc[0]}",
+                 fontsize=11)
+    bottom = _component_legend(fig, handles)
+    fig.tight_layout(rect=(0, bottom, 1, 0.92))
+    return fig
+
+
+# ---------------------------------------------------------------------------- Fig. 6
+def _log2_ticks(ax, counts):
+    counts = sorted(set(int(c) for c in counts))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.minorticks_off()
+    if len(counts) == 1:
+        ax.set_xlim(counts[0] / 1.6, counts[0] * 1.6)
+
+
+def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None) -> plt.Figure:
+    """Training time to the target test accuracy vs GPUs, one panel per (cluster,
+    dataset), log scale (paper Fig. 6). Runs that never reached the target are
+    drawn with an x at the time to their best accuracy, which is written next to
+    them. At the largest GPU count where ScaleGNN reached the target, its speedup over
+    the reference system (``reference[cluster]``, else every other system there)
+    is annotated."""
+    frame = select(runs, "fig6")
+    frame = frame[frame["target_acc"].notna()] if "target_acc" in frame else frame.iloc[0:0]
+    if frame.empty:
+        raise NoData("no runs with a target accuracy (the `fig6` sweep or --target-acc)")
+    frame = frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
+    keys = sorted(frame.groupby(["_cluster", "_ds"]).groups)
+    fig, axes = _figure(len(keys), 5.0, 4.8)
+    systems_seen = []
+    for ax, (cluster, ds) in zip(axes, keys):
+        sub = frame[(frame["_cluster"] == cluster) & (frame["_ds"] == ds)]
+        target = float(sub["target_acc"].iloc[0])
+        points = {}  # system -> {gpus: (seconds, reached, best_acc)}
+        for system, s in sub.groupby("system"):
+            pts = {}
+            for g, r in s.groupby("world_size"):
+                reached = r["time_to_target_s"].notna()
+                if reached.any():
+                    pts[int(g)] = (float(r.loc[reached, "time_to_target_s"].median()), True, None)
+                else:
+                    best = r["best_test_acc"].astype(float)
+                    i = best.idxmax() if best.notna().any() else r.index[0]
+                    pts[int(g)] = (float(r.loc[i, "time_to_best_s"] or r.loc[i, "summary.train_time_s"] or np.nan),
+                                   False, best.get(i))
+            points[system] = pts
+        order = sorted(points, key=lambda s: (s != "scalegnn", s))
+        stacked: dict[int, int] = {}  # labels already written at a GPU count: offset the next one
+        for system in order:
+            color, marker, name = _style(system)
+            if system not in systems_seen:
+                systems_seen.append(system)
+            pts = dict(sorted(points[system].items()))
+            g = list(pts)
+            y = [pts[k][0] for k in g]
+            ax.plot(g, y, "-", color=color, alpha=0.6, linewidth=1.5, label=name)
+            for gi, (t, ok, acc) in pts.items():
+                if ok:
+                    ax.plot([gi], [t], marker=marker, color=color, markersize=7, linestyle="none")
+                else:
+                    ax.plot([gi], [t], marker="x", color=color, markersize=9, mew=2.2, linestyle="none")
+                    if acc is not None and not pd.isna(acc):
+                        k = stacked.get(gi, 0)
+                        stacked[gi] = k + 1
+                        ax.annotate(f"best {100 * acc:.1f}%", (gi, t), textcoords="offset points",
+                                    xytext=(7, -3 - 9 * k), fontsize=7, color=color)
+        # speedup of ScaleGNN at the largest GPU count where it reached the target
+        sg = {k: v for k, v in points.get("scalegnn", {}).items() if v[1]}
+        if sg:
+            gmax = max(sg)
+            ref = (reference or {}).get(cluster)
+            others = [ref] if ref in points else [s for s in order if s != "scalegnn"]
+            lines = []
+            for other in others:
+                pts = points.get(other, {})
+                if gmax in pts:  # the paper's comparison: the same GPU count
+                    t_other, ok_other, at = pts[gmax][0], pts[gmax][1], ""
+                else:  # the other system never ran at that count: its fastest run that reached the target
+                    done = {g: v for g, v in pts.items() if v[1]}
+                    if not done:
+                        continue
+                    g_best = min(done, key=lambda g: done[g][0])
+                    t_other, ok_other, at = done[g_best][0], True, f" at {g_best} GPU{'s' if g_best > 1 else ''}"
+                lines.append(f"{t_other / sg[gmax][0]:.1f}x vs {_style(other)[2]}{at}"
+                             + ("" if ok_other else " (not reached)"))
+            if lines:
+                ax.annotate("\n".join(lines), (gmax, sg[gmax][0]), textcoords="offset points", xytext=(-8, -14),
+                            ha="right", va="top", fontsize=8, color=_style("scalegnn")[0],
+                            bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
+        _log2_ticks(ax, sub["world_size"])
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis)
+        ax.set_xlabel("GPUs (ranks)")
+        ax.set_ylabel(f"training time to {100 * target:.0f}% test accuracy (s)")
+        ax.set_title(f"{ds}, {cluster}", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=_style(s)[2]) for s in systems_seen]
+    handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
+                          label="target not reached (time to best)"))
+    bottom = _legend_below(fig, handles, [h.get_label() for h in handles])
+    fig.suptitle("Training time to target test accuracy (evaluation excluded; lower is better)", fontsize=11)
+    fig.tight_layout(rect=(0, bottom, 1, 0.95))
+    return fig
+
+
+# ---------------------------------------------------------------------------- Fig. 7
+def _scaling_frame(runs: pd.DataFrame, figure: str) -> pd.DataFrame:
+    frame = select(runs, figure)
+    frame = frame[(frame["system"] == "scalegnn") & (_variant(frame) == "") & frame["epoch_time_s"].notna()]
+    if frame.empty:
+        raise NoData("no ScaleGNN runs with epoch times (the `fig7` / `fig8` sweeps)")
+    return frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
+
+
+def fig7_strong_scaling(runs: pd.DataFrame) -> plt.Figure:
+    """Epoch time vs GPUs, one panel per cluster and one curve per (dataset, 3D grid)
+    as Gd grows, with ideal scaling from each curve's first point (dashed) and the
+    measured speedup annotated at its last point (paper Fig. 7)."""
+    frame = _scaling_frame(runs, "fig7")
+    clusters = sorted(frame["_cluster"].unique())
+    fig, axes = _figure(len(clusters), 5.6, 4.8)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, cluster in zip(axes, clusters):
+        sub = frame[frame["_cluster"] == cluster]
+        curves = sorted(sub.groupby(["_ds", "mp_grid"]).groups)
+        for i, (ds, mp) in enumerate(curves):
+            c = sub[(sub["_ds"] == ds) & (sub["mp_grid"] == mp)]
+            pts = c.groupby("world_size")["epoch_time_s"].mean().sort_index() * 1e3
+            color = colors[i % len(colors)]
+            label = f"{ds}, 3D grid {mp}" if len(sub["mp_grid"].unique()) > 1 or len(curves) > 1 else ds
+            ax.plot(pts.index, pts.values, "o-", color=color, label=label, linewidth=2)
+            if len(pts) > 1:
+                g0, t0 = pts.index[0], pts.iloc[0]
+                ax.plot(pts.index, [t0 * g0 / g for g in pts.index], "--", color=color, alpha=0.5, linewidth=1)
+                speed = t0 / pts.iloc[-1]
+                ideal = pts.index[-1] / g0
+                ax.annotate(f"{speed:.1f}x ({100 * speed / ideal:.0f}% of ideal {ideal:.0f}x)",
+                            (pts.index[-1], pts.iloc[-1]), textcoords="offset points", xytext=(-4, 8),
+                            ha="right", fontsize=8, color=color)
+        _log2_ticks(ax, sub["world_size"])
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis)
+        ax.set_xlabel("GPUs (ranks); Gd grows from the first point")
+        ax.set_ylabel("epoch time (ms)")
+        ax.set_title(cluster)
+        ax.grid(alpha=0.3, which="both")
+        handles, labels = ax.get_legend_handles_labels()
+        handles.append(Line2D([], [], color="gray", linestyle="--", label="ideal scaling"))
+        ax.legend(handles=handles, fontsize=8, loc="lower left")
+    fig.suptitle("Strong scaling of ScaleGNN epoch time (3D grid fixed, Gd grows)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
+
+
+# ---------------------------------------------------------------------------- Fig. 8
+def fig8_epoch_breakdown(runs: pd.DataFrame) -> plt.Figure:
+    """Epoch time by component vs Gd with the 3D grid fixed (paper Fig. 8), one
+    panel per (cluster, dataset, 3D grid) that has at least two Gd values (at most 3
+    panels: those with the most Gd values)."""
+    frame = _scaling_frame(runs, "fig8")
+    groups = frame.groupby(["_cluster", "_ds", "mp_grid"])
+    keys = sorted(groups.groups, key=lambda k: (-groups.get_group(k)["grid.dp"].nunique(), k))
+    keys = [k for k in keys if groups.get_group(k)["grid.dp"].nunique() > 1][:3] or keys[:1]
+    fig, axes = _figure(len(keys), 5.2, 4.8)
+    handles = {}
+    for ax, key in zip(axes, keys):
+        sub = groups.get_group(key)
+        comps = component_table(sub).assign(gd=sub["grid.dp"]).groupby("gd").mean().sort_index()
+        epoch = sub.groupby("grid.dp")["epoch_time_s"].mean().sort_index()
+        comps["other"] = np.maximum(0.0, epoch.to_numpy() - comps.drop(columns="other").sum(axis=1).to_numpy())
+        x = np.arange(len(comps))
+        totals, used = _stacked_bars(ax, x, comps)
+        handles.update(used)
+        worlds = sub.groupby("grid.dp")["world_size"].first().sort_index()
+        ax.set_xticks(x, [f"Gd={gd}\n{int(w)} ranks" for gd, w in worlds.items()])
+        for xi, tot in zip(x, totals):
+            ax.text(xi, tot, f"{tot:.0f}", ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel("epoch time (ms)")
+        ax.set_ylim(0, max(totals) * 1.15)
+        ax.set_title(f"{key[1]}\n{key[0]}, 3D grid {key[2]}", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    bottom = _component_legend(fig, handles)
+    fig.suptitle("Epoch time by component as data parallelism Gd grows", fontsize=11)
+    fig.tight_layout(rect=(0, bottom, 1, 0.94))
+    return fig
+
+
+# ---------------------------------------------------------------------------- Plexus Fig. 5
+def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
+    """Predicted vs observed epoch time per grid (Plexus Fig. 5): left, a scatter with
+    y = x (filled: model fitted on all runs; hollow: leave-one-out prediction);
+    right, observed and predicted bars per grid, sorted by observed time."""
+    if validation is None or validation.empty:
+        raise NoData("no runs to validate the performance model on (the `perfmodel` sweep)")
+    v = validation.sort_values("observed_s").reset_index(drop=True)
+    ms = 1e3
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.5]})
+    lo = min(v["observed_s"].min(), v["predicted_s"].min(), v["loo_s"].min()) * ms / 1.3
+    hi = max(v["observed_s"].max(), v["predicted_s"].max(), v["loo_s"].max()) * ms * 1.3
+    a1.plot([lo, hi], [lo, hi], "k-", linewidth=1, label="predicted = observed")
+    a1.fill_between([lo, hi], [lo / 1.25, hi / 1.25], [lo * 1.25, hi * 1.25], color="gray", alpha=0.15,
+                    label="within 25%")
+    a1.plot(v["observed_s"] * ms, v["predicted_s"] * ms, "o", color="#d62728", label="fit on all runs")
+    a1.plot(v["observed_s"] * ms, v["loo_s"] * ms, "o", mfc="none", color="#1f77b4", label="leave-one-out")
+    worst = (v["loo_s"] / v["observed_s"] - 1).abs().nlargest(min(3, len(v))).index
+    for i in worst:  # name the largest leave-one-out misses (every grid is named on the right)
+        r = v.loc[i]
+        a1.annotate(r["grid"], (r["observed_s"] * ms, r["loo_s"] * ms), textcoords="offset points",
+                    xytext=(6, -3), fontsize=7, color="#1f77b4")
+    a1.set_xscale("log")
+    a1.set_yscale("log")
+    _log_axis(a1.xaxis)
+    _log_axis(a1.yaxis)
+    a1.set_xlim(lo, hi)
+    a1.set_ylim(lo, hi)
+    a1.set_xlabel("observed epoch time (ms)")
+    a1.set_ylabel("predicted epoch time (ms)")
+    mape = (v["predicted_s"] / v["observed_s"] - 1).abs().mean()
+    loo = (v["loo_s"] / v["observed_s"] - 1).abs().mean()
+    a1.set_title(f"mean |error|: {100 * mape:.0f}% fitted, {100 * loo:.0f}% leave-one-out", fontsize=10)
+    a1.legend(fontsize=8, loc="upper left")
+    a1.grid(alpha=0.3, which="both")
+    x = np.arange(len(v))
+    w = 0.28
+    a2.bar(x - w, v["observed_s"] * ms, w, color="#444444", label="observed")
+    a2.bar(x, v["predicted_s"] * ms, w, color="#d62728", label="predicted (fit on all)")
+    a2.bar(x + w, v["loo_s"] * ms, w, color="#1f77b4", alpha=0.7, label="predicted (leave-one-out)")
+    a2.set_xticks(x, v["grid"], rotation=45, ha="right", fontsize=8)
+    a2.set_xlabel("grid Gd x Gx x Gy x Gz (sorted by observed time)")
+    a2.set_ylabel("epoch time (ms)")
+    best_obs = v.loc[v["observed_s"].idxmin(), "grid"]
+    best_pred = v.loc[v["loo_s"].idxmin(), "grid"]
+    a2.set_title(f"fastest observed {best_obs}; fastest predicted (leave-one-out) {best_pred}", fontsize=10)
+    a2.legend(fontsize=8)
+    a2.grid(axis="y", alpha=0.3)
+    title = "Performance model: predicted vs observed epoch time"
+    if "dataset" in v and v["dataset"].nunique() == 1:
+        ds = str(v["dataset"].iloc[0])
+        short = f"{ds.split(':', 1)[0]} {ds.split(':', 1)[1].split(',')[0]}" if ":" in ds else ds
+        title += f"\n{short}, {len(v)} grids, {v['cluster'].iloc[0] if 'cluster' in v else ''}"
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    return fig
+

@@ -1,0 +1,345 @@
+"""``distdgl``: real DGL distributed training, driven as a subprocess from the DGL environment.
+
+DGL wheels exist only for torch <= 2.2, so the DGL side (``dgl_run.py``) runs under
+``.venv-dgl/bin/python`` (``make dgl-env``: torch 2.1.2, dgl 2.1.0, torchdata
+0.7.1, numpy<2) and this side only writes the input, launches, watches and
+converts. What DGL's ``tools/launch.py`` (not in the wheel) would do, done here on
+localhost (``../shared/notes/distdgl-on-one-host.md`` has the facts):
+
+1. the dataset (same split as ``scalegnn train``) goes to ``graph.npz``;
+   ``dgl.distributed.partition_graph`` (metis or random, ``balance_train``,
+   ``balance_edges``) cuts it into K partitions = K simulated machines;
+2. ``ip_config.txt`` gets one ``127.0.0.1 PORT`` line per machine; the servers
+   start first (``DGL_ROLE=server DGL_SERVER_ID ...``), then the trainers
+   (``DGL_ROLE=client ...`` plus ``MASTER_ADDR/PORT RANK WORLD_SIZE``), each told
+   its machine id;
+3. each machine's processes run in a private mount namespace whose ``/dev/shm`` is
+   a folder of its own (DGL names shared-memory segments without the partition id,
+   so two machines on one host would collide), removed after the job;
+4. every process is started in its own session and is killed by its process group
+   id when the job ends, fails or times out: no orphan survives a run.
+
+Trainer rank 0 writes ``result-0.json``; :func:`run` turns it into the run record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from scalegnn import records
+
+from ..common import CommonConfig, finalize, new_record
+
+__all__ = ["DistDGLOptions", "run", "dgl_python", "DistDGLUnavailable"]
+
+SCRIPT = Path(__file__).with_name("dgl_run.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+class DistDGLUnavailable(ValueError):
+    """The DGL environment is missing; the message says how to build it."""
+
+
+@dataclass
+class DistDGLOptions:
+    fanouts: tuple = (10, 25)           # DGL's examples/distributed/graphsage (layers = len(fanouts))
+    eval_fanouts: tuple | None = None   # default: the training fanouts
+    batch_size: int = 1000              # DGL example default
+    eval_batch_size: int = 4096
+    num_parts: int = 1                  # partitions = simulated machines
+    partition: str = "metis"
+    balance_train: bool = True
+    balance_edges: bool = True
+    num_servers: int = 1                # servers per machine
+    timeout_s: float = 1800.0           # the whole job
+    python: str | None = None
+    fail_at_epoch: int | None = None    # test hook: trainers raise at this epoch
+    keep_workdir: bool = False
+    pids: list = field(default_factory=list)  # filled by run(): every process it started
+
+    def __post_init__(self):
+        self.fanouts = tuple(int(f) for f in self.fanouts)
+        if self.eval_fanouts is not None:
+            self.eval_fanouts = tuple(int(f) for f in self.eval_fanouts)
+        if self.partition not in ("metis", "random"):
+            raise ValueError(f"--partition must be metis or random, got {self.partition!r}")
+        if self.num_parts < 1:
+            raise ValueError(f"--dgl-parts must be >= 1, got {self.num_parts}")
+
+
+def dgl_python(explicit: str | None = None) -> str:
+    cand = explicit or os.environ.get("SCALEGNN_DGL_PYTHON") or str(REPO / ".venv-dgl" / "bin" / "python")
+    if not Path(cand).exists():
+        raise DistDGLUnavailable(
+            f"the DGL environment's python {cand} does not exist; build it with `make dgl-env` "
+            "(torch 2.1.2 + dgl 2.1.0 in .venv-dgl) or pass --dgl-python / set SCALEGNN_DGL_PYTHON")
+    return cand
+
+
+def _free_ports(count: int, span: int = 1) -> list[int]:
+    """``count`` base ports, each with ``span`` consecutive free ports after it."""
+    import socket
+
+    ports: list[int] = []
+    tries = 0
+    while len(ports) < count and tries < 1000:
+        tries += 1
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + span > 65535 or any(abs(base - p) < span + 1 for p in ports):
+            continue
+        ok = True
+        for k in range(span):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", base + k))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            ports.append(base)
+    if len(ports) < count:
+        raise RuntimeError("could not find free local ports for the DGL servers")
+    return ports
+
+
+def _isolate(cmd: list[str], shm_dir: str | None) -> list[str]:
+    """Run ``cmd`` with ``shm_dir`` bind-mounted on /dev/shm in a private mount namespace."""
+    if shm_dir is None:
+        return cmd
+    if shutil.which("unshare") is None:
+        raise DistDGLUnavailable("more than one DGL partition on one host needs `unshare` (util-linux) "
+                                 "to give each simulated machine its own /dev/shm; use --dgl-parts 1")
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--propagation", "private", "--", "sh", "-c",
+            'mount --bind "$0" /dev/shm && exec "$@"', shm_dir, *cmd]
+
+
+class _Procs:
+    """The processes of one job: started in their own sessions, stopped by process group."""
+
+    def __init__(self):
+        self.items: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+        f = open(log, "wb")
+        p = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        f.close()
+        self.items.append((name, p))
+        return p
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for _, p in self.items]
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            alive = [p for _, p in self.items if p.poll() is None]
+            for p in alive:
+                try:
+                    os.killpg(p.pid, sig)  # the process group this job created for p
+                except ProcessLookupError:
+                    pass
+            end = time.monotonic() + wait
+            for p in alive:
+                try:
+                    p.wait(max(0.0, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        for _, p in self.items:  # reap; leave no zombie
+            if p.poll() is None:
+                p.wait(5.0)
+
+
+def _write_graph(graph, path: Path) -> None:
+    rows = graph.row_ids().numpy()
+    cols = graph.indices.numpy()
+    keep = rows != cols
+    np.savez(path, num_nodes=np.int64(graph.num_nodes), src=cols[keep], dst=rows[keep],
+             x=graph.x.numpy().astype(np.float32), y=graph.y.numpy(),
+             train_idx=graph.train_idx.numpy(), val_idx=graph.val_idx.numpy(), test_idx=graph.test_idx.numpy())
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def run(cfg: CommonConfig, opts: DistDGLOptions, graph=None) -> dict:
+    """Partition, launch servers and trainers on localhost, wait, convert, clean up."""
+    from scalegnn.datasets import load_dataset
+
+    py = dgl_python(opts.python)
+    if graph is None:
+        graph = load_dataset(cfg.dataset, data_root=cfg.data_root, seed=cfg.seed)
+    if graph.multilabel:
+        raise ValueError("the distdgl adapter trains single-label node classification only")
+    parts = opts.num_parts
+    world = cfg.nproc
+    if world % parts:
+        raise ValueError(f"--nproc {world} trainers cannot be spread evenly over --dgl-parts {parts} machines")
+    per_machine = world // parts
+    opts.eval_fanouts = opts.eval_fanouts or opts.fanouts
+    layers = len(opts.fanouts)
+    record = new_record(cfg, opts, graph, world, opts.batch_size, 0, "gloo")
+    record["config"]["model"]["layers"] = layers  # DistDGL's model depth is its number of fanouts
+    record["config"]["options"].pop("pids", None)
+    work = Path(tempfile.mkdtemp(prefix="scalegnn-distdgl-"))
+    # A private /dev/shm per simulated machine: required for K > 1, and with one machine it
+    # still guarantees that a killed server leaves no shared-memory segment behind.
+    isolate = parts > 1 or (shutil.which("unshare") is not None and Path("/dev/shm").is_dir())
+    shm_root = Path(tempfile.mkdtemp(prefix="scalegnn-dgl-shm-", dir="/dev/shm")) if isolate else None
+    procs = _Procs()
+    t_start = time.monotonic()
+    deadline = t_start + opts.timeout_s
+    try:
+        _write_graph(graph, work / "graph.npz")
+        cmd = [py, str(SCRIPT), "partition", "--graph", str(work / "graph.npz"), "--out", str(work / "parts"),
+               "--parts", str(parts), "--method", opts.partition, "--trainers-per-machine", str(per_machine)]
+        cmd += ["--balance-train"] if opts.balance_train else []
+        cmd += ["--balance-edges"] if opts.balance_edges else []
+        t0 = time.perf_counter()
+        part_log = work / "partition.log"
+        with open(part_log, "wb") as f:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(1.0, deadline - time.monotonic()),
+                                env=_clean_env()).returncode
+        if rc != 0:
+            raise RuntimeError(f"DGL partition_graph failed (exit {rc}):\n{_tail(part_log)}")
+        record["partition_s"] = time.perf_counter() - t0
+        part_config = str(work / "parts" / "graph.json")
+        ports = _free_ports(parts, span=opts.num_servers)
+        ip_config = work / "ip_config.txt"
+        ip_config.write_text("".join(f"127.0.0.1 {p}\n" for p in ports))
+        shm = [None] * parts
+        if shm_root is not None:
+            for m in range(parts):
+                (shm_root / f"m{m}").mkdir()
+                shm[m] = str(shm_root / f"m{m}")
+        num_client = world  # trainers x (1 + samplers) x machines; samplers = 0
+        common = {"DGL_NUM_SERVER": str(opts.num_servers), "DGL_NUM_CLIENT": str(num_client),
+                  "DGL_NUM_SAMPLER": "0", "DGL_CONF_PATH": part_config, "DGL_IP_CONFIG": str(ip_config),
+                  "DGL_GRAPH_FORMAT": "csc", "OMP_NUM_THREADS": "1"}
+        for m in range(parts):
+            for j in range(opts.num_servers):
+                env = {**_clean_env(), **common, "DGL_ROLE": "server",
+                       "DGL_SERVER_ID": str(m * opts.num_servers + j)}
+                procs.start(f"server-{m}-{j}", _isolate([py, str(SCRIPT), "server"], shm[m]), env,
+                            work / f"server-{m}-{j}.log")
+        from scalegnn.parallel.launch import free_port
+
+        master_port = free_port()
+        threads = max(1, (os.cpu_count() or 1) // world)
+        trainers = []
+        for m in range(parts):
+            for t in range(per_machine):
+                rank = m * per_machine + t
+                spec = {"machine": m, "seed": cfg.seed + rank, "ip_config": str(ip_config),
+                        "graph_name": "graph", "part_config": part_config, "fanouts": list(opts.fanouts),
+                        "eval_fanouts": list(opts.eval_fanouts), "batch_size": opts.batch_size,
+                        "eval_batch_size": opts.eval_batch_size, "hidden": cfg.hidden, "dropout": cfg.dropout,
+                        "lr": cfg.lr, "weight_decay": cfg.weight_decay, "epochs": cfg.epochs,
+                        "eval_every": cfg.eval_every, "target_acc": cfg.target_acc,
+                        "stop_at_target": cfg.stop_at_target, "num_classes": graph.num_classes,
+                        "out_dir": str(work), "fail_at_epoch": opts.fail_at_epoch, "threads": threads,
+                        "collective_timeout_s": max(60.0, min(opts.timeout_s, 600.0))}
+                spec_path = work / f"trainer-{rank}.json"
+                spec_path.write_text(json.dumps(spec))
+                env = {**_clean_env(), **common, "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client",
+                       "DGL_GROUP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+                       "RANK": str(rank), "WORLD_SIZE": str(world), "OMP_NUM_THREADS": str(threads)}
+                p = procs.start(f"trainer-{rank}", _isolate([py, str(SCRIPT), "trainer", "--spec", str(spec_path)],
+                                                            shm[m]), env, work / f"trainer-{rank}.log")
+                trainers.append((rank, p))
+        opts.pids[:] = procs.pids
+        failure = _wait_trainers(trainers, procs, deadline, work)
+        # The last trainer's exit_client() shuts the servers down; give them a moment.
+        end = time.monotonic() + 20.0
+        while failure is None and any(p.poll() is None for n, p in procs.items if n.startswith("server")) \
+                and time.monotonic() < end:
+            time.sleep(0.2)
+        result_path = work / "result-0.json"
+        result = json.loads(result_path.read_text()) if result_path.exists() else None
+        if result is not None:
+            record["epochs"] = result["epochs"]
+            record["steps_per_epoch"] = result["steps_per_epoch"]
+            record["env"]["libraries"]["dgl"] = result["env"]["dgl"]
+            record["env"]["dgl_env"] = result["env"]
+            record["status"], record["error"] = result["status"], result["error"]
+            peaks = result.get("peak_memory_bytes_per_rank") or [result["peak_memory_bytes"]]
+        else:
+            peaks = []
+        if failure is not None:
+            if record["status"] in ("running", "ok"):
+                record["status"] = "timeout" if failure.startswith("timeout") else "failed"
+            record["error"] = (record["error"] or "") + failure
+        elif record["status"] == "running":
+            record["status"], record["error"] = "failed", "trainer 0 wrote no result"
+        finalize(record, cfg, peaks)
+    except BaseException as exc:
+        if record["status"] in ("running", "ok"):
+            record["status"] = "failed"
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        finalize(record, cfg, [])
+        if isinstance(exc, (KeyboardInterrupt, DistDGLUnavailable)):
+            raise
+    finally:
+        procs.stop_all()
+        opts.pids[:] = procs.pids
+        record["distdgl_pids"] = procs.pids
+        record["distdgl_wall_s"] = time.monotonic() - t_start
+        if shm_root is not None:
+            shutil.rmtree(shm_root, ignore_errors=True)
+        if not opts.keep_workdir:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            record["distdgl_workdir"] = str(work)
+    record["path"] = str(records.write_record(record, cfg.out_dir))
+    return record
+
+
+def _clean_env() -> dict:
+    """The parent's environment without this venv's python settings or torchrun variables."""
+    drop = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
+    return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("DGL_")}
+
+
+def _wait_trainers(trainers, procs: _Procs, deadline: float, work: Path) -> str | None:
+    """Wait for every trainer; on the first failure give the rest a few seconds, then
+    return a description (the caller stops every process)."""
+    failed_at = None
+    while True:
+        codes = {r: p.poll() for r, p in trainers}
+        bad = {r: c for r, c in codes.items() if c not in (None, 0)}
+        servers_dead = [n for n, p in procs.items if n.startswith("server") and p.poll() not in (None, 0)]
+        if bad or servers_dead:
+            failed_at = failed_at or time.monotonic()
+            if all(c is not None for c in codes.values()) or time.monotonic() - failed_at > 5.0:
+                logs = "".join(f"\n--- trainer {r} (exit {c}) ---\n{_tail(work / f'trainer-{r}.log')}"
+                               for r, c in sorted(bad.items()))
+                logs += "".join(f"\n--- {n} ---\n{_tail(work / f'{n}.log')}" for n in servers_dead)
+                return f"DistDGL job failed: trainers {sorted(bad)} servers {servers_dead}{logs}"
+        elif all(c == 0 for c in codes.values()):
+            return None
+        if time.monotonic() > deadline:
+            logs = "".join(f"\n--- trainer {r} ---\n{_tail(work / f'trainer-{r}.log', 1500)}" for r, _ in trainers)
+            return f"timeout: the DistDGL job did not finish in time{logs}"
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: scalegnn train --system distdgl ...")

@@ -1,0 +1,229 @@
+"""``graphsage``: PyG ``NeighborLoader`` + ``SAGEConv`` (or ``GCNConv``), DDP over the ranks.
+
+Defaults from the GraphSAGE / SALIENT++ setups: 3 layers, hidden 256, fanouts
+15,10,5 (outermost hop first, PyG's order: ``num_neighbors[0]`` is the seeds' hop),
+batch 1024 seeds, Adam lr 0.001 (the common ``--lr``; 0.001-0.003 is the range
+those setups use). Each rank trains on its own 1/world share of the shuffled
+training vertices; DDP averages gradients; ``Join`` absorbs uneven batch counts.
+
+Evaluation (as GraphSAGE and SALIENT++ do): neighbor-sampled inference with
+fanouts 20,20,20 over every labeled vertex, the vertices split across ranks.
+``--eval-mode layerwise`` runs exact full-graph layer-wise inference instead
+(all neighbors, one layer at a time over all vertices, on rank 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from scalegnn.engine import accuracy_counts
+from scalegnn.model import node_loss
+from scalegnn.sampling import select_rows
+
+from .common import BaselineData, CommonConfig, EpochStats, broadcast_floats, split_accuracies, world_info
+from .models import SAGENet
+
+__all__ = ["GraphSAGEOptions", "GraphSAGETrainer", "make_trainer", "neighbor_loader"]
+
+DEFAULT_FANOUTS = (15, 10, 5)
+DEFAULT_EVAL_FANOUTS = (20, 20, 20)
+
+
+def fanouts_for(layers: int, given, default) -> tuple[int, ...]:
+    """``given`` (must have ``layers`` entries), else ``default`` cut or padded to ``layers``."""
+    from .common import parse_ints
+
+    if given:
+        f = parse_ints(given)
+        if len(f) != layers:
+            raise ValueError(f"fanouts {','.join(map(str, f))} have {len(f)} hops but --layers is {layers}; "
+                             f"give one fanout per layer")
+        return f
+    return tuple(default[:layers]) + (default[-1],) * max(0, layers - len(default))
+
+
+@dataclass
+class GraphSAGEOptions:
+    conv: str = "sage"                 # sage (SAGEConv) or gcn (GCNConv)
+    fanouts: tuple | None = None       # default 15,10,5 for 3 layers
+    batch_size: int = 1024             # seed vertices per step (per rank)
+    eval_mode: str = "sampled"         # sampled (fanouts 20,20,20) or layerwise (exact full graph)
+    eval_fanouts: tuple | None = None  # default 20,20,20
+    eval_batch_size: int = 4096
+
+    def __post_init__(self):
+        if self.conv not in ("sage", "gcn"):
+            raise ValueError(f"--conv must be sage or gcn, got {self.conv!r}")
+        if self.eval_mode not in ("sampled", "layerwise"):
+            raise ValueError(f"--eval-mode must be sampled or layerwise, got {self.eval_mode!r}")
+        if self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ValueError("--batch-size and --eval-batch-size must be >= 1")
+
+
+def pyg_data(data: BaselineData):
+    """A PyG ``Data`` with the topology only: features stay in ``data.features`` (maybe CSR)
+    and are sliced by ``batch.n_id``; labels ride along."""
+    from torch_geometric.data import Data
+
+    return Data(edge_index=data.edge_index, num_nodes=data.num_nodes, y=data.graph.y)
+
+
+def neighbor_loader(data: BaselineData, seeds: torch.Tensor, fanouts, batch_size: int, shuffle: bool, seed: int,
+                    pyg=None):
+    """PyG's ``NeighborLoader`` over ``seeds``: each batch is the sampled subgraph with
+    the seeds first (``batch.n_id[:batch.batch_size]`` are the seeds, in order)."""
+    from torch_geometric.loader import NeighborLoader
+
+    import warnings
+
+    gen = torch.Generator().manual_seed(seed)
+    with warnings.catch_warnings():  # PyG prefers pyg-lib; torch-sparse's C++ sampler is what we have
+        warnings.filterwarnings("ignore", message=".*pyg-lib.*")
+        return NeighborLoader(pyg if pyg is not None else pyg_data(data), num_neighbors=list(fanouts),
+                              input_nodes=seeds, batch_size=batch_size, shuffle=shuffle, generator=gen)
+
+
+class GraphSAGETrainer:
+    def __init__(self, cfg: CommonConfig, opts: GraphSAGEOptions, data: BaselineData):
+        self.cfg, self.opts, self.data = cfg, opts, data
+        self.rank, self.world = world_info()
+        g = data.graph
+        opts.fanouts = fanouts_for(cfg.layers, opts.fanouts, DEFAULT_FANOUTS)
+        opts.eval_fanouts = fanouts_for(cfg.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
+        self.batch_size = opts.batch_size
+        self.pyg = pyg_data(data)
+        train = g.train_idx if g.multilabel else g.train_idx[g.y[g.train_idx] >= 0]
+        self.train_idx = train
+        share = -(-train.numel() // self.world)
+        self.steps_per_epoch = -(-share // opts.batch_size)
+        torch.manual_seed(cfg.seed)
+        self.model = SAGENet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout, opts.conv)
+        self.ddp = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(self.model)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    # ------------------------------------------------------------------ training
+    def _rank_seeds(self, epoch: int) -> torch.Tensor:
+        """This rank's share of the training vertices, reshuffled every epoch (the same
+        permutation on every rank, like ``DistributedSampler``)."""
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        perm = self.train_idx[torch.randperm(self.train_idx.numel(), generator=gen)]
+        return perm.tensor_split(self.world)[self.rank]
+
+    def train_loader(self, epoch: int):
+        return neighbor_loader(self.data, self._rank_seeds(epoch), self.opts.fanouts, self.opts.batch_size,
+                               shuffle=False, seed=self.cfg.seed * 7919 + epoch * 131 + self.rank, pyg=self.pyg)
+
+    def train_epoch(self, epoch: int) -> EpochStats:
+        st = EpochStats()
+        comp = defaultdict(float)
+        self.ddp.train()
+        loader = iter(self.train_loader(epoch))
+        joins = [self.ddp] if self.world > 1 else []
+        from torch.distributed.algorithms.join import Join
+
+        with Join(joins) if joins else _nullctx():
+            while True:
+                t0 = time.perf_counter()
+                batch = next(loader, None)
+                if batch is None:
+                    break
+                x = select_rows(self.data.features, batch.n_id)
+                t1 = time.perf_counter()
+                comp["sampling"] += t1 - t0
+                out = self.ddp(x, batch.edge_index)[: batch.batch_size]
+                y = batch.y[: batch.batch_size]
+                mask = torch.ones(batch.batch_size, dtype=torch.bool)
+                loss = node_loss(out, y, mask)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                t2 = time.perf_counter()
+                comp["forward_backward"] += t2 - t1
+                self.optimizer.step()
+                comp["optimizer"] += time.perf_counter() - t2
+                c, n = accuracy_counts(out.detach(), y)
+                st.loss_sum += float(loss.detach())
+                st.loss_n += 1
+                st.correct += c
+                st.count += n
+        st.components = dict(comp)
+        return st
+
+    # ---------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self):
+        self.model.eval()
+        if self.opts.eval_mode == "layerwise":
+            accs = None
+            if self.rank == 0:
+                logits = self.layerwise_inference()
+                accs = list(split_accuracies_local(logits, self.data.graph))
+            return tuple(broadcast_floats(accs, 3))
+        g = self.data.graph
+        nodes = torch.cat([g.train_idx, g.val_idx, g.test_idx]).unique()
+        mine = nodes.tensor_split(self.world)[self.rank]
+        outs, ids = [], []
+        loader = neighbor_loader(self.data, mine, self.opts.eval_fanouts, self.opts.eval_batch_size, shuffle=False,
+                                 seed=self.cfg.seed + 99991 + self.rank, pyg=self.pyg)
+        for batch in loader:
+            x = select_rows(self.data.features, batch.n_id)
+            outs.append(self.model(x, batch.edge_index)[: batch.batch_size])
+            ids.append(batch.n_id[: batch.batch_size])
+        logits = torch.cat(outs) if outs else torch.zeros(0, g.num_classes)
+        got = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)
+        return split_accuracies(logits, g, got)
+
+    @torch.no_grad()
+    def layerwise_inference(self, chunk: int = 8192) -> torch.Tensor:
+        """Exact inference: layer l for all vertices (all neighbors) before layer l+1."""
+        from torch_sparse import SparseTensor
+
+        n = self.data.num_nodes
+        h = self.data.features
+        src, dst = self.data.edge_index
+        ei = SparseTensor(row=dst, col=src, sparse_sizes=(n, n))  # adj_t: PyG aggregates with one SpMM
+        for i in range(self.model.num_layers):
+            h = self.model.layer(i, h, ei)
+        assert h.shape[0] == n
+        return h
+
+    def record_extra(self) -> dict:
+        return {}
+
+
+def split_accuracies_local(logits, graph):
+    """Accuracies from full logits without any collective (rank-0-only evaluation)."""
+    out = []
+    for idx in (graph.train_idx, graph.val_idx, graph.test_idx):
+        y = graph.y[idx]
+        lg = logits[idx]
+        if y.dim() == 1:
+            lg, y = lg[y >= 0], y[y >= 0]
+        c, t = accuracy_counts(lg, y)
+        out.append(c / t if t else float("nan"))
+    return tuple(out)
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def make_trainer(cfg, opts, data):
+    return GraphSAGETrainer(cfg, opts, data)
+
+
+def run(cfg: CommonConfig, opts: GraphSAGEOptions, graph=None) -> dict:
+    from .common import run_baseline
+
+    return run_baseline(cfg, opts, "baselines.graphsage:make_trainer", graph)

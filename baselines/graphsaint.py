@@ -1,0 +1,171 @@
+"""``graphsaint``: PyG ``GraphSAINTNodeSampler`` with its normalization statistics, GCN-style model.
+
+As GraphSAINT (Zeng et al., ICLR 2020) and PyG's ``examples/graph_saint.py``:
+
+* a subgraph per step: ``node_budget`` vertices drawn with probability proportional
+  to degree (PyG's node sampler draws edges and keeps their sources), induced edges;
+* normalization from ``sample_coverage`` pre-sampled subgraphs: aggregator
+  weights ``alpha_uv = C_u / C_uv`` (``edge_norm``) times ``1/deg_in(v)``, loss
+  weights ``lambda_v = 1 / (N * C_v / n_samples)`` (``node_norm``);
+* the model: L ``GraphConv`` layers (self + neighbor weights) with jumping-knowledge
+  concatenation (:class:`baselines.models.SAINTNet`);
+* full-graph evaluation (every neighbor, mean aggregation), on rank 0 only, as
+  GraphSAINT evaluates on the CPU in one process.
+
+An epoch is ``ceil(N / node_budget)`` subgraphs in all (GraphSAINT's definition:
+about N sampled vertices), split over the ranks; each rank samples its own
+subgraphs (its own seed) and DDP averages gradients.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from scalegnn.engine import accuracy_counts
+from scalegnn.sampling import select_rows
+
+from .common import BaselineData, CommonConfig, EpochStats, broadcast_floats, world_info
+from .graphsage import split_accuracies_local
+from .models import SAINTNet
+
+__all__ = ["GraphSAINTOptions", "GraphSAINTTrainer", "make_trainer", "saint_sampler"]
+
+
+@dataclass
+class GraphSAINTOptions:
+    node_budget: int = 8000          # GraphSAINT's Reddit setting
+    sample_coverage: int = 50        # pre-sampled vertices per vertex for the normalization statistics
+    steps_per_epoch: int | None = None  # default ceil(N / node_budget), split over ranks
+    normalization: bool = True       # use edge_norm / node_norm (False: plain mean, unweighted loss)
+
+    def __post_init__(self):
+        if self.node_budget < 1:
+            raise ValueError(f"--node-budget must be >= 1, got {self.node_budget}")
+        if self.sample_coverage < 0:
+            raise ValueError(f"--sample-coverage must be >= 0, got {self.sample_coverage}")
+
+
+def saint_data(data: BaselineData):
+    """PyG ``Data`` for the sampler: topology, labels, the train mask, the vertex ids
+    (``n_id``, sliced to the subgraph, so features can stay CSR) and ``1/deg_in``."""
+    from torch_geometric.data import Data
+    from torch_geometric.utils import degree
+
+    g = data.graph
+    n = data.num_nodes
+    train_mask = torch.zeros(n, dtype=torch.bool)
+    train_mask[g.train_idx] = True
+    if not g.multilabel:
+        train_mask &= g.y >= 0
+    col = data.edge_index[1]
+    inv_deg = 1.0 / degree(col, n).clamp(min=1)[col]
+    return Data(edge_index=data.edge_index, num_nodes=n, y=g.y, train_mask=train_mask,
+                n_id=torch.arange(n), edge_weight=inv_deg)
+
+
+def saint_sampler(pyg, node_budget: int, num_steps: int, sample_coverage: int):
+    from torch_geometric.loader import GraphSAINTNodeSampler
+
+    return GraphSAINTNodeSampler(pyg, batch_size=node_budget, num_steps=num_steps,
+                                 sample_coverage=sample_coverage, log=False, num_workers=0)
+
+
+class GraphSAINTTrainer:
+    def __init__(self, cfg: CommonConfig, opts: GraphSAINTOptions, data: BaselineData):
+        self.cfg, self.opts, self.data = cfg, opts, data
+        self.rank, self.world = world_info()
+        g = data.graph
+        n = data.num_nodes
+        self.batch_size = min(opts.node_budget, n)
+        total = opts.steps_per_epoch or -(-n // self.batch_size)
+        self.steps_per_epoch = max(1, -(-total // self.world))
+        self.pyg = saint_data(data)
+        t0 = time.perf_counter()
+        torch.manual_seed(cfg.seed)  # the same statistics on every rank
+        self.sampler = saint_sampler(self.pyg, self.batch_size, self.steps_per_epoch,
+                                     opts.sample_coverage if opts.normalization else 0)
+        self.preprocess_s = time.perf_counter() - t0
+        torch.manual_seed(cfg.seed)
+        self.model = SAINTNet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout)
+        self.ddp = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(self.model)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self._adj_t = None
+        self.gen_seed = cfg.seed * 1_000_003 + 17 * self.rank + 1  # each rank its own subgraphs
+        torch.manual_seed(self.gen_seed)
+
+    def train_epoch(self, epoch: int) -> EpochStats:
+        st = EpochStats()
+        comp = defaultdict(float)
+        self.ddp.train()
+        it = iter(self.sampler)
+        norm = self.opts.normalization
+        for _ in range(self.steps_per_epoch):
+            t0 = time.perf_counter()
+            sub = next(it)
+            x = select_rows(self.data.features, sub.n_id)
+            ew = sub.edge_norm * sub.edge_weight if norm else sub.edge_weight
+            t1 = time.perf_counter()
+            comp["sampling"] += t1 - t0
+            out = self.ddp(x, sub.edge_index, ew)
+            mask = sub.train_mask
+            if self.data.graph.multilabel:
+                per = F.binary_cross_entropy_with_logits(out, sub.y, reduction="none").mean(1)
+            else:
+                per = F.cross_entropy(out, sub.y.clamp(min=0), reduction="none")
+            if not bool(mask.any()):  # still step, so every DDP rank runs the same backward passes
+                loss = out.sum() * 0.0
+            else:
+                loss = (per * sub.node_norm)[mask].sum() if norm else per[mask].mean()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            t2 = time.perf_counter()
+            comp["forward_backward"] += t2 - t1
+            self.optimizer.step()
+            comp["optimizer"] += time.perf_counter() - t2
+            if not bool(mask.any()):
+                continue
+            c, k = accuracy_counts(out.detach()[mask], sub.y[mask])
+            st.loss_sum += float(per.detach()[mask].mean())
+            st.loss_n += 1
+            st.correct += c
+            st.count += k
+        st.components = dict(comp)
+        return st
+
+    @torch.no_grad()
+    def full_logits(self) -> torch.Tensor:
+        """Full-graph forward: every neighbor, mean aggregation (weights 1/deg_in)."""
+        self.model.eval()
+        if self._adj_t is None:  # the same weights as a sparse matrix: PyG then aggregates with one SpMM
+            from torch_sparse import SparseTensor
+
+            src, dst = self.pyg.edge_index
+            n = self.data.num_nodes
+            self._adj_t = SparseTensor(row=dst, col=src, value=self.pyg.edge_weight, sparse_sizes=(n, n))
+        return self.model(self.data.features, self._adj_t, None)
+
+    def evaluate(self):
+        accs = list(split_accuracies_local(self.full_logits(), self.data.graph)) if self.rank == 0 else None
+        return tuple(broadcast_floats(accs, 3))
+
+    def record_extra(self) -> dict:
+        return {"preprocess_s": self.preprocess_s}
+
+
+def make_trainer(cfg, opts, data):
+    return GraphSAINTTrainer(cfg, opts, data)
+
+
+def run(cfg: CommonConfig, opts: GraphSAINTOptions, graph=None) -> dict:
+    from .common import run_baseline
+
+    return run_baseline(cfg, opts, "baselines.graphsaint:make_trainer", graph)

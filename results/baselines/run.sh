@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Measurements behind README "Baselines". Usage (from the repository root):
+#   bash results/baselines/run.sh fig6  [NPROCS...]   # time to 0.92 test accuracy on Facebook, every system
+#   bash results/baselines/run.sh table1 [SEEDS...]   # best test accuracy, 3 datasets, 5 systems
+#   .venv/bin/python -m baselines.tables results/baselines   # print the tables
+# Records go to results/baselines/<table>/; each run is one `scalegnn train` command.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+DATA=${DATA:-../shared/data}
+what=${1:-fig6}; shift || true
+
+run() {  # run OUT SYSTEM NPROC ARGS...
+  local out=$1 system=$2 nproc=$3; shift 3
+  local par=()
+  case $system in
+    scalegnn) [ "$nproc" -gt 1 ] && par=(--nproc "$nproc" --grid "$($PY -c "from baselines.cli import grid_for; print('x'.join(map(str, grid_for($nproc))))")") ;;
+    *) par=(--nproc "$nproc") ;;
+  esac
+  echo "== $(date +%T) $system nproc=$nproc $*"
+  $PY -m scalegnn train --system "$system" --data-root "$DATA" --quiet --out "$out" "${par[@]}" "$@" 2>&1 \
+    | grep -v -i -E "warn|neighbor_sampler = " | tail -2
+}
+
+case $what in
+  fig6)
+    nprocs=("$@"); [ ${#nprocs[@]} -eq 0 ] && nprocs=(1 2 4)
+    for n in "${nprocs[@]}"; do
+      for s in ${SYSTEMS:-scalegnn fullgraph-3d graphsage graphsaint salient bns-gcn distdgl}; do
+        epochs=40; [ "$s" = fullgraph-3d ] || [ "$s" = bns-gcn ] && epochs=300
+        run results/baselines/fig6 "$s" "$n" --dataset facebook --epochs $epochs --target-acc 0.92 \
+          --stop-at-target --seed 0
+      done
+    done ;;
+  table1)
+    seeds=("$@"); [ ${#seeds[@]} -eq 0 ] && seeds=(0 1 2)
+    for seed in "${seeds[@]}"; do
+      for d in ${DATASETS:-csbm twitch-de facebook}; do
+        for s in scalegnn graphsaint graphsage salient fullgraph-3d; do
+          epochs=${EPOCHS:-10}; [ "$s" = fullgraph-3d ] && epochs=${FULL_EPOCHS:-100}
+          run results/baselines/table1 "$s" 1 --dataset "$d" --epochs $epochs --seed "$seed" --eval-every 1
+        done
+      done
+    done ;;
+  *) echo "unknown: $what (fig6 | table1)"; exit 2 ;;
+esac

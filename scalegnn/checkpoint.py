@@ -1,0 +1,401 @@
+"""Checkpoint and resume: atomic, per-rank sharded training state.
+
+Because the sample of a step is a pure function of (seed, dp_index, step) and the
+dropout mask of (seed, step, layer), a run is fully determined by its config and
+the following state, which is all a checkpoint holds:
+
+    per rank (``rank-RRRRR.pt``, torch.save, read back with ``weights_only=True``):
+        engine    this rank's model shards, AdamW moments, LR-scheduler counters
+        rng       torch CPU (and CUDA) generator, numpy and ``random`` global states,
+                  stored as tensors and lists so that weights_only loading accepts them
+    once (``meta.json``, written by rank 0 after every rank's file is in place):
+        step      optimizer steps done (the next step to run is ``step``)
+        epoch     epochs completed; a checkpoint may sit mid-epoch
+        loop      the current epoch's partial sums (loss, accuracy counts, component
+                  times, bytes) and the cumulative training time
+        record    the partial run record (run id, per-epoch rows so far)
+        config    the run's whole config, compared field by field on resume
+
+A resumed run therefore replays exactly the steps an uninterrupted run would have
+run next and produces the same loss sequence bit for bit (tests/test_checkpoint.py).
+
+Layout of a checkpoint folder ``D`` (``--checkpoint-dir``; on multi-node jobs it must
+be on storage every rank can reach)::
+
+    D/step-000000120/rank-00000.pt
+    D/step-000000120/rank-00001.pt
+    D/step-000000120/meta.json        present <=> the checkpoint is complete
+
+Every file is written to a temporary name in the same folder, flushed, fsynced and
+renamed over its target (``os.replace``), so a reader sees a whole file or none. A
+save interrupted by a kill leaves a folder without ``meta.json``: :func:`latest`
+skips it and the next save removes it. The newest ``keep`` complete checkpoints are
+kept. Ranks of a data-parallel replica each write their own file (the replicas are
+identical, but a rank only ever reads its own file, so no rank needs another's).
+
+For launchers (the SLURM requeue path): pass ``--checkpoint-dir D --resume`` on every
+(re)submission. ``--resume`` with no complete checkpoint in ``D`` starts from scratch,
+so the first submission and every requeue use the same command line;
+:func:`latest` and :func:`resume_run_id` tell a launcher what a resume would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointConfig",
+    "CheckpointError",
+    "Checkpointer",
+    "latest",
+    "list_checkpoints",
+    "read_meta",
+    "load_rank_state",
+    "resume_run_id",
+    "rng_state",
+    "set_rng_state",
+    "config_mismatch",
+    "atomic_torch_save",
+]
+
+CHECKPOINT_FORMAT = 1
+_STEP_DIR = re.compile(r"^step-(\d{9,})$")
+# Config fields (dotted) that may differ between the interrupted run and its
+# resumption: where things are, how they are shown or timed, never what is computed
+# (the sampler kernels and prefetching give bit-identical batches).
+RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "progress", "out_dir", "data_root", "shard_dir",
+                                   "collective_timeout_s", "perf.prefetch", "perf.profile", "perf.sampler",
+                                   "perf.instrument"})
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used: incomplete, corrupt, newer format, or from another run."""
+
+
+# --------------------------------------------------------------------------- config
+_EVERY = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(steps?|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\s*$", re.I)
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_every(text) -> tuple[int | None, float | None]:
+    """``"500"`` / ``"500steps"`` -> (500, None); ``"30m"`` -> (None, 1800.0); ``"90s"``, ``"2h"``."""
+    m = _EVERY.match(str(text))
+    if not m:
+        raise ValueError(
+            f"--checkpoint-every must be a step count (e.g. 500) or a duration with a unit "
+            f"(e.g. 30m, 90s, 2h), got {text!r}"
+        )
+    value, unit = m.group(1), (m.group(2) or "steps").lower()
+    if unit.startswith("step"):
+        if "." in value or int(value) < 1:
+            raise ValueError(f"--checkpoint-every in steps must be a whole number >= 1, got {text!r}")
+        return int(value), None
+    seconds = float(value) * _UNIT_SECONDS[unit[0]]
+    if seconds <= 0:
+        raise ValueError(f"--checkpoint-every must be a positive duration, got {text!r}")
+    return None, seconds
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and how often to checkpoint, and whether to resume.
+
+    ``every``: ``None`` (never save), a step count (``"500"``) or a wall-clock period
+    (``"30m"``, ``"90s"``, ``"2h"``). ``resume``: continue from the newest complete
+    checkpoint in ``dir``; a no-op when there is none yet. ``keep``: complete
+    checkpoints kept on disk (the newest ones).
+    """
+
+    dir: str | None = None
+    every: str | None = None
+    resume: bool = False
+    keep: int = 2
+
+    def __post_init__(self):
+        if self.every is not None:
+            self.every = str(self.every).strip()
+            parse_every(self.every)
+        if self.keep < 1:
+            raise ValueError(f"--keep-checkpoints must be >= 1, got {self.keep}")
+        if (self.every is not None or self.resume) and not self.dir:
+            flag = "--checkpoint-every" if self.every is not None else "--resume"
+            raise ValueError(f"{flag} needs --checkpoint-dir (a folder every rank can reach, one per run)")
+
+    @property
+    def every_steps(self) -> int | None:
+        return None if self.every is None else parse_every(self.every)[0]
+
+    @property
+    def every_seconds(self) -> float | None:
+        return None if self.every is None else parse_every(self.every)[1]
+
+    @property
+    def enabled(self) -> bool:
+        return self.every is not None
+
+
+# --------------------------------------------------------------------------- RNG
+def rng_state() -> dict:
+    """Every global random generator this process may use, as tensors and plain lists."""
+    np_state = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": py_version, "internal": list(py_internal), "gauss_next": py_gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------- files
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(target: Path, write) -> None:
+    """``write(file_object)`` into a temp file next to ``target``, fsync, rename over it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(target.parent)
+
+
+def atomic_torch_save(obj, target: str | os.PathLike) -> Path:
+    """``torch.save`` to a temp file in the same folder, fsync, ``os.replace``."""
+    target = Path(target)
+    _atomic_write(target, lambda f: torch.save(obj, f))
+    return target
+
+
+def _atomic_json(obj, target: Path) -> None:
+    _atomic_write(target, lambda f: f.write(json.dumps(obj, indent=1, allow_nan=True).encode()))
+
+
+def _step_dir(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:09d}"
+
+
+def _rank_file(ckpt: Path, rank: int) -> Path:
+    return ckpt / f"rank-{rank:05d}.pt"
+
+
+def list_checkpoints(directory) -> list[tuple[int, Path, bool]]:
+    """(step, folder, complete) of every checkpoint folder under ``directory``, by step."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    out = []
+    for child in directory.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if m and child.is_dir():
+            out.append((int(m.group(1)), child, _is_complete(child)))
+    return sorted(out)
+
+
+def _is_complete(ckpt: Path) -> bool:
+    meta = ckpt / "meta.json"
+    if not meta.is_file():
+        return False
+    try:
+        world = int(json.loads(meta.read_text())["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return all(_rank_file(ckpt, r).is_file() for r in range(world))
+
+
+def latest(directory) -> Path | None:
+    """The newest complete checkpoint folder under ``directory``, or None (also when
+    ``directory`` does not exist yet). Incomplete ones (a save cut short) are skipped."""
+    complete = [path for _, path, ok in list_checkpoints(directory) if ok]
+    return complete[-1] if complete else None
+
+
+def read_meta(ckpt) -> dict:
+    """The ``meta.json`` of a checkpoint folder; :class:`CheckpointError` names what is wrong."""
+    path = Path(ckpt) / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: the checkpoint {ckpt} is incomplete") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from None
+    version = meta.get("format") if isinstance(meta, dict) else None
+    if not isinstance(version, int):
+        raise CheckpointError(f"{path}: not a scalegnn checkpoint (no integer 'format')")
+    if version > CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {version} is newer than this scalegnn understands "
+                              f"({CHECKPOINT_FORMAT}); upgrade scalegnn to resume it")
+    return meta
+
+
+def load_rank_state(ckpt, rank: int, map_location="cpu") -> dict:
+    """This rank's state file, loaded with ``weights_only=True`` (tensors and plain containers only)."""
+    path = _rank_file(Path(ckpt), rank)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: the checkpoint was written by fewer ranks than this job has")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
+        raise CheckpointError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); it is truncated, corrupt "
+                              "or not written by scalegnn. Remove this checkpoint folder to resume from an "
+                              "older one") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or state.get("rank") != rank:
+        raise CheckpointError(f"{path}: not a format-{CHECKPOINT_FORMAT} checkpoint of rank {rank}")
+    return state
+
+
+def resume_run_id(directory) -> str | None:
+    """The run id a ``--resume`` in ``directory`` would continue, or None (fresh start)."""
+    ckpt = latest(directory) if directory else None
+    return None if ckpt is None else read_meta(ckpt)["record"]["run_id"]
+
+
+def _normalized(config: dict) -> dict:
+    return json.loads(json.dumps(config, allow_nan=True))
+
+
+def config_mismatch(saved: dict, current: dict) -> list[str]:
+    """The fields (dotted) that differ between two run configs, ignoring those that
+    do not change what is computed (:data:`RESUMABLE_DIFFERENCES`)."""
+    saved, current = _normalized(saved), _normalized(current)
+    out = []
+
+    def walk(a, b, prefix):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES:
+                    continue
+                walk(a.get(key, "<absent>"), b.get(key, "<absent>"), f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix[:-1]}: checkpoint {a!r}, now {b!r}")
+
+    walk(saved, current, "")
+    return out
+
+
+# --------------------------------------------------------------------------- saving
+class Checkpointer:
+    """Decides when to save and saves; one per rank, driven by the training loop.
+
+    ``due(step)`` is called once per step on every rank in the same order. With a
+    step period it is local arithmetic. With a wall-clock period, ranks must agree
+    (a save ends in a barrier), so rank 0's clock decides and one 1-element
+    all-reduce per step carries the decision (only in that mode).
+    """
+
+    def __init__(self, cfg: CheckpointConfig, grid=None):
+        self.cfg = cfg
+        self.grid = grid
+        self.dir = Path(cfg.dir) if cfg.dir else None
+        self.every_steps, self.every_seconds = cfg.every_steps, cfg.every_seconds
+        self.last_save = time.monotonic()
+        self.saves = 0
+        self.save_time_s = 0.0
+        self.last_path: Path | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.grid.rank if self.grid is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.grid.world_size if self.grid is not None else 1
+
+    def _distributed(self) -> bool:
+        return self.grid is not None and self.grid.distributed and self.world_size > 1
+
+    def due(self, step: int) -> bool:
+        if self.every_steps is not None:
+            return step % self.every_steps == 0
+        if self.every_seconds is None:
+            return False
+        flag = float(self.rank == 0 and time.monotonic() - self.last_save >= self.every_seconds)
+        if self._distributed():
+            import torch.distributed as dist
+
+            t = torch.tensor([flag])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=dist.group.WORLD)
+            flag = float(t[0])
+        return flag > 0
+
+    def _barrier(self) -> None:
+        if self._distributed():
+            self.grid.barrier()
+
+    def save(self, step: int, engine_state: dict, meta: dict) -> Path:
+        """Write this rank's file, wait for every rank, then rank 0 writes ``meta.json``
+        (which completes the checkpoint) and prunes old or incomplete ones."""
+        t0 = time.perf_counter()
+        ckpt = _step_dir(self.dir, step)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save({"format": CHECKPOINT_FORMAT, "rank": self.rank, "world_size": self.world_size,
+                           "step": step, "engine": engine_state, "rng": rng_state()}, _rank_file(ckpt, self.rank))
+        self._barrier()  # every rank's file is in place before the checkpoint is marked complete
+        if self.rank == 0:
+            _atomic_json({**meta, "format": CHECKPOINT_FORMAT, "step": step, "world_size": self.world_size,
+                          "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, ckpt / "meta.json")
+            self._prune(step)
+        self.saves += 1
+        self.last_save = time.monotonic()
+        self.save_time_s += time.perf_counter() - t0
+        self.last_path = ckpt
+        return ckpt
+
+    def _prune(self, newest: int) -> None:
+        entries = list_checkpoints(self.dir)
+        complete = [s for s, _, ok in entries if ok]
+        keep = set(complete[-self.cfg.keep:])
+        for step, path, ok in entries:
+            # older complete ones beyond `keep`, and incomplete ones left by an interrupted save
+            if step not in keep and step <= newest:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def summary(self) -> dict:
+        return {"dir": str(self.dir) if self.dir else None, "every": self.cfg.every, "saves": self.saves,
+                "save_time_s": self.save_time_s, "last": str(self.last_path) if self.last_path else None}

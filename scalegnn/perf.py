@@ -1,0 +1,327 @@
+"""Performance switches of paper section V and the instrumentation that measures them.
+
+    PerfConfig      the switches, one nested dataclass in the run config (``cfg.perf``)
+    Prefetcher      prepare step t+1 while step t trains (V-A): a background thread on
+                    CPU, plus a side CUDA stream and an event on GPU; across epochs
+    SpanTimer       seconds per component: host clock on CPU, CUDA events on GPU
+    StepProfiler    ``--profile DIR``: a torch.profiler trace of a few steps per rank
+
+Every switch defaults to the behaviour without it, and none changes what is computed:
+prefetching reorders no arithmetic (the sample is a pure function of the step), the
+communication overlap sums the same partial sums, fusion evaluates the same
+element-wise formula, and BF16 communication is the one switch that changes numbers
+(by the BF16 rounding of 3D-PMM partial sums; tests bound it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["PerfConfig", "Prefetcher", "SpanTimer", "StepProfiler", "COMM_DTYPES", "PERMUTATIONS"]
+
+COMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+PERMUTATIONS = ("none", "single", "double")
+
+
+@dataclass
+class PerfConfig:
+    """Optimization and measurement switches (paper V; Plexus 5.1).
+
+    prefetch      sample step t+1 while step t trains (V-A)
+    comm_dtype    "fp32" or "bf16": wire dtype of 3D-PMM partial sums (V-B); RMSNorm
+                  and loss reductions stay FP32 whatever this says
+    compile       fuse RMSNorm + ReLU + dropout with torch.compile (V-C); compile time
+                  is recorded apart and excluded from training time
+    comm_overlap  asynchronous all-reduces in backward: feature gradient overlapped with
+                  the weight-gradient GEMM, weight-gradient sync overlapped with the rest
+                  of backward (V-D)
+    profile       folder for a torch.profiler trace of a few steps (one file per rank)
+    permute       "none", "single" or "double" vertex permutation before sharding
+                  (Plexus 5.1); "double" keeps two adjacency versions
+    sampler       sampler kernel: "auto", "torch" or "numba" (see scalegnn.sampling)
+    instrument    per-component timers (bytes are always counted); off costs nothing
+    compile_backend  torch.compile backend ("inductor"; tests use "aot_eager")
+    """
+
+    prefetch: bool = False
+    comm_dtype: str = "fp32"
+    compile: bool = False
+    comm_overlap: bool = False
+    profile: str | None = None
+    permute: str = "none"
+    sampler: str = "auto"
+    instrument: bool = True
+    compile_backend: str = "inductor"
+
+    def __post_init__(self):
+        if self.comm_dtype not in COMM_DTYPES:
+            raise ValueError(f"comm_dtype must be one of {sorted(COMM_DTYPES)}, got {self.comm_dtype!r}")
+        if self.permute not in PERMUTATIONS:
+            raise ValueError(f"permute must be one of {PERMUTATIONS}, got {self.permute!r}")
+        from .sampling import SAMPLER_BACKENDS
+
+        if self.sampler not in SAMPLER_BACKENDS:
+            raise ValueError(f"sampler must be one of {SAMPLER_BACKENDS}, got {self.sampler!r}")
+
+    @property
+    def pmm_comm_dtype(self) -> torch.dtype | None:
+        return COMM_DTYPES[self.comm_dtype]
+
+    @property
+    def needs_parallel_engine(self) -> bool:
+        """Switches implemented by the sharded operators (a 1x1x1x1 grid runs them)."""
+        return self.compile or self.comm_overlap or self.permute == "double"
+
+
+# --------------------------------------------------------------------------- timing
+class SpanTimer:
+    """Cumulative seconds per component name: ``with timer("spmm"): ...``.
+
+    On CPU every kernel is synchronous, so the host clock around a span is its time.
+    On GPU kernels are asynchronous: a span records a pair of CUDA events on the
+    current stream and :meth:`flush` (once per step, after the step's work is
+    queued) waits for the last event and adds up ``elapsed_time`` of every pair. No
+    synchronization happens inside a span. ``enabled=False`` makes spans free.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", enabled: bool = True):
+        self.device = torch.device(device)
+        self.enabled = enabled
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._events: list[tuple[str, object, object]] = []
+        self._cuda = self.device.type == "cuda"
+
+    @contextmanager
+    def __call__(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._events.append((name, start, end))
+        else:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[name] += time.perf_counter() - t0
+
+    def add(self, name: str, seconds: float) -> None:
+        if self.enabled:
+            self.seconds[name] += seconds
+
+    def flush(self) -> dict[str, float]:
+        """Resolve pending GPU events (no-op on CPU); returns the totals."""
+        if self._events:
+            self._events[-1][2].synchronize()
+            for name, start, end in self._events:
+                self.seconds[name] += start.elapsed_time(end) / 1e3
+            self._events.clear()
+        return self.seconds
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self._events.clear()
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued kernels (GPU) so a host clock reading covers them; no-op on CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------- prefetch
+class _Job:
+    __slots__ = ("step", "done", "result", "error", "event", "seconds")
+
+    def __init__(self, step: int):
+        self.step, self.done = step, threading.Event()
+        self.result = self.error = self.event = None
+        self.seconds = 0.0
+
+
+class Prefetcher:
+    """Runs ``produce(step)`` for the next step in a background thread (paper V-A).
+
+    ``get(step)`` returns ``produce(step)``, from the prefetched job when it is the
+    one asked for (waiting for it to finish) or computed in the caller's thread
+    otherwise, and then starts ``produce(step + 1)``. Training steps count up across
+    epochs, so the last step of an epoch prefetches the first of the next. The result
+    never depends on prefetching: ``produce`` must be a pure function of the step
+    (the samplers are), and one job runs at a time, so its state is never shared.
+
+    On GPU the job runs on a side CUDA stream and records an event; ``get`` makes the
+    current stream wait for that event (not the host) and marks the batch's tensors
+    as used by the current stream so the caching allocator does not recycle them
+    early. On CPU the thread overlaps with training because torch and the numba
+    kernel release the GIL.
+
+    The thread is a daemon and :meth:`close` stops it (waiting for a job in flight);
+    an exception in ``produce`` is re-raised by the ``get`` that asks for that step.
+    """
+
+    def __init__(self, produce, device: torch.device | str = "cpu", name: str = "scalegnn-prefetch"):
+        self.produce = produce
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._cond = threading.Condition()
+        self._queue: list[_Job] = []
+        self._pending: _Job | None = None
+        self._closed = False
+        self.background_seconds = 0.0  # time the thread spent producing (hidden when overlapped)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    # worker side
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job = self._queue.pop(0)
+            t0 = time.perf_counter()
+            try:
+                if self._cuda:
+                    with torch.cuda.stream(self._stream):
+                        job.result = self.produce(job.step)
+                        job.event = torch.cuda.Event()
+                        job.event.record(self._stream)
+                else:
+                    job.result = self.produce(job.step)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                job.error = exc
+            job.seconds = time.perf_counter() - t0
+            job.done.set()
+
+    # consumer side
+    def _submit(self, step: int) -> None:
+        job = _Job(step)
+        with self._cond:
+            if self._closed:
+                return
+            self._queue.append(job)
+            self._pending = job
+            self._cond.notify()
+
+    def get(self, step: int):
+        """``produce(step)``; then starts ``produce(step + 1)`` in the background."""
+        if self._closed:
+            raise RuntimeError("Prefetcher is closed")
+        job, self._pending = self._pending, None
+        if job is not None:
+            job.done.wait()  # a job for another step still runs: let it finish first
+            self.background_seconds += job.seconds
+        if job is not None and job.step == step:
+            if job.error is not None:
+                raise job.error
+            result = job.result
+            if self._cuda and job.event is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_event(job.event)
+                _record_stream(result, current)
+        else:  # first step, or a jump (resume, evaluation order): compute here
+            result = self.produce(step)
+        self._submit(step + 1)
+        return result
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the thread (after the job in flight, if any); idempotent."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._pending = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def __del__(self):  # last resort; engines call close() explicitly
+        try:
+            self.close(timeout=1.0)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _record_stream(obj, stream, _seen=None) -> None:
+    """``tensor.record_stream(stream)`` for every CUDA tensor reachable in ``obj``."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_cuda:
+            obj.record_stream(stream)
+        return
+    _seen = set() if _seen is None else _seen
+    if id(obj) in _seen:
+        return
+    _seen.add(id(obj))
+    if isinstance(obj, dict):
+        for v in obj.values():
+            _record_stream(v, stream, _seen)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _record_stream(v, stream, _seen)
+    elif hasattr(obj, "__dict__"):
+        for v in vars(obj).values():
+            _record_stream(v, stream, _seen)
+
+
+# --------------------------------------------------------------------------- profiler
+class StepProfiler:
+    """``--profile DIR``: a torch.profiler trace of ``active`` training steps after
+    ``wait + warmup`` steps, written as ``DIR/trace_rank{r}.json`` (Chrome trace
+    format; open in Perfetto or chrome://tracing). Call :meth:`step` after every
+    training step and :meth:`close` at the end; a run shorter than the schedule is
+    still written at :meth:`close`.
+    """
+
+    def __init__(self, out_dir: str | None, rank: int = 0, wait: int = 1, warmup: int = 1, active: int = 3):
+        self.enabled = out_dir is not None
+        self.path = Path(out_dir) / f"trace_rank{rank}.json" if self.enabled else None
+        self._prof = None
+        self._written = False
+        if self.enabled:
+            from torch.profiler import ProfilerActivity, profile, schedule
+
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._prof = profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active),
+                                 on_trace_ready=self._write, record_shapes=False)
+            self._prof.__enter__()
+
+    def _write(self, prof) -> None:
+        prof.export_chrome_trace(str(self.path))
+        self._written = True
+
+    def step(self) -> None:
+        if self._prof is not None:
+            self._prof.step()
+
+    def close(self) -> None:
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            prof.__exit__(None, None, None)
+            if not self._written:
+                try:
+                    prof.export_chrome_trace(str(self.path))
+                    self._written = True
+                except (RuntimeError, AssertionError):  # nothing was recorded (run shorter than wait+warmup)
+                    pass

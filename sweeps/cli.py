@@ -1,0 +1,140 @@
+"""The harness subcommands of ``scalegnn``: ``sweep``, ``report`` and ``plan``.
+
+    scalegnn sweep SPEC --cluster NAME [--dry-run] [--out DIR]   expand, skip done runs, submit
+    scalegnn report RESULTS_DIR --out DIR                        figures, tables, provenance, failures
+    scalegnn plan --dataset NAME --gpus G --cluster NAME         rank the grid shapes by predicted epoch time
+
+``scalegnn.cli`` registers them with :func:`add_commands` and dispatches to :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["COMMANDS", "add_commands", "run"]
+
+COMMANDS = ("sweep", "report", "plan")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 1,2,4; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_commands(sub) -> None:
+    from .profiles import list_profiles
+    from .spec import list_specs
+
+    s = sub.add_parser("sweep", help="run a paper figure's sweep on a cluster (submitit: SLURM arrays or local)",
+                       description="Expand a sweep spec (sweeps/specs/*.toml) for a cluster profile "
+                       "(sweeps/profiles/*.toml), skip runs that already have an ok record, and submit the rest "
+                       "through submitit as job arrays (one task per rank). --cluster local runs them here.")
+    s.add_argument("spec", help=f"spec name or .toml path; known: {', '.join(list_specs())}")
+    s.add_argument("--cluster", required=True, help=f"profile name or .toml path; known: {', '.join(list_profiles())}")
+    s.add_argument("--dry-run", action="store_true", help="print the batch scripts (or local commands); submit nothing")
+    s.add_argument("--out", default=None, help="output folder (default results/sweeps/<spec>-<cluster>)")
+    s.add_argument("--gpus", type=_ints, default=None,
+                   help="replace the spec's GPU counts (stand-in runs, e.g. on a cluster the spec does not list)")
+    s.add_argument("--dataset", action="append", default=None,
+                   help="replace the spec's datasets (repeatable; names may contain commas)")
+    s.add_argument("--epochs", type=int, default=None, help="override the epochs of every run")
+    s.add_argument("--seeds", type=_ints, default=None, help="override the seeds, e.g. 0,1,2")
+    s.add_argument("--systems", default=None, help="only these systems (comma-separated)")
+    s.add_argument("--account", default=None, help="SLURM account (replaces the profile's placeholder)")
+    s.add_argument("--qos", default=None, help="SLURM QOS")
+    s.add_argument("--partition", default=None, help="SLURM partition")
+    s.add_argument("--constraint", default=None, help="SLURM constraint")
+    s.add_argument("--time", type=int, default=None, dest="time_min", help="minutes per job")
+    s.add_argument("--python", default=None, help="interpreter in the batch script (default: this one)")
+
+    r = sub.add_parser("report", help="figures (PNG, PDF) and a Markdown report from a results folder")
+    r.add_argument("results_dir", help="folder of run records (searched recursively), e.g. results/sweeps")
+    r.add_argument("--out", default=None, help="output folder (default RESULTS_DIR/report)")
+    r.add_argument("--data-root", default=None, help="dataset folder, for the load-balance table")
+    r.add_argument("--title", default=None)
+
+    p = sub.add_parser("plan", help="rank 4D grid shapes by the performance model's predicted epoch time",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", required=True, help="a paper dataset (statistics built in) or any loadable name")
+    p.add_argument("--gpus", type=int, required=True, help="total GPUs (ranks) G = Gd*Gx*Gy*Gz")
+    p.add_argument("--cluster", required=True, help="profile: bandwidths, GPUs per node, device memory")
+    p.add_argument("--gd", type=int, default=None, help="fix the data-parallel size Gd (default: all)")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=3)
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--batch-ratio", type=float, default=0.1, help="B / N (1.0: full graph)")
+    batch.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--comm-dtype", choices=("fp32", "bf16"), default="fp32", help="3D-PMM all-reduce precision")
+    p.add_argument("--fit", default=None, metavar="RESULTS_DIR",
+                   help="fit the model's coefficients on the runs recorded on this cluster under RESULTS_DIR")
+    p.add_argument("--top", type=int, default=12, help="rows to show")
+    p.add_argument("--data-root", default=None)
+
+
+def run(args) -> int:
+    if args.command == "sweep":
+        return _sweep(args)
+    if args.command == "report":
+        from pathlib import Path
+
+        from analysis.report import write_report
+
+        out = args.out or str(Path(args.results_dir) / "report")
+        path = write_report(args.results_dir, out, data_root=args.data_root, title=args.title)
+        print(f"report: {path}")
+        return 0
+    if args.command == "plan":
+        return _plan(args)
+    raise ValueError(f"unknown harness command {args.command}")
+
+
+def _sweep(args) -> int:
+    from .launcher import sweep
+
+    overrides = {k: getattr(args, k) for k in ("account", "qos", "partition", "constraint", "time_min")}
+    systems = [s for s in args.systems.split(",") if s] if args.systems else None
+    result = sweep(args.spec, args.cluster, args.out, dry_run=args.dry_run, gpus=args.gpus, datasets=args.dataset,
+                   epochs=args.epochs, seeds=args.seeds, systems=systems, overrides=overrides, python=args.python)
+    if not args.dry_run:
+        print(f"records: {result.out / 'runs'}; report: scalegnn report {result.out} --out {result.out / 'report'}")
+    return 1 if result.failed else 0
+
+
+def _plan(args) -> int:
+    from scalegnn.perfmodel import Coefficients, Machine, Workload, rank_grids
+
+    from .profiles import load_profile
+
+    profile = load_profile(args.cluster)
+    machine = Machine.from_profile(profile)
+    w = Workload.for_dataset(args.dataset, hidden=args.hidden, layers=args.layers,
+                             batch_ratio=None if args.batch_size else args.batch_ratio, batch_size=args.batch_size,
+                             data_root=args.data_root, pmm_bytes=2 if args.comm_dtype == "bf16" else 4)
+    coef, source = Coefficients(), f"the {profile.name} profile's constants (not fitted)"
+    if args.fit:
+        from analysis import load_runs
+        from analysis.perfmodel import fit_from_runs
+
+        coef = fit_from_runs(load_runs(args.fit), profile.name)
+        source = f"fitted on {coef.fitted_on} runs recorded on {profile.name} in {args.fit}"
+    preds = rank_grids(w, args.gpus, machine, coef, gd=args.gd)
+    print(f"{args.dataset}: N={w.num_nodes:,}, nnz={w.nnz:,}, F={w.num_features}, C={w.num_classes}, "
+          f"H={w.hidden}, L={w.layers}, B={w.batch:,}; {args.gpus} ranks on {profile.name} "
+          f"({profile.gpus_per_node} per node)")
+    print(f"coefficients: {source}")
+    head = f"{'rank':>4}  {'grid GdxGxxGyxGz':<17} {'epoch ms':>10} {'comm ms':>9} {'compute ms':>10} " \
+           f"{'sampling ms':>11} {'other ms':>9} {'steps':>6} {'GiB/rank':>9}"
+    print(head)
+    for i, p in enumerate(preds[:args.top], 1):
+        flag = "" if p.fits else "  (exceeds device memory)"
+        print(f"{i:>4}  {p.grid_str:<17} {1e3 * p.epoch_s:>10.1f} {1e3 * p.comm_s:>9.1f} "
+              f"{1e3 * p.parts['compute']:>10.1f} {1e3 * p.parts['sampling']:>11.1f} "
+              f"{1e3 * p.parts['overhead']:>9.1f} {p.steps:>6} {p.memory_bytes / 2**30:>9.2f}{flag}")
+    if len(preds) > args.top:
+        print(f"... {len(preds) - args.top} more shapes (--top to show them)")
+    return 0

@@ -1,0 +1,241 @@
+"""Figures and tables on synthetic records: their content (series, labels, annotated values)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import load_runs
+from analysis import figures as F
+from analysis import tables as T
+from analysis.load import runs_from_records
+from analysis.report import write_report
+from scalegnn import records
+
+_counter = [0]
+
+
+def make_record(system="scalegnn", dataset="reddit", grid=(1, 1, 1, 1), epoch_s=(0.1, 0.1, 0.1), test=None,
+                target=None, components=None, eval_s=0.05, status="ok", seed=0, host="nid001"):
+    """A valid run record with per-epoch times ``epoch_s`` and test accuracies ``test``."""
+    _counter[0] += 1
+    test = list(test) if test is not None else [0.5] * len(epoch_s)
+    t, rows = 0.0, []
+    for i, (dt, acc) in enumerate(zip(epoch_s, test), 1):
+        t += dt
+        rows.append({"epoch": i, "train_time_s": t, "loss": 1.0 / i, "train_acc": acc, "val_acc": acc,
+                     "test_acc": acc, "eval_time_s": eval_s, "components": dict(components or {}),
+                     "comm_bytes": {}})
+    world = int(np.prod(grid))
+    rec = {
+        "schema_version": records.SCHEMA_VERSION, "run_id": f"2026-{system}-{_counter[0]:04d}", "system": system,
+        "dataset": dataset, "config": {"model": {"hidden": 16, "layers": 2}}, "seed": seed,
+        "grid": dict(zip(("dp", "x", "y", "z"), grid)), "world_size": world,
+        "env": {"hostname": host, "device": "A100", "backend": "nccl", "torch": "2.6", "python": "3.11",
+                "git_commit": "abcdef1234567890", "libraries": {"torch": "2.6"}},
+        "graph": {"num_nodes": 1000, "num_edges": 5000, "num_features": 8, "num_classes": 4},
+        "batch_size": 100, "steps_per_epoch": 10, "epochs": rows, "target_acc": target,
+        "time_to_target_s": records.time_to_target(rows, target), "peak_memory_bytes": 1,
+        "status": status, "error": None if status == "ok" else "RuntimeError: boom\ntraceback",
+    }
+    return records.validate_record(rec)
+
+
+def manifest(spec, cluster, recs_and_variants, figure=None, reference=None):
+    """A sweep manifest tagging ``records`` (their run_key = folder name)."""
+    runs = []
+    for rec, variant in recs_and_variants:
+        rec["record_file"] = f"/r/{spec}/runs/{rec['run_id']}/x.json"
+        g = rec["grid"]
+        runs.append({"key": rec["run_id"], "system": rec["system"], "dataset": rec["dataset"],
+                     "grid": "x".join(str(g[a]) for a in ("dp", "x", "y", "z")), "variant": variant,
+                     "paper_dataset": rec["dataset"]})
+    return {"spec": spec, "figure": figure or spec, "cluster": cluster, "runs": runs, "reference": reference or {}}
+
+
+def texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+# ---------------------------------------------------------------------------- Fig. 6
+def test_fig6_series_markers_and_speedup_annotation():
+    recs = [
+        make_record("scalegnn", grid=(1, 2, 2, 1), epoch_s=[1.0, 1.0], test=[0.9, 0.96], target=0.95),
+        make_record("scalegnn", grid=(4, 2, 2, 1), epoch_s=[0.25, 0.25], test=[0.9, 0.96], target=0.95),
+        make_record("salient", grid=(4, 1, 1, 1), epoch_s=[1.0, 1.0], test=[0.9, 0.951], target=0.95),
+        make_record("salient", grid=(16, 1, 1, 1), epoch_s=[2.0, 2.0], test=[0.93, 0.92], target=0.95),
+        make_record("bns-gcn", grid=(16, 1, 1, 1), epoch_s=[3.0, 3.0], test=[0.94, 0.96], target=0.95),
+    ]
+    m = manifest("fig6", "perlmutter", [(r, "") for r in recs], reference={"perlmutter": "salient"})
+    runs = runs_from_records(recs, [m])
+    fig = F.fig6_time_to_target(runs, reference={"perlmutter": "salient"})
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert set(lines) == {"ScaleGNN", "SALIENT++", "BNS-GCN"}
+    assert list(lines["ScaleGNN"].get_xdata()) == [4, 16] and list(lines["ScaleGNN"].get_ydata()) == [2.0, 0.5]
+    # SALIENT++ at 16: not reached -> an x at the time to its best accuracy (93% after epoch 1, 2 s)
+    xs = [ln for ln in ax.get_lines() if ln.get_marker() == "x"]
+    assert len(xs) == 1 and list(xs[0].get_xdata()) == [16] and list(xs[0].get_ydata()) == [2.0]
+    assert "best 93.0%" in texts(fig)
+    # speedup at 16 GPUs against the reference only: 2.0 s / 0.5 s
+    assert any(t.startswith("4.0x vs SALIENT++ (not reached)") for t in texts(fig))
+    assert ax.get_yscale() == "log" and "95% test accuracy" in ax.get_ylabel()
+    assert "reddit, perlmutter" in ax.get_title()
+
+
+def test_fig6_without_targets_is_no_data():
+    runs = runs_from_records([make_record()], [])
+    with pytest.raises(F.NoData):
+        F.fig6_time_to_target(runs)
+
+
+# ---------------------------------------------------------------------------- Fig. 7 and 8
+def _scaling_records():
+    comps = lambda s, dp: {"sampling": 0.1 * s, "pmm_comm": 0.5 * s, "spmm": 0.2 * s, "dp_comm": dp}  # noqa: E731
+    return [
+        make_record("scalegnn", "products-14m", (1, 4, 4, 2), [0.2, 0.1, 0.1], components=comps(0.1, 0.0)),
+        make_record("scalegnn", "products-14m", (2, 4, 4, 2), [0.1, 0.06, 0.06], components=comps(0.05, 0.004)),
+        make_record("scalegnn", "products-14m", (4, 4, 4, 2), [0.1, 0.04, 0.04], components=comps(0.025, 0.01)),
+    ]
+
+
+def test_fig7_curve_ideal_line_and_speedup():
+    recs = _scaling_records()
+    runs = runs_from_records(recs, [manifest("fig7", "perlmutter", [(r, "") for r in recs])])
+    fig = F.fig7_strong_scaling(runs)
+    ax = fig.axes[0]
+    data = [ln for ln in ax.get_lines() if ln.get_label() == "products-14m"][0]
+    assert list(data.get_xdata()) == [32, 64, 128]
+    assert np.allclose(data.get_ydata(), [100, 60, 40])  # ms, first epoch excluded
+    ideal = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--" and len(ln.get_xdata()) == 3][0]
+    assert np.allclose(ideal.get_ydata(), [100, 50, 25])
+    assert "2.5x (62% of ideal 4x)" in texts(fig)
+    assert ax.get_title() == "perlmutter" and "ideal scaling" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_fig8_stacks_components_per_gd():
+    recs = _scaling_records()
+    runs = runs_from_records(recs, [manifest("fig8", "perlmutter", [(r, "") for r in recs])])
+    fig = F.fig8_epoch_breakdown(runs)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["Gd=1\n32 ranks", "Gd=2\n64 ranks", "Gd=4\n128 ranks"]
+    # the bars of each Gd add up to the measured epoch time (the remainder is "other")
+    tops = {}
+    for p in ax.patches:
+        x = round(p.get_x() + p.get_width() / 2)
+        tops[x] = max(tops.get(x, 0), p.get_y() + p.get_height())
+    assert np.allclose([tops[0], tops[1], tops[2]], [100, 60, 40])
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:4] == ["sampling", "3D-PMM all-reduce", "DP all-reduce", "SpMM"] and "other" in legend
+    from matplotlib.colors import to_rgb
+
+    dp = [p for p in ax.patches if p.get_facecolor()[:3] == pytest.approx(to_rgb("#7570b3"))]
+    assert [round(p.get_height(), 6) for p in dp] == [0.0, 4.0, 10.0]  # ms per epoch, absent at Gd = 1
+
+
+# ---------------------------------------------------------------------------- Fig. 5
+def test_fig5_bars_in_variant_order_with_speedups():
+    comps = {"sampling": 0.03, "pmm_comm": 0.05}
+    recs = [
+        (make_record(grid=(1, 2, 2, 2), epoch_s=[0.2, 0.1, 0.1], components=comps), "baseline"),
+        (make_record(grid=(1, 2, 2, 2), epoch_s=[0.2, 0.08, 0.08], components={"pmm_comm": 0.05}), "+prefetch"),
+        (make_record(grid=(4, 2, 2, 2), epoch_s=[0.2, 0.12, 0.12], components=comps), "baseline"),
+        (make_record(grid=(4, 2, 2, 2), epoch_s=[0.2, 0.1, 0.1], components={"pmm_comm": 0.05}), "+prefetch"),
+    ]
+    runs = runs_from_records([r for r, _ in recs], [manifest("fig5", "perlmutter", recs)])
+    fig = F.fig5_ablation(runs)
+    a1, a2 = fig.axes
+    assert [t.get_text() for t in a1.get_xticklabels()] == ["baseline", "+prefetch"]
+    assert a1.get_title().startswith("DP1: 8 ranks") and a2.get_title().startswith("DP4: 32 ranks")
+    assert "100 ms\n1.00x" in [t.get_text() for t in a1.texts]
+    assert "80 ms\n1.25x" in [t.get_text() for t in a1.texts]
+    assert "100 ms\n1.20x" in [t.get_text() for t in a2.texts]
+    tab = T.fig5_reductions(runs)
+    assert list(tab["variant"]) == ["baseline", "+prefetch"] * 2
+    assert tab["reduction"].iloc[1] == pytest.approx(0.2)
+
+
+# ---------------------------------------------------------------------------- tables
+def test_table1_paper_next_to_measured_only_for_the_same_experiment():
+    recs = [make_record("scalegnn", "reddit", test=[0.95, 0.96 + s / 100], seed=s, epoch_s=[1, 1]) for s in range(3)]
+    stand_in = make_record("graphsage", "csbm:n=20000,avg_degree=12", test=[0.7, 0.8], epoch_s=[1, 1])
+    m = manifest("table1", "local", [(r, "") for r in recs + [stand_in]])
+    m["runs"][-1]["paper_dataset"] = "reddit"
+    runs = runs_from_records(recs + [stand_in], [m])
+    tab = T.table1_accuracy(runs)
+    sg = tab[(tab["dataset"] == "reddit") & (tab["system"] == "scalegnn")].iloc[0]
+    assert sg["paper"] == 96.3 and sg["measured"] == pytest.approx(97.0) and sg["runs"] == 3
+    assert sg["spread"] == pytest.approx(np.std([96, 97, 98]))
+    sage = tab[(tab["dataset"] == "reddit") & (tab["system"] == "graphsage")].iloc[0]
+    assert sage["paper"] == 95.4 and pd.isna(sage["measured"])  # the stand-in is not reddit
+    stand = tab[tab["note"] == "stand-in for reddit"].iloc[0]
+    assert stand["dataset"] == "csbm n=20000" and pd.isna(stand["paper"]) and stand["measured"] == pytest.approx(80)
+
+
+def test_table2_and_fig6_times_match_cluster_and_gpus():
+    a = make_record("scalegnn", "reddit", grid=(1, 2, 2, 1), eval_s=0.07, target=0.95, test=[0.96], epoch_s=[1.5])
+    b = make_record("scalegnn", "reddit", grid=(1, 2, 2, 1), eval_s=0.07, host="laptop", target=0.95, test=[0.96],
+                    epoch_s=[1.5])
+    runs = runs_from_records([a, b], [manifest("demo", "perlmutter", [(a, "")])])  # demo feeds both
+    t2 = T.table2_eval_time(runs)
+    same = t2[(t2["cluster"] == "perlmutter") & (t2["dataset"] == "reddit") & (t2["system"] == "scalegnn")].iloc[0]
+    assert same["paper"] == 0.05 and same["measured"] == pytest.approx(0.07) and same["gpus"] == 4
+    other = t2[t2["cluster"] == "laptop"].iloc[0]
+    assert pd.isna(other["paper"]) and other["measured"] == pytest.approx(0.07)
+    f6 = T.fig6_times(runs)
+    row = f6[(f6["cluster"] == "perlmutter") & (f6["system"] == "scalegnn") & (f6["gpus"] == 4)].iloc[0]
+    assert row["paper"] == 1.33 and row["measured"] == pytest.approx(1.5) and bool(row["reached"])
+
+
+def test_fig7_speedups_table():
+    recs = _scaling_records()
+    runs = runs_from_records(recs, [manifest("fig7", "perlmutter", [(r, "") for r in recs])])
+    tab = T.fig7_speedups(runs)
+    row = tab[(tab["cluster"] == "perlmutter") & (tab["dataset"] == "products-14m")].iloc[0]
+    assert row["paper_speedup"] == 19.8 and row["measured_speedup"] == pytest.approx(2.5)
+    assert row["measured_gpus"] == "32 -> 128" and row["grid3d"] == "4x4x2"
+
+
+def test_failures_provenance_and_load_balance():
+    ok = make_record()
+    bad = make_record(status="failed")
+    m = manifest("fig7", "local", [(ok, ""), (bad, "")])
+    m["runs"].append({"key": "never-ran", "system": "scalegnn", "dataset": "reddit", "grid": "1x1x1x1"})
+    m["unsupported"] = [{"key": "mg", "system": "massivegnn", "dataset": "reddit", "grid": "4x1x1x1"}]
+    runs = runs_from_records([ok, bad], [m])
+    fails = T.failures([m], runs)
+    assert list(fails["state"]) == ["failed", "missing", "not run"]
+    assert fails["detail"].iloc[0] == "RuntimeError: boom"
+    prov = T.provenance(runs)
+    assert set(prov["commit"]) == {"abcdef123456"} and set(prov["host"]) == {"nid001"}
+    from scalegnn.datasets import load_dataset
+
+    lb = T.load_balance(load_dataset("csbm:n=600,avg_degree=8,classes=4,feature_dim=16", cache=False))
+    assert set(lb) == {"original", "single", "double"} and all(v >= 1.0 for v in lb.values())
+    tab = T.plexus_table3({"csbm:n=600": lb})
+    assert list(tab["source"])[0] == "paper" and tab["double"].iloc[0] == 1.001
+
+
+def test_plexus_fig5_model_figure():
+    v = pd.DataFrame({"grid": ["1x1x1x1", "1x2x1x1", "2x1x1x1"], "observed_s": [1.0, 0.6, 0.5],
+                      "predicted_s": [1.1, 0.55, 0.5], "loo_s": [1.2, 0.5, 0.45], "dataset": ["d"] * 3,
+                      "cluster": ["local"] * 3})
+    fig = F.plexus_fig5_model(v)
+    a1, a2 = fig.axes[:2]
+    assert a1.get_title() == "mean |error|: 6% fitted, 16% leave-one-out"
+    assert [t.get_text() for t in a2.get_xticklabels()] == ["2x1x1x1", "1x2x1x1", "1x1x1x1"]
+    assert "fastest observed 2x1x1x1" in a2.get_title()
+
+
+def test_report_from_records_on_disk(tmp_path):
+    recs = _scaling_records() + [make_record(status="failed")]
+    for r in recs:
+        records.write_record(r, tmp_path / "runs" / r["run_id"])
+    runs = load_runs(tmp_path)
+    assert len(runs) == 4 and set(runs["run_key"]) == {r["run_id"] for r in recs}
+    path = write_report(tmp_path, tmp_path / "report")
+    text = path.read_text()
+    assert (tmp_path / "report" / "fig7_strong_scaling.png").exists()
+    assert (tmp_path / "report" / "fig8_epoch_breakdown.pdf").exists()
+    assert "_No data: no runs with a sweep variant" in text  # Fig. 5 is listed, not dropped
+    assert "| 96.3 |" in text  # the paper's Table I is shown even with nothing measured
+    assert "RuntimeError: boom" in text and "## Provenance of every run" in text

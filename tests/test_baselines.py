@@ -1,0 +1,226 @@
+"""Baseline adapters: records end to end, valid samples, SALIENT's cache count, BNS-GCN's exchange."""
+
+import warnings
+
+import pytest
+import torch
+
+from scalegnn import records
+from scalegnn.cli import main
+from scalegnn.datasets import load_dataset
+
+pytest.importorskip("torch_geometric")
+pytest.importorskip("torch_sparse")
+
+warnings.filterwarnings("ignore", message=".*pyg-lib.*")
+
+from baselines.common import CommonConfig, load_data  # noqa: E402
+
+TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def tiny(data_root):
+    return load_data(CommonConfig(system="graphsage", dataset=TINY, data_root=data_root))
+
+
+def edge_set(data):
+    src, dst = data.edge_index
+    return set(zip(src.tolist(), dst.tolist()))
+
+
+def cfg_for(system, data_root, tmp_path, **over):
+    kw = dict(system=system, dataset=TINY, data_root=data_root, epochs=2, out_dir=str(tmp_path), hidden=16,
+              layers=2, dropout=0.0)
+    kw.update(over)
+    return CommonConfig(**kw)
+
+
+# ----------------------------------------------------------------------------- models
+@pytest.mark.parametrize("kind", ["sage", "gcn", "graphconv"])
+def test_sparse_input_layer_equals_the_pyg_layer(kind):
+    from baselines.models import InputConv
+
+    torch.manual_seed(0)
+    x = torch.rand(30, 20) * (torch.rand(30, 20) < 0.2)
+    ei = torch.randint(0, 30, (2, 90))
+    w = torch.rand(90) if kind != "sage" else None
+    layer = InputConv(kind, 20, 7)
+    dense = layer(x, ei, w)
+    sparse = layer(x.to_sparse_csr(), ei, w)
+    torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- samples
+def test_graphsage_batches_are_subgraphs_with_seeds_first(tiny, data_root, tmp_path):
+    from baselines.graphsage import GraphSAGEOptions, GraphSAGETrainer
+
+    trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path), GraphSAGEOptions(batch_size=50), tiny)
+    edges = edge_set(tiny)
+    seeds = trainer._rank_seeds(1)
+    seen = []
+    for batch in trainer.train_loader(1):
+        n_id = batch.n_id
+        assert torch.equal(n_id[: batch.batch_size], seeds[len(seen): len(seen) + batch.batch_size])
+        seen += n_id[: batch.batch_size].tolist()
+        assert n_id.unique().numel() == n_id.numel()
+        src, dst = n_id[batch.edge_index[0]], n_id[batch.edge_index[1]]
+        assert all(e in edges for e in zip(src.tolist(), dst.tolist()))
+        # fanout bound: each target receives at most max(fanouts) sampled in-edges per hop
+        assert torch.bincount(batch.edge_index[1]).max() <= sum(trainer.opts.fanouts)
+    assert sorted(seen) == sorted(seeds.tolist())
+
+
+def test_graphsaint_subgraphs_are_induced_with_normalization(tiny, data_root, tmp_path):
+    from baselines.graphsaint import GraphSAINTOptions, GraphSAINTTrainer
+
+    trainer = GraphSAINTTrainer(cfg_for("graphsaint", data_root, tmp_path),
+                                GraphSAINTOptions(node_budget=80, sample_coverage=10), tiny)
+    edges = edge_set(tiny)
+    for _, sub in zip(range(3), trainer.sampler):
+        nodes = sub.n_id
+        assert nodes.unique().numel() == nodes.numel() <= 80
+        got = set(zip(nodes[sub.edge_index[0]].tolist(), nodes[sub.edge_index[1]].tolist()))
+        inside = set(nodes.tolist())
+        induced = {(u, v) for (u, v) in edges if u in inside and v in inside}
+        assert got == induced  # every edge exists, and all edges among the sampled vertices are kept
+        assert bool((sub.node_norm > 0).all()) and bool((sub.edge_norm > 0).all())
+    # full-graph evaluation (one SpMM over the weighted adjacency) = the edge-list form
+    trainer.model.eval()
+    with torch.no_grad():
+        ref = trainer.model(tiny.features, trainer.pyg.edge_index, trainer.pyg.edge_weight)
+    torch.testing.assert_close(trainer.full_logits(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_graphsage_layerwise_inference_is_the_full_graph_forward(tiny, data_root, tmp_path):
+    from baselines.graphsage import GraphSAGEOptions, GraphSAGETrainer
+
+    for conv in ("sage", "gcn"):
+        trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path), GraphSAGEOptions(conv=conv), tiny)
+        trainer.model.eval()
+        with torch.no_grad():
+            ref = trainer.model(tiny.features.to_dense() if tiny.features.layout != torch.strided
+                                else tiny.features, tiny.edge_index)
+        torch.testing.assert_close(trainer.layerwise_inference(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_salient_batches_are_subgraphs_with_seeds_first(tiny):
+    from baselines.salient import NeighborSampler
+
+    sampler = NeighborSampler(tiny)
+    edges = edge_set(tiny)
+    seeds = tiny.graph.train_idx[:40]
+    b = sampler.sample(seeds, (5, 3))
+    assert torch.equal(b.n_id[:40], seeds)
+    assert b.n_id.unique().numel() == b.n_id.numel()
+    src, dst = b.n_id[b.edge_index[0]], b.n_id[b.edge_index[1]]
+    assert all(e in edges for e in zip(src.tolist(), dst.tolist()))
+
+
+# ----------------------------------------------------------------------------- records end to end
+@pytest.mark.parametrize("system,extra", [
+    ("graphsage", ["--batch-size", "64"]),
+    ("graphsage", ["--batch-size", "64", "--conv", "gcn", "--eval-mode", "layerwise"]),
+    ("graphsaint", ["--node-budget", "100", "--sample-coverage", "5"]),
+    ("salient", ["--batch-size", "64"]),
+    ("bns-gcn", []),
+    ("fullgraph-3d", []),
+])
+def test_cli_run_writes_a_valid_record(system, extra, data_root, tmp_path, capsys):
+    rc = main(["train", "--system", system, "--dataset", TINY, "--data-root", data_root, "--epochs", "2",
+               "--hidden", "16", "--layers", "2", "--out", str(tmp_path), "--quiet", "--target-acc", "0.05",
+               *extra])
+    assert rc == 0, capsys.readouterr()
+    [path] = list(tmp_path.glob("*.json"))
+    rec = records.read_record(path)
+    assert rec["system"] == system and rec["status"] == "ok" and rec["dataset"] == TINY
+    assert len(rec["epochs"]) == 2 and rec["epochs"][-1]["test_acc"] is not None
+    assert rec["epochs"][-1]["eval_time_s"] is not None
+    assert rec["time_to_target_s"] == rec["epochs"][0]["train_time_s"]
+    assert rec["summary"]["epochs_run"] == 2
+    cfg = rec["config"]
+    assert cfg["model"]["hidden"] == 16 and cfg["optim"]["lr"] == 1e-3
+    if system == "graphsage":
+        assert cfg["options"]["fanouts"] == [15, 10] and cfg["options"]["batch_size"] == 64
+    if system == "graphsaint":
+        assert cfg["options"]["node_budget"] == 100 and cfg["options"]["sample_coverage"] == 5
+    if system == "bns-gcn":
+        assert cfg["options"]["boundary_rate"] == 0.1
+    if system == "fullgraph-3d":
+        assert rec["batch_size"] == rec["graph"]["num_nodes"]
+
+
+def test_baseline_flags_are_validated(data_root, tmp_path, capsys):
+    rc = main(["train", "--system", "graphsage", "--dataset", TINY, "--data-root", data_root,
+               "--fanouts", "5,5,5", "--layers", "2", "--out", str(tmp_path)])
+    assert rc == 2 and "--layers is 2" in capsys.readouterr().err
+    rc = main(["train", "--system", "salient", "--dataset", TINY, "--grid", "1x2x1x1", "--out", str(tmp_path)])
+    assert rc == 2 and "data parallel only" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- distributed
+def _salient_rank(rank, world, cfg, opts):
+    from baselines.common import load_data
+    from baselines.salient import SalientTrainer
+
+    trainer = SalientTrainer(cfg, opts, load_data(cfg))
+    st = trainer.train_epoch(1)
+    return {"log": trainer.batch_log, "part": trainer.part, "cache": trainer.store.cache_ids,
+            "reported": st.extra["cache"]}
+
+
+def test_salient_cache_hit_rate_equals_an_independent_count(data_root, tmp_path):
+    from baselines.salient import SalientOptions
+    from scalegnn.parallel.launch import spawn
+
+    cfg = cfg_for("salient", data_root, tmp_path, nproc=2)
+    opts = SalientOptions(batch_size=40, cache_budget=0.1, partition="random", record_batches=True)
+    out = spawn(_salient_rank, 2, cfg, opts, timeout_s=240)
+    hits = misses = local = 0
+    for rank, res in enumerate(out):
+        part, cache = res["part"], set(res["cache"].tolist())
+        assert 0 < len(cache) <= 40 and all(part[v] != rank for v in cache)
+        for n_id in res["log"]:
+            for v in n_id.tolist():
+                if part[v] == rank:
+                    local += 1
+                elif v in cache:
+                    hits += 1
+                else:
+                    misses += 1
+    rep = out[0]["reported"]
+    assert (rep["local"], rep["hits"], rep["misses"]) == (local, hits, misses)
+    assert rep["hit_rate"] == pytest.approx(hits / (hits + misses))
+    assert 0 < rep["hit_rate"] < 1
+
+
+def test_salient_and_graphsage_two_processes_write_records(data_root, tmp_path):
+    from baselines import salient
+
+    rec = salient.run(cfg_for("salient", data_root, tmp_path, nproc=2, epochs=2),
+                      salient.SalientOptions(batch_size=64))
+    assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["grid"]["dp"] == 2
+    assert 0 <= rec["cache_hit_rate"] <= 1 and rec["epochs"][0]["cache"]["hits"] >= 0
+    assert len(rec["peak_memory_bytes_per_rank"]) == 2
+    records.read_record(rec["path"])
+
+
+def test_bns_gcn_at_rate_one_matches_the_single_process_run(data_root, tmp_path):
+    """p = 1: partition-parallel training with the all_to_all exchange (forward and
+    backward) is exactly full-graph training: the same losses epoch after epoch."""
+    from baselines import bns_gcn
+
+    one = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3), bns_gcn.BNSOptions(boundary_rate=1.0))
+    two = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, nproc=2),
+                      bns_gcn.BNSOptions(boundary_rate=1.0))
+    assert two["status"] == "ok" and two["epochs"][0]["comm_bytes"]["boundary"] > 0
+    la = [r["loss"] for r in one["epochs"]]
+    lb = [r["loss"] for r in two["epochs"]]
+    assert la == pytest.approx(lb, rel=1e-4)
+    assert two["epochs"][0]["boundary_sampled_fraction"] == 1.0
+

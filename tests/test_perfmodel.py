@@ -1,0 +1,120 @@
+"""The performance model: volumes against a real run, placement (Eq. 4.6), the fit, planning."""
+
+import math
+
+import numpy as np
+import pytest
+
+from scalegnn.perfmodel import (TERMS, Machine, Workload, axis_bandwidth, epoch_time_from_rows, fit, predict,
+                                predicted_bytes_per_step, rank_grids, step_collectives)
+from sweeps import load_profile
+
+PERLMUTTER = Machine.from_profile(load_profile("perlmutter"))
+
+
+def test_sampled_nnz_matches_induced_subgraphs():
+    """E[nnz_S] = B + (nnz - N) B(B-1)/(N(N-1)) (self loops always kept)."""
+    from scalegnn.datasets import load_dataset
+
+    g = load_dataset("csbm:n=2000,avg_degree=10,classes=4,feature_dim=8", cache=False).gcn_normalize()
+    rows, cols = g.row_ids().numpy(), g.indices.numpy()
+    rng = np.random.default_rng(0)
+    b = 400
+    counts = []
+    for _ in range(200):
+        keep = np.zeros(g.num_nodes, bool)
+        keep[rng.choice(g.num_nodes, b, replace=False)] = True
+        counts.append(np.count_nonzero(keep[rows] & keep[cols]))
+    w = Workload(g.num_nodes, g.num_edges, 8, 4, batch_size=b)
+    assert np.mean(counts) == pytest.approx(w.sampled_nnz, rel=0.02)
+
+
+def test_placement_bandwidth_plexus_eq_4_6():
+    intra, inter = PERLMUTTER.intra_Bps, PERLMUTTER.inter_Bps
+    grid = (1, 4, 4, 4)  # z fastest: a z group is one node of 4 GPUs
+    assert axis_bandwidth(grid, "z", PERLMUTTER) == (intra, True)
+    assert axis_bandwidth(grid, "y", PERLMUTTER) == (inter / 4, False)  # 4 y groups leave each node
+    assert axis_bandwidth(grid, "x", PERLMUTTER) == (inter / 4, False)
+    assert axis_bandwidth((1, 2, 2, 16), "z", PERLMUTTER) == (inter, False)  # one z group per node: all NICs
+    assert axis_bandwidth((2, 1, 2, 2), "y", PERLMUTTER) == (intra, True)
+    assert axis_bandwidth((2, 1, 2, 2), "dp", PERLMUTTER) == (inter / 4, False)
+
+
+def test_collectives_follow_the_layout_table():
+    w = Workload(num_nodes=1000, nnz=11000, num_features=32, num_classes=4, hidden=64, layers=3, batch_size=100)
+    kinds = {(c.axis, c.kind) for c in step_collectives(w, (1, 2, 1, 1))}
+    assert kinds == {("x", "pmm_x"), ("x", "norm"), ("x", "reshard"), ("x", "loss")}
+    none = step_collectives(w, (1, 1, 1, 1))
+    assert none == []  # a single rank communicates nothing
+    # the BF16 switch halves exactly the 3D-PMM partial sums (paper V-B), nothing else
+    bf = Workload(**{**w.__dict__, "pmm_bytes": 2})
+    full, half = predicted_bytes_per_step(w, (1, 2, 2, 2)), predicted_bytes_per_step(bf, (1, 2, 2, 2))
+    for kind in full:
+        assert half[kind] == pytest.approx(full[kind] / 2 if kind.startswith("pmm_") else full[kind])
+
+
+@pytest.mark.distributed
+def test_predicted_bytes_match_a_recorded_run(tmp_path):
+    """Bytes per step per collective kind of a real 4-rank run (2 x 1 x 2 x 1) vs the model."""
+    from scalegnn.model import ModelConfig
+    from scalegnn.parallel.launch import run_distributed_training
+    from scalegnn.train import RunConfig
+
+    cfg = RunConfig(dataset="csbm:n=1200,avg_degree=8,classes=4,feature_dim=16", data_root=str(tmp_path / "d"),
+                    batch_ratio=0.25, epochs=1, out_dir=str(tmp_path), progress=False, grid=(2, 1, 2, 1),
+                    model=ModelConfig(hidden=16, layers=3, dropout=0.0))
+    rec = run_distributed_training(cfg, nproc=4, timeout_s=180)
+    w = Workload.from_record(rec)
+    pred = predicted_bytes_per_step(w, (2, 1, 2, 1))
+    got = {k: v / rec["steps_per_epoch"] for k, v in rec["epochs"][0]["comm_bytes"].items()}
+    assert pred["dp"] == got["dp"]  # gradient shards: exact
+    # row blocks of a sampled batch vary around B / G_t: within 15% per kind
+    for kind in ("pmm_y", "norm", "reshard"):
+        assert pred[kind] == pytest.approx(got[kind], rel=0.15), kind
+
+
+def test_fit_recovers_known_coefficients_and_predicts():
+    rng = np.random.default_rng(1)
+    truth = dict(zip(TERMS, [1.3, 0.7, 2.0, 0.5, 1.1]))
+    samples = []
+    for _ in range(12):
+        parts = {t: float(rng.uniform(0.01, 1.0)) for t in TERMS}
+        samples.append((parts, sum(truth[t] * parts[t] for t in TERMS)))
+    coef = fit(samples)
+    assert coef.fitted_on == 12
+    for t in TERMS:
+        assert coef[t] == pytest.approx(truth[t], rel=1e-6)
+    with pytest.raises(ValueError, match="at least"):
+        fit(samples[:3])
+
+
+def test_rank_grids_orders_by_prediction_and_memory():
+    w = Workload.for_dataset("ogbn-papers100M", hidden=256, layers=3, batch_ratio=0.1)
+    preds = rank_grids(w, 64, PERLMUTTER)
+    assert len(preds) == sum(1 for gd in range(1, 65) if 64 % gd == 0 for _ in _factor3(64 // gd))
+    fitting = [p for p in preds if p.fits]
+    assert [p.epoch_s for p in fitting] == sorted(p.epoch_s for p in fitting)
+    pure_dp = next(p for p in preds if p.grid == (64, 1, 1, 1))
+    assert not pure_dp.fits and not preds[-1].fits  # the whole graph on every GPU: more than 40 GB, ranked last
+    one = predict(w, (1, 4, 4, 4), PERLMUTTER)
+    assert one.steps == 10 and math.isclose(one.epoch_s, sum(one.parts.values()))
+
+
+def _factor3(n):
+    return [(a, b) for a in range(1, n + 1) if n % a == 0 for b in range(1, n // a + 1) if (n // a) % b == 0]
+
+
+def test_epoch_time_from_rows_skips_the_warm_up_epoch():
+    assert epoch_time_from_rows([5.0, 6.0, 7.5, 8.5]) == pytest.approx(3.5 / 3)
+    assert epoch_time_from_rows([2.0]) == 2.0 and epoch_time_from_rows([]) is None
+
+
+def test_plan_command(capsys):
+    from scalegnn.cli import main
+
+    assert main(["plan", "--dataset", "ogbn-products", "--gpus", "8", "--cluster", "perlmutter", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.strip()[:1].isdigit()]
+    assert len(lines) == 3 and "N=2,449,029" in out and "not fitted" in out
+    ms = [float(ln.split()[2]) for ln in lines]
+    assert ms == sorted(ms)
