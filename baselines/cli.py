@@ -27,12 +27,16 @@ def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--conv", choices=("sage", "gcn"), default="sage", help="graphsage: SAGEConv or GCNConv")
     g.add_argument("--eval-mode", choices=("sampled", "layerwise"), default="sampled",
                    help="graphsage: neighbor-sampled evaluation, or exact full-graph layer-wise inference")
-    g.add_argument("--node-budget", type=int, default=8000, help="graphsaint: vertices per sampled subgraph")
+    g.add_argument("--node-budget", type=int, default=None,
+                   help="graphsaint: edges drawn per subgraph (PyG's node budget); default min(8000, N/10)")
     g.add_argument("--sample-coverage", type=int, default=50,
                    help="graphsaint: pre-sampled vertices per vertex for the normalization statistics")
     g.add_argument("--saint-steps", type=int, default=None,
                    help="graphsaint: subgraphs per epoch in all (default ceil(N / node budget))")
-    g.add_argument("--no-saint-norm", action="store_true", help="graphsaint: no edge/node normalization")
+    g.add_argument("--saint-norm", choices=("exact", "sampled", "none"), default="exact",
+                   help="graphsaint: normalization probabilities in closed form (exact), estimated from "
+                   "pre-sampled subgraphs as PyG does (sampled), or none")
+    g.add_argument("--no-saint-norm", action="store_true", help="graphsaint: same as --saint-norm none")
     g.add_argument("--partition", choices=("metis", "random"), default="metis",
                    help="salient / bns-gcn / distdgl: vertex partitioning")
     g.add_argument("--cache-budget", type=float, default=0.1,
@@ -123,7 +127,7 @@ def run_system(args) -> dict:
 
         opts = graphsaint.GraphSAINTOptions(node_budget=args.batch_size or args.node_budget,
                                             sample_coverage=args.sample_coverage, steps_per_epoch=args.saint_steps,
-                                            normalization=not args.no_saint_norm)
+                                            normalization="none" if args.no_saint_norm else args.saint_norm)
         return graphsaint.run(cfg, opts)
     if name == "salient":
         from . import salient

@@ -22,6 +22,7 @@ __all__ = [
     "RecordError",
     "new_run_id",
     "environment_info",
+    "atomic_write_json",
     "validate_record",
     "write_record",
     "read_record",
@@ -126,20 +127,24 @@ def validate_record(record: dict, source: str = "record") -> dict:
 
 
 def write_record(record: dict, out_dir: str | os.PathLike) -> Path:
-    """Validate and write ``<out_dir>/<run_id>.json`` atomically.
+    """Validate and write ``<out_dir>/<run_id>.json`` atomically (:func:`atomic_write_json`)."""
+    validate_record(record)
+    return atomic_write_json(Path(out_dir) / f"{record['run_id']}.json", record)
+
+
+def atomic_write_json(target: str | os.PathLike, obj) -> Path:
+    """Write ``obj`` as JSON to ``target`` atomically.
 
     The JSON goes to a temporary file in the same directory, is fsynced, and is
-    renamed over the target: a reader sees either no file or the whole record, and
+    renamed over the target: a reader sees either no file or the whole document, and
     an interrupted write leaves nothing behind.
     """
-    validate_record(record)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / f"{record['run_id']}.json"
-    fd, tmp = tempfile.mkstemp(prefix=f".{record['run_id']}.", suffix=".tmp", dir=out)
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, allow_nan=True, default=_json_default)
+            json.dump(obj, f, indent=1, allow_nan=True, default=_json_default)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

@@ -27,6 +27,7 @@ newest complete checkpoint (issue F makes that resume exact).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shlex
@@ -39,7 +40,8 @@ from .profiles import ClusterProfile, load_profile
 from .spec import RunSpec, SweepSpec, expand, load_spec
 
 __all__ = ["SweepTask", "SweepOutcome", "sweep", "run_dir", "run_state", "slurm_parameters", "render_sbatch",
-           "group_runs", "supported_systems", "manifest_path", "default_out", "checkpoint_args"]
+           "group_runs", "supported_systems", "manifest_path", "default_out", "checkpoint_args", "collective_timeout_s",
+           "active_slurm_jobs", "submitted_job"]
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to checkpoint and requeue
 
@@ -74,6 +76,37 @@ def run_state(folder: str | os.PathLike) -> tuple[str, str | None, str | None]:
             return "ok", str(path), None
         latest = (rec["status"], str(path), rec.get("error"))
     return latest or ("missing", None, None)
+
+
+SUBMITTED = "submitted.json"  # in a run folder: the SLURM job that runs it (written at submission)
+
+
+def _mark_submitted(folder: Path, job_id: str, cluster: str) -> None:
+    from scalegnn.records import atomic_write_json
+
+    atomic_write_json(folder / SUBMITTED, {"job_id": job_id, "cluster": cluster, "time": time.time()})
+
+
+def submitted_job(folder: str | os.PathLike) -> str | None:
+    """The SLURM job id a run folder was last submitted as (None if never, or unreadable)."""
+    try:
+        return str(json.loads((Path(folder) / SUBMITTED).read_text())["job_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def active_slurm_jobs() -> set[str] | None:
+    """The ids of this user's pending or running SLURM jobs, one per array task
+    (``123_4``); None when ``squeue`` cannot be asked (not on a SLURM login node)."""
+    import getpass
+    import subprocess
+
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {line.strip() for line in out.splitlines() if line.strip()}
 
 
 def _relative(path: str) -> str:
@@ -147,6 +180,16 @@ def checkpoint_args(folder: Path, every: str = "") -> list[str]:
 
 
 # ---------------------------------------------------------------------------- the task
+def collective_timeout_s(argv: list[str], default: float = 600.0) -> float:
+    """The ``--collective-timeout`` a run's arguments ask for (``scalegnn train``'s default otherwise)."""
+    for i, arg in enumerate(argv):
+        if arg == "--collective-timeout" and i + 1 < len(argv):
+            return float(argv[i + 1])
+        if arg.startswith("--collective-timeout="):
+            return float(arg.split("=", 1)[1])
+    return default
+
+
 try:  # submitit is the [slurm] extra; only submitting and running tasks need it
     from submitit.helpers import Checkpointable as _TaskBase
 except ImportError:  # pragma: no cover - exercised only without submitit
@@ -190,7 +233,10 @@ class SweepTask(_TaskBase):
                               LOCAL_RANK=str(info.local_rank), MASTER_ADDR=info.master_addr,
                               MASTER_PORT=str(info.master_port))
             if self.run["system"] in ("scalegnn", "fullgraph-3d"):
-                init_from_env(backend=self.backend)  # baselines initialize their own (gloo) groups
+                # baselines initialize their own (gloo) groups. The world group's timeout
+                # is the run's --collective-timeout: the axis groups inherit it.
+                init_from_env(timeout=datetime.timedelta(seconds=collective_timeout_s(self.argv())),
+                              backend=self.backend)
         from scalegnn.cli import main
 
         rc = main(self.argv())
@@ -260,6 +306,7 @@ class SweepOutcome:
     done: list[RunSpec] = field(default_factory=list)
     todo: list[RunSpec] = field(default_factory=list)
     unsupported: list[RunSpec] = field(default_factory=list)
+    queued: list[RunSpec] = field(default_factory=list)  # SLURM: submitted earlier, job still pending/running
     submitted: list[str] = field(default_factory=list)  # job ids
     failed: list[tuple[RunSpec, str]] = field(default_factory=list)
     scripts: list[str] = field(default_factory=list)  # dry run: the batch scripts / commands
@@ -284,11 +331,21 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
     for r in runs:
         profile.placement(r.world_size)  # fail now for a run that cannot be placed
     result = SweepOutcome(spec.name, profile.name, out, runs, unsupported=unsupported)
+    active = active_slurm_jobs() if profile.scheduler == "slurm" and not dry_run else None
     for r in runs:
-        (result.done if run_state(run_dir(out, r))[0] == "ok" else result.todo).append(r)
+        if run_state(run_dir(out, r))[0] == "ok":
+            result.done.append(r)
+        elif active is not None and submitted_job(run_dir(out, r)) in active:
+            result.queued.append(r)  # its job is still pending or running: submitting again would duplicate it
+        else:
+            result.todo.append(r)
     printer(f"sweep {spec.name} on {profile.name}: {len(runs)} runs, {len(result.done)} done, "
-            f"{len(result.todo)} to submit" + (f", {len(unsupported)} skipped (system not available here)"
-                                               if unsupported else ""))
+            + (f"{len(result.queued)} still queued or running, " if result.queued else "")
+            + f"{len(result.todo)} to submit" + (f", {len(unsupported)} skipped (system not available here)"
+                                                 if unsupported else ""))
+    if profile.scheduler == "slurm" and not dry_run and active is None:
+        printer("  note: squeue is not available, so runs still queued from an earlier submission "
+                "cannot be told apart and are submitted again")
     for sys_name in sorted({r.system for r in unsupported}):
         printer(f"  skipped: `scalegnn train` has no --system {sys_name} here "
                 f"({sum(r.system == sys_name for r in unsupported)} runs)")
@@ -337,6 +394,8 @@ def _slurm(result: SweepOutcome, profile: ClusterProfile, out: Path, dry_run: bo
             run_dir(out, r).mkdir(parents=True, exist_ok=True)
         jobs = ex.submit_array(tasks_)
         result.submitted.extend(j.job_id for j in jobs)
+        for r, job in zip(group, jobs):
+            _mark_submitted(run_dir(out, r), job.job_id, profile.name)
         printer(f"submitted job array {jobs[0].job_id.split('_')[0]} ({name}): {len(jobs)} runs")
 
 

@@ -10,7 +10,8 @@ from scalegnn import records
 from scalegnn.cli import main
 from sweeps import expand, list_profiles, list_specs, load_profile, load_spec
 from sweeps.grids import cube_3d, grids_for
-from sweeps.launcher import SweepTask, checkpoint_args, group_runs, run_state, supported_systems, sweep
+from sweeps.launcher import (SweepTask, checkpoint_args, collective_timeout_s, group_runs, run_dir, run_state,
+                             submitted_job, supported_systems, sweep)
 from sweeps.profiles import ProfileError
 from sweeps.spec import SpecError
 
@@ -212,3 +213,31 @@ def test_local_sweep_end_to_end_then_resubmission_submits_nothing(tmp_path, monk
     report = (tmp_path / "report" / "report.md").read_text()
     assert "fig7_strong_scaling.png" in report and (tmp_path / "report" / "fig7_strong_scaling.pdf").exists()
     assert "## Provenance of every run" in report and "every run of every sweep manifest has an ok record" in report
+
+
+def test_collective_timeout_reaches_the_sweep_tasks_process_group():
+    assert collective_timeout_s(["train", "--collective-timeout", "90"]) == 90.0
+    assert collective_timeout_s(["train", "--collective-timeout=45.5"]) == 45.5
+    assert collective_timeout_s(["train", "--epochs", "3"]) == 600.0  # scalegnn train's default
+
+
+def test_resubmission_skips_runs_whose_slurm_job_is_still_queued(tmp_path, monkeypatch):
+    """A run submitted earlier whose job squeue still lists is neither done nor
+    submitted again; once the job has left the queue without a record it is."""
+    import sweeps.launcher as launcher
+
+    first = sweep("fig8", "perlmutter", tmp_path, dry_run=True, python="python3", printer=lambda *a: None)
+    runs = first.todo
+    for i, run in enumerate(runs):
+        launcher._mark_submitted(run_dir(tmp_path, run), f"777_{i}", "perlmutter")
+    assert submitted_job(run_dir(tmp_path, runs[0])) == "777_0"
+    monkeypatch.setattr(launcher, "active_slurm_jobs", lambda: {f"777_{i}" for i in range(len(runs))})
+    lines = []
+    out = sweep("fig8", "perlmutter", tmp_path, python="python3", printer=lines.append)
+    assert len(out.queued) == len(runs) and not out.todo and not out.submitted
+    assert f"{len(runs)} still queued or running" in lines[0]
+    # the jobs left the queue with no record: they are submitted again (which gets as
+    # far as the profile's unfilled account placeholder here)
+    monkeypatch.setattr(launcher, "active_slurm_jobs", lambda: set())
+    with pytest.raises(ValueError, match="placeholders"):
+        sweep("fig8", "perlmutter", tmp_path, python="python3", printer=lambda *a: None)
