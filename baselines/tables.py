@@ -32,28 +32,31 @@ def _sys_key(s):
     return ORDER.index(s) if s in ORDER else len(ORDER)
 
 
-def accuracy_table(recs: list[dict]) -> str:
+def _mean_spread(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{100 * values[0]:.2f} (1 seed)"
+    return f"{100 * statistics.mean(values):.2f} ± {100 * statistics.stdev(values):.2f} (n={len(values)})"
+
+
+def accuracy_table(recs: list[dict], metric: str = "test_acc_at_best_val") -> str:
+    """Systems x datasets: ``metric`` of the records' summaries (in %), mean ± sample
+    standard deviation over the seeds recorded. ``test_acc_at_best_val`` is the test
+    accuracy of the epoch with the best validation accuracy (model selection);
+    ``best_test_acc`` the best test accuracy of any evaluated epoch (Table I's)."""
     acc = defaultdict(list)
     datasets = []
     for r in recs:
-        if r["status"] != "ok" or not r.get("summary"):
+        if r["status"] != "ok" or not r.get("summary") or r["summary"].get(metric) is None:
             continue
-        acc[(r["system"], r["dataset"])].append(r["summary"]["best_test_acc"])
+        acc[(r["system"], r["dataset"])].append(r["summary"][metric])
         if r["dataset"] not in datasets:
             datasets.append(r["dataset"])
     systems = sorted({s for s, _ in acc}, key=_sys_key)
     lines = ["| system | " + " | ".join(datasets) + " |", "|---|" + "---|" * len(datasets)]
     for s in systems:
-        cells = []
-        for d in datasets:
-            v = acc.get((s, d), [])
-            if not v:
-                cells.append("—")
-            elif len(v) == 1:
-                cells.append(f"{100 * v[0]:.2f} (1 seed)")
-            else:
-                cells.append(f"{100 * statistics.mean(v):.2f} ± {100 * statistics.stdev(v):.2f} (n={len(v)})")
-        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        lines.append(f"| {s} | " + " | ".join(_mean_spread(acc.get((s, d), [])) for d in datasets) + " |")
     return "\n".join(lines)
 
 
@@ -104,8 +107,11 @@ def eval_time_table(recs: list[dict]) -> str:
 def main(argv=None) -> int:
     root = Path((argv or sys.argv[1:] or ["results/baselines"])[0])
     if (root / "table1").is_dir():
-        print("### Best test accuracy (%), mean ± std over seeds\n")
-        print(accuracy_table(load(root / "table1")) + "\n")
+        recs = load(root / "table1")
+        print("### Test accuracy at the best validation epoch (%), mean ± std over seeds\n")
+        print(accuracy_table(recs) + "\n")
+        print("### Best test accuracy of any epoch (%, Table I's measure), mean ± std over seeds\n")
+        print(accuracy_table(recs, "best_test_acc") + "\n")
     if (root / "fig6").is_dir():
         recs = load(root / "fig6")
         print("### Training time to 0.92 test accuracy on Facebook (epochs needed)\n")

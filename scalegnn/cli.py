@@ -142,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     shard.add_argument("--grid", type=_grid, required=True)
     shard.add_argument("--out", required=True, help="output folder for the shard files")
     shard.add_argument("--data-root", default=None)
-    shard.add_argument("--seed", type=int, default=0)
+    shard.add_argument("--seed", type=int, default=0, help="the run's --seed (the dataset's split; the permutation)")
+    shard.add_argument("--permute", choices=("none", "single", "double"), default="none",
+                       help="write shards for runs with this --permute (Plexus 5.1); the run must use the same")
     return parser
 
 
@@ -232,7 +234,7 @@ def _cmd_data(args) -> int:
     if args.data_command == "shard":
         from .parallel.sharding import shard_command
 
-        paths = shard_command(graph.gcn_normalize(), args.grid, args.out)
+        paths = shard_command(graph, args.grid, args.out, permute=args.permute, seed=args.seed)
         print(f"wrote {len(paths)} shard files to {args.out}")
         return 0
     raise AssertionError(args.data_command)

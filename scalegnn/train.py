@@ -153,12 +153,13 @@ def _engine_from_shards(cfg: RunConfig, grid):
     import json
 
     from .parallel.engine import ParallelEngine
-    from .parallel.sharding import load_shard
+    from .parallel.sharding import check_shard_manifest, load_shard
 
     if grid is None:
         raise ValueError("--shard-dir is for distributed runs: add --nproc N / --grid, or launch with torchrun/srun")
     shard = load_shard(cfg.shard_dir, grid.rank, cfg.grid)
     manifest = json.loads((Path(cfg.shard_dir) / "manifest.json").read_text())
+    check_shard_manifest(manifest, cfg.perf.permute, cfg.seed, cfg.model.residual, cfg.shard_dir)
     info = {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
     batch_size = resolve_batch_size(shard.num_nodes, cfg.batch_size, cfg.batch_ratio)
     engine = ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, grid=grid,

@@ -264,3 +264,21 @@ def test_bns_gcn_at_rate_one_matches_the_single_process_run(data_root, tmp_path)
     assert la == pytest.approx(lb, rel=1e-4)
     assert two["epochs"][0]["boundary_sampled_fraction"] == 1.0
 
+
+
+def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
+    from baselines.tables import accuracy_table, time_to_target_table
+
+    def rec(system, seed, at_val, best, world=1, ttt=None, accs=(0.5, 0.93)):
+        epochs = [{"epoch": i + 1, "test_acc": a, "train_time_s": 2.0 * (i + 1)} for i, a in enumerate(accs)]
+        return {"system": system, "dataset": "facebook", "status": "ok", "world_size": world, "seed": seed,
+                "target_acc": 0.92, "time_to_target_s": ttt, "epochs": epochs,
+                "summary": {"test_acc_at_best_val": at_val, "best_test_acc": best}}
+
+    recs = [rec("scalegnn", 0, 0.90, 0.92), rec("scalegnn", 1, 0.92, 0.94), rec("graphsage", 0, 0.80, 0.81)]
+    table = accuracy_table(recs)
+    assert "| scalegnn | 91.00 ± 1.41 (n=2) |" in table and "| graphsage | 80.00 (1 seed) |" in table
+    assert "| scalegnn | 93.00 ± 1.41 (n=2) |" in accuracy_table(recs, "best_test_acc")
+    ttt = time_to_target_table([rec("scalegnn", 0, 0.9, 0.93, ttt=4.0),
+                                rec("graphsage", 0, 0.8, 0.81, world=2, accs=(0.7, 0.81))])
+    assert "4.0 s (2 ep)" in ttt and "× 0.810 best, 4.0 s (2 ep)" in ttt

@@ -152,3 +152,39 @@ def test_shard_command_normalizes_a_raw_graph_and_sampler_checks_its_shard(tmp_p
     shard = load_shard(tmp_path, 1)
     with pytest.raises(ValueError, match="given to rank 0"):
         DistributedSampler(shard, ProcessGrid.virtual(1, 1, 2, 1, 0), 10)
+
+
+def test_double_permuted_shard_files_train_like_the_in_memory_double_permutation(tmp_path):
+    """`scalegnn data shard --permute double` writes what the engine builds in memory
+    for --permute double: the same steps and evaluation; a run with another --permute
+    or --seed, or with the residual on, is refused with the fix named."""
+    from scalegnn.engine import OptimConfig
+    from scalegnn.model import ModelConfig
+    from scalegnn.parallel.engine import ParallelEngine
+    from scalegnn.parallel.sharding import check_shard_manifest
+    from scalegnn.perf import PerfConfig
+    from scalegnn.permutation import random_permutation
+
+    raw = parallel_graph(n=41, m=170).replace(meta={})
+    shard_command(raw, (1, 1, 1, 1), tmp_path, permute="double", seed=3)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["permute"] == "double" and manifest["seed"] == 3
+    model = ModelConfig(hidden=8, layers=3, dropout=0.2, residual=False)
+    perf = PerfConfig(permute="double")
+    grid = ProcessGrid.single()
+    from_files = ParallelEngine(None, model, OptimConfig(lr=1e-2), 13, seed=3, epochs=1, grid=grid,
+                                shard=load_shard(tmp_path, 0), perf=perf)
+    prepared = raw.permute(random_permutation(raw.num_nodes, 3)).gcn_normalize()
+    in_memory = ParallelEngine(prepared, model, OptimConfig(lr=1e-2), 13, seed=3, epochs=1, grid=grid, perf=perf)
+    for step in range(3):
+        a, b = from_files.train_step(step), in_memory.train_step(step)
+        assert (a.loss, a.correct, a.count) == (b.loss, b.correct, b.count)
+    assert from_files.evaluate().as_dict() == in_memory.evaluate().as_dict()
+    from_files.close(), in_memory.close()
+    check_shard_manifest(manifest, "double", 3, residual=False, where="d")
+    with pytest.raises(ValueError, match="--permute double but the run asks for --permute none"):
+        check_shard_manifest(manifest, "none", 3, residual=False, where="d")
+    with pytest.raises(ValueError, match="re-shard with --seed 0"):
+        check_shard_manifest(manifest, "double", 0, residual=False, where="d")
+    with pytest.raises(ValueError, match="--no-residual"):
+        check_shard_manifest(manifest, "double", 3, residual=True, where="d")

@@ -36,6 +36,7 @@ from .grid import PMM_AXES, ProcessGrid, split_range
 from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
+           "check_shard_manifest",
            "load_shard", "shard_command", "shard_nnz_stats"]
 
 SHARD_FORMAT = 1
@@ -244,17 +245,31 @@ def _shard_name(c: dict) -> str:
     return f"shard_x{c['x']}_y{c['y']}_z{c['z']}.pt"
 
 
-def save_shards(graph: Graph, grid_shape, out_dir) -> list[Path]:
+def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0) -> list[Path]:
     """Write one shard file per (x, y, z) (data-parallel replicas share them) and a
-    ``manifest.json``; each written atomically (temp file + rename). Returns the paths."""
+    ``manifest.json``; each written atomically (temp file + rename). Returns the paths.
+
+    ``permute`` (none | single | double) and ``seed`` are those of the run that will
+    read the shards: ``graph`` must already carry the seed's relabeling P_c when
+    ``permute`` is not none (:func:`shard_command` applies it), and double adds the
+    seed's sigma ordering to every shard. Both go into the manifest, and a run whose
+    ``--permute`` or ``--seed`` differs is refused when it loads the shards."""
     _check_normalized(graph)
     shape = _check_shape(grid_shape)
+    if permute not in ("none", "single", "double"):
+        raise ValueError(f"permute must be none, single or double, got {permute!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     masks = _split_masks(graph)
+    sigma = permuted = None
+    if permute == "double":
+        from ..permutation import double_sigma
+
+        sigma = double_sigma(graph.num_nodes, seed)
+        permuted = double_permuted(graph, sigma)  # once, not per shard
     paths, nnz = [], []
     for c in _mp_coords(shape):
-        shard = build_shard(graph, shape, c, _masks=masks)
+        shard = build_shard(graph, shape, c, _masks=masks, sigma=sigma, _permuted=permuted)
         path = out / _shard_name(c)
         _atomic_write(path, lambda tmp, s=shard: torch.save(s.to_state(), tmp))
         paths.append(path)
@@ -263,6 +278,7 @@ def save_shards(graph: Graph, grid_shape, out_dir) -> list[Path]:
         "format": SHARD_FORMAT, "grid_shape": list(shape), "name": graph.name, "num_nodes": graph.num_nodes,
         "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
         "multilabel": graph.multilabel, "files": [p.name for p in paths], "nnz_per_shard": nnz,
+        "permute": permute, "seed": int(seed),
     }
     mpath = out / "manifest.json"
     _atomic_write(mpath, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
@@ -287,14 +303,40 @@ def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
     return RankShard.from_state(state)
 
 
-def shard_command(graph: Graph, grid_shape, out_dir) -> list[Path]:
-    """``scalegnn data shard``: write per-rank shards of the normalized graph once.
+def shard_command(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0) -> list[Path]:
+    """``scalegnn data shard``: write per-rank shards of the graph once.
 
-    Takes the GCN-normalized graph (normalizes a raw one), returns the written paths.
+    Takes the raw graph as loaded and prepares it exactly as ``scalegnn train`` does
+    (:func:`scalegnn.train.prepare_graph`: the seed's relabeling P_c when ``permute``
+    is single or double, then GCN normalization); returns the written paths.
     """
-    if graph.meta.get("normalized") != "gcn":
+    if graph.meta.get("normalized") == "gcn":
+        if permute != "none":
+            raise ValueError("shard_command needs the raw graph to apply the permutation before normalizing")
+    else:
+        if permute != "none":
+            from ..permutation import random_permutation
+
+            graph = graph.permute(random_permutation(graph.num_nodes, seed))
         graph = graph.gcn_normalize()
-    return save_shards(graph, grid_shape, out_dir)
+    return save_shards(graph, grid_shape, out_dir, permute=permute, seed=seed)
+
+
+def check_shard_manifest(manifest: dict, permute: str, seed: int, residual: bool, where: str) -> None:
+    """Refuse shards written for another ``--permute`` / ``--seed`` than the run's (the
+    vertex labels would differ from the run's, silently), and double-permuted shards
+    with the residual on (the engine's own check for the graph path)."""
+    wrote = manifest.get("permute", "none")
+    if wrote != permute:
+        raise ValueError(f"the shards in {where} were written with --permute {wrote} but the run asks for "
+                         f"--permute {permute}; pass --permute {wrote} or re-shard with "
+                         f"`scalegnn data shard ... --permute {permute}`")
+    if permute != "none" and int(manifest.get("seed", 0)) != int(seed):
+        raise ValueError(f"the shards in {where} were permuted with --seed {manifest.get('seed')} but the run "
+                         f"has --seed {seed}; pass the same seed or re-shard with --seed {seed}")
+    if permute == "double" and residual:
+        raise ValueError("--permute double needs --no-residual: the residual add would need an extra "
+                         "reshard between the two vertex orderings")
 
 
 def shard_nnz_stats(nnz_per_shard: list[list[int]]) -> dict:
