@@ -126,18 +126,20 @@ def validate_record(record: dict, source: str = "record") -> dict:
     return record
 
 
-def write_record(record: dict, out_dir: str | os.PathLike) -> Path:
-    """Validate and write ``<out_dir>/<run_id>.json`` atomically (:func:`atomic_write_json`)."""
+def write_record(record: dict, out_dir: str | os.PathLike, *, exclusive: bool = False) -> Path:
+    """Validate and write ``<out_dir>/<run_id>.json`` atomically (:func:`atomic_write_json`;
+    ``exclusive``: only if no record of this run exists yet)."""
     validate_record(record)
-    return atomic_write_json(Path(out_dir) / f"{record['run_id']}.json", record)
+    return atomic_write_json(Path(out_dir) / f"{record['run_id']}.json", record, exclusive=exclusive)
 
 
-def atomic_write_json(target: str | os.PathLike, obj) -> Path:
+def atomic_write_json(target: str | os.PathLike, obj, *, exclusive: bool = False) -> Path:
     """Write ``obj`` as JSON to ``target`` atomically.
 
     The JSON goes to a temporary file in the same directory, is fsynced, and is
     renamed over the target: a reader sees either no file or the whole document, and
-    an interrupted write leaves nothing behind.
+    an interrupted write leaves nothing behind. ``exclusive``: only if ``target``
+    does not exist yet (hard link, atomic on POSIX); raises ``FileExistsError`` else.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +149,11 @@ def atomic_write_json(target: str | os.PathLike, obj) -> Path:
             json.dump(obj, f, indent=1, allow_nan=True, default=_json_default)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, target)
+        if exclusive:
+            os.link(tmp, target)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -478,3 +478,93 @@ def test_no_unsafe_deserialization_and_no_executed_specs():
         import tomllib
 
         tomllib.loads(spec.read_text())  # plain data that parses as TOML
+
+
+class TorchrunRun:
+    """``torchrun --nproc-per-node 2 -m scalegnn train`` (grid 1x2x1x1), tagged for /proc."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp, self.tag, self.ck = tmp_path, uuid.uuid4().hex, tmp_path / "ck"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--monitor-interval", "0.5", "-m", "scalegnn", "train", "--dataset", MEDIUM,
+               "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"), "--grid", "1x2x1x1",
+               "--batch-size", "300", "--hidden", "32", "--layers", "2", "--epochs", "60", "--quiet",
+               "--checkpoint-every", "3", "--checkpoint-dir", str(self.ck), "--collective-timeout", "20"]
+        env = {**os.environ, "SCALEGNN_TEST_TAG": self.tag, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     cwd=str(REPO))
+
+    def wait_for_training(self, timeout_s: float = 90.0) -> None:
+        t0 = time.monotonic()
+        while not list(self.ck.glob("step-*/meta.json")):
+            assert self.proc.poll() is None, self.proc.communicate()
+            assert time.monotonic() - t0 < timeout_s, "training did not reach its first checkpoint"
+            time.sleep(0.1)
+
+    def rank_pid(self, rank: int) -> int:
+        pids = [pid for pid in tagged_processes(self.tag) if _env_of(pid).get("RANK") == str(rank)]
+        assert len(pids) == 1, tagged_processes(self.tag)
+        return pids[0]
+
+    def finish(self, timeout_s: float = 60.0) -> tuple[float, str]:
+        """Wait for torchrun to exit; (seconds waited, its stderr). Kills leftovers."""
+        t0 = time.monotonic()
+        try:
+            _, err = self.proc.communicate(timeout=timeout_s)
+        finally:
+            for pid in tagged_processes(self.tag):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        return time.monotonic() - t0, err
+
+    def record(self) -> dict:
+        (path,) = (self.tmp / "runs").glob("*.json")
+        return records.read_record(path)
+
+
+@pytest.mark.distributed
+def test_rank0_killed_under_torchrun_still_leaves_a_failed_record(tmp_path):
+    """Under torchrun no parent of ours outlives the ranks. SIGKILL rank 0 mid-epoch:
+    the survivor writes the failed record (exclusive create, under the run id rank 0
+    broadcast at the start), and everything exits within 60 s."""
+    run = TorchrunRun(tmp_path)
+    try:
+        run.wait_for_training()
+        os.kill(run.rank_pid(0), signal.SIGKILL)
+    finally:
+        elapsed, err = run.finish()
+    assert run.proc.returncode != 0 and elapsed < 60, (elapsed, err[-2000:])
+    rec = run.record()
+    assert rec["status"] == "failed" and rec["world_size"] == 2
+    assert rec["error"].startswith("rank 1 saw the job fail (rank 0 wrote no record"), rec["error"]
+    assert "1" in rec["rank_errors"]
+
+
+@pytest.mark.distributed
+def test_sigterm_to_a_torchrun_job_is_recorded_as_a_failure(tmp_path):
+    """SIGTERM to torchrun (what scancel or a time limit does): torchrun passes it to
+    the ranks, where it raises instead of killing them silently, so rank 0 records
+    the run as failed, naming the signal."""
+    run = TorchrunRun(tmp_path)
+    try:
+        run.wait_for_training()
+        run.proc.send_signal(signal.SIGTERM)
+    finally:
+        elapsed, err = run.finish()
+    assert run.proc.returncode != 0 and elapsed < 60, (elapsed, err[-2000:])
+    rec = run.record()
+    assert rec["status"] == "failed" and "received SIGTERM" in rec["error"], rec["error"][:800]
+
+
+def _env_of(pid: int) -> dict:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in items if b"=" in item)

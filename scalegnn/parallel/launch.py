@@ -25,7 +25,9 @@ import multiprocessing.connection
 import os
 import pickle
 import re
+import signal
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -502,9 +504,75 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
     from ..train import run_training
 
     grid = ProcessGrid(*cfg.grid) if world > 1 or dist.is_initialized() else ProcessGrid.single()
+    restore = _terminate_raises(grid.rank)
     try:
-        record = run_training(cfg, grid=grid)
+        run_id = _agree_run_id(cfg)
+        try:
+            record = run_training(cfg, grid=grid, run_id=run_id)
+        except Exception as exc:
+            if grid.rank != 0:
+                _record_failure_if_rank0_cannot(cfg, run_id, grid.rank, exc)
+            raise
     finally:
+        restore()
         if dist.is_initialized():
             dist.destroy_process_group()
     return record if grid.rank == 0 else None
+
+
+class Terminated(RuntimeError):
+    """SIGTERM reached a rank: the launcher stopping the job (torchrun does when a
+    peer died), ``scancel`` or a time limit."""
+
+
+def _terminate_raises(rank: int):
+    """Make SIGTERM raise :class:`Terminated` in this rank, so the run ends as a
+    recorded failure instead of vanishing (torchrun SIGTERMs the survivors when one
+    rank dies). Left alone when someone already handles SIGTERM (submitit does: its
+    preemption path must requeue, not fail) or off the main thread. Returns the undo."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return lambda: None
+
+    def handler(signum, frame):
+        raise Terminated(f"rank {rank} received SIGTERM (the launcher stopped the job: a peer rank failed, "
+                         "scancel, or a time limit)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _agree_run_id(cfg) -> str:
+    """Rank 0's new run id, broadcast: every rank of a torchrun/srun job can name the record."""
+    from .. import records
+
+    ids = [records.new_run_id(cfg.system, cfg.dataset) if not dist.is_initialized() or dist.get_rank() == 0
+           else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(ids, src=0)
+    return ids[0]
+
+
+def _record_failure_if_rank0_cannot(cfg, run_id: str, rank: int, exc: BaseException) -> None:
+    """Under torchrun/srun no parent process outlives the ranks: when rank 0 itself was
+    killed, nobody else would record the run. Every other failing rank therefore
+    writes a ``failed`` record under the agreed run id, but only if none exists yet
+    (exclusive create: the first wins, and rank 0's own record, written whenever rank
+    0 is alive to write it, replaces it)."""
+    from .. import records
+
+    partial = getattr(exc, "run_record", None)
+    rid = (partial or {}).get("run_id") or run_id  # a resumed run keeps its checkpoint's id
+    text = f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+    record = failed_record(cfg, rid, text, dist.get_world_size() if dist.is_initialized() else 1, partial,
+                           {rank: text})
+    record["error"] = (f"rank {rank} saw the job fail (rank 0 wrote no record: it may have died first): "
+                       f"{type(exc).__name__}: {exc}")
+    try:
+        records.write_record(record, cfg.out_dir, exclusive=True)
+    except FileExistsError:
+        pass
+    except OSError as write_error:  # never mask the training error with a reporting one
+        print(f"rank {rank}: could not write the failed record: {write_error}", file=sys.stderr)
