@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["available", "extract", "first_distinct", "Unavailable"]
+__all__ = ["available", "extract", "first_distinct", "Unavailable", "PARALLEL_MIN_NNZ"]
 
 try:  # optional dependency: `pip install numba` (extra "fast")
     import numba
@@ -101,10 +101,9 @@ if _HAVE_NUMBA:
         return sig, codegen
 
     @numba.njit(nogil=True, cache=True)
-    def _extract_kernel(indptr, indices, values, rows, cols, c0, c1, diag_shift, scale, rescale, rkey, ckey, keyed):
-        # Bitmap of the sampled columns (local ids v - c0) and rank per 64-bit word.
-        width = c1 - c0
-        nwords = (width >> 6) + 1
+    def _bitmap_kernel(cols, c0, c1):
+        # Bitmap of the sampled columns (local ids v - c0) and the rank of each 64-bit word.
+        nwords = ((c1 - c0) >> 6) + 1
         bits = np.zeros(nwords, np.uint64)
         for j in range(cols.size):
             v = cols[j] - c0
@@ -114,23 +113,40 @@ if _HAVE_NUMBA:
         for w in range(nwords):
             rank[w] = acc
             acc += _popcount(bits[w])
-        n_rows, n_cols = rows.size, cols.size
+        return bits, rank
+
+    @numba.njit(nogil=True, cache=True)
+    def _row_work_kernel(indptr, rows):
+        # Running total of the stored entries of the sampled rows (splits the work).
+        work = np.empty(rows.size, np.int64)
+        acc = 0
+        for i in range(rows.size):
+            acc += indptr[rows[i] + 1] - indptr[rows[i]]
+            work[i] = acc
+        return work
+
+    @numba.njit(nogil=True, cache=True)
+    def _scan_kernel(indptr, indices, values, rows, lo, hi, bits, rank, c0, n_cols, diag_shift, scale, rescale,
+                     rkey, ckey, keyed):
+        # Sampled rows lo..hi-1: their kept entries (compact column, rescaled value) in
+        # CSR order, the kept count per row and per column. One pass over the rows'
+        # column ids. Rows are sampled at random, so each row costs a few cache
+        # misses: prefetch the row AHEAD positions on while scanning this one. Only
+        # the kept prefix of the upper-bound buffers is ever touched (untouched pages
+        # of a large allocation are never faulted in).
         total = 0
-        for i in range(n_rows):
+        for i in range(lo, hi):
             total += indptr[rows[i] + 1] - indptr[rows[i]]
-        # One pass over the sampled rows. Rows are sampled at random, so each row
-        # costs a few cache misses: prefetch the row AHEAD positions on while
-        # scanning this one. Only the kept prefix of the upper-bound buffers is
-        # ever touched (untouched pages of a large allocation are never faulted in).
         out_c = np.empty(total, np.int64)
         out_v = np.empty(total, np.float32)
-        fwd_ptr = np.empty(n_rows + 1, np.int64)
-        fwd_ptr[0] = 0
-        t_cnt = np.zeros(n_cols + 1, np.int64)
+        row_cnt = np.empty(hi - lo, np.int64)
+        col_cnt = np.zeros(n_cols, np.int64)
         scale32 = np.float32(scale)
         k = 0
-        for i in range(n_rows):
-            if i + _AHEAD < n_rows:
+        for i in range(lo, hi):
+            if i + 2 * _AHEAD < hi:  # two stages: the row pointer first, the row itself later
+                _prefetch(indptr, rows[i + 2 * _AHEAD])
+            if i + _AHEAD < hi:
                 a, z = indptr[rows[i + _AHEAD]], indptr[rows[i + _AHEAD] + 1] - 1
                 if z >= a:
                     _prefetch(indices, a)
@@ -138,6 +154,7 @@ if _HAVE_NUMBA:
                     _prefetch(values, a)
                     _prefetch(values, z)
             r = rows[i]
+            k0 = k
             for e in range(indptr[r], indptr[r + 1]):
                 v = indices[e] - c0
                 word = bits[v >> 6]
@@ -150,23 +167,25 @@ if _HAVE_NUMBA:
                         val = val / scale32
                     out_c[k] = c
                     out_v[k] = val
-                    t_cnt[c + 1] += 1
+                    col_cnt[c] += 1
                     k += 1
-            fwd_ptr[i + 1] = k
-        # Transpose: counting sort by column, rows visited in increasing order.
-        for c in range(n_cols):
-            t_cnt[c + 1] += t_cnt[c]
-        t_ptr = t_cnt.copy()
-        t_rows = np.empty(k, np.int64)
-        t_vals = np.empty(k, np.float32)
-        for i in range(n_rows):
-            for j in range(fwd_ptr[i], fwd_ptr[i + 1]):
+            row_cnt[i - lo] = k - k0
+        return out_c[:k], out_v[:k], row_cnt, col_cnt
+
+    @numba.njit(nogil=True, cache=True)
+    def _scatter_kernel(out_c, out_v, row_cnt, row0, start, t_rows, t_vals):
+        # Transpose by counting sort: this chunk's entries, rows in increasing order,
+        # go to the next free slot of their column (``start``: this chunk's first
+        # slot per column, advanced in place).
+        j = 0
+        for i in range(row_cnt.size):
+            for _ in range(row_cnt[i]):
                 c = out_c[j]
-                pos = t_cnt[c]
-                t_rows[pos] = i
+                pos = start[c]
+                t_rows[pos] = row0 + i
                 t_vals[pos] = out_v[j]
-                t_cnt[c] = pos + 1
-        return fwd_ptr, out_c[:k].copy(), out_v[:k].copy(), t_ptr, t_rows, t_vals
+                start[c] = pos + 1
+                j += 1
 
     @numba.njit(nogil=True, cache=True)
     def _first_distinct_kernel(draws, n, k):
@@ -209,9 +228,53 @@ def first_distinct(draws: torch.Tensor, n: int, k: int) -> torch.Tensor | None:
 _EMPTY = np.zeros(0, np.int64)
 
 
+PARALLEL_MIN_NNZ = 1 << 17  # stored entries of the sampled rows below which one thread is faster
+
+
+def _row_chunks(indptr: np.ndarray, rows: np.ndarray, parts: int, work: np.ndarray | None = None
+                ) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges of ``rows`` with about equal stored entries
+    (``work``: their running total, :func:`_row_work_kernel`)."""
+    if parts <= 1 or rows.size < 2 * parts:
+        return [(0, rows.size)]
+    if work is None:
+        work = np.cumsum(indptr[rows + 1] - indptr[rows])
+    cuts = np.searchsorted(work, work[-1] * np.arange(1, parts) / parts)
+    bounds = [0, *[int(c) for c in cuts], rows.size]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _in_threads(fn, jobs: list[tuple]) -> list:
+    """``fn(*job)`` for every job, the first on this thread and the others on short-lived
+    threads (the kernels release the GIL); joined before returning, so no thread
+    outlives the call."""
+    if len(jobs) == 1:
+        return [fn(*jobs[0])]
+    import threading
+
+    results: list = [None] * len(jobs)
+    errors: list = []
+
+    def work(i):
+        try:
+            results[i] = fn(*jobs[i])
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(1, len(jobs))]
+    for t in threads:
+        t.start()
+    work(0)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def extract(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
             cols: torch.Tensor, c0: int, c1: int, diag_shift: int, scale: float, rkey: torch.Tensor | None = None,
-            ckey: torch.Tensor | None = None):
+            ckey: torch.Tensor | None = None, threads: int | None = None):
     """(fwd_ptr, cols, vals, t_ptr, t_rows, t_vals) of the rescaled sampled block.
 
     ``rows`` local row ids of S_r (sorted), ``cols`` global ids of S_c (sorted, in
@@ -219,11 +282,45 @@ def extract(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, r
     column minus its compact row equals it) or, with ``rkey``/``ckey`` (a common
     vertex label per sampled row / column), iff the labels match. CPU tensors; int32
     or int64 ids, float32 values.
+
+    ``threads`` (default ``torch.get_num_threads()``) split the sampled rows into
+    ranges of equal work once they hold ``PARALLEL_MIN_NNZ`` entries: each thread
+    scans its rows, then each scatters its entries into the transpose at offsets
+    from the per-column counts of the ranges before it. Entry order, and so the
+    result, is the same for any number of threads.
     """
     if values.dtype != torch.float32:
         raise Unavailable(f"the numba sampler kernel takes float32 values, got {values.dtype}")
-    out = _run(_extract_kernel, indptr.numpy(), indices.numpy(), values.numpy(), rows.contiguous().numpy(),
-                          cols.contiguous().numpy(), int(c0), int(c1), int(diag_shift), float(scale),
-                          scale != 1.0, _EMPTY if rkey is None else rkey.contiguous().numpy(),
-                          _EMPTY if ckey is None else ckey.contiguous().numpy(), rkey is not None)
-    return tuple(torch.from_numpy(a) for a in out)
+    ip, ind, val = indptr.numpy(), indices.numpy(), values.numpy()
+    r, c = rows.contiguous().numpy(), cols.contiguous().numpy()
+    keyed = rkey is not None
+    rk = _EMPTY if rkey is None else rkey.contiguous().numpy()
+    ck = _EMPTY if ckey is None else ckey.contiguous().numpy()
+    n_cols = c.size
+    threads = torch.get_num_threads() if threads is None else threads
+    parts, work = 1, None
+    if threads > 1 and r.size:
+        work = _run(_row_work_kernel, ip, r)
+        parts = max(1, min(threads, int(work[-1]) // PARALLEL_MIN_NNZ))
+    bits, rank = _run(_bitmap_kernel, c, int(c0), int(c1))
+    chunks = _row_chunks(ip, r, parts, work)
+    scanned = _in_threads(lambda lo, hi: _run(_scan_kernel, ip, ind, val, r, lo, hi, bits, rank, int(c0), n_cols,
+                                              int(diag_shift), float(scale), scale != 1.0, rk, ck, keyed), chunks)
+    row_cnt = np.concatenate([s[2] for s in scanned]) if scanned else np.zeros(0, np.int64)
+    fwd_ptr = np.zeros(r.size + 1, np.int64)
+    np.cumsum(row_cnt, out=fwd_ptr[1:])
+    out_c = np.concatenate([s[0] for s in scanned]) if len(scanned) > 1 else scanned[0][0]
+    out_v = np.concatenate([s[1] for s in scanned]) if len(scanned) > 1 else scanned[0][1]
+    col_total = np.zeros(n_cols, np.int64)
+    starts = []
+    for s in scanned:  # chunk j's first slot per column: after the columns before, and chunks < j
+        starts.append(col_total.copy())
+        col_total += s[3]
+    t_ptr = np.zeros(n_cols + 1, np.int64)
+    np.cumsum(col_total, out=t_ptr[1:])
+    k = int(fwd_ptr[-1])
+    t_rows = np.empty(k, np.int64)
+    t_vals = np.empty(k, np.float32)
+    _in_threads(lambda j: _run(_scatter_kernel, scanned[j][0], scanned[j][1], scanned[j][2], chunks[j][0],
+                               t_ptr[:-1] + starts[j], t_rows, t_vals), [(j,) for j in range(len(scanned))])
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (fwd_ptr, out_c, out_v, t_ptr, t_rows, t_vals))

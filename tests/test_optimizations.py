@@ -65,6 +65,35 @@ def test_sampler_kernels_agree_bit_for_bit(batch):
             assert torch.equal(ref.adj_t.to_dense(), dense.T)
 
 
+@needs_numba
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_multithreaded_kernel_equals_one_thread_and_torch(threads, monkeypatch):
+    """Rows split into ranges of equal work, scanned and scattered on several threads:
+    the same CSR and transpose, entry for entry, as one thread and the torch path
+    (the threshold is lowered so a small graph splits), and no thread is left behind."""
+    import threading
+
+    monkeypatch.setattr(_fastsample, "PARALLEL_MIN_NNZ", 1)
+    g = random_graph(n=400, m=6000, seed=threads)
+    sample = S.sample_vertices(400, 170, seed=2, step=threads)
+    p = S.inclusion_probability(400, 170)
+    before = threading.active_count()
+    for rows, cols in (((0, 400), (0, 400)), ((0, 250), (90, 400))):
+        blk = S.CSRBlock.from_graph(g, rows, cols)
+        r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, torch.tensor([*rows, *cols])).tolist()
+        args = (blk.indptr, blk.indices, blk.values, sample[r_lo:r_hi] - rows[0], sample[c_lo:c_hi], cols[0],
+                cols[1], r_lo - c_lo, p)
+        one = _fastsample.extract(*args, threads=1)
+        many = _fastsample.extract(*args, threads=threads)
+        assert all(torch.equal(a, b) for a, b in zip(one, many))
+        assert len(_fastsample._row_chunks(blk.indptr.numpy(), args[3].numpy(), threads)) > 1
+        ref = S.extract_block(blk, sample, p, backend="torch")
+        assert torch.equal(many[0], ref.adj.crow_indices()) and torch.equal(many[1], ref.adj.col_indices())
+        assert torch.equal(many[2], ref.adj.values()) and torch.equal(many[4], ref.adj_t.col_indices())
+        assert torch.equal(many[3], ref.adj_t.crow_indices()) and torch.equal(many[5], ref.adj_t.values())
+    assert threading.active_count() == before
+
+
 def test_keyed_extraction_handles_two_labelings():
     """Double permutation: rows in sigma ids, columns in ids; self loops found by vertex.
     The block equals the serial rescaled sampled matrix with its rows reordered."""
