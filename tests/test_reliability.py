@@ -480,7 +480,7 @@ def test_no_unsafe_deserialization_and_no_executed_specs():
         tomllib.loads(spec.read_text())  # plain data that parses as TOML
 
 
-class TorchrunRun:
+class TorchrunRun(CliRun):
     """``torchrun --nproc-per-node 2 -m scalegnn train`` (grid 1x2x1x1), tagged for /proc."""
 
     def __init__(self, tmp_path: Path):
@@ -493,13 +493,7 @@ class TorchrunRun:
         env = {**os.environ, "SCALEGNN_TEST_TAG": self.tag, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      cwd=str(REPO))
-
-    def wait_for_training(self, timeout_s: float = 90.0) -> None:
-        t0 = time.monotonic()
-        while not list(self.ck.glob("step-*/meta.json")):
-            assert self.proc.poll() is None, self.proc.communicate()
-            assert time.monotonic() - t0 < timeout_s, "training did not reach its first checkpoint"
-            time.sleep(0.1)
+        self.t0 = time.monotonic()
 
     def rank_pid(self, rank: int) -> int:
         pids = [pid for pid in tagged_processes(self.tag) if _env_of(pid).get("RANK") == str(rank)]
@@ -512,19 +506,8 @@ class TorchrunRun:
         try:
             _, err = self.proc.communicate(timeout=timeout_s)
         finally:
-            for pid in tagged_processes(self.tag):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+            self.kill_all()
         return time.monotonic() - t0, err
-
-    def record(self) -> dict:
-        (path,) = (self.tmp / "runs").glob("*.json")
-        return records.read_record(path)
 
 
 @pytest.mark.distributed
@@ -534,7 +517,7 @@ def test_rank0_killed_under_torchrun_still_leaves_a_failed_record(tmp_path):
     broadcast at the start), and everything exits within 60 s."""
     run = TorchrunRun(tmp_path)
     try:
-        run.wait_for_training()
+        run.wait_for_training(timeout_s=90)
         os.kill(run.rank_pid(0), signal.SIGKILL)
     finally:
         elapsed, err = run.finish()
@@ -552,7 +535,7 @@ def test_sigterm_to_a_torchrun_job_is_recorded_as_a_failure(tmp_path):
     the run as failed, naming the signal."""
     run = TorchrunRun(tmp_path)
     try:
-        run.wait_for_training()
+        run.wait_for_training(timeout_s=90)
         run.proc.send_signal(signal.SIGTERM)
     finally:
         elapsed, err = run.finish()
