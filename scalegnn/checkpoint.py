@@ -55,6 +55,9 @@ import numpy as np
 import torch
 
 __all__ = [
+    "PREEMPTION",
+    "Preempted",
+    "PreemptionRequest",
     "CHECKPOINT_FORMAT",
     "CheckpointConfig",
     "CheckpointError",
@@ -319,6 +322,47 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------- preemption
+class PreemptionRequest:
+    """A pending "save now and stop" (SLURM signals a job ``--signal=USR2@T`` seconds
+    before its time limit or a preemption). A signal handler only calls
+    :meth:`request`; the training loop sees it at its next step boundary, where every
+    rank agrees on it in :meth:`Checkpointer.due`, saves and raises :class:`Preempted`.
+
+    ``armed`` must be set on every rank or none (it adds one 1-element all-reduce per
+    step to agree on the step); the sweep task arms it with its USR2 handler.
+    """
+
+    def __init__(self):
+        self.armed = False
+        self.requested = False
+        self.signal: str | None = None
+
+    def arm(self) -> None:
+        self.armed, self.requested, self.signal = True, False, None
+
+    def disarm(self) -> None:
+        self.armed, self.requested, self.signal = False, False, None
+
+    def request(self, signum: int | None = None) -> None:
+        import signal as _signal
+
+        self.requested = True
+        self.signal = _signal.Signals(signum).name if signum is not None else "request"
+
+
+PREEMPTION = PreemptionRequest()  # this process's (one per rank)
+
+
+class Preempted(Exception):
+    """Raised after the checkpoint a preemption request asked for: ``step`` and ``path``."""
+
+    def __init__(self, step: int, path, signal_name: str | None):
+        super().__init__(f"preempted ({signal_name or 'request'}): checkpoint saved at step {step} in {path}; "
+                         f"resume with --resume")
+        self.step, self.path = step, path
+
+
 # --------------------------------------------------------------------------- saving
 class Checkpointer:
     """Decides when to save and saves; one per rank, driven by the training loop.
@@ -338,6 +382,7 @@ class Checkpointer:
         self.saves = 0
         self.save_time_s = 0.0
         self.last_path: Path | None = None
+        self.stop_requested = False  # set by due(): save, then raise Preempted
 
     @property
     def rank(self) -> int:
@@ -351,18 +396,26 @@ class Checkpointer:
         return self.grid is not None and self.grid.distributed and self.world_size > 1
 
     def due(self, step: int) -> bool:
+        """Save at this step? True on every rank or on none. Also True, with
+        ``stop_requested`` set, once any rank has a preemption request pending."""
         if self.every_steps is not None:
-            return step % self.every_steps == 0
-        if self.every_seconds is None:
-            return False
-        flag = float(self.rank == 0 and time.monotonic() - self.last_save >= self.every_seconds)
+            flag = float(step % self.every_steps == 0)
+        elif self.every_seconds is not None:
+            flag = float(self.rank == 0 and time.monotonic() - self.last_save >= self.every_seconds)
+        else:
+            flag = 0.0
+        armed = PREEMPTION.armed
+        if not armed and self.every_seconds is None:
+            return flag > 0  # local arithmetic: no agreement needed
+        stop = float(armed and PREEMPTION.requested)
         if self._distributed():
             import torch.distributed as dist
 
-            t = torch.tensor([flag])
+            t = torch.tensor([flag, stop])
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=dist.group.WORLD)
-            flag = float(t[0])
-        return flag > 0
+            flag, stop = float(t[0]), float(t[1])
+        self.stop_requested = stop > 0
+        return flag > 0 or self.stop_requested
 
     def _barrier(self) -> None:
         if self._distributed():

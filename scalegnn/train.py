@@ -24,7 +24,7 @@ import torch
 
 from . import checkpoint as ckpt_mod
 from . import records
-from .checkpoint import CheckpointConfig, CheckpointError, Checkpointer
+from .checkpoint import CheckpointConfig, CheckpointError, Checkpointer, Preempted
 from .engine import OptimConfig, SerialEngine
 from .graph import Graph
 from .model import ModelConfig
@@ -225,6 +225,9 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         record["status"] = "ok"
     except DivergedError as exc:
         record["status"], record["error"] = "diverged", str(exc)
+    except Preempted as exc:  # saved; the launcher requeues. The record says where it stands.
+        record["status"], record["error"] = "running", str(exc)
+        raise
     except Exception as exc:
         err = out_of_memory(exc, cfg, rank, where.stage, batch_size) or exc
         record["status"] = "failed"
@@ -375,6 +378,7 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
                     where.stage = f"checkpoint save at step {step}"
                     _save_checkpoint(ckpt, cfg, engine, record, step, epoch - 1, train_time,
                                      (loss_sum, loss_n, correct, count))
+                    _stop_if_preempted(ckpt, step)
                     t0 = time.perf_counter()
             train_time += time.perf_counter() - t0
             row = {
@@ -392,6 +396,7 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
             if ckpt is not None and ckpt.due(step):  # epoch-end save, after the row
                 where.stage = f"checkpoint save at step {step}"
                 _save_checkpoint(ckpt, cfg, engine, record, step, epoch, train_time, (0.0, 0, 0.0, 0))
+                _stop_if_preempted(ckpt, step)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", test=row["test_acc"] or float("nan"))
@@ -401,6 +406,13 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
     finally:
         if bar is not None:
             bar.close()
+
+
+def _stop_if_preempted(ckpt: Checkpointer, step: int) -> None:
+    if ckpt.stop_requested:
+        from .checkpoint import PREEMPTION
+
+        raise Preempted(step, ckpt.last_path, PREEMPTION.signal)
 
 
 def _summarize(record: dict) -> None:

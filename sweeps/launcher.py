@@ -237,9 +237,21 @@ class SweepTask(_TaskBase):
                 # is the run's --collective-timeout: the axis groups inherit it.
                 init_from_env(timeout=datetime.timedelta(seconds=collective_timeout_s(self.argv())),
                               backend=self.backend)
+        from scalegnn.checkpoint import PREEMPTION, Preempted
         from scalegnn.cli import main
 
-        rc = main(self.argv())
+        requeue = _save_on_preemption_signal()
+        try:
+            rc = main(self.argv())
+        except Preempted as exc:
+            # Every rank saved at the same step; now submitit's own handler requeues
+            # the job (rank 0; the others return and are stopped by the requeue).
+            print(f"rank {env.global_rank}: {exc}", file=sys.stderr)
+            if requeue is not None:
+                requeue()
+            return {"key": self.run["key"], "rank": env.global_rank, "status": "preempted"}
+        finally:
+            PREEMPTION.disarm()
         if rc != 0:
             raise RuntimeError(f"scalegnn {' '.join(self.argv())} exited with status {rc} on rank {env.global_rank}")
         return {"key": self.run["key"], "rank": env.global_rank, "status": "ok"}
@@ -250,6 +262,32 @@ class SweepTask(_TaskBase):
 
         return DelayedSubmission(SweepTask(self.run, self.folder, self.backend, self.threads, self.checkpoint_every,
                                            requeued=self.requeued + 1))
+
+
+def _save_on_preemption_signal():
+    """Arm the training loop's preemption request on submitit's signal (USR2, sent
+    ``signal_delay_s`` before a time limit, or on preemption) instead of letting
+    submitit requeue at once: the loop saves a checkpoint at its next step boundary
+    (all ranks at the same step) and raises ``Preempted``; then the returned function
+    runs submitit's own handler, which requeues. Without this, a requeued run would
+    lose everything since its last periodic checkpoint. Returns None when submitit
+    installed no handler (not inside a submitit job)."""
+    import signal as signal_module
+
+    from scalegnn.checkpoint import PREEMPTION
+
+    try:
+        import submitit
+
+        signum = submitit.JobEnvironment._usr_sig()
+    except Exception:  # noqa: BLE001 - not a submitit job, or an older submitit
+        return None
+    original = signal_module.getsignal(signum)
+    if not callable(original):
+        return None
+    PREEMPTION.arm()
+    signal_module.signal(signum, lambda sig, frame: PREEMPTION.request(sig))
+    return lambda: original(signum, None)
 
 
 # ---------------------------------------------------------------------------- SLURM scripts

@@ -246,3 +246,93 @@ def test_resumed_4d_parallel_run_equals_the_uninterrupted_one(tmp_path):
     assert resumed["losses"] == [(s, ref_losses[s]) for s in range(start, total)], seed  # float ==
     assert _rows(resumed["record"]) == _rows(ref["record"]), seed
     assert resumed["record"]["run_id"] == failed["run_id"]
+
+
+# ----------------------------------------------------------------------------- preemption
+def test_preemption_request_saves_at_the_next_step_and_resumes_exactly(tmp_path, monkeypatch):
+    """USR2 (SLURM's warning before a time limit / preemption) arrives during step 5:
+    the loop saves at step 6, off its checkpoint period, raises Preempted and records
+    the run as still running; resuming reproduces the uninterrupted losses."""
+    log = StepLog(monkeypatch)
+    ref = run_training(config(tmp_path))
+    ref_losses = list(log.losses)
+    real = SerialEngine.train_step
+
+    def step(engine, s):
+        res = real(engine, s)
+        if s == 5:
+            os.kill(os.getpid(), signal.SIGUSR2)  # the handler only sets the request
+        return res
+
+    monkeypatch.setattr(SerialEngine, "train_step", step)
+    previous = signal.signal(signal.SIGUSR2, lambda sig, frame: ck.PREEMPTION.request(sig))
+    ck.PREEMPTION.arm()
+    ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="1000", resume=True)
+    try:
+        with pytest.raises(ck.Preempted, match=r"preempted \(SIGUSR2\): checkpoint saved at step 6"):
+            run_training(config(tmp_path, checkpoint=ckpt))
+    finally:
+        ck.PREEMPTION.disarm()
+        signal.signal(signal.SIGUSR2, previous)
+    assert ck.read_meta(ck.latest(tmp_path / "ck"))["step"] == 6
+    (path,) = [p for p in (tmp_path / "runs").iterdir() if p.name != f"{ref['run_id']}.json"]
+    assert json.loads(path.read_text())["status"] == "running"
+    log = StepLog(monkeypatch)
+    resumed = run_training(config(tmp_path, checkpoint=ckpt))
+    assert resumed["status"] == "ok" and resumed["resumed"][0]["step"] == 6
+    assert log.losses == ref_losses[6:] and _rows(resumed) == _rows(ref)  # float ==
+
+
+def _preempt_worker(rank, world, cfg):
+    """Rank 1 alone gets the request (after step 3); every rank must stop at one step."""
+    from scalegnn.parallel.engine import ParallelEngine
+    from scalegnn.parallel.grid import ProcessGrid
+
+    real = ParallelEngine.train_step
+
+    def step(engine, s):
+        res = real(engine, s)
+        if rank == 1 and s == 3:
+            ck.PREEMPTION.request(signal.SIGUSR2)
+        return res
+
+    ParallelEngine.train_step = step
+    ck.PREEMPTION.arm()
+    try:
+        run_training(cfg, grid=ProcessGrid(*cfg.grid), run_id="preempt-test-000000000000")
+    except ck.Preempted as exc:
+        return exc.step
+    return None
+
+
+@pytest.mark.distributed
+def test_ranks_agree_on_the_preemption_step(tmp_path):
+    from scalegnn.parallel.launch import spawn
+
+    ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="1000")
+    cfg = config(tmp_path, grid=(1, 2, 1, 1), epochs=2, checkpoint=ckpt)
+    assert spawn(_preempt_worker, 2, cfg, timeout_s=120) == [4, 4]
+    saved = ck.latest(tmp_path / "ck")
+    assert ck.read_meta(saved)["step"] == 4 and (saved / "rank-00001.pt").exists()
+
+
+def test_sweep_task_turns_submitits_signal_into_a_save_then_requeues(monkeypatch):
+    """Inside a submitit job the USR2 handler only requests the save; submitit's own
+    handler (which requeues) runs afterwards, when the task calls it."""
+    import submitit
+
+    from sweeps.launcher import _save_on_preemption_signal
+
+    calls = []
+    monkeypatch.setattr(submitit.JobEnvironment, "_usr_sig", classmethod(lambda cls: signal.SIGUSR2))
+    previous = signal.signal(signal.SIGUSR2, lambda sig, frame: calls.append(sig))  # stands in for submitit's
+    try:
+        requeue = _save_on_preemption_signal()
+        assert ck.PREEMPTION.armed and not ck.PREEMPTION.requested
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert ck.PREEMPTION.requested and ck.PREEMPTION.signal == "SIGUSR2" and calls == []
+        requeue()
+        assert calls == [signal.SIGUSR2]
+    finally:
+        ck.PREEMPTION.disarm()
+        signal.signal(signal.SIGUSR2, previous)

@@ -510,7 +510,9 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
         try:
             record = run_training(cfg, grid=grid, run_id=run_id)
         except Exception as exc:
-            if grid.rank != 0:
+            from ..checkpoint import Preempted
+
+            if grid.rank != 0 and not isinstance(exc, Preempted):  # preempted: saved, rank 0 recorded it
                 _record_failure_if_rank0_cannot(cfg, run_id, grid.rank, exc)
             raise
     finally:
