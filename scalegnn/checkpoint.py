@@ -335,6 +335,7 @@ class PreemptionRequest:
 
     def __init__(self):
         self.armed = False
+        self.listening = False  # the training loop is running and will see a request
         self.requested = False
         self.signal: str | None = None
 
@@ -342,7 +343,7 @@ class PreemptionRequest:
         self.armed, self.requested, self.signal = True, False, None
 
     def disarm(self) -> None:
-        self.armed, self.requested, self.signal = False, False, None
+        self.armed, self.listening, self.requested, self.signal = False, False, False, None
 
     def request(self, signum: int | None = None) -> None:
         import signal as _signal

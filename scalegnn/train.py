@@ -353,6 +353,9 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
     bar = _progress(cfg, cfg.epochs, rank)
     if bar is not None and step // spe:
         bar.update(step // spe)
+    from .checkpoint import PREEMPTION
+
+    PREEMPTION.listening = ckpt is not None  # a preemption request will be seen (Checkpointer.due)
     try:
         for epoch in range(step // spe + 1, cfg.epochs + 1):
             engine.components.clear()
@@ -404,6 +407,7 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
             if cfg.stop_at_target and reached:
                 break
     finally:
+        PREEMPTION.listening = False
         if bar is not None:
             bar.close()
 

@@ -240,7 +240,8 @@ class SweepTask(_TaskBase):
         from scalegnn.checkpoint import PREEMPTION, Preempted
         from scalegnn.cli import main
 
-        requeue = _save_on_preemption_signal()
+        # Baselines have no checkpoints: submitit's handler requeues them directly.
+        requeue = _save_on_preemption_signal() if self.run["system"] in ("scalegnn", "fullgraph-3d") else None
         try:
             rc = main(self.argv())
         except Preempted as exc:
@@ -270,8 +271,9 @@ def _save_on_preemption_signal():
     submitit requeue at once: the loop saves a checkpoint at its next step boundary
     (all ranks at the same step) and raises ``Preempted``; then the returned function
     runs submitit's own handler, which requeues. Without this, a requeued run would
-    lose everything since its last periodic checkpoint. Returns None when submitit
-    installed no handler (not inside a submitit job)."""
+    lose everything since its last periodic checkpoint. A signal that arrives while
+    no training loop listens (data loading, setup) requeues at once, as submitit
+    would. Returns None when submitit installed no handler (not inside a submitit job)."""
     import signal as signal_module
 
     from scalegnn.checkpoint import PREEMPTION
@@ -286,7 +288,14 @@ def _save_on_preemption_signal():
     if not callable(original):
         return None
     PREEMPTION.arm()
-    signal_module.signal(signum, lambda sig, frame: PREEMPTION.request(sig))
+
+    def handler(sig, frame):
+        if PREEMPTION.listening:
+            PREEMPTION.request(sig)
+        else:  # loading data, building the model, or after training: nothing to save, requeue now
+            original(sig, frame)
+
+    signal_module.signal(signum, handler)
     return lambda: original(signum, None)
 
 
