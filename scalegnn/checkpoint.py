@@ -46,13 +46,15 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .fileio import atomic_write
+from .records import atomic_write_json
 
 __all__ = [
     "PREEMPTION",
@@ -177,47 +179,9 @@ def set_rng_state(state: dict) -> None:
 
 
 # --------------------------------------------------------------------------- files
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(target: Path, write) -> None:
-    """``write(file_object)`` into a temp file next to ``target``, fsync, rename over it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(target.parent)
-
-
 def atomic_torch_save(obj, target: str | os.PathLike) -> Path:
     """``torch.save`` to a temp file in the same folder, fsync, ``os.replace``."""
-    target = Path(target)
-    _atomic_write(target, lambda f: torch.save(obj, f))
-    return target
-
-
-def _atomic_json(obj, target: Path) -> None:
-    _atomic_write(target, lambda f: f.write(json.dumps(obj, indent=1, allow_nan=True).encode()))
+    return atomic_write(target, lambda f: torch.save(obj, f))
 
 
 def _step_dir(directory: Path, step: int) -> Path:
@@ -432,8 +396,9 @@ class Checkpointer:
                            "step": step, "engine": engine_state, "rng": rng_state()}, _rank_file(ckpt, self.rank))
         self._barrier()  # every rank's file is in place before the checkpoint is marked complete
         if self.rank == 0:
-            _atomic_json({**meta, "format": CHECKPOINT_FORMAT, "step": step, "world_size": self.world_size,
-                          "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, ckpt / "meta.json")
+            atomic_write_json(ckpt / "meta.json", {**meta, "format": CHECKPOINT_FORMAT, "step": step,
+                                                   "world_size": self.world_size,
+                                                   "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
             self._prune(step)
         self.saves += 1
         self.last_save = time.monotonic()

@@ -12,10 +12,11 @@ import os
 import platform
 import socket
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from .fileio import atomic_write
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -134,33 +135,11 @@ def write_record(record: dict, out_dir: str | os.PathLike, *, exclusive: bool = 
 
 
 def atomic_write_json(target: str | os.PathLike, obj, *, exclusive: bool = False) -> Path:
-    """Write ``obj`` as JSON to ``target`` atomically.
-
-    The JSON goes to a temporary file in the same directory, is fsynced, and is
-    renamed over the target: a reader sees either no file or the whole document, and
-    an interrupted write leaves nothing behind. ``exclusive``: only if ``target``
-    does not exist yet (hard link, atomic on POSIX); raises ``FileExistsError`` else.
-    """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, allow_nan=True, default=_json_default)
-            f.flush()
-            os.fsync(f.fileno())
-        if exclusive:
-            os.link(tmp, target)
-            os.unlink(tmp)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return target
+    """Write ``obj`` as JSON to ``target`` atomically (:func:`scalegnn.fileio.atomic_write`);
+    numpy / torch scalars, sets, tuples and paths are converted. ``exclusive``: only
+    if ``target`` does not exist yet (``FileExistsError`` otherwise)."""
+    return atomic_write(target, lambda f: json.dump(obj, f, indent=1, allow_nan=True, default=_json_default),
+                        text=True, exclusive=exclusive)
 
 
 def _json_default(obj):

@@ -128,11 +128,9 @@ def _write_manifest(out: Path, spec: SweepSpec, profile: ClusterProfile, runs: l
         "runs": [r.to_dict() for r in runs],
         "unsupported": [r.to_dict() for r in unsupported],
     }
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".manifest.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
-    return path
+    from scalegnn.records import atomic_write_json
+
+    return atomic_write_json(path, data)
 
 
 # ---------------------------------------------------------------------------- systems

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from scalegnn.fileio import atomic_write
 from scalegnn.graph import Graph
 
 __all__ = ["CACHE_FORMAT_VERSION", "cache_dir", "cache_path", "load_cached", "save_cached", "source_signature"]
@@ -103,13 +104,10 @@ def save_cached(path: Path, graph: Graph, source: list) -> None:
         blob.update(x_crow=xs.crow_indices(), x_col=xs.col_indices(), x_val=xs.values(), x_shape=list(x.shape))
     else:
         blob["x"] = x
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        torch.save(blob, tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: torch.save(blob, f))
     except OSError as e:
         warnings.warn(f"could not write the dataset cache {path}: {e}; continuing without it", stacklevel=3)
-        tmp.unlink(missing_ok=True)
 
 
 def load_cached(path: Path, name: str, source: list) -> Graph | None:

@@ -23,13 +23,12 @@ rank's file back (``weights_only=True``, plain tensors only).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..fileio import atomic_write
 from ..graph import Graph
 from ..sampling import CSRBlock, train_mask_of
 from .grid import PMM_AXES, ProcessGrid, split_range
@@ -229,18 +228,6 @@ def _mp_coords(grid_shape) -> list[dict]:
     return [{"x": i, "y": j, "z": k} for i in range(gx) for j in range(gy) for k in range(gz)]
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _shard_name(c: dict) -> str:
     return f"shard_x{c['x']}_y{c['y']}_z{c['z']}.pt"
 
@@ -271,7 +258,7 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
     for c in _mp_coords(shape):
         shard = build_shard(graph, shape, c, _masks=masks, sigma=sigma, _permuted=permuted)
         path = out / _shard_name(c)
-        _atomic_write(path, lambda tmp, s=shard: torch.save(s.to_state(), tmp))
+        atomic_write(path, lambda f, s=shard: torch.save(s.to_state(), f))
         paths.append(path)
         nnz.append([blk.nnz for blk in shard.adj])
     manifest = {
@@ -281,7 +268,7 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
         "permute": permute, "seed": int(seed),
     }
     mpath = out / "manifest.json"
-    _atomic_write(mpath, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+    atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
     return paths + [mpath]
 
 
