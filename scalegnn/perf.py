@@ -134,6 +134,7 @@ class SpanTimer:
     def reset(self) -> None:
         self.seconds.clear()
         self._events.clear()
+        self._events.clear()
 
 
 def synchronize(device: torch.device | str) -> None:

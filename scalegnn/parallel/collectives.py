@@ -23,7 +23,6 @@ cast to BF16, all-reduce, cast back. RMSNorm and cross-entropy reductions stay F
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,9 +30,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..perf import SpanTimer
 from .grid import ProcessGrid
 
-__all__ = ["CommStats", "ComponentTimer", "all_reduce", "all_reduce_async", "PendingReduce", "all_gather_uneven",
+__all__ = ["CommStats", "all_reduce", "all_reduce_async", "PendingReduce", "all_gather_uneven",
            "broadcast", "PMM_KINDS"]
 
 PMM_KINDS = ("pmm_x", "pmm_y", "pmm_z")
@@ -47,49 +47,35 @@ class CommStats:
 
     Seconds are the time a collective holds up its caller: around a blocking call
     on CPU (gloo is synchronous), the wait of an asynchronous one (the overlapped
-    part is hidden, so it is not counted). On GPU a collective only enqueues work,
-    so :meth:`span` records CUDA events instead and :meth:`flush` resolves them.
+    part is hidden, so it is not counted). On GPU (``device`` cuda) a collective
+    only enqueues work, so :meth:`span` records CUDA events instead and
+    :meth:`flush` resolves them (:class:`scalegnn.perf.SpanTimer` does both).
     ``timing=False`` keeps the byte counts and skips every clock.
     """
 
     bytes: dict = field(default_factory=lambda: defaultdict(int))
     calls: dict = field(default_factory=lambda: defaultdict(int))
-    seconds: dict = field(default_factory=lambda: defaultdict(float))
     timing: bool = True
-    _events: list = field(default_factory=list)
+    device: torch.device | str = "cpu"
 
-    def record(self, kind: str, nbytes: int, seconds: float = 0.0) -> None:
+    def __post_init__(self):
+        self._timer = SpanTimer(self.device, enabled=self.timing)
+
+    @property
+    def seconds(self) -> dict:
+        return self._timer.seconds
+
+    def record(self, kind: str, nbytes: int) -> None:
         self.bytes[kind] += int(nbytes)
         self.calls[kind] += 1
-        self.seconds[kind] += float(seconds)
 
-    @contextmanager
-    def span(self, kind: str, device: torch.device):
-        """Time the enclosed collective under ``kind`` (host clock on CPU, events on GPU)."""
-        if not self.timing:
-            yield
-        elif device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            try:
-                yield
-            finally:
-                end.record()
-                self._events.append((kind, start, end))
-        else:
-            t0 = time.perf_counter()
-            try:
-                yield
-            finally:
-                self.seconds[kind] += time.perf_counter() - t0
+    def span(self, kind: str):
+        """Time the enclosed collective under ``kind``."""
+        return self._timer(kind)
 
     def flush(self) -> None:
         """Add the elapsed time of pending GPU event pairs (waits for the last one)."""
-        if self._events:
-            self._events[-1][2].synchronize()
-            for kind, start, end in self._events:
-                self.seconds[kind] += start.elapsed_time(end) / 1e3
-            self._events.clear()
+        self._timer.flush()
 
     def snapshot(self) -> dict:
         self.flush()
@@ -98,34 +84,11 @@ class CommStats:
     def reset(self) -> None:
         self.bytes.clear()
         self.calls.clear()
-        self.seconds.clear()
-        self._events.clear()
-
-
-class ComponentTimer:
-    """Cumulative wall seconds per named compute component (``with t("spmm"): ...``).
-
-    CPU wall time; on GPU the caller must synchronize for meaningful numbers.
-    A ``None`` timer anywhere in this package means "do not time".
-    """
-
-    def __init__(self):
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] += time.perf_counter() - t0
-
-    def reset(self) -> None:
-        self.seconds.clear()
+        self._timer.reset()
 
 
 @contextmanager
-def _maybe_time(timer: ComponentTimer | None, name: str):
+def _maybe_time(timer: SpanTimer | None, name: str):
     if timer is None:
         yield
     else:
@@ -168,7 +131,7 @@ def all_reduce(
     if comm_dtype is not None and comm_dtype != t.dtype and kind not in PMM_KINDS:
         raise ValueError(f"low-precision communication is only for 3D-PMM partial sums, not for kind {kind!r}")
     group = _group(grid, axis)
-    with _span(stats, kind, t):
+    with _span(stats, kind):
         if comm_dtype is not None and comm_dtype != t.dtype:
             buf = t.to(comm_dtype)  # cast - all-reduce - cast (paper V-B)
             dist.all_reduce(buf, op=_op(op), group=group)
@@ -184,8 +147,8 @@ def all_reduce(
     return t
 
 
-def _span(stats: CommStats | None, kind: str, t: torch.Tensor):
-    return stats.span(kind, t.device) if stats is not None else _NULL_SPAN
+def _span(stats: CommStats | None, kind: str):
+    return stats.span(kind) if stats is not None else _NULL_SPAN
 
 
 class _NullSpan:
@@ -215,7 +178,7 @@ class PendingReduce:
     def wait(self) -> torch.Tensor:
         if self._work is not None:
             work, self._work = self._work, None
-            with _span(self._stats, self._kind, self.tensor):
+            with _span(self._stats, self._kind):
                 work.wait()
                 if self._buf is not None:
                     self.tensor.copy_(self._buf)
@@ -247,7 +210,7 @@ def all_reduce_async(
     group = _group(grid, axis)
     buf = t.to(comm_dtype) if comm_dtype is not None and comm_dtype != t.dtype else None
     wire = t if buf is None else buf
-    with _span(stats, kind, t):
+    with _span(stats, kind):
         work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
     if stats is not None:
         stats.record(kind, wire.numel() * wire.element_size())
@@ -285,7 +248,7 @@ def all_gather_uneven(
     padded = t.new_zeros(other)
     padded.narrow(dim, 0, sizes[me]).copy_(t)
     outs = [torch.empty_like(padded) for _ in range(n)]
-    with _span(stats, kind, padded):
+    with _span(stats, kind):
         dist.all_gather(outs, padded, group=_group(grid, axis))
     if stats is not None:
         stats.record(kind, padded.numel() * padded.element_size())
@@ -297,7 +260,7 @@ def broadcast(t: torch.Tensor, grid: ProcessGrid, axis: str, src_index: int, sta
     """In-place broadcast of ``t`` from the rank with ``axis`` index ``src_index``."""
     if grid.axis_size(axis) == 1 or t.numel() == 0:
         return t
-    with _span(stats, kind, t):
+    with _span(stats, kind):
         dist.broadcast(t, src=grid.group_ranks(axis)[src_index], group=_group(grid, axis))
     if stats is not None:
         stats.record(kind, t.numel() * t.element_size())

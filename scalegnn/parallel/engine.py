@@ -112,7 +112,7 @@ class ParallelEngine:
         )
         self.grad_clip = optim_cfg.grad_clip
         comm_dtype = pmm_comm_dtype if pmm_comm_dtype is not None else perf.pmm_comm_dtype
-        self._stats = CommStats(timing=perf.instrument)
+        self._stats = CommStats(timing=perf.instrument, device=self.device)
         self._timer = SpanTimer(self.device, enabled=perf.instrument)
         fused = None
         if perf.compile:

@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..model import dropout_keep_mask, rms_norm
+from ..perf import SpanTimer
 from ..sampling import SampledBlock
-from .collectives import (CommStats, ComponentTimer, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
+from .collectives import (CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
                           all_reduce_async)
 from .grid import ProcessGrid
 from .layout import RowPartition, col_bounds, interval_overlap
@@ -73,7 +74,7 @@ class ParallelContext:
 
     grid: ProcessGrid
     stats: CommStats | None = None
-    timer: ComponentTimer | None = None
+    timer: SpanTimer | None = None
     pmm_comm_dtype: torch.dtype | None = None
     overlap: bool = False
     fused: object | None = None
