@@ -105,6 +105,26 @@ class EpochStats:
     comm_bytes: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # system-specific per-epoch fields (e.g. cache hits)
 
+    def add_batch(self, loss: float, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """One step's loss and the training accuracy of its (detached) logits."""
+        correct, count = accuracy_counts(logits, y)
+        self.loss_sum += loss
+        self.loss_n += 1
+        self.correct += correct
+        self.count += count
+
+
+def backward_and_step(optimizer, loss: torch.Tensor, components: dict, forward_start: float) -> None:
+    """Backward and optimizer step of one training step, timed: the seconds since
+    ``forward_start`` go to ``components["forward_backward"]``, the step's to
+    ``components["optimizer"]`` (DDP's gradient all-reduce runs inside backward)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    t = time.perf_counter()
+    components["forward_backward"] += t - forward_start
+    optimizer.step()
+    components["optimizer"] += time.perf_counter() - t
+
 
 # --------------------------------------------------------------------------- distributed helpers
 def world_info() -> tuple[int, int]:

@@ -24,7 +24,8 @@ from scalegnn.engine import accuracy_counts
 from scalegnn.model import node_loss
 from scalegnn.sampling import select_rows
 
-from .common import BaselineData, CommonConfig, EpochStats, broadcast_floats, split_accuracies, world_info
+from .common import (BaselineData, CommonConfig, EpochStats, backward_and_step, broadcast_floats, split_accuracies,
+                     world_info)
 from .models import SAGENet
 
 __all__ = ["GraphSAGEOptions", "GraphSAGETrainer", "make_trainer", "neighbor_loader"]
@@ -142,17 +143,8 @@ class GraphSAGETrainer:
                 y = batch.y[: batch.batch_size]
                 mask = torch.ones(batch.batch_size, dtype=torch.bool)
                 loss = node_loss(out, y, mask)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                t2 = time.perf_counter()
-                comp["forward_backward"] += t2 - t1
-                self.optimizer.step()
-                comp["optimizer"] += time.perf_counter() - t2
-                c, n = accuracy_counts(out.detach(), y)
-                st.loss_sum += float(loss.detach())
-                st.loss_n += 1
-                st.correct += c
-                st.count += n
+                backward_and_step(self.optimizer, loss, comp, t1)
+                st.add_batch(float(loss.detach()), out.detach(), y)
         st.components = dict(comp)
         return st
 

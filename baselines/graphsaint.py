@@ -35,10 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from scalegnn.engine import accuracy_counts
-from scalegnn.sampling import select_rows
+from scalegnn.sampling import select_rows, train_mask_of
 
-from .common import BaselineData, CommonConfig, EpochStats, broadcast_floats, world_info
+from .common import BaselineData, CommonConfig, EpochStats, backward_and_step, broadcast_floats, world_info
 from .graphsage import split_accuracies_local
 from .models import SAINTNet
 
@@ -56,8 +55,6 @@ class GraphSAINTOptions:
     normalization: str = "exact"     # exact | sampled (PyG's statistics) | none (plain mean, unweighted loss)
 
     def __post_init__(self):
-        if self.normalization is True or self.normalization is False:  # the old boolean form
-            self.normalization = "exact" if self.normalization else "none"
         if self.normalization not in ("exact", "sampled", "none"):
             raise ValueError(f"--saint-norm must be exact, sampled or none, got {self.normalization!r}")
         if self.node_budget is not None and self.node_budget < 1:
@@ -74,10 +71,7 @@ def saint_data(data: BaselineData):
 
     g = data.graph
     n = data.num_nodes
-    train_mask = torch.zeros(n, dtype=torch.bool)
-    train_mask[g.train_idx] = True
-    if not g.multilabel:
-        train_mask &= g.y >= 0
+    train_mask = train_mask_of(g)
     col = data.edge_index[1]
     inv_deg = 1.0 / degree(col, n).clamp(min=1)[col]
     return Data(edge_index=data.edge_index, num_nodes=n, y=g.y, train_mask=train_mask,
@@ -178,19 +172,9 @@ class GraphSAINTTrainer:
                 loss = out.sum() * 0.0
             else:
                 loss = (per * node_norm)[mask].sum() if norm else per[mask].mean()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            t2 = time.perf_counter()
-            comp["forward_backward"] += t2 - t1
-            self.optimizer.step()
-            comp["optimizer"] += time.perf_counter() - t2
-            if not bool(mask.any()):
-                continue
-            c, k = accuracy_counts(out.detach()[mask], sub.y[mask])
-            st.loss_sum += float(per.detach()[mask].mean())
-            st.loss_n += 1
-            st.correct += c
-            st.count += k
+            backward_and_step(self.optimizer, loss, comp, t1)
+            if bool(mask.any()):
+                st.add_batch(float(per.detach()[mask].mean()), out.detach()[mask], sub.y[mask])
         st.components = dict(comp)
         return st
 

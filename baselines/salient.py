@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from scalegnn.engine import accuracy_counts
 from scalegnn.model import node_loss
 from scalegnn.sampling import select_rows
 
-from .common import BaselineData, CommonConfig, EpochStats, all_reduce_sum, split_accuracies, world_info
+from .common import (BaselineData, CommonConfig, EpochStats, all_reduce_sum, backward_and_step, split_accuracies,
+                     world_info)
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
 from .models import SAGENet
 from .partition import PARTITION_METHODS, partition_vertices
@@ -344,18 +344,9 @@ class SalientTrainer:
                 out = self.ddp(batch.x, batch.edge_index)[: batch.num_seeds]
                 y = self.data.graph.y[batch.n_id[: batch.num_seeds]]
                 loss = node_loss(out, y, torch.ones(batch.num_seeds, dtype=torch.bool))
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            t2 = time.perf_counter()
-            comp["forward_backward"] += t2 - t1
-            self.optimizer.step()
-            comp["optimizer"] += time.perf_counter() - t2
+            backward_and_step(self.optimizer, loss, comp, t1)
             if batch.num_seeds:
-                c, k = accuracy_counts(out.detach(), y)
-                st.loss_sum += float(loss.detach())
-                st.loss_n += 1
-                st.correct += c
-                st.count += k
+                st.add_batch(float(loss.detach()), out.detach(), y)
             t_wait = time.perf_counter()
         st.components = dict(comp)
         st.comm_bytes = {"feature_fetch": int(cache["bytes"])}

@@ -60,6 +60,16 @@ def accuracy_table(recs: list[dict], metric: str = "test_acc_at_best_val") -> st
     return "\n".join(lines)
 
 
+def _system_by_procs(cell: dict, procs: set) -> str:
+    """Markdown: one row per system, one column per process count, cells from ``cell[(system, procs)]``."""
+    procs = sorted(procs)
+    systems = sorted({s for s, _ in cell}, key=_sys_key)
+    lines = ["| system | " + " | ".join(f"{n} proc" for n in procs) + " |", "|---|" + "---|" * len(procs)]
+    for s in systems:
+        lines.append(f"| {s} | " + " | ".join(cell.get((s, n), "—") for n in procs) + " |")
+    return "\n".join(lines)
+
+
 def time_to_target_table(recs: list[dict]) -> str:
     cell, procs = {}, set()
     for r in recs:
@@ -76,12 +86,7 @@ def time_to_target_table(recs: list[dict]) -> str:
             best = max((e for e in epochs if e["test_acc"] is not None), key=lambda e: e["test_acc"])
             cell[(r["system"], n)] = (f"× {best['test_acc']:.3f} best, {best['train_time_s']:.1f} s "
                                       f"({len(epochs)} ep)")
-    procs = sorted(procs)
-    systems = sorted({s for s, _ in cell}, key=_sys_key)
-    lines = ["| system | " + " | ".join(f"{n} proc" for n in procs) + " |", "|---|" + "---|" * len(procs)]
-    for s in systems:
-        lines.append(f"| {s} | " + " | ".join(cell.get((s, n), "—") for n in procs) + " |")
-    return "\n".join(lines)
+    return _system_by_procs(cell, procs)
 
 
 def eval_time_table(recs: list[dict]) -> str:
@@ -96,12 +101,7 @@ def eval_time_table(recs: list[dict]) -> str:
             [b["train_time_s"] - a["train_time_s"] for a, b in zip(r["epochs"], r["epochs"][1:])] or
             [r["epochs"][0]["train_time_s"]])
         cell[(r["system"], n)] = f"{statistics.median(times):.3f} s (epoch {per_epoch:.2f} s)"
-    procs = sorted(procs)
-    systems = sorted({s for s, _ in cell}, key=_sys_key)
-    lines = ["| system | " + " | ".join(f"{n} proc" for n in procs) + " |", "|---|" + "---|" * len(procs)]
-    for s in systems:
-        lines.append(f"| {s} | " + " | ".join(cell.get((s, n), "—") for n in procs) + " |")
-    return "\n".join(lines)
+    return _system_by_procs(cell, procs)
 
 
 def main(argv=None) -> int:
