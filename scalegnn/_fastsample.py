@@ -231,16 +231,13 @@ _EMPTY = np.zeros(0, np.int64)
 PARALLEL_MIN_NNZ = 1 << 17  # stored entries of the sampled rows below which one thread is faster
 
 
-def _row_chunks(indptr: np.ndarray, rows: np.ndarray, parts: int, work: np.ndarray | None = None
-                ) -> list[tuple[int, int]]:
-    """``parts`` contiguous ranges of ``rows`` with about equal stored entries
+def _row_chunks(work: np.ndarray, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges of the sampled rows with about equal stored entries
     (``work``: their running total, :func:`_row_work_kernel`)."""
-    if parts <= 1 or rows.size < 2 * parts:
-        return [(0, rows.size)]
-    if work is None:
-        work = np.cumsum(indptr[rows + 1] - indptr[rows])
+    if parts <= 1 or work.size < 2 * parts:
+        return [(0, work.size)]
     cuts = np.searchsorted(work, work[-1] * np.arange(1, parts) / parts)
-    bounds = [0, *[int(c) for c in cuts], rows.size]
+    bounds = [0, *[int(c) for c in cuts], work.size]
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
@@ -298,19 +295,19 @@ def extract(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, r
     ck = _EMPTY if ckey is None else ckey.contiguous().numpy()
     n_cols = c.size
     threads = torch.get_num_threads() if threads is None else threads
-    parts, work = 1, None
+    chunks = [(0, r.size)]
     if threads > 1 and r.size:
         work = _run(_row_work_kernel, ip, r)
-        parts = max(1, min(threads, int(work[-1]) // PARALLEL_MIN_NNZ))
+        chunks = _row_chunks(work, max(1, min(threads, int(work[-1]) // PARALLEL_MIN_NNZ)))
     bits, rank = _run(_bitmap_kernel, c, int(c0), int(c1))
-    chunks = _row_chunks(ip, r, parts, work)
     scanned = _in_threads(lambda lo, hi: _run(_scan_kernel, ip, ind, val, r, lo, hi, bits, rank, int(c0), n_cols,
                                               int(diag_shift), float(scale), scale != 1.0, rk, ck, keyed), chunks)
-    row_cnt = np.concatenate([s[2] for s in scanned]) if scanned else np.zeros(0, np.int64)
+    row_cnt = np.concatenate([s[2] for s in scanned])
     fwd_ptr = np.zeros(r.size + 1, np.int64)
     np.cumsum(row_cnt, out=fwd_ptr[1:])
-    out_c = np.concatenate([s[0] for s in scanned]) if len(scanned) > 1 else scanned[0][0]
-    out_v = np.concatenate([s[1] for s in scanned]) if len(scanned) > 1 else scanned[0][1]
+    # a fresh copy even for one range: the scans' outputs are views into upper-bound buffers
+    out_c = np.concatenate([s[0] for s in scanned])
+    out_v = np.concatenate([s[1] for s in scanned])
     col_total = np.zeros(n_cols, np.int64)
     starts = []
     for s in scanned:  # chunk j's first slot per column: after the columns before, and chunks < j
@@ -323,4 +320,4 @@ def extract(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, r
     t_vals = np.empty(k, np.float32)
     _in_threads(lambda j: _run(_scatter_kernel, scanned[j][0], scanned[j][1], scanned[j][2], chunks[j][0],
                                t_ptr[:-1] + starts[j], t_rows, t_vals), [(j,) for j in range(len(scanned))])
-    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (fwd_ptr, out_c, out_v, t_ptr, t_rows, t_vals))
+    return tuple(torch.from_numpy(a) for a in (fwd_ptr, out_c, out_v, t_ptr, t_rows, t_vals))

@@ -95,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continue from the newest complete checkpoint in --checkpoint-dir; starts from "
                      "scratch when there is none, so a requeued job can always pass it")
     rel.add_argument("--keep-checkpoints", type=int, default=2, help="complete checkpoints kept on disk")
-    rel.add_argument("--collective-timeout", type=float, default=600.0, metavar="SECONDS",
-                     help="a collective that waits longer (a rank died or hangs) fails the run")
+    rel.add_argument("--collective-timeout", type=float, default=None, metavar="SECONDS",
+                     help="a collective that waits longer (a rank died or hangs) fails the run "
+                     "(default: scalegnn.train.DEFAULT_COLLECTIVE_TIMEOUT_S, 10 minutes)")
     perf = t.add_argument_group("performance (paper V; each switch leaves the trained result unchanged, "
                                 "bf16 up to its rounding)")
     perf.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
@@ -168,7 +169,7 @@ def _run_config(args):
                           grad_clip=args.grad_clip),
         checkpoint=CheckpointConfig(dir=args.checkpoint_dir, every=args.checkpoint_every, resume=args.resume,
                                     keep=args.keep_checkpoints),
-        collective_timeout_s=args.collective_timeout,
+        **({} if args.collective_timeout is None else {"collective_timeout_s": args.collective_timeout}),
         perf=PerfConfig(prefetch=args.prefetch, comm_dtype=args.comm_dtype, compile=args.compile,
                         comm_overlap=args.comm_overlap, profile=args.profile, permute=args.permute,
                         sampler=args.sampler),

@@ -42,6 +42,8 @@ class OutOfMemory(RuntimeError):
     """A rank ran out of memory; the message names the rank, the stage and a fix."""
 
 
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0  # --collective-timeout's default
+
 @dataclass
 class RunConfig:
     """Everything that defines a run; serialized whole into its record."""
@@ -63,7 +65,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)  # paper V optimizations, instrumentation, permutation
-    collective_timeout_s: float = 600.0  # every collective (and the rendezvous) fails after this
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # every collective (and the rendezvous) fails after this
 
     def __post_init__(self):
         if isinstance(self.model, dict):
@@ -159,7 +161,7 @@ def _engine_from_shards(cfg: RunConfig, grid):
         raise ValueError("--shard-dir is for distributed runs: add --nproc N / --grid, or launch with torchrun/srun")
     shard = load_shard(cfg.shard_dir, grid.rank, cfg.grid)
     manifest = json.loads((Path(cfg.shard_dir) / "manifest.json").read_text())
-    check_shard_manifest(manifest, cfg.perf.permute, cfg.seed, cfg.model.residual, cfg.shard_dir)
+    check_shard_manifest(manifest, cfg.perf.permute, cfg.seed, cfg.shard_dir)
     info = {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
     batch_size = resolve_batch_size(shard.num_nodes, cfg.batch_size, cfg.batch_ratio)
     engine = ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, grid=grid,

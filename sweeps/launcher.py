@@ -178,14 +178,16 @@ def checkpoint_args(folder: Path, every: str = "") -> list[str]:
 
 
 # ---------------------------------------------------------------------------- the task
-def collective_timeout_s(argv: list[str], default: float = 600.0) -> float:
+def collective_timeout_s(argv: list[str]) -> float:
     """The ``--collective-timeout`` a run's arguments ask for (``scalegnn train``'s default otherwise)."""
+    from scalegnn.train import DEFAULT_COLLECTIVE_TIMEOUT_S
+
     for i, arg in enumerate(argv):
         if arg == "--collective-timeout" and i + 1 < len(argv):
             return float(argv[i + 1])
         if arg.startswith("--collective-timeout="):
             return float(arg.split("=", 1)[1])
-    return default
+    return DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 try:  # submitit is the [slurm] extra; only submitting and running tasks need it

@@ -86,7 +86,8 @@ def test_multithreaded_kernel_equals_one_thread_and_torch(threads, monkeypatch):
         one = _fastsample.extract(*args, threads=1)
         many = _fastsample.extract(*args, threads=threads)
         assert all(torch.equal(a, b) for a, b in zip(one, many))
-        assert len(_fastsample._row_chunks(blk.indptr.numpy(), args[3].numpy(), threads)) > 1
+        assert len(_fastsample._row_chunks(_fastsample._row_work_kernel(blk.indptr.numpy(), args[3].numpy()),
+                                           threads)) > 1
         ref = S.extract_block(blk, sample, p, backend="torch")
         assert torch.equal(many[0], ref.adj.crow_indices()) and torch.equal(many[1], ref.adj.col_indices())
         assert torch.equal(many[2], ref.adj.values()) and torch.equal(many[4], ref.adj_t.col_indices())

@@ -181,10 +181,11 @@ def test_double_permuted_shard_files_train_like_the_in_memory_double_permutation
         assert (a.loss, a.correct, a.count) == (b.loss, b.correct, b.count)
     assert from_files.evaluate().as_dict() == in_memory.evaluate().as_dict()
     from_files.close(), in_memory.close()
-    check_shard_manifest(manifest, "double", 3, residual=False, where="d")
+    check_shard_manifest(manifest, "double", 3, where="d")
     with pytest.raises(ValueError, match="--permute double but the run asks for --permute none"):
-        check_shard_manifest(manifest, "none", 3, residual=False, where="d")
+        check_shard_manifest(manifest, "none", 3, where="d")
     with pytest.raises(ValueError, match="re-shard with --seed 0"):
-        check_shard_manifest(manifest, "double", 0, residual=False, where="d")
+        check_shard_manifest(manifest, "double", 0, where="d")
     with pytest.raises(ValueError, match="--no-residual"):
-        check_shard_manifest(manifest, "double", 3, residual=True, where="d")
+        ParallelEngine(None, ModelConfig(hidden=8, layers=3, residual=True), OptimConfig(), 13, seed=3, grid=grid,
+                       shard=load_shard(tmp_path, 0), perf=perf)

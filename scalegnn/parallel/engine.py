@@ -82,6 +82,9 @@ class ParallelEngine:
         if grid is None:
             raise ValueError("ParallelEngine needs a ProcessGrid; use SerialEngine for one process without a grid")
         perf = perf if perf is not None else PerfConfig()
+        if perf.permute == "double" and model_cfg.residual:  # whether the shards are built here or loaded
+            raise ValueError("--permute double needs --no-residual: the residual add would need an "
+                             "all-to-all row permutation per layer (Plexus' model has no residual)")
         if shard is None:
             if graph is None:
                 raise ValueError("give the normalized graph or this rank's shard")
@@ -91,9 +94,6 @@ class ParallelEngine:
             if perf.permute == "double":  # Plexus 5.1; the graph is already relabeled by P_c (prepare_graph)
                 from ..permutation import double_sigma
 
-                if model_cfg.residual:
-                    raise ValueError("--permute double needs --no-residual: the residual add would need an "
-                                     "all-to-all row permutation per layer (Plexus' model has no residual)")
                 sigma = double_sigma(graph.num_nodes, seed)
             shard = build_rank_shard(graph, grid, sigma=sigma)
         self.grid, self.shard, self.seed, self.perf = grid, shard, seed, perf

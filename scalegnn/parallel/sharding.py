@@ -309,10 +309,9 @@ def shard_command(graph: Graph, grid_shape, out_dir, *, permute: str = "none", s
     return save_shards(graph, grid_shape, out_dir, permute=permute, seed=seed)
 
 
-def check_shard_manifest(manifest: dict, permute: str, seed: int, residual: bool, where: str) -> None:
-    """Refuse shards written for another ``--permute`` / ``--seed`` than the run's (the
-    vertex labels would differ from the run's, silently), and double-permuted shards
-    with the residual on (the engine's own check for the graph path)."""
+def check_shard_manifest(manifest: dict, permute: str, seed: int, where: str) -> None:
+    """Refuse shards written for another ``--permute`` / ``--seed`` than the run's: the
+    vertex labels would differ from the run's, silently."""
     wrote = manifest.get("permute", "none")
     if wrote != permute:
         raise ValueError(f"the shards in {where} were written with --permute {wrote} but the run asks for "
@@ -321,9 +320,6 @@ def check_shard_manifest(manifest: dict, permute: str, seed: int, residual: bool
     if permute != "none" and int(manifest.get("seed", 0)) != int(seed):
         raise ValueError(f"the shards in {where} were permuted with --seed {manifest.get('seed')} but the run "
                          f"has --seed {seed}; pass the same seed or re-shard with --seed {seed}")
-    if permute == "double" and residual:
-        raise ValueError("--permute double needs --no-residual: the residual add would need an extra "
-                         "reshard between the two vertex orderings")
 
 
 def shard_nnz_stats(nnz_per_shard: list[list[int]]) -> dict:
