@@ -231,28 +231,13 @@ def new_record(cfg: CommonConfig, options, data_graph: Graph, world: int, batch_
     config.update({"model": model, "optim": {"optimizer": "Adam", "lr": cfg.lr, "weight_decay": cfg.weight_decay},
                    "options": opts})
     g = data_graph
-    return {
-        "schema_version": records.SCHEMA_VERSION,
-        "run_id": records.new_run_id(cfg.system, cfg.dataset),
-        "system": cfg.system,
-        "dataset": cfg.dataset,
-        "config": config,
-        "grid": {"dp": world, "x": 1, "y": 1, "z": 1},  # every baseline is data parallel only
-        "world_size": world,
-        "seed": cfg.seed,
-        "env": records.environment_info(backend=backend, device="cpu"),
-        "graph": {"num_nodes": g.num_nodes, "num_edges": g.num_edges, "num_features": g.num_features,
-                  "num_classes": g.num_classes},
-        "batch_size": batch_size,
-        "steps_per_epoch": steps_per_epoch,
-        "epochs": [],
-        "target_acc": cfg.target_acc,
-        "time_to_target_s": None,
-        "peak_memory_bytes": None,
-        "peak_memory_bytes_per_rank": None,
-        "status": "running",
-        "error": None,
-    }
+    return records.new_record(
+        system=cfg.system, dataset=cfg.dataset, config=config,
+        grid={"dp": world, "x": 1, "y": 1, "z": 1},  # every baseline is data parallel only
+        world_size=world, seed=cfg.seed, env=records.environment_info(backend=backend, device="cpu"),
+        graph={"num_nodes": g.num_nodes, "num_edges": g.num_edges, "num_features": g.num_features,
+               "num_classes": g.num_classes},
+        batch_size=batch_size, steps_per_epoch=steps_per_epoch, target_acc=cfg.target_acc)
 
 
 def finalize(record: dict, cfg: CommonConfig, peaks: list[int]) -> dict:

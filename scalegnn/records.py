@@ -22,6 +22,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "RecordError",
     "new_run_id",
+    "new_record",
     "environment_info",
     "atomic_write_json",
     "validate_record",
@@ -50,6 +51,36 @@ def new_run_id(system: str, dataset: str) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     safe = lambda s: "".join(c if c.isalnum() or c in "-." else "-" for c in s)  # noqa: E731
     return f"{stamp}-{safe(system)}-{safe(dataset)}-{uuid.uuid4().hex[:12]}"
+
+
+def new_record(*, system: str, dataset: str, config: dict, grid: dict, world_size: int, seed: int, env: dict,
+               graph: dict | None, batch_size: int | None, steps_per_epoch: int | None,
+               target_acc: float | None, run_id: str | None = None, **extra) -> dict:
+    """A run record as it stands before the first epoch (status ``running``); ``extra``
+    fields (e.g. ``compile_time_s``) go in as given. The one skeleton every writer
+    (the trainer, the baselines, the launcher's failed record) starts from."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id or new_run_id(system, dataset),
+        "system": system,
+        "dataset": dataset,
+        "config": config,
+        "grid": grid,
+        "world_size": world_size,
+        "seed": seed,
+        "env": env,
+        "graph": graph,
+        "batch_size": batch_size,
+        "steps_per_epoch": steps_per_epoch,
+        **extra,
+        "epochs": [],
+        "target_acc": target_acc,
+        "time_to_target_s": None,
+        "peak_memory_bytes": None,
+        "peak_memory_bytes_per_rank": None,
+        "status": "running",
+        "error": None,
+    }
 
 
 def _git_commit() -> str | None:

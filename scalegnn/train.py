@@ -196,28 +196,14 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
                       "num_features": graph.num_features, "num_classes": graph.num_classes}
         batch_size = resolve_batch_size(graph.num_nodes, cfg.batch_size, cfg.batch_ratio)
         engine = make_engine(cfg, graph, batch_size, grid)
-    record = {
-        "schema_version": records.SCHEMA_VERSION,
-        "run_id": run_id or records.new_run_id(cfg.system, cfg.dataset),
-        "system": cfg.system,
-        "dataset": cfg.dataset,
-        "config": cfg.to_dict(),
-        "grid": dict(zip(("dp", "x", "y", "z"), cfg.grid)),
-        "world_size": world,
-        "seed": cfg.seed,
-        "env": records.environment_info(backend=grid.backend if grid is not None else None, device=device),
-        "graph": graph_info,
-        "batch_size": batch_size,
-        "steps_per_epoch": engine.steps_per_epoch,
-        "compile_time_s": engine.compile_time_s,  # torch.compile warm-up (paper V-C), not in train_time_s
-        "epochs": [],
-        "target_acc": cfg.target_acc,
-        "time_to_target_s": None,
-        "peak_memory_bytes": None,
-        "peak_memory_bytes_per_rank": None,
-        "status": "running",
-        "error": None,
-    }
+    record = records.new_record(
+        system=cfg.system, dataset=cfg.dataset, config=cfg.to_dict(), grid=dict(zip(("dp", "x", "y", "z"), cfg.grid)),
+        world_size=world, seed=cfg.seed,
+        env=records.environment_info(backend=grid.backend if grid is not None else None, device=device),
+        graph=graph_info, batch_size=batch_size, steps_per_epoch=engine.steps_per_epoch, target_acc=cfg.target_acc,
+        run_id=run_id,
+        compile_time_s=engine.compile_time_s,  # torch.compile warm-up (paper V-C), not in train_time_s
+    )
     # Resume (a checkpoint of another config or grid raises here: a user error, no record).
     start = _resume(cfg, engine, record, grid) if cfg.checkpoint.resume else None
     ckpt = Checkpointer(cfg.checkpoint, grid) if cfg.checkpoint.enabled else None

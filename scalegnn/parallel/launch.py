@@ -431,13 +431,10 @@ def failed_record(cfg, run_id: str, error: str, world_size: int, partial: dict |
             saved = read_meta(ckpt)["record"]
             base = saved if saved.get("run_id") == run_id else None
     if base is None:
-        base = {
-            "schema_version": records.SCHEMA_VERSION, "system": cfg.system, "dataset": cfg.dataset,
-            "config": cfg.to_dict(), "grid": dict(zip(("dp", "x", "y", "z"), cfg.grid)), "seed": cfg.seed,
-            "env": records.environment_info(backend="gloo", device="cpu"), "graph": None, "batch_size": None,
-            "steps_per_epoch": None, "epochs": [], "target_acc": cfg.target_acc, "summary": None,
-            "peak_memory_bytes_per_rank": None,
-        }
+        base = records.new_record(
+            system=cfg.system, dataset=cfg.dataset, config=cfg.to_dict(),
+            grid=dict(zip(("dp", "x", "y", "z"), cfg.grid)), world_size=world_size, seed=cfg.seed, env=records.environment_info(backend="gloo", device="cpu"),
+            graph=None, batch_size=None, steps_per_epoch=None, target_acc=cfg.target_acc, run_id=run_id, summary=None)
     base.pop("path", None)
     base.update(run_id=run_id, world_size=world_size, status="failed", error=error,
                 time_to_target_s=records.time_to_target(base.get("epochs", []), cfg.target_acc),
