@@ -24,6 +24,35 @@ def _dense(csr) -> torch.Tensor:
     return csr.to_dense()
 
 
+def tile_rank_samples(graph, shape, batch, seed, step, dp):
+    """Sample on every rank of data-parallel group ``dp`` of a virtual grid of ``shape``
+    and place each rank's plane blocks at their offsets in three (B, B) planes.
+    Checked on the way: every rank draws the serial sample, each block sits at the row
+    partition's offsets, replicas of a block agree (the first one fills, NaN marks
+    never-filled). Returns (the serial batch, the planes, [(shard, rank batch)])."""
+    ref = UniformVertexSampler(graph, batch, seed=seed, dp_index=dp).sample(step)
+    b = ref.nodes.numel()
+    planes = [torch.full((b, b), float("nan")) for _ in range(3)]
+    ranks = []
+    for rank in range(shape[0] * shape[1] * shape[2] * shape[3]):
+        grid = ProcessGrid.virtual(*shape, rank)
+        if grid.axis_index("dp") != dp:
+            continue
+        shard = build_rank_shard(graph, grid)
+        sb = DistributedSampler(shard, grid, batch, seed=seed).sample(step)
+        assert torch.equal(sb.nodes, ref.nodes)  # same (seed, step, dp) -> same sample on every rank
+        for p, blk in enumerate(sb.adj):
+            r, c = PLANES[p]
+            assert (blk.row_offset, blk.col_offset) == (sb.rows.block(r)[0], sb.rows.block(c)[0])
+            rr, cc = blk.shape
+            region = planes[p][blk.row_offset: blk.row_offset + rr, blk.col_offset: blk.col_offset + cc]
+            block = _dense(blk.adj)
+            assert torch.isnan(region).all() or torch.equal(region, block)  # replicas agree
+            region.copy_(block)
+        ranks.append((shard, sb))
+    return ref, planes, ranks
+
+
 @pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 3, 2, 1), (2, 1, 1, 3), (1, 1, 1, 1)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("seed,step,batch", [(0, 0, 23), (1, 7, 10), (5, 3, 37), (2, 11, 2)])
@@ -33,29 +62,11 @@ def test_union_of_rank_shards_is_the_serial_sampled_matrix(shape, seed, step, ba
     transposes match, and features / labels / masks are the serial slices.
     Sharding and sampling need no process group, so virtual grids are enough here."""
     graph = parallel_graph(n=37, m=160)
-    world = shape[0] * shape[1] * shape[2] * shape[3]
     for dp in range(shape[0]):
-        ref = UniformVertexSampler(graph, batch, seed=seed, dp_index=dp).sample(step)
-        dense = _dense(ref.adj)
-        b = ref.nodes.numel()
-        planes = [torch.full((b, b), float("nan")) for _ in range(3)]
-        for rank in range(world):
-            grid = ProcessGrid.virtual(*shape, rank)
-            if grid.axis_index("dp") != dp:
-                continue
-            shard = build_rank_shard(graph, grid)
-            sb = DistributedSampler(shard, grid, batch, seed=seed).sample(step)
-            assert torch.equal(sb.nodes, ref.nodes)  # same (seed, step, dp) -> same sample on every rank
-            for p, blk in enumerate(sb.adj):
-                r, c = PLANES[p]
-                assert (blk.row_offset, blk.col_offset) == (sb.rows.block(r)[0], sb.rows.block(c)[0])
-                rr, cc = blk.shape
-                region = planes[p][blk.row_offset: blk.row_offset + rr, blk.col_offset: blk.col_offset + cc]
-                block = _dense(blk.adj)
-                assert torch.equal(_dense(blk.adj_t), block.t())
-                # replicas (along the plane's third axis) must agree; first writer fills
-                assert torch.isnan(region).all() or torch.equal(region, block)
-                region.copy_(block)
+        ref, planes, ranks = tile_rank_samples(graph, shape, batch, seed, step, dp)
+        for shard, sb in ranks:
+            for blk in sb.adj:
+                assert torch.equal(_dense(blk.adj_t), _dense(blk.adj).t())
             lo, hi = sb.rows.block("x")
             f0, f1 = shard.feature_range
             assert torch.equal(sb.x, ref.x[lo:hi, f0:f1])
@@ -63,6 +74,7 @@ def test_union_of_rank_shards_is_the_serial_sampled_matrix(shape, seed, step, ba
                 lo, hi = sb.rows.block(ax)
                 assert torch.equal(sb.y[ax], ref.y[lo:hi])
                 assert torch.equal(sb.train_mask[ax], ref.train_mask[lo:hi])
+        dense = _dense(ref.adj)
         for p in range(3):
             assert torch.equal(planes[p], dense), f"plane {p}"
 

@@ -31,11 +31,9 @@ from hypothesis import strategies as st
 
 from scalegnn.datasets import DatasetError, load_dataset
 from scalegnn.graph import Graph, csr_from_edges
-from scalegnn.parallel.dist_sampling import DistributedSampler
-from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
-from scalegnn.parallel.layout import PLANES
-from scalegnn.parallel.sharding import build_rank_shard
+from scalegnn.parallel.grid import PMM_AXES
 from scalegnn.sampling import UniformVertexSampler, inclusion_probability
+from tests.test_parallel_sampling import tile_rank_samples
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -238,26 +236,12 @@ def test_rank_shards_tile_the_serial_sample_on_random_grids(data, shape, draw):
     b = draw.draw(st.integers(2, n), label="B")
     seed, step = draw.draw(st.integers(0, 1000), label="seed"), draw.draw(st.integers(0, 1000), label="step")
     for dp in range(shape[0]):
-        ref = UniformVertexSampler(g, b, seed=seed, dp_index=dp).sample(step)
-        dense = _dense(ref.adj)
-        planes = [torch.full((b, b), float("nan")) for _ in range(3)]
-        for rank in range(world):
-            grid = ProcessGrid.virtual(*shape, rank)
-            if grid.axis_index("dp") != dp:
-                continue
-            sb = DistributedSampler(build_rank_shard(g, grid), grid, b, seed=seed).sample(step)
-            assert torch.equal(sb.nodes, ref.nodes)
-            for p, blk in enumerate(sb.adj):
-                r, c = PLANES[p]
-                assert (blk.row_offset, blk.col_offset) == (sb.rows.block(r)[0], sb.rows.block(c)[0])
-                rr, cc = blk.shape
-                region = planes[p][blk.row_offset: blk.row_offset + rr, blk.col_offset: blk.col_offset + cc]
-                block = _dense(blk.adj)
-                assert torch.isnan(region).all() or torch.equal(region, block)  # replicas agree
-                region.copy_(block)
+        ref, planes, ranks = tile_rank_samples(g, shape, b, seed, step, dp)
+        for _, sb in ranks:
             for ax in PMM_AXES:
                 lo, hi = sb.rows.block(ax)
                 assert torch.equal(sb.y[ax], ref.y[lo:hi])
+        dense = _dense(ref.adj)
         for p in range(3):
             assert torch.equal(planes[p], dense), f"plane {p}, grid {shape}, B={b}"
 
