@@ -25,7 +25,15 @@ DGL_VENV  ?= .venv-dgl
 DGL_SPEC  ?= torch==2.1.2 dgl==2.1.0 torchdata==0.7.1 "numpy<2" pandas pyyaml pydantic
 DGL_STAMP := $(DGL_VENV)/.installed-$(shell echo '$(DGL_SPEC)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test env bench clean-env dgl-env
+# The GPU tier: exactly the tests marked `gpu` (parity suite on CUDA/ROCm, training on
+# one GPU and on grids sharing it, Algorithm 2 on the GPU, prefetch streams, compile),
+# with the python and torch of the machine (a GPU node often has no package registry:
+# nothing is installed). Without a GPU every one of them is reported as skipped.
+GPU_PYTHON ?= python3
+GPU_TESTS  ?= tests/test_device.py tests/test_parallel_engine.py tests/test_parallel_pmm.py \
+              tests/test_parallel_grid.py tests/test_optimizations.py
+
+.PHONY: demo test test-gpu env bench clean-env dgl-env
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -53,6 +61,9 @@ demo: $(STAMP)
 
 test: $(STAMP) $(DGL_STAMP)
 	$(PY) -m pytest -q
+
+test-gpu:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m gpu -p no:cacheprovider $(GPU_TESTS)
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only

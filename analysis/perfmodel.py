@@ -52,14 +52,18 @@ def _grid(row) -> tuple[int, int, int, int]:
 def validation_frame(runs: pd.DataFrame, figure: str = "perfmodel", min_runs: int = 8) -> pd.DataFrame:
     """Observed vs predicted epoch time on the model-validation runs (see module doc).
 
-    The model describes the 4D parallel engine; a single-process run (grid 1x1x1x1)
-    runs the serial engine, a different implementation, so it is left out of the fit
-    and listed in ``attrs["excluded"]`` with the model's prediction for it."""
+    The model describes the engine, which every grid runs, a single process included.
+    Records written before the engine was one (a single process then ran a separate
+    serial engine, recognizable by its ``forward_backward`` component) describe a
+    different implementation: they are left out of the fit and listed in
+    ``attrs["excluded"]`` with the model's prediction for them."""
     frame = select(runs, figure)
     frame = frame[(frame["sweep.figure"] == figure) & frame["system"].isin(["scalegnn", "fullgraph-3d"])
                   & frame["epoch_time_s"].notna()]
-    serial = frame[frame["world_size"] == 1]
-    frame = frame[frame["world_size"] > 1]
+    retired = frame["time.forward_backward"].notna() if "time.forward_backward" in frame \
+        else pd.Series(False, index=frame.index)
+    serial = frame[retired]
+    frame = frame[~retired]
     out = []
     coefs = {}
     for cluster, sub in frame.groupby(frame["sweep.cluster"].fillna("local")):
@@ -90,7 +94,7 @@ def validation_frame(runs: pd.DataFrame, figure: str = "perfmodel", min_runs: in
             pred = predict(workload_from_row(row), _grid(row), machine_for(cluster), coefs[cluster]).epoch_s
             excluded.append({"grid": row["grid_str"], "observed_s": float(row["epoch_time_s"]), "predicted_s": pred,
                              "error": pred / float(row["epoch_time_s"]) - 1,
-                             "reason": "one process runs the serial engine, which the model does not describe"})
+                             "reason": "written by the retired serial engine, which the model does not describe"})
     result.attrs["excluded"] = excluded
     return result
 

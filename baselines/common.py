@@ -33,7 +33,8 @@ import torch.distributed as dist
 from scalegnn import records
 from scalegnn.engine import accuracy_counts
 from scalegnn.graph import Graph
-from scalegnn.train import DivergedError, _summarize, peak_memory_bytes, summary_line
+from scalegnn.device import peak_memory_bytes
+from scalegnn.train import DivergedError, _summarize, summary_line
 
 __all__ = [
     "CommonConfig", "EpochStats", "BaselineData", "load_data", "run_baseline", "run_epochs",

@@ -1,13 +1,13 @@
-"""One training step (sample + forward + backward + AdamW) in one process: the serial
-engine and the parallel engine on the 1x1x1x1 grid, plain and with every paper-V
-switch that applies to one process. Multi-rank grids: ``scalegnn bench steps`` and
-``scalegnn bench ablation`` (gloo processes; see README)."""
+"""One training step (sample + forward + backward + AdamW) in one process: the engine
+on the 1x1x1x1 grid, plain and with every paper-V switch that applies to one
+process. Multi-rank grids: ``scalegnn bench steps`` and ``scalegnn bench ablation``
+(gloo processes; see README)."""
 
 import itertools
 
 import pytest
 
-from scalegnn.engine import OptimConfig, SerialEngine
+from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.perf import PerfConfig
 
@@ -25,20 +25,12 @@ CFG = ModelConfig(hidden=128, layers=3)
 
 
 @pytest.mark.benchmark(group="step")
-def test_serial_step(benchmark, graph):
-    eng = SerialEngine(graph, CFG, OptimConfig(), 5000)
-    benchmark(lambda: eng.train_step(next(_steps)))
-    eng.close()
-
-
-@pytest.mark.benchmark(group="step")
 @pytest.mark.parametrize("perf", [PerfConfig(), PerfConfig(prefetch=True), PerfConfig(compile=True)],
                          ids=["plain", "prefetch", "compile"])
 def test_parallel_engine_single_grid_step(benchmark, graph, perf):
     from scalegnn.parallel.engine import ParallelEngine
-    from scalegnn.parallel.grid import ProcessGrid
 
-    eng = ParallelEngine(graph, CFG, OptimConfig(), 5000, grid=ProcessGrid.single(), perf=perf)
+    eng = ParallelEngine(graph, CFG, OptimConfig(), 5000, perf=perf)
     benchmark.extra_info["compile_time_s"] = eng.compile_time_s
     benchmark(lambda: eng.train_step(next(_steps)))
     eng.close()

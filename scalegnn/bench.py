@@ -428,24 +428,23 @@ def scaling_bench(nnzs: tuple = (10**6, 4 * 10**6, 16 * 10**6), avg_degree: int 
                   reps: int = 7, hidden: int = 64, features: int = 32, layers: int = 2,
                   threads: int | None = None) -> tuple[dict, str]:
     """Step time vs graph size at a fixed batch ratio (N = nnz / avg_degree): the
-    sampler step and one serial training step. The log-log slope of time vs nnz is
-    expected close to 1 (work is proportional to the sampled rows' entries)."""
-    from .engine import OptimConfig, SerialEngine
-    from .graph import Graph
-    from .model import ModelConfig
-
+    sampler step and one single-process training step. The log-log slope of time vs
+    nnz is expected close to 1 (work is proportional to the sampled rows' entries)."""
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers, SerialEngine, Graph,
-                              ModelConfig, OptimConfig)
+        return _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers)
     finally:
         torch.set_num_threads(before)
 
 
-def _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers, SerialEngine, Graph, ModelConfig,
-                   OptimConfig):
+def _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers):
+    from .engine import OptimConfig
+    from .graph import Graph
+    from .model import ModelConfig
+    from .parallel.engine import ParallelEngine
+
     rows, results = [], []
     for nnz in nnzs:
         n = nnz // avg_degree
@@ -455,7 +454,7 @@ def _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers
         g = Graph(indptr, indices, values, torch.randn(n, features, generator=gen),
                   torch.randint(0, 8, (n,), generator=gen), idx[: n // 2], idx[n // 2: 3 * n // 4],
                   idx[3 * n // 4:], 8, meta={"normalized": "gcn"})
-        eng = SerialEngine(g, ModelConfig(hidden=hidden, layers=layers), OptimConfig(), max(2, int(batch_ratio * n)))
+        eng = ParallelEngine(g, ModelConfig(hidden=hidden, layers=layers), OptimConfig(), max(2, int(batch_ratio * n)))
         for s in range(2):  # warm-up: JIT, allocator
             eng.train_step(s)
         sample_t, step_t = [], []
@@ -483,7 +482,7 @@ def _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers
                "slope_sample_min": slope("sample_min_ms"), "slope_step_min": slope("step_min_ms"),
                "machine": _machine()}
     md = (f"Step time vs graph size at B = {batch_ratio} N (generated graphs, average degree {avg_degree}, "
-          f"serial engine, hidden {hidden}, {layers} layers, {features} features, {torch.get_num_threads()} torch "
+          f"one process, hidden {hidden}, {layers} layers, {features} features, {torch.get_num_threads()} torch "
           f"threads; median and min of {reps}).\n\n")
     md += markdown_table(["nnz", "N", "sampler step ms (median)", "(min)", "training step ms (median)", "(min)"], rows)
     md += (f"\n\nlog-log slope of time vs nnz (1 = linear): sampler {payload['slope_sample']:.2f} on medians, "

@@ -77,8 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="read this rank's graph shard from files written by `scalegnn data shard` "
                      "instead of loading the whole graph on every rank")
     par.add_argument("--nproc", type=int, default=None,
-                     help="spawn this many local worker processes (gloo); without it, a multi-rank grid "
+                     help="spawn this many local worker processes; without it, a multi-rank grid "
                      "expects to be started by torchrun, srun or submitit")
+    par.add_argument("--device", default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+                     help="where to compute: auto takes the local rank's GPU when CUDA or ROCm is visible, "
+                     "else the CPU")
+    par.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                     help="torch.distributed backend: auto follows the device (NCCL/RCCL for GPUs, gloo for CPU); "
+                     "gloo with GPUs lets several ranks share one GPU (tests)")
     t.add_argument("--system", default="scalegnn",
                    choices=("scalegnn", "fullgraph-3d", "graphsage", "graphsaint", "salient", "distdgl", "bns-gcn"),
                    help="which system trains: scalegnn, fullgraph-3d (batch ratio 1.0, Plexus) or a compared "
@@ -170,6 +176,7 @@ def _run_config(args):
         checkpoint=CheckpointConfig(dir=args.checkpoint_dir, every=args.checkpoint_every, resume=args.resume,
                                     keep=args.keep_checkpoints),
         **({} if args.collective_timeout is None else {"collective_timeout_s": args.collective_timeout}),
+        device=args.device, backend=args.backend,
         perf=PerfConfig(prefetch=args.prefetch, comm_dtype=args.comm_dtype, compile=args.compile,
                         comm_overlap=args.comm_overlap, profile=args.profile, permute=args.permute,
                         sampler=args.sampler),

@@ -1,31 +1,29 @@
-"""Training engines: what one optimizer step and one evaluation round mean.
+"""What an engine step and an evaluation round return, and the optimizer they share.
 
-The training loop (:mod:`scalegnn.train`) drives an engine and never looks inside
-it. :class:`SerialEngine` is the single-process reference (Algorithm 1);
-:class:`scalegnn.parallel.engine.ParallelEngine` is the 4D parallel one with the
-same interface:
+The training loop (:mod:`scalegnn.train`) drives the engine
+(:class:`scalegnn.parallel.engine.ParallelEngine`, one for every grid, the single
+process included) and never looks inside it:
 
     engine.steps_per_epoch            int
     engine.train_step(step)  -> StepResult     (Algorithm 1, one optimizer update)
     engine.evaluate()        -> EvalResult     (full-graph forward, no sampling)
-    engine.components        {name: seconds}  cumulative, reset by the loop per epoch
-    engine.comm_bytes        {kind: bytes}     cumulative, reset by the loop per epoch
+    engine.counters()        ({component: seconds}, {collective kind: bytes}) since
+    engine.reset_counters()  the last reset (the loop resets them per epoch)
+    engine.synchronize()     wait for the device (before a host clock reading)
+
+A step's numbers stay on the device: :class:`StepResult` holds tensors, and
+:class:`EpochSums` adds them up without reading them, so a GPU is never made to
+wait for the host inside an epoch; the loop reads the sums once at its end.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 
-from .graph import Graph
-from .model import ModelConfig, ScaleGNN, node_loss
-from .sampling import UniformVertexSampler, steps_per_epoch
-
-__all__ = ["OptimConfig", "StepResult", "EvalResult", "SerialEngine", "make_optimizer", "accuracy_counts"]
+__all__ = ["OptimConfig", "StepResult", "EpochSums", "EvalResult", "make_optimizer", "accuracy_counts"]
 
 
 @dataclass
@@ -50,12 +48,50 @@ class OptimConfig:
 
 @dataclass
 class StepResult:
-    """Loss of one step (mean over the batch's labeled training vertices) and the
-    batch's training-accuracy counts."""
+    """One step, as a float64 device tensor ``stats`` = [loss, learned, correct, count]:
+    the loss (mean over the batch's labeled training vertices, averaged over the
+    data-parallel groups that had one; 0 when none had), ``learned`` 1 if the step
+    updated the weights (some group had a labeled vertex) else 0, and the batch's
+    training-accuracy counts. The properties read it on the host (tests, tools);
+    the loop adds it up with :class:`EpochSums` instead."""
 
-    loss: float
-    correct: float
-    count: int
+    stats: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return int(self.stats[3])
+
+    @property
+    def correct(self) -> float:
+        return float(self.stats[2])
+
+    @property
+    def loss(self) -> float:
+        """The step's loss; NaN for a step without any labeled vertex."""
+        loss, learned = self.stats[:2].tolist()
+        return loss if learned else float("nan")
+
+
+class EpochSums:
+    """Sums of :class:`StepResult` over an epoch, kept on the device.
+
+    ``add`` is a few element-wise device operations (no read-back); ``read`` waits
+    for the device once and returns (loss_sum, loss_n, correct, count, first_bad):
+    the sum of the losses of the steps that learned, their number, the accuracy
+    counts and the first step whose loss was not finite (-1 if none)."""
+
+    def __init__(self, device, start: tuple | None = None):
+        self.sums = torch.tensor(list(start or (0.0, 0.0, 0.0, 0.0)), dtype=torch.float64, device=device)
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
+
+    def add(self, res: StepResult, step: int) -> None:
+        self.sums += res.stats
+        bad = ~torch.isfinite(res.stats[0]) & (self.first_bad < 0)
+        self.first_bad = torch.where(bad, step, self.first_bad)
+
+    def read(self) -> tuple[float, int, float, float, int]:
+        loss_sum, loss_n, correct, count = self.sums.tolist()
+        return loss_sum, int(loss_n), correct, count, int(self.first_bad)
 
 
 @dataclass
@@ -69,7 +105,10 @@ class EvalResult:
 
 
 def make_optimizer(params, cfg: OptimConfig, total_steps: int):
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    """Fused AdamW (one kernel over all parameters, on CPU and GPU alike; it also takes
+    the device-side ``found_inf`` skip the engine uses) and the LR schedule, a
+    function of the step index."""
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     if cfg.schedule == "cosine":
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / max(total_steps, 1)))
@@ -91,125 +130,3 @@ def accuracy_counts(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, float
         fn = (~pred & truth).sum().item()
         return 2.0 * tp, float(2 * tp + fp + fn)
     return float((logits.argmax(-1) == y).sum().item()), float(y.numel())
-
-
-class _Timer:
-    """Accumulates wall seconds per component name (CPU: synchronous, so host time is right)."""
-
-    def __init__(self, sink: dict):
-        self.sink = sink
-
-    def __call__(self, name: str):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.sink[name] += time.perf_counter() - self.t0
-
-        return _Span()
-
-
-class SerialEngine:
-    """Single-process ScaleGNN: uniform vertex sampling + full model on one device."""
-
-    system = "scalegnn"
-
-    def __init__(self, graph: Graph, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_size: int,
-                 seed: int = 0, epochs: int = 1, perf=None):
-        from .perf import PerfConfig, StepProfiler
-
-        if graph.meta.get("normalized") != "gcn":
-            raise ValueError("SerialEngine needs the GCN-normalized graph: call graph.gcn_normalize() first")
-        self.graph, self.seed = graph, seed
-        self.perf = perf if perf is not None else PerfConfig()
-        self.sampler = UniformVertexSampler(graph, batch_size, seed=seed, backend=self.perf.sampler)
-        # Paper V-A: sample step t+1 in a background thread while step t trains (started by the first step).
-        self._prefetcher = None
-        self._profiler = StepProfiler(self.perf.profile)
-        self.compile_time_s = 0.0
-        self.steps_per_epoch = steps_per_epoch(graph.num_nodes, self.sampler.batch_size)
-        self.model = ScaleGNN(graph.num_features, graph.num_classes, model_cfg, seed=seed)
-        self.optimizer, self.scheduler = make_optimizer(
-            self.model.parameters(), optim_cfg, total_steps=epochs * self.steps_per_epoch
-        )
-        self.grad_clip = optim_cfg.grad_clip
-        self.components: dict[str, float] = defaultdict(float)
-        self.comm_bytes: dict[str, int] = defaultdict(int)
-        self._time = _Timer(self.components)
-        self._full = None  # (A, A^T) of the full graph, built on first evaluation
-
-    def train_step(self, step: int) -> StepResult:
-        t0, before = time.perf_counter(), sum(self.components.values())
-        try:
-            return self._train_step(step)
-        finally:  # "other": the step's wall time outside the timed components
-            timed = sum(self.components.values()) - before
-            self.components["other"] += max(0.0, time.perf_counter() - t0 - timed)
-            self._profiler.step()
-
-    def close(self) -> None:
-        """Stop the prefetch thread and write the profiler trace; idempotent."""
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
-        self._profiler.close()
-
-    def _train_step(self, step: int) -> StepResult:
-        if self.perf.prefetch and self._prefetcher is None:
-            from .perf import Prefetcher
-
-            self._prefetcher = Prefetcher(self.sampler.sample)
-        with self._time("sampling"):
-            batch = self._prefetcher.get(step) if self._prefetcher is not None else self.sampler.sample(step)
-        self.model.train()
-        with self._time("forward_backward"):
-            logits = self.model(batch.adj, batch.adj_t, batch.x, batch.nodes, self.seed, step)
-            mask = batch.train_mask
-            if not bool(mask.any()):  # no labeled training vertex in this sample: nothing to learn
-                return StepResult(loss=float("nan"), correct=0.0, count=0)
-            loss = node_loss(logits, batch.y, mask)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        with self._time("optimizer"):
-            if self.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
-        correct, count = accuracy_counts(logits.detach()[mask], batch.y[mask])
-        return StepResult(loss=float(loss.detach()), correct=correct, count=int(count))
-
-    @torch.no_grad()
-    def full_logits(self) -> torch.Tensor:
-        """One full-graph forward (paper VII-B): the normalized A, no sampling, no rescaling."""
-        if self._full is None:
-            adj = self.graph.to_torch_csr()
-            self._full = (adj, adj.t().to_sparse_csr())
-        self.model.eval()
-        return self.model(*self._full, self.sampler.features)
-
-    def evaluate(self) -> EvalResult:
-        logits = self.full_logits()
-        accs = []
-        for idx in (self.graph.train_idx, self.graph.val_idx, self.graph.test_idx):
-            y = self.graph.y[idx]
-            keep = slice(None) if y.dim() == 2 else y >= 0
-            correct, total = accuracy_counts(logits[idx][keep], y[keep])
-            accs.append(correct / total if total else float("nan"))
-        return EvalResult(*accs)
-
-    def state_dict(self) -> dict:
-        """Model, optimizer and LR-scheduler state: tensors and plain containers only
-        (saved by :mod:`scalegnn.checkpoint`, loaded with ``weights_only=True``). The
-        sampler and dropout are pure functions of (seed, step) and hold no state."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])

@@ -74,11 +74,6 @@ class PerfConfig:
     def pmm_comm_dtype(self) -> torch.dtype | None:
         return COMM_DTYPES[self.comm_dtype]
 
-    @property
-    def needs_parallel_engine(self) -> bool:
-        """Switches implemented by the sharded operators (a 1x1x1x1 grid runs them)."""
-        return self.compile or self.comm_overlap or self.permute == "double"
-
 
 # --------------------------------------------------------------------------- timing
 class SpanTimer:
@@ -86,9 +81,10 @@ class SpanTimer:
 
     On CPU every kernel is synchronous, so the host clock around a span is its time.
     On GPU kernels are asynchronous: a span records a pair of CUDA events on the
-    current stream and :meth:`flush` (once per step, after the step's work is
-    queued) waits for the last event and adds up ``elapsed_time`` of every pair. No
-    synchronization happens inside a span. ``enabled=False`` makes spans free.
+    current stream and :meth:`flush` waits for the last event and adds up
+    ``elapsed_time`` of every pair. No synchronization happens inside a span, and
+    the engine flushes once per epoch, so timing never makes a step wait for the
+    GPU. ``enabled=False`` makes spans free.
     """
 
     def __init__(self, device: torch.device | str = "cpu", enabled: bool = True):
@@ -134,23 +130,16 @@ class SpanTimer:
     def reset(self) -> None:
         self.seconds.clear()
         self._events.clear()
-        self._events.clear()
-
-
-def synchronize(device: torch.device | str) -> None:
-    """Wait for queued kernels (GPU) so a host clock reading covers them; no-op on CPU."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # --------------------------------------------------------------------------- prefetch
 class _Job:
-    __slots__ = ("step", "done", "result", "error", "event", "seconds")
+    __slots__ = ("step", "done", "result", "error", "event", "ready", "seconds")
 
-    def __init__(self, step: int):
+    def __init__(self, step: int, ready=None):
         self.step, self.done = step, threading.Event()
         self.result = self.error = self.event = None
+        self.ready = ready  # GPU: an event on the consumer's stream the job must wait for
         self.seconds = 0.0
 
 
@@ -164,11 +153,22 @@ class Prefetcher:
     never depends on prefetching: ``produce`` must be a pure function of the step
     (the samplers are), and one job runs at a time, so its state is never shared.
 
-    On GPU the job runs on a side CUDA stream and records an event; ``get`` makes the
-    current stream wait for that event (not the host) and marks the batch's tensors
-    as used by the current stream so the caching allocator does not recycle them
-    early. On CPU the thread overlaps with training because torch and the numba
-    kernel release the GIL.
+    On GPU the job runs on a side CUDA stream, ordered against the training stream
+    by events in both directions, without the host ever waiting for the GPU:
+
+    * before: the job's stream waits for an event recorded on the consumer's stream
+      when the job was submitted, so the job sees everything training queued
+      before it (the sampler reuses device state, e.g. its compact column maps,
+      last written by the previous step's extraction, possibly on the training
+      stream: without this wait the job would race those writes);
+    * after: ``get`` makes the consumer's stream wait for the event the job
+      recorded at its end (``wait_event``: the GPU waits, not the host), and marks
+      every tensor of the batch as used by that stream (``record_stream``), so the
+      caching allocator does not hand their memory to the side stream's next job
+      while training still reads them.
+
+    On CPU the thread overlaps with training because torch and the numba kernel
+    release the GIL.
 
     The thread is a daemon and :meth:`close` stops it (waiting for a job in flight);
     an exception in ``produce`` is re-raised by the ``get`` that asks for that step.
@@ -200,6 +200,8 @@ class Prefetcher:
             try:
                 if self._cuda:
                     with torch.cuda.stream(self._stream):
+                        if job.ready is not None:
+                            self._stream.wait_event(job.ready)
                         job.result = self.produce(job.step)
                         job.event = torch.cuda.Event()
                         job.event.record(self._stream)
@@ -212,7 +214,11 @@ class Prefetcher:
 
     # consumer side
     def _submit(self, step: int) -> None:
-        job = _Job(step)
+        ready = None
+        if self._cuda:  # the job starts after the work queued so far on the consumer's stream
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+        job = _Job(step, ready)
         with self._cond:
             if self._closed:
                 return

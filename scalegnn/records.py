@@ -24,6 +24,7 @@ __all__ = [
     "new_run_id",
     "new_record",
     "environment_info",
+    "memory_fields",
     "atomic_write_json",
     "validate_record",
     "write_record",
@@ -94,12 +95,19 @@ def _git_commit() -> str | None:
         return None
 
 
-def environment_info(backend: str | None = None, device: str = "cpu") -> dict:
-    """Where a run ran: host, device, backend and library versions."""
+def environment_info(backend: str | None = None, device="cpu") -> dict:
+    """Where a run ran: host, device, backend and library versions.
+
+    ``device`` (a ``torch.device`` or its name) gives ``device`` (its human name:
+    the GPU model, or the CPU and its cores), ``device_type`` ("cpu" / "cuda") and
+    ``accelerator`` (:func:`scalegnn.device.device_info`: index, CUDA or HIP version,
+    NCCL/RCCL version, compute capability, memory)."""
     import numpy
     import torch
 
     from importlib import metadata
+
+    from .device import device_info
 
     libs = {"torch": torch.__version__, "numpy": numpy.__version__}
     # Read installed versions from package metadata: importing PyG or DGL just to
@@ -109,19 +117,31 @@ def environment_info(backend: str | None = None, device: str = "cpu") -> dict:
             libs[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-    if device.startswith("cuda") and torch.cuda.is_available():
-        device_name = torch.cuda.get_device_name(torch.device(device))
-    else:
-        device_name = f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    accelerator = device_info(device)
     return {
         "hostname": socket.gethostname(),
-        "device": device_name,
+        "device": accelerator["name"],
+        "device_type": accelerator["type"],
+        "accelerator": accelerator,
         "backend": backend,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "git_commit": _git_commit(),
         "libraries": libs,
     }
+
+
+def memory_fields(per_rank: list[tuple]) -> dict:
+    """The record's memory fields from every rank's (peak memory, peak RSS, peak device
+    memory or None), in rank order: ``peak_memory_bytes`` is what bounds the run on its
+    device (the GPU allocator's peak on a GPU, the RSS on the CPU), the largest rank's,
+    with ``peak_memory_bytes_per_rank``; ``peak_rss_bytes_per_rank`` (host memory,
+    always) and ``peak_device_memory_bytes_per_rank`` (None on the CPU) beside it."""
+    device = [p[2] for p in per_rank]
+    return {"peak_memory_bytes_per_rank": [p[0] for p in per_rank],
+            "peak_memory_bytes": max(p[0] for p in per_rank),
+            "peak_rss_bytes_per_rank": [p[1] for p in per_rank],
+            "peak_device_memory_bytes_per_rank": None if all(d is None for d in device) else device}
 
 
 def validate_record(record: dict, source: str = "record") -> dict:

@@ -31,6 +31,7 @@ __all__ = [
     "SampledBlock",
     "CompactIndexMap",
     "extract_block",
+    "block_bounds",
     "SampledBatch",
     "UniformVertexSampler",
 ]
@@ -170,6 +171,11 @@ class CSRBlock:
     def nnz(self) -> int:
         return self.indices.numel()
 
+    def to(self, device) -> "CSRBlock":
+        """The same block with its arrays on ``device``."""
+        return CSRBlock(self.indptr.to(device), self.indices.to(device), self.values.to(device), self.row_start,
+                        self.row_end, self.col_start, self.col_end)
+
 
 @dataclass
 class SampledBlock:
@@ -245,32 +251,36 @@ def _transpose_csr(rows, cols, vals, n_cols):
     return t_ptr, rows.index_select(0, order), vals.index_select(0, order)
 
 
-def _row_runs(indptr: torch.Tensor, rows: torch.Tensor):
+def _row_runs(indptr: torch.Tensor, rows: torch.Tensor, nnz: int):
     """Flat positions of the stored entries of ``rows`` (Alg. 2 lines 7-10).
 
     Returns (counts, incl, total, flat): entries per row, their inclusive prefix
     sum, the total, and ``flat`` (total,) indexing indices/values in CSR order. One
     prefix sum and one repeat_interleave (no O(total log B) sorted search):
-    ``flat[k] = start[row(k)] + (k - excl[row(k)])``.
+    ``flat[k] = start[row(k)] + (k - excl[row(k)])``. ``nnz`` is the matrix's stored
+    entry count (host metadata: it picks the index width without reading the device).
+    Reading ``total`` is the one device-to-host read of the torch path: the output
+    size of a gather is data-dependent.
     """
     starts = indptr.index_select(0, rows)
     counts = indptr.index_select(0, rows + 1) - starts
     incl = torch.cumsum(counts, 0)
     total = int(incl[-1]) if rows.numel() else 0
     # int32 positions when the block allows: half the bytes in the widest arrays.
-    dtype = torch.int32 if int(indptr[-1]) < 2**31 else torch.int64
+    dtype = torch.int32 if nnz < 2**31 else torch.int64
     flat = torch.repeat_interleave((starts - (incl - counts)).to(dtype), counts, output_size=total)
     flat += torch.arange(total, dtype=dtype, device=flat.device)
     return counts, incl, total, flat
 
 
-def gather_csr_rows(indptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_csr_rows(indptr: torch.Tensor, rows: torch.Tensor, nnz: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions of the stored entries of ``rows`` in CSR order (Alg. 2 lines 7-10).
 
-    Returns (owner, flat): ``flat[k]`` indexes indices/values, ``owner[k]`` is the
-    position in ``rows`` of the row it belongs to. No Python loop over rows.
+    Returns (owner, flat): ``flat[k]`` indexes indices/values (``nnz`` of them),
+    ``owner[k]`` is the position in ``rows`` of the row it belongs to. No Python loop
+    over rows.
     """
-    counts, _, total, flat = _row_runs(indptr, rows)
+    counts, _, total, flat = _row_runs(indptr, rows, nnz)
     owner = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), counts, output_size=total)
     return owner, flat
 
@@ -292,8 +302,8 @@ def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     if x.layout == torch.strided:
         return x[rows]
     indptr = x.crow_indices()
-    owner, flat = gather_csr_rows(indptr, rows)
-    new_ptr = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+    owner, flat = gather_csr_rows(indptr, rows, x.values().numel())
+    new_ptr = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=indptr.device)
     new_ptr[1:] = torch.cumsum(indptr[rows + 1] - indptr[rows], 0)
     return torch.sparse_csr_tensor(new_ptr, x.col_indices()[flat], x.values()[flat], (rows.numel(), x.shape[1]),
                                    check_invariants=False)
@@ -329,6 +339,20 @@ def _pick_backend(backend: str, block: "CSRBlock") -> str:
     return "numba" if _fastsample.available() else "torch"
 
 
+def block_bounds(block: CSRBlock, sample: torch.Tensor, col_sample: torch.Tensor | None = None
+                 ) -> tuple[int, int, int, int]:
+    """Phase 1 of Algorithm 2: (r_lo, r_hi, c_lo, c_hi), where the block's row range
+    starts and ends in the sorted ``sample`` and its column range in ``col_sample``
+    (default ``sample``). Binary searches; call it on a host copy of the sample to
+    keep a GPU free of the read-back."""
+    col_sample = sample if col_sample is None else col_sample
+    rows = torch.tensor([block.row_start, block.row_end], device=sample.device)
+    cols = torch.tensor([block.col_start, block.col_end], device=col_sample.device)
+    r_lo, r_hi = torch.searchsorted(sample, rows).tolist()
+    c_lo, c_hi = torch.searchsorted(col_sample, cols).tolist()
+    return r_lo, r_hi, c_lo, c_hi
+
+
 def extract_block(
     block: CSRBlock,
     sample: torch.Tensor,
@@ -338,6 +362,7 @@ def extract_block(
     *,
     col_sample: torch.Tensor | None = None,
     keys: tuple[torch.Tensor, torch.Tensor] | None = None,
+    bounds: tuple[int, int, int, int] | None = None,
 ) -> SampledBlock:
     """Algorithm 2, phases 1-4, for one adjacency block. Calls no collective.
 
@@ -357,20 +382,23 @@ def extract_block(
             ``col_sample`` in one common labeling, to find the self loops (the
             entries Eq. 24 leaves unscaled) when the two id spaces differ; default:
             the samples themselves.
+        bounds: (r_lo, r_hi, c_lo, c_hi), the positions in ``sample`` / ``col_sample``
+            where the block's row and column ranges start and end (phase 1), when the
+            caller already has them: a sampler with the sample in host memory finds
+            them there, so a GPU block needs no device-to-host read for them.
 
     Returns the block of A~_S as CSR and its transpose; entries are in CSR order
-    (rows, then columns ascending) in both, whichever kernel ran.
+    (rows, then columns ascending) in both, whichever kernel ran. On a GPU the torch
+    path reads two sizes back from the device (the gathered and the kept entry
+    counts: the outputs' sizes depend on the data), so the engine runs it ahead of
+    training on a side stream (``--prefetch``).
     """
     # Phase 1: the parts of S inside this block's row and column ranges (binary search).
     if col_sample is None:
-        bounds = torch.tensor([block.row_start, block.row_end, block.col_start, block.col_end], device=sample.device)
-        r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, bounds).tolist()
         col_sample = sample
-    else:
-        r_lo, r_hi = torch.searchsorted(sample, torch.tensor([block.row_start, block.row_end],
-                                                             device=sample.device)).tolist()
-        c_lo, c_hi = torch.searchsorted(col_sample, torch.tensor([block.col_start, block.col_end],
-                                                                 device=col_sample.device)).tolist()
+    if bounds is None:
+        bounds = block_bounds(block, sample, col_sample)
+    r_lo, r_hi, c_lo, c_hi = bounds
     s_rows, s_cols = sample[r_lo:r_hi], col_sample[c_lo:c_hi]
     n_rows, n_cols = s_rows.numel(), s_cols.numel()
     rows_local = s_rows - block.row_start if block.row_start else s_rows
@@ -393,7 +421,7 @@ def extract_block(
             return SampledBlock(adj=adj, adj_t=adj_t, row_offset=r_lo, col_offset=c_lo)
 
     # Phase 2: positions of the sampled rows' entries, then their columns (lines 7-10).
-    counts, incl, total, flat = _row_runs(block.indptr, rows_local)
+    counts, incl, total, flat = _row_runs(block.indptr, rows_local, block.nnz)
     cols_g = block.indices.index_select(0, flat)
 
     # Phase 3: keep columns in S_c and remap them to compact ids (lines 12-14).

@@ -2,18 +2,22 @@
 
 Reads top to bottom:
   1. load the dataset and normalize it: A = D^-1/2 (A+I) D^-1/2      (Eq. 3)
-  2. build the engine (serial, or 4D parallel under torch.distributed)
+  2. build the engine on the run's device (one engine: a single process is the
+     1x1x1x1 grid; more ranks run under torch.distributed)
   3. per epoch: ceil(N/B)/Gd steps of Algorithm 1, timed; evaluation (full graph,
      every ``eval_every`` epochs) timed separately and excluded from training time
   4. stop at ``epochs``, at the target test accuracy if asked, or on divergence
   5. rank 0 writes one atomic JSON run record
+
+The loop never reads a device value inside an epoch: step results are summed on
+the device (:class:`scalegnn.engine.EpochSums`) and read once at the epoch's end,
+after which divergence (a loss that is not finite) is checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import resource
 import sys
 import time
 import traceback
@@ -25,13 +29,14 @@ import torch
 from . import checkpoint as ckpt_mod
 from . import records
 from .checkpoint import CheckpointConfig, CheckpointError, Checkpointer, Preempted
-from .engine import OptimConfig, SerialEngine
+from .device import BACKENDS, check_device_spec, peak_device_memory_bytes, peak_memory_bytes, peak_rss_bytes
+from .engine import EpochSums, OptimConfig
 from .graph import Graph
 from .model import ModelConfig
 from .perf import PerfConfig
 from .sampling import resolve_batch_size
 
-__all__ = ["RunConfig", "prepare_graph", "run_training", "DivergedError", "peak_memory_bytes"]
+__all__ = ["RunConfig", "prepare_graph", "run_training", "make_engine", "DivergedError"]
 
 
 class DivergedError(RuntimeError):
@@ -66,6 +71,8 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)  # paper V optimizations, instrumentation, permutation
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # every collective (and the rendezvous) fails after this
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (scalegnn.device)
+    backend: str = "auto"  # auto (NCCL/RCCL for GPUs, gloo for CPU) | gloo | nccl
 
     def __post_init__(self):
         if isinstance(self.model, dict):
@@ -76,6 +83,12 @@ class RunConfig:
             self.checkpoint = CheckpointConfig(**self.checkpoint)
         if isinstance(self.perf, dict):
             self.perf = PerfConfig(**self.perf)
+        self.device = check_device_spec(self.device)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "nccl" and self.device == "cpu":
+            raise ValueError("--backend nccl needs GPU tensors but --device is cpu; use --backend gloo or "
+                             "--device cuda")
         if not self.collective_timeout_s > 0:
             raise ValueError(f"--collective-timeout must be > 0 seconds, got {self.collective_timeout_s}")
         self.grid = tuple(int(g) for g in self.grid)
@@ -121,13 +134,6 @@ def prepare_graph(cfg: RunConfig) -> Graph:
     return graph.gcn_normalize()
 
 
-def peak_memory_bytes(device: str = "cpu") -> int:
-    """Peak memory of this process: CUDA allocator peak on GPU, max RSS on CPU."""
-    if device.startswith("cuda"):
-        return int(torch.cuda.max_memory_allocated(torch.device(device)))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
 def _progress(cfg: RunConfig, total: int, rank: int):
     show = sys.stderr.isatty() if cfg.progress is None else cfg.progress
     if not show or rank != 0:
@@ -137,57 +143,59 @@ def _progress(cfg: RunConfig, total: int, rank: int):
     return tqdm(total=total, desc=f"{cfg.system} {cfg.dataset}", unit="epoch", leave=False)
 
 
-def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None):
-    if grid is None and not cfg.perf.needs_parallel_engine:
-        return SerialEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, perf=cfg.perf)
+def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None, device: torch.device | str = "cpu"):
+    """The engine for ``cfg`` on ``grid`` (default: the single process, 1x1x1x1, whose
+    collectives are no-ops) and ``device``."""
     from .parallel.engine import ParallelEngine
-    from .parallel.grid import ProcessGrid
 
-    # Fusion, communication overlap and double permutation live in the sharded
-    # operators: one process runs them on the 1x1x1x1 grid (collectives are no-ops).
-    return ParallelEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs,
-                          grid=grid if grid is not None else ProcessGrid.single(), perf=cfg.perf)
+    return ParallelEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, grid=grid,
+                          device=device, perf=cfg.perf)
 
 
-def _engine_from_shards(cfg: RunConfig, grid):
-    """Build the parallel engine from this rank's shard file: big graphs are never
-    loaded whole on every rank (Plexus 5.4). Returns (None, graph info, engine)."""
+def _engine_from_shards(cfg: RunConfig, grid, device):
+    """Build the engine from this rank's shard file: big graphs are never loaded
+    whole on every rank (Plexus 5.4). Returns (None, graph info, engine)."""
     import json
 
     from .parallel.engine import ParallelEngine
     from .parallel.sharding import check_shard_manifest, load_shard
 
-    if grid is None:
-        raise ValueError("--shard-dir is for distributed runs: add --nproc N / --grid, or launch with torchrun/srun")
-    shard = load_shard(cfg.shard_dir, grid.rank, cfg.grid)
+    rank = grid.rank if grid is not None else 0
+    shard = load_shard(cfg.shard_dir, rank, cfg.grid)
     manifest = json.loads((Path(cfg.shard_dir) / "manifest.json").read_text())
     check_shard_manifest(manifest, cfg.perf.permute, cfg.seed, cfg.shard_dir)
     info = {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
     batch_size = resolve_batch_size(shard.num_nodes, cfg.batch_size, cfg.batch_ratio)
     engine = ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.epochs, grid=grid,
-                            shard=shard, perf=cfg.perf)
+                            shard=shard, device=device, perf=cfg.perf)
     return None, info, engine
 
 
 def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: bool = True,
-                 run_id: str | None = None, write_failed: bool = True) -> dict:
+                 run_id: str | None = None, write_failed: bool = True,
+                 device: torch.device | str | None = None) -> dict:
     """Train per ``cfg`` and return the run record (written by rank 0 when ``write``).
 
     ``grid`` is a :class:`scalegnn.parallel.grid.ProcessGrid` for a distributed run
-    (every rank calls this function); None runs the serial engine. ``run_id`` names
-    the record (default: a new id; on resume, always the checkpoint's run id).
-    ``write_failed=False`` leaves a ``failed`` record to the caller: the local
-    launcher writes it with the first error of whichever rank failed first.
-    With ``cfg.checkpoint.resume`` and a complete checkpoint in ``cfg.checkpoint.dir``
-    the run continues from it (see :mod:`scalegnn.checkpoint`); without one, it starts.
+    (every rank calls this function); None is the single process. ``device`` is the
+    rank's ``torch.device`` as its launcher resolved it (default: ``cfg.device`` for
+    local rank 0). ``run_id`` names the record (default: a new id; on resume, always
+    the checkpoint's run id). ``write_failed=False`` leaves a ``failed`` record to
+    the caller: the local launcher writes it with the first error of whichever rank
+    failed first. With ``cfg.checkpoint.resume`` and a complete checkpoint in
+    ``cfg.checkpoint.dir`` the run continues from it (see :mod:`scalegnn.checkpoint`);
+    without one, it starts.
     """
+    from .device import reset_peak_memory, resolve_device
+
     rank = grid.rank if grid is not None else 0
     world = grid.world_size if grid is not None else 1
-    device = "cpu"
+    device = resolve_device(cfg.device) if device is None else torch.device(device)
+    reset_peak_memory(device)
     # Configuration and data errors surface here, before any record exists: they
     # are the user's to fix, and a "failed" record for a typo would only be noise.
     if cfg.shard_dir is not None:
-        graph, graph_info, engine = _engine_from_shards(cfg, grid)
+        graph, graph_info, engine = _engine_from_shards(cfg, grid, device)
         batch_size = engine.batch_size
     else:
         if graph is None:
@@ -195,7 +203,7 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         graph_info = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                       "num_features": graph.num_features, "num_classes": graph.num_classes}
         batch_size = resolve_batch_size(graph.num_nodes, cfg.batch_size, cfg.batch_ratio)
-        engine = make_engine(cfg, graph, batch_size, grid)
+        engine = make_engine(cfg, graph, batch_size, grid, device)
     record = records.new_record(
         system=cfg.system, dataset=cfg.dataset, config=cfg.to_dict(), grid=dict(zip(("dp", "x", "y", "z"), cfg.grid)),
         world_size=world, seed=cfg.seed,
@@ -230,10 +238,9 @@ def run_training(cfg: RunConfig, graph: Graph | None = None, grid=None, write: b
         if ckpt is not None:
             record["checkpoint"] = {**record.get("checkpoint", {}), **ckpt.summary(),
                                     "saves": record.get("checkpoint", {}).get("saves", 0) + ckpt.saves}
-        peak = peak_memory_bytes(device)
-        per_rank = grid.gather_object(peak) if grid is not None and record["status"] != "failed" else [peak]
-        record["peak_memory_bytes_per_rank"] = per_rank
-        record["peak_memory_bytes"] = max(per_rank)
+        peaks = (peak_memory_bytes(device), peak_rss_bytes(), peak_device_memory_bytes(device))
+        per_rank = grid.gather_object(peaks) if grid is not None and record["status"] != "failed" else [peaks]
+        record.update(records.memory_fields(per_rank))
         record["time_to_target_s"] = records.time_to_target(record["epochs"], cfg.target_acc)
         _summarize(record)
         if write and rank == 0 and (write_failed or record["status"] != "failed"):
@@ -314,8 +321,9 @@ def _resume(cfg: RunConfig, engine, record: dict, grid) -> dict | None:
 def _save_checkpoint(ckpt: Checkpointer, cfg: RunConfig, engine, record: dict, step: int, epochs_done: int,
                      train_time: float, partial: tuple) -> None:
     loss_sum, loss_n, correct, count = partial
+    components, comm_bytes = engine.counters()
     loop = {"step": step, "train_time": train_time, "loss_sum": loss_sum, "loss_n": loss_n, "correct": correct,
-            "count": count, "components": dict(engine.components), "comm_bytes": dict(engine.comm_bytes)}
+            "count": count, "components": components, "comm_bytes": comm_bytes}
     saves = record.get("checkpoint", {}).get("saves", 0) + ckpt.saves + 1  # all attempts, this one included
     meta = {"epoch": epochs_done, "steps_per_epoch": engine.steps_per_epoch, "batch_size": record["batch_size"],
             "config": cfg.to_dict(), "loop": loop, "record": {**record, "checkpoint": {"saves": saves}}}
@@ -333,6 +341,7 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
     """
     where = where if where is not None else _Where()
     spe = engine.steps_per_epoch
+    device = engine.device
     step, train_time = (int(start["step"]), float(start["train_time"])) if start else (0, 0.0)
     last = record["epochs"][-1] if record["epochs"] else None
     if start and last and cfg.stop_at_target and cfg.target_acc is not None \
@@ -346,37 +355,39 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
     PREEMPTION.listening = ckpt is not None  # a preemption request will be seen (Checkpointer.due)
     try:
         for epoch in range(step // spe + 1, cfg.epochs + 1):
-            engine.components.clear()
-            engine.comm_bytes.clear()
-            loss_sum, loss_n, correct, count = 0.0, 0, 0.0, 0
             if step % spe:  # resumed mid-epoch: continue this epoch's sums
-                loss_sum, loss_n, correct, count = start["loss_sum"], start["loss_n"], start["correct"], start["count"]
-                engine.components.update(start["components"])
-                engine.comm_bytes.update(start["comm_bytes"])
+                engine.reset_counters(start["components"], start["comm_bytes"])
+                sums = EpochSums(device, tuple(start[k] for k in ("loss_sum", "loss_n", "correct", "count")))
+            else:
+                engine.reset_counters()
+                sums = EpochSums(device)
+            engine.synchronize()
             t0 = time.perf_counter()
             end = epoch * spe
             while step < end:
                 where.stage = f"training step {step} (epoch {epoch})"
-                res = engine.train_step(step)
+                sums.add(engine.train_step(step), step)
                 step += 1
-                if res.count:
-                    if not math.isfinite(res.loss):
-                        raise DivergedError(f"loss became {res.loss} at epoch {epoch}, step {step - 1}")
-                    loss_sum, loss_n = loss_sum + res.loss, loss_n + 1
-                    correct, count = correct + res.correct, count + res.count
                 if ckpt is not None and step < end and ckpt.due(step):  # mid-epoch save
+                    engine.synchronize()
                     train_time += time.perf_counter() - t0
                     where.stage = f"checkpoint save at step {step}"
+                    loss_sum, loss_n, correct, count, bad = sums.read()
+                    _check_finite(bad, epoch)
                     _save_checkpoint(ckpt, cfg, engine, record, step, epoch - 1, train_time,
                                      (loss_sum, loss_n, correct, count))
                     _stop_if_preempted(ckpt, step)
                     t0 = time.perf_counter()
+            engine.synchronize()  # the epoch's work is done on the device, not only queued
             train_time += time.perf_counter() - t0
+            loss_sum, loss_n, correct, count, bad = sums.read()
+            _check_finite(bad, epoch)
+            components, comm_bytes = engine.counters()
             row = {
                 "epoch": epoch, "train_time_s": train_time, "loss": loss_sum / max(loss_n, 1),
                 "batch_train_acc": correct / count if count else None,
                 "train_acc": None, "val_acc": None, "test_acc": None, "eval_time_s": None,
-                "components": dict(engine.components), "comm_bytes": dict(engine.comm_bytes),
+                "components": components, "comm_bytes": comm_bytes,
             }
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
                 where.stage = f"evaluation after epoch {epoch}"
@@ -398,6 +409,12 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
         PREEMPTION.listening = False
         if bar is not None:
             bar.close()
+
+
+def _check_finite(first_bad_step: int, epoch: int) -> None:
+    """Divergence: the first step whose loss was NaN or infinite (read with the epoch's sums)."""
+    if first_bad_step >= 0:
+        raise DivergedError(f"loss became NaN or infinite at epoch {epoch}, step {first_bad_step}")
 
 
 def _stop_if_preempted(ckpt: Checkpointer, step: int) -> None:

@@ -16,8 +16,9 @@ import torch
 
 from scalegnn import checkpoint as ck
 from scalegnn.checkpoint import CheckpointConfig, CheckpointError
-from scalegnn.engine import OptimConfig, SerialEngine
+from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.perf import PerfConfig
 from scalegnn.train import RunConfig, run_training
 
@@ -33,11 +34,11 @@ def config(tmp_path, **over):
 
 
 class StepLog:
-    """Wraps SerialEngine.train_step: records (step, loss) and can crash at one step."""
+    """Wraps ParallelEngine.train_step: records (step, loss) and can crash at one step."""
 
     def __init__(self, monkeypatch, crash_at=None):
         self.losses, self.crash_at = [], crash_at
-        real = SerialEngine.train_step
+        real = ParallelEngine.train_step
 
         def step(engine, s):
             if s == self.crash_at:
@@ -47,7 +48,7 @@ class StepLog:
             self.engine = engine
             return res
 
-        monkeypatch.setattr(SerialEngine, "train_step", step)
+        monkeypatch.setattr(ParallelEngine, "train_step", step)
 
 
 def _rows(record):
@@ -256,7 +257,7 @@ def test_preemption_request_saves_at_the_next_step_and_resumes_exactly(tmp_path,
     log = StepLog(monkeypatch)
     ref = run_training(config(tmp_path))
     ref_losses = list(log.losses)
-    real = SerialEngine.train_step
+    real = ParallelEngine.train_step
 
     def step(engine, s):
         res = real(engine, s)
@@ -264,7 +265,7 @@ def test_preemption_request_saves_at_the_next_step_and_resumes_exactly(tmp_path,
             os.kill(os.getpid(), signal.SIGUSR2)  # the handler only sets the request
         return res
 
-    monkeypatch.setattr(SerialEngine, "train_step", step)
+    monkeypatch.setattr(ParallelEngine, "train_step", step)
     previous = signal.signal(signal.SIGUSR2, lambda sig, frame: ck.PREEMPTION.request(sig))
     ck.PREEMPTION.arm()
     ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="1000", resume=True)

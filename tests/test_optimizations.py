@@ -27,9 +27,12 @@ import torch
 
 from scalegnn import _fastsample
 from scalegnn import sampling as S
-from scalegnn.engine import OptimConfig, SerialEngine
+from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.parallel.engine import COMPONENTS
 from scalegnn.perf import PerfConfig, Prefetcher, SpanTimer
+from tests.devices import needs_gpu
+from tests.reference import SerialReference
 from tests.test_parallel_pmm import parallel_graph
 from tests.test_sampling import random_graph
 
@@ -172,7 +175,7 @@ def test_prefetcher_order_errors_and_shutdown():
         pf.get(8)
 
 
-def test_serial_prefetch_gives_identical_training_and_leaves_no_thread(tmp_path):
+def test_single_process_prefetch_gives_identical_training_and_leaves_no_thread(tmp_path):
     from scalegnn.train import RunConfig, run_training
 
     before = {t.ident for t in threading.enumerate()}
@@ -184,7 +187,7 @@ def test_serial_prefetch_gives_identical_training_and_leaves_no_thread(tmp_path)
     assert [r["loss"] for r in pre["epochs"]] == [r["loss"] for r in plain["epochs"]]  # across the epoch boundary
     assert pre["epochs"][-1]["test_acc"] == plain["epochs"][-1]["test_acc"]
     assert pre["config"]["perf"]["prefetch"] is True and pre["compile_time_s"] == 0.0
-    assert set(pre["epochs"][0]["components"]) >= {"sampling", "forward_backward", "optimizer", "other"}
+    assert set(pre["epochs"][0]["components"]) == set(COMPONENTS)
     assert {t.ident for t in threading.enumerate()} <= before  # no orphan prefetch thread
 
 
@@ -199,8 +202,9 @@ def test_span_timer_cpu_and_off():
     assert dict(off.seconds) == {}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_span_timer_cuda_events():  # pragma: no cover - no GPU here
+@pytest.mark.gpu
+@needs_gpu
+def test_span_timer_cuda_events():
     t = SpanTimer("cuda")
     x = torch.randn(1024, 1024, device="cuda")
     with t("mm"):
@@ -285,8 +289,8 @@ def test_parallel_switches_leave_training_unchanged():
         assert off["spmm"] == off["gemm"] == off["pmm_comm"] == 0.0
         assert res["uninstrumented"]["bytes"] == base["bytes"]  # bytes are always counted
         assert res["base"]["threads"] == res["prefetch"]["threads"]  # the prefetch thread was stopped
-    # Double permutation (no residual): equal to the serial engine on the same (P_c-relabeled) graph.
-    ser = SerialEngine(parallel_graph(seed=0), _NORES["model"], _NORES["optim"], 23, seed=0, epochs=2)
+    # Double permutation (no residual): equal to the serial reference on the same (P_c-relabeled) graph.
+    ser = SerialReference(parallel_graph(seed=0), _NORES["model"], _NORES["optim"], 23, seed=0, epochs=2)
     ref = [ser.train_step(s) for s in range(STEPS)]
     full = {n: p.detach() for n, p in ser.model.named_parameters()}
     for res in results:

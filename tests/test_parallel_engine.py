@@ -1,4 +1,4 @@
-"""The 4D parallel engine against the serial engine: whole training steps (loss,
+"""The engine against the serial reference (tests/reference.py): whole training steps (loss,
 accuracy counts, updated weights), data-parallel averaging, clipping, evaluation.
 
 Tolerances. One step differs from the serial one only by float32 summation order
@@ -18,12 +18,15 @@ import math
 import pytest
 import torch
 
-from scalegnn.engine import OptimConfig, SerialEngine, make_optimizer
+from scalegnn.device import resolve_device
+from scalegnn.engine import OptimConfig, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.parallel.engine import ParallelEngine, _dropout_seed
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.parallel.launch import spawn
 from scalegnn.sampling import UniformVertexSampler, steps_per_epoch
+from tests.devices import DEVICES
+from tests.reference import SerialReference
 from tests.test_parallel_pmm import nprocs, parallel_graph
 
 pytestmark = pytest.mark.distributed
@@ -36,29 +39,32 @@ def _block(t, rows, cols):
     return t[cols[0]:cols[1]] if rows is None else t[rows[0]:rows[1], cols[0]:cols[1]]
 
 
-def _engine_worker(rank, world, shape, runs):
-    """Each run: build a ParallelEngine, train STEPS steps, evaluate; return results."""
+def _engine_worker(rank, world, shape, runs, device="cpu"):
+    """Each run: build an engine on ``device``, train STEPS steps, evaluate; return results."""
     grid = ProcessGrid(*shape)
     out = []
     for run in runs:
         graph = parallel_graph(**run["graph"])
         eng = ParallelEngine(graph, run["model"], run["optim"], run["batch"], seed=run["seed"], epochs=2, grid=grid,
-                             pmm_comm_dtype=run.get("comm_dtype"))
+                             device=resolve_device(device, rank), pmm_comm_dtype=run.get("comm_dtype"))
         steps = [eng.train_step(s) for s in range(run.get("steps", STEPS))]
+        components, comm_bytes = eng.counters()
         out.append({
             "steps": [(r.loss, r.correct, r.count) for r in steps],
             "params": eng.parameters_for_test(),
             "eval": eng.evaluate().as_dict(),
-            "components": dict(eng.components),
-            "comm_bytes": dict(eng.comm_bytes),
+            "components": components,
+            "comm_bytes": comm_bytes,
             "steps_per_epoch": eng.steps_per_epoch,
+            "device": str(eng.device),
         })
+        eng.close()
     return out
 
 
 def _serial_run(run):
     graph = parallel_graph(**run["graph"])
-    eng = SerialEngine(graph, run["model"], run["optim"], run["batch"], seed=run["seed"], epochs=2)
+    eng = SerialReference(graph, run["model"], run["optim"], run["batch"], seed=run["seed"], epochs=2)
     steps = [eng.train_step(s) for s in range(run.get("steps", STEPS))]
     return eng, [(r.loss, r.correct, r.count) for r in steps]
 
@@ -97,10 +103,13 @@ RUNS_1x2x2x2 = [
 ]
 
 
-def test_parallel_engine_steps_equal_serial_engine_1x2x2x2():
+@pytest.mark.parametrize("device", DEVICES)
+def test_parallel_engine_steps_equal_serial_reference_1x2x2x2(device):
     """Six whole training steps on 8 ranks: the same loss sequence, accuracy counts,
-    updated weights (every shard on every rank) and evaluation as SerialEngine."""
-    results = spawn(_engine_worker, 8, (1, 2, 2, 2), RUNS_1x2x2x2, timeout_s=180)
+    updated weights (every shard on every rank) and evaluation as the serial reference
+    (on the CPU), whichever device the engine runs on."""
+    results = spawn(_engine_worker, 8, (1, 2, 2, 2), RUNS_1x2x2x2, device, timeout_s=300)
+    assert all(res["device"].startswith(device) for rank in results for res in rank)
     for i, run in enumerate(RUNS_1x2x2x2):
         eng, ref_steps = _serial_run(run)
         if run["name"] == "rare labels":
@@ -160,9 +169,10 @@ RUNS_DP = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(2, 2, 1, 1), (2, 1, 1, 2)], ids=lambda s: "x".join(map(str, s)))
-def test_data_parallel_engine_averages_group_gradients(shape):
-    results = spawn(_engine_worker, nprocs(shape), shape, RUNS_DP, timeout_s=180)
+def test_data_parallel_engine_averages_group_gradients(shape, device):
+    results = spawn(_engine_worker, nprocs(shape), shape, RUNS_DP, device, timeout_s=300)
     for i, run in enumerate(RUNS_DP):
         model, ref_steps, spe = _manual_dp_reference(run, shape[0])
         ref_params = {n: p.detach() for n, p in model.named_parameters()}

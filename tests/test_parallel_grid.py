@@ -13,9 +13,11 @@ import time
 import pytest
 import torch
 
+from scalegnn.device import resolve_device
 from scalegnn.parallel.collectives import CommStats, all_gather_uneven, all_reduce, broadcast
 from scalegnn.parallel.grid import AXES, ProcessGrid, parse_grid, split_bounds, split_range
 from scalegnn.parallel.launch import SpawnTimeout, WorkerError, detect_env, first_host, spawn
+from tests.devices import DEVICES
 
 pytestmark = pytest.mark.distributed
 
@@ -95,28 +97,29 @@ def test_grid_product_mismatch_is_a_clear_error():
         assert "1x2x2x1" in msg and "4" in msg and "world size is 2" in msg and "launch 4 processes" in msg
 
 
-def _collectives_worker(rank, world):
+def _collectives_worker(rank, world, device="cpu"):
+    dev = resolve_device(device, rank)
     out = {}
     for shape in ((1, 2, 2, 2), (2, 1, 2, 2), (2, 2, 2, 1), (8, 1, 1, 1)):
         grid = ProcessGrid(*shape)
         stats = CommStats()
         res = {}
         for ax in AXES:
-            t = torch.full((3,), float(rank))
+            t = torch.full((3,), float(rank), device=dev)
             all_reduce(t, grid, ax, stats, "pmm_" + ax if ax != "dp" else "dp")
             res[f"sum_{ax}"] = t[0].item()
-            m = torch.tensor([float(rank)])
+            m = torch.full((1,), float(rank), device=dev)
             all_reduce(m, grid, ax, stats, "loss", op="max")
             res[f"max_{ax}"] = m.item()
-            b = torch.full((2,), float(rank), dtype=torch.float32)
+            b = torch.full((2,), float(rank), dtype=torch.float32, device=dev)
             all_reduce(b, grid, ax, stats, "pmm_" + ax if ax != "dp" else "pmm_x", comm_dtype=torch.bfloat16)
             res[f"bf16_{ax}"] = (b.dtype, b[0].item())
             # uneven all-gather: the member with axis index i contributes i + 1 rows of value rank
             i = grid.axis_index(ax)
             sizes = [k + 1 for k in range(grid.axis_size(ax))]
-            piece = torch.full((i + 1, 2), float(rank))
+            piece = torch.full((i + 1, 2), float(rank), device=dev)
             res[f"gather_{ax}"] = all_gather_uneven(piece, sizes, grid, ax, stats, "reshard")[:, 0].tolist()
-            c = torch.tensor([float(rank)])
+            c = torch.full((1,), float(rank), device=dev)
             broadcast(c, grid, ax, grid.axis_size(ax) - 1, stats, "eval")
             res[f"bcast_{ax}"] = c.item()
         res["bytes"] = stats.snapshot()["bytes"]
@@ -125,12 +128,14 @@ def _collectives_worker(rank, world):
     return out
 
 
-def test_axis_collectives_have_closed_form_results():
+@pytest.mark.parametrize("device", DEVICES)
+def test_axis_collectives_have_closed_form_results(device):
     """For rank-valued inputs: sum over an axis group = sum of its ranks, max = the
     largest, an uneven gather lists each member's rank (index i + 1 times), a
     broadcast from the last member gives its rank; bytes are counted only for axes of
-    size > 1, and a BF16 all-reduce counts half the bytes of FP32."""
-    results = spawn(_collectives_worker, 8, timeout_s=60)
+    size > 1, and a BF16 all-reduce counts half the bytes of FP32. On a GPU the
+    tensors are the GPU's (eight ranks sharing it through gloo)."""
+    results = spawn(_collectives_worker, 8, device, timeout_s=180)
     for shape in ((1, 2, 2, 2), (2, 1, 2, 2), (2, 2, 2, 1), (8, 1, 1, 1)):
         for rank, per in enumerate(results):
             res = per[shape]
@@ -150,6 +155,32 @@ def test_axis_collectives_have_closed_form_results():
                 # 3 fp32 elements + 2 bf16 elements (+ the dp bf16 call booked under pmm_x)
                 want = (3 * 4 + 2 * 2 if ax in active else 0) + (2 * 2 if ax == "x" and "dp" in active else 0)
                 assert b.get("pmm_" + ax, 0) == want, (shape, ax, b)
+
+
+def _mesh_worker(rank, world):
+    import torch.distributed as dist
+
+    grid = ProcessGrid(1, 2, 2, 1)
+    mesh = grid.device_mesh("cpu")
+    out = {"names": mesh.mesh_dim_names, "shape": tuple(mesh.shape)}
+    for ax in AXES:
+        group = mesh.get_group(ax)
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=group)
+        out[ax] = (dist.get_process_group_ranks(group), grid.group_ranks(ax), t.item())
+    return out
+
+
+def test_grid_as_a_device_mesh_uses_the_same_groups():
+    """``ProcessGrid.device_mesh`` names the dims dp, x, y, z, has the grid's shape and
+    hands out, per dim, this rank's axis group (collectives over it sum its members)."""
+    for rank, res in enumerate(spawn(_mesh_worker, 4, timeout_s=60)):
+        assert res["names"] == AXES and res["shape"] == (1, 2, 2, 1)
+        for ax in AXES:
+            mesh_ranks, grid_ranks, total = res[ax]
+            assert sorted(mesh_ranks) == sorted(grid_ranks) and total == sum(grid_ranks)
+    with pytest.raises(ValueError, match="initialized torch.distributed world"):
+        ProcessGrid.single().device_mesh("cpu")
 
 
 def _boom_worker(rank, world):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scalegnn.device import resolve_device
 from scalegnn.graph import Graph
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.parallel.collectives import CommStats
@@ -26,6 +27,7 @@ from scalegnn.parallel.model import ParallelScaleGNN
 from scalegnn.parallel.pmm import ParallelContext, parallel_bce, parallel_cross_entropy, reshard
 from scalegnn.parallel.sharding import build_rank_shard
 from scalegnn.sampling import UniformVertexSampler
+from tests.devices import DEVICES
 
 pytestmark = pytest.mark.distributed
 
@@ -68,15 +70,18 @@ def serial_reference(graph, cfg, batch_size, sample_seed, step, model_seed, drop
             "x_grad": x.grad}
 
 
-def _run_case(grid, case):
-    """One rank's forward/backward for ``case``; returns its blocks with their global ids."""
+def _run_case(grid, case, device="cpu"):
+    """One rank's forward/backward for ``case`` on ``device``; returns its blocks (host
+    copies) with their global ids."""
+    device = resolve_device(device, grid.rank)
     graph = parallel_graph(**case["graph"])
-    shard = build_rank_shard(graph, grid)
+    shard = build_rank_shard(graph, grid).to(device)
     sampler = DistributedSampler(shard, grid, case["batch"], seed=case["sample_seed"])
     batch = sampler.sample(case["step"])
     batch.x = batch.x.clone().requires_grad_()
     cfg = case["cfg"]
-    model = ParallelScaleGNN(graph.num_features, graph.num_classes, cfg, grid, seed=case["model_seed"]).train()
+    model = ParallelScaleGNN(graph.num_features, graph.num_classes, cfg, grid, seed=case["model_seed"])
+    model = model.to(device).train()
     pc = ParallelContext(grid, CommStats())
     logits = model(batch, pc, case["dropout_seed"], case["step"])
     head = model.head
@@ -89,17 +94,17 @@ def _run_case(grid, case):
     loss.backward()
     return {
         "dp": grid.axis_index("dp"), "loss": float(loss.detach()), "count": int(count),
-        "logits": logits.detach(), "rows": batch.rows.global_ids(a), "cols": (c0, c1),
-        "grads": {n: (p.grad.detach(), model.shards[n].rows, model.shards[n].cols)
+        "logits": logits.detach().cpu(), "rows": batch.rows.global_ids(a).cpu(), "cols": (c0, c1),
+        "grads": {n: (p.grad.detach().cpu(), model.shards[n].rows, model.shards[n].cols)
                   for n, p in model.named_parameters()},
-        "x_grad": batch.x.grad.detach(), "x_rows": batch.rows.global_ids("x"), "x_cols": shard.feature_range,
-        "bytes": dict(pc.stats.bytes),
+        "x_grad": batch.x.grad.detach().cpu(), "x_rows": batch.rows.global_ids("x").cpu(),
+        "x_cols": shard.feature_range, "bytes": dict(pc.stats.bytes), "device": str(logits.device),
     }
 
 
-def _parity_worker(rank, world, shape, cases):
+def _parity_worker(rank, world, shape, cases, device="cpu"):
     grid = ProcessGrid(*shape)
-    return [_run_case(grid, case) for case in cases]
+    return [_run_case(grid, case, device) for case in cases]
 
 
 def _block(t, rows, cols):
@@ -154,23 +159,27 @@ GRIDS = [(1, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2), (1, 2, 2, 1), (
          (2, 2, 1, 1)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", GRIDS, ids=lambda s: "x".join(map(str, s)))
-def test_model_forward_backward_parity(shape):
+def test_model_forward_backward_parity(shape, device):
     """Logits, loss, all weight gradients and the input-feature gradient of every rank
     (replicas included: gradients are complete on every replica) for L = 1..4, with
-    and without norm / residual / dropout, single- and multi-label."""
+    and without norm / residual / dropout, single- and multi-label; on the CPU and,
+    where there is one, on a GPU shared by the ranks (against the same CPU reference)."""
     cases = make_cases()
-    results = spawn(_parity_worker, nprocs(shape), shape, cases, timeout_s=120)
+    results = spawn(_parity_worker, nprocs(shape), shape, cases, device, timeout_s=300)
+    assert all(res["device"].startswith(device) for rank in results for res in rank)
     check_parity(results, cases)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape,hidden,classes", [((1, 3, 2, 1), 10, 5), ((1, 1, 3, 2), 4, 2), ((1, 3, 1, 2), 2, 3)],
                          ids=["3x2-uneven", "h4-c2", "h2<Gx-empty-blocks"])
-def test_model_parity_uneven_and_empty_blocks(shape, hidden, classes):
+def test_model_parity_uneven_and_empty_blocks(shape, hidden, classes, device):
     """Axis sizes 3 that divide none of N=37, B=23, F=7, H, C; H=2 < Gx=3 and C=2 < Gy=3
     leave some ranks with empty hidden / class blocks, which must still work."""
     cases = make_cases(hidden=hidden, classes=classes, layers=(1, 2, 3, 4), extra=False)
-    results = spawn(_parity_worker, nprocs(shape), shape, cases, timeout_s=120)
+    results = spawn(_parity_worker, nprocs(shape), shape, cases, device, timeout_s=300)
     check_parity(results, cases)
 
 

@@ -79,8 +79,9 @@ import torch
 from analysis import load_epochs, load_runs
 from scalegnn import records
 from scalegnn.cli import main
-from scalegnn.engine import OptimConfig, SerialEngine
+from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.train import RunConfig, run_training
 from tests.test_records import minimal_record
 
@@ -281,14 +282,14 @@ def test_divergence_in_a_distributed_run_is_recorded_as_diverged(tmp_path):
                               "you tried to allocate 96000000000 bytes"), "evaluation after epoch 1"),
 ])
 def test_out_of_memory_names_the_rank_the_stage_and_a_fix(tmp_path, monkeypatch, where, exc, stage):
-    real = getattr(SerialEngine, where)
+    real = getattr(ParallelEngine, where)
 
     def boom(engine, *args):
         if where == "evaluate" or args[0] == 3:
             raise exc
         return real(engine, *args)
 
-    monkeypatch.setattr(SerialEngine, where, boom)
+    monkeypatch.setattr(ParallelEngine, where, boom)
     rec = run_training(RunConfig(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
                                  epochs=2, progress=False, model=ModelConfig(hidden=16, layers=2)))
     assert rec["status"] == "failed"

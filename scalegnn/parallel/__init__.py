@@ -9,7 +9,7 @@ model and engine, and process launch.
     sharding.py      per-rank shards, save_shards / load_shard / shard_command
     dist_sampling.py DistributedSampler (Algorithm 2, no collectives)
     model.py         ParallelScaleGNN (shards of the serial ScaleGNN)
-    engine.py        ParallelEngine (the SerialEngine interface)
+    engine.py        ParallelEngine: the one engine, every grid (1x1x1x1 included), every device
     launch.py        init_from_env, spawn, run_distributed_training
 """
 

@@ -13,6 +13,12 @@ and different groups (``dp_index``) draw different ones. Each rank then runs
 Row blocks are the sampled vertices inside each axis' vertex range, so their
 uneven sizes are known to every rank. **No collective is called here** (a test
 patches every torch.distributed collective to prove it).
+
+Device. The shard lives on the run's device and so does every batch. The sample is
+drawn on the host (a CPU generator: the same S on every device) and copied over
+once, pinned; the block boundaries of phase 1 are found in that host copy, so the
+only device-to-host reads of a GPU batch are the sizes the torch kernel cannot know
+in advance (see :func:`scalegnn.sampling.extract_block`).
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import (CompactIndexMap, SampledBlock, extract_block, inclusion_probability, resolve_batch_size,
-                        sample_vertices, select_rows, training_features)
+from ..device import to_device
+from ..sampling import (CompactIndexMap, SampledBlock, block_bounds, extract_block, inclusion_probability,
+                        resolve_batch_size, sample_vertices, select_rows, training_features)
 from .grid import PMM_AXES, ProcessGrid
 from .layout import RowPartition
 from .sharding import RankShard
@@ -93,6 +100,7 @@ class DistributedSampler:
         if tuple(shard.grid_shape[1:]) != tuple(grid.axis_size(a) for a in PMM_AXES):
             raise ValueError(f"shard was cut for grid {shard.grid_shape}, the process grid is {grid.spec()}")
         self.shard, self.grid = shard, grid
+        self.device = shard.x.device
         self.num_nodes = shard.num_nodes
         self.batch_size = resolve_batch_size(self.num_nodes, batch_size=batch_size)
         self.seed = seed
@@ -110,9 +118,9 @@ class DistributedSampler:
         self._full: ShardedBatch | None = None
 
     def nodes(self, step: int) -> torch.Tensor:
-        """The shared sorted sample S of ``step`` (Alg. 2 line 1)."""
-        nodes = sample_vertices(self.num_nodes, self.batch_size, self.seed, step, self.dp_index)
-        return nodes.to(self.shard.x.device)  # drawn on the CPU generator: the same S on every device
+        """The shared sorted sample S of ``step`` (Alg. 2 line 1), in host memory: drawn
+        on the CPU generator, so it is the same S whatever the device."""
+        return sample_vertices(self.num_nodes, self.batch_size, self.seed, step, self.dp_index)
 
     def _slice(self, nodes: torch.Tensor, rows: RowPartition, table: dict) -> dict:
         out = {}
@@ -139,16 +147,25 @@ class DistributedSampler:
                         train_mask=sl(alt.train_mask), val_mask=sl(alt.val_mask) if with_eval_masks else None,
                         test_mask=sl(alt.test_mask) if with_eval_masks else None)
 
-    def _batch(self, step: int, nodes: torch.Tensor, scale: float, index_maps, with_eval_masks: bool) -> ShardedBatch:
+    def _batch(self, step: int, nodes: torch.Tensor, scale: float, index_maps, with_eval_masks: bool,
+               host_nodes: torch.Tensor | None = None) -> ShardedBatch:
+        """The batch of the sorted sample ``nodes`` (on the device). ``host_nodes``, its
+        host copy, gives phase 1's bounds without reading the device; without it the
+        sample is the whole graph (evaluation), whose bounds are the ranges themselves."""
         sh = self.shard
-        rows = RowPartition(nodes, self.num_nodes, self.grid)
+        if host_nodes is not None:
+            rows = RowPartition(nodes, self.num_nodes, self.grid, host_nodes=host_nodes)
+        else:
+            rows = RowPartition.full(nodes, self.grid)
         alt = None
         if sh.alt is not None:  # even layers use the alternative shards; sh.adj is not needed
             alt = self._alt_batch(nodes, scale, self.alt_maps if index_maps is self.index_maps else None,
                                   with_eval_masks)
             adj = (None, None, None)
         else:
-            adj = tuple(extract_block(blk, nodes, scale, m, backend=self.backend)
+            adj = tuple(extract_block(blk, nodes, scale, m, backend=self.backend,
+                                      bounds=block_bounds(blk, host_nodes) if host_nodes is not None else
+                                      (blk.row_start, blk.row_end, blk.col_start, blk.col_end))
                         for blk, m in zip(sh.adj, index_maps))
         lo, hi = rows.block("x")
         x = select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
@@ -161,11 +178,13 @@ class DistributedSampler:
 
     def sample(self, step: int) -> ShardedBatch:
         """This rank's shard of the rescaled sampled subgraph of ``step`` (Alg. 2)."""
-        return self._batch(step, self.nodes(step), self.scale, self.index_maps, with_eval_masks=False)
+        host = self.nodes(step)
+        return self._batch(step, to_device(host, self.device, non_blocking=True), self.scale, self.index_maps,
+                           with_eval_masks=False, host_nodes=host)
 
     def full_batch(self) -> ShardedBatch:
         """The full graph as a batch (B = N, no rescaling) for evaluation; built once."""
         if self._full is None:
-            nodes = torch.arange(self.num_nodes, dtype=torch.int64, device=self.shard.x.device)
+            nodes = torch.arange(self.num_nodes, dtype=torch.int64, device=self.device)
             self._full = self._batch(-1, nodes, 1.0, [None] * 3, with_eval_masks=True)
         return self._full

@@ -1,4 +1,8 @@
-"""The 4D parallel engine: the same interface as :class:`scalegnn.engine.SerialEngine`.
+"""The training engine: Algorithm 1 on the 4D grid, on the run's device.
+
+There is one engine. A single process is the 1x1x1x1 grid (every collective is a
+no-op there); the serial model and sampler of :mod:`scalegnn.model` and
+:mod:`scalegnn.sampling` are the references the tests hold it to.
 
 One ``train_step(step)`` on every rank of the ``Gd x Gx x Gy x Gz`` grid:
 
@@ -12,9 +16,19 @@ One ``train_step(step)`` on every rank of the ``Gd x Gx x Gy x Gz`` grid:
   4. global-norm clipping (each shard counted once: replicas excluded) and AdamW
      on the local shards (element-wise, so it equals the serial update).
 
-With Gd = 1 and the same seed, every step reproduces :class:`SerialEngine`: same
+With Gd = 1 and the same seed, every step reproduces the serial reference: same
 sample, same dropout mask, same loss and same updated weights (up to float
 summation order). Steps per epoch: ``ceil(ceil(N / B) / Gd)``.
+
+Device. Everything a step touches lives on the engine's device: the CSR planes of
+the shard, the features (dense or CSR), labels and masks, the parameters, the
+optimizer state, the sampler's compact maps, the evaluation batch. A step never
+reads a device value back on the host: the loss, the accuracy counts and the
+"no labeled vertex anywhere" decision stay device tensors (:class:`StepResult`;
+the fused AdamW skips its update on the device through ``found_inf``, the same
+mechanism as mixed-precision loss scaling), and the per-component times are CUDA
+event pairs resolved when the loop reads them, once per epoch. The sampler's own
+size reads happen on the prefetch stream when ``--prefetch`` is on.
 """
 
 from __future__ import annotations
@@ -24,10 +38,11 @@ from collections import defaultdict
 
 import torch
 
+from ..device import synchronize
 from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
 from ..graph import Graph
 from ..model import ModelConfig
-from ..perf import PerfConfig, Prefetcher, SpanTimer, StepProfiler, synchronize
+from ..perf import PerfConfig, Prefetcher, SpanTimer, StepProfiler
 from ..sampling import steps_per_epoch
 from .collectives import CommStats, all_reduce
 from .dist_sampling import DistributedSampler, ShardedBatch
@@ -45,14 +60,16 @@ __all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS"]
 #   elementwise  the rest of forward/backward: norm, ReLU, dropout, residual, loss, autograd
 #   dp_comm      data-parallel gradient all-reduce (and the clip-norm reduction)
 #   optimizer    clipping and AdamW
-#   other        what is left of the step's wall time (bookkeeping, accuracy counts)
+#   other        what is left of the step's time (bookkeeping)
+# On a GPU each is the time between CUDA events on the compute stream, so the parts
+# add up to the GPU's time for the step, idle gaps included.
 COMPONENTS = ("sampling", "spmm", "gemm", "elementwise", "pmm_comm", "dp_comm", "optimizer", "other")
 # Collective kinds that count as 3D-PMM-group communication inside forward/backward.
 MP_KINDS = ("pmm_x", "pmm_y", "pmm_z", "norm", "loss", "reshard")
 
 
 def _dropout_seed(seed: int, dp_index: int) -> int:
-    """Group 0 uses ``seed`` (as the serial engine); other groups get their own stream."""
+    """Group 0 uses ``seed`` (as the serial reference); other groups get their own stream."""
     return seed if dp_index == 0 else seed + 0x9E3779B1 * dp_index
 
 
@@ -62,26 +79,28 @@ class ParallelEngine:
     Args:
         graph: the GCN-normalized full graph (every rank cuts its shard from it), or
             None when ``shard`` is given (loaded with :func:`sharding.load_shard`).
-        model_cfg, optim_cfg, batch_size, seed, epochs: as :class:`SerialEngine`.
-        grid: the :class:`ProcessGrid` (required).
-        shard: a prebuilt :class:`RankShard` for this rank.
+        model_cfg, optim_cfg: the model and AdamW settings.
+        batch_size: B, sampled vertices per step (N: full-graph training).
+        seed: the run's seed (weights, samples, dropout); epochs: for the LR schedule.
+        grid: the :class:`ProcessGrid` (default: the single process, 1x1x1x1).
+        shard: a prebuilt :class:`RankShard` for this rank (on any device).
+        device: where everything lives and runs (``torch.device``; default the CPU).
         pmm_comm_dtype: e.g. ``torch.bfloat16`` for 3D-PMM partial sums (paper V-B);
             overrides ``perf.comm_dtype``.
         use_index_map: persistent compact column maps for the torch sampler kernel.
         perf: :class:`scalegnn.perf.PerfConfig` switches (prefetch, comm dtype,
             compile, comm overlap, profile, sampler kernel, instrumentation).
-        rank: for the profiler's file name (default: the grid rank).
     """
 
     system = "scalegnn"
 
     def __init__(self, graph: Graph | None, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_size: int,
-                 seed: int = 0, epochs: int = 1, *, grid: ProcessGrid, shard: RankShard | None = None,
-                 pmm_comm_dtype: torch.dtype | None = None, use_index_map: bool = True,
-                 perf: PerfConfig | None = None):
-        if grid is None:
-            raise ValueError("ParallelEngine needs a ProcessGrid; use SerialEngine for one process without a grid")
+                 seed: int = 0, epochs: int = 1, *, grid: ProcessGrid | None = None, shard: RankShard | None = None,
+                 device: torch.device | str = "cpu", pmm_comm_dtype: torch.dtype | None = None,
+                 use_index_map: bool = True, perf: PerfConfig | None = None):
+        grid = grid if grid is not None else ProcessGrid.single()
         perf = perf if perf is not None else PerfConfig()
+        device = torch.device(device)
         if perf.permute == "double" and model_cfg.residual:  # whether the shards are built here or loaded
             raise ValueError("--permute double needs --no-residual: the residual add would need an "
                              "all-to-all row permutation per layer (Plexus' model has no residual)")
@@ -89,15 +108,15 @@ class ParallelEngine:
             if graph is None:
                 raise ValueError("give the normalized graph or this rank's shard")
             if graph.meta.get("normalized") != "gcn":
-                raise ValueError("ParallelEngine needs the GCN-normalized graph: call graph.gcn_normalize() first")
+                raise ValueError("the engine needs the GCN-normalized graph: call graph.gcn_normalize() first")
             sigma = None
             if perf.permute == "double":  # Plexus 5.1; the graph is already relabeled by P_c (prepare_graph)
                 from ..permutation import double_sigma
 
                 sigma = double_sigma(graph.num_nodes, seed)
             shard = build_rank_shard(graph, grid, sigma=sigma)
-        self.grid, self.shard, self.seed, self.perf = grid, shard, seed, perf
-        self.device = shard.x.device
+        shard = shard.to(device)
+        self.grid, self.shard, self.seed, self.perf, self.device = grid, shard, seed, perf, device
         self.dp_index = grid.axis_index("dp")
         self.dropout_seed = _dropout_seed(seed, self.dp_index)
         self.sampler = DistributedSampler(shard, grid, batch_size, seed=seed, use_index_map=use_index_map,
@@ -105,15 +124,19 @@ class ParallelEngine:
         self.batch_size = self.sampler.batch_size
         self.steps_per_epoch = steps_per_epoch(shard.num_nodes, self.batch_size, grid.axis_size("dp"))
         self.multilabel = shard.multilabel
-        self.model = ParallelScaleGNN(shard.num_features, shard.num_classes, model_cfg, grid, seed=seed)
+        self.model = ParallelScaleGNN(shard.num_features, shard.num_classes, model_cfg, grid, seed=seed).to(device)
         self.params = list(self.model.named_parameters())
         self.optimizer, self.scheduler = make_optimizer(
             self.model.parameters(), optim_cfg, total_steps=epochs * self.steps_per_epoch
         )
         self.grad_clip = optim_cfg.grad_clip
         comm_dtype = pmm_comm_dtype if pmm_comm_dtype is not None else perf.pmm_comm_dtype
-        self._stats = CommStats(timing=perf.instrument, device=self.device)
-        self._timer = SpanTimer(self.device, enabled=perf.instrument)
+        # Three timers, resolved together when the loop reads the components: the step's
+        # phases (always on: five spans a step), the local products and the collectives
+        # (with ``perf.instrument``; bytes are counted either way).
+        self._phases = SpanTimer(device)
+        self._timer = SpanTimer(device, enabled=perf.instrument)
+        self._stats = CommStats(timing=perf.instrument, device=device)
         fused = None
         if perf.compile:
             fused = torch.compile(norm_relu_dropout, dynamic=True, backend=perf.compile_backend)
@@ -123,7 +146,7 @@ class ParallelEngine:
             self.model.defer_weight_grad_sync(self.pc)
         self.eval_stats = CommStats(timing=False)  # evaluation traffic, kept out of the per-epoch training counters
         self._eval_pc = ParallelContext(grid, self.eval_stats, None, comm_dtype, fused=fused)
-        self.components: dict[str, float] = defaultdict(float)
+        self._components: dict[str, float] = defaultdict(float)
         self.comm_bytes: dict[str, int] = defaultdict(int)
         self.last_batch: ShardedBatch | None = None
         self.compile_time_s = self._warm_up_compile() if perf.compile else 0.0
@@ -171,7 +194,7 @@ class ParallelEngine:
         """sqrt(sum over every parameter ELEMENT of g^2): each shard counted on one replica
         only (see ParallelScaleGNN.is_owner), summed over x, y, z. Gradients are already
         identical across data-parallel groups, so dp needs no sum."""
-        sq = torch.zeros(1, dtype=torch.float64, device=self.params[0][1].device)
+        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for name, p in self.params:
             if p.grad is not None and self.model.is_owner(name):
                 sq += p.grad.detach().double().pow(2).sum()
@@ -179,91 +202,116 @@ class ParallelEngine:
             all_reduce(sq, self.grid, ax, self._stats, "clip")
         return sq.sqrt()
 
-    def _account(self, step_s: float, sampling_s: float, fwd_bwd_s: float, optimizer_s: float) -> None:
-        """Split one step's wall time into :data:`COMPONENTS` and add the bytes sent."""
-        t = self._timer.flush()
-        s = self._stats
-        s.flush()
+    def _resolve(self) -> None:
+        """Fold the timers' spans since the last call into the per-component seconds
+        (:data:`COMPONENTS`) and the collectives' bytes into ``comm_bytes``. On a GPU
+        this waits for the recorded events: the loop calls it once per epoch."""
+        ph, t = self._phases.flush(), self._timer.flush()
+        self._stats.flush()
+        s = self._stats.seconds
         spmm, gemm = t.get("spmm", 0.0), t.get("gemm", 0.0)
-        mp_comm = sum(s.seconds.get(k, 0.0) for k in MP_KINDS)
-        dp_comm = s.seconds.get("dp", 0.0) + s.seconds.get("clip", 0.0)
-        c = self.components
-        c["sampling"] += sampling_s
+        mp_comm = sum(s.get(k, 0.0) for k in MP_KINDS)
+        clip = s.get("clip", 0.0)
+        sampling, fwd_bwd, dp, opt = (ph.get(k, 0.0) for k in ("sampling", "fwd_bwd", "dp", "optimizer"))
+        c = self._components
+        c["sampling"] += sampling
         c["spmm"] += spmm
         c["gemm"] += gemm
         c["pmm_comm"] += mp_comm
-        c["elementwise"] += max(0.0, fwd_bwd_s - spmm - gemm - mp_comm)
-        c["dp_comm"] += dp_comm
-        c["optimizer"] += max(0.0, optimizer_s - s.seconds.get("clip", 0.0))
-        c["other"] += max(0.0, step_s - sampling_s - fwd_bwd_s - optimizer_s - s.seconds.get("dp", 0.0))
-        for kind, nbytes in s.bytes.items():
+        c["elementwise"] += max(0.0, fwd_bwd - spmm - gemm - mp_comm)
+        c["dp_comm"] += dp + clip
+        c["optimizer"] += max(0.0, opt - clip)
+        c["other"] += max(0.0, ph.get("step", 0.0) - sampling - fwd_bwd - dp - opt)
+        for kind, nbytes in self._stats.bytes.items():
             self.comm_bytes[kind] += nbytes
-        self._timer.reset()
-        s.reset()
-
-    # ------------------------------------------------------------------ training
-    def train_step(self, step: int) -> StepResult:
-        """One optimizer update of Algorithm 1 on every data-parallel group at once."""
-        t0 = time.perf_counter()
-        if self.perf.prefetch and self._prefetcher is None:
-            self._prefetcher = Prefetcher(self.sampler.sample, self.device)
-        batch = self._prefetcher.get(step) if self._prefetcher is not None else self.sampler.sample(step)
-        self.last_batch = batch
-        sampling_s = time.perf_counter() - t0
+        self._phases.reset()
         self._timer.reset()
         self._stats.reset()
 
-        t1 = time.perf_counter()
-        self.model.train()
-        logits = self.model(batch, self.pc, self.dropout_seed, step)
-        y, mask = self._labels(batch)
-        loss, count = self._loss(logits, y, mask, self.pc)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.pc.wait_pending()  # deferred weight-gradient all-reduces (V-D); none otherwise
-        head = self.model.head
-        ((correct, total),) = parallel_accuracy_counts(
-            logits.detach(), y, [mask], self.pc, head.row_axis, head.class_axis, self.model.class_range[0],
-            self.multilabel)
-        fwd_bwd = time.perf_counter() - t1
+    @property
+    def components(self) -> dict[str, float]:
+        """Seconds per :data:`COMPONENTS` entry since :meth:`reset_counters` (resolves
+        pending GPU timings: a read waits for the device)."""
+        self._resolve()
+        return self._components
 
-        # Data parallel (paper IV-A): one fused all-reduce of every gradient and the step scalars.
-        has = float(int(count) > 0)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
-        scalars = torch.tensor([float(loss.detach()) * has, has, correct, total], dtype=torch.float32,
-                               device=grads[0].device)
+    def counters(self) -> tuple[dict[str, float], dict[str, int]]:
+        """(seconds per component, bytes per collective kind) since :meth:`reset_counters`."""
+        return dict(self.components), dict(self.comm_bytes)
+
+    def reset_counters(self, components: dict | None = None, comm_bytes: dict | None = None) -> None:
+        """Start the per-epoch counters afresh, or from a checkpoint's partial epoch."""
+        self._resolve()  # drop what was timed before (evaluation, warm-up) with its events
+        self._components.clear()
+        self.comm_bytes.clear()
+        self._components.update(components or {})
+        self.comm_bytes.update(comm_bytes or {})
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device (host clocks then cover it)."""
+        synchronize(self.device)
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, step: int) -> StepResult:
+        """One optimizer update of Algorithm 1 on every data-parallel group at once.
+
+        Nothing here reads a device value on the host: on a GPU the call returns as
+        soon as the step's work is queued."""
+        with self._phases("step"):
+            with self._phases("sampling"):
+                if self.perf.prefetch and self._prefetcher is None:
+                    self._prefetcher = Prefetcher(self.sampler.sample, self.device)
+                batch = self._prefetcher.get(step) if self._prefetcher is not None else self.sampler.sample(step)
+            self.last_batch = batch
+            with self._phases("fwd_bwd"):
+                self.model.train()
+                logits = self.model(batch, self.pc, self.dropout_seed, step)
+                y, mask = self._labels(batch)
+                loss, count = self._loss(logits, y, mask, self.pc)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.pc.wait_pending()  # deferred weight-gradient all-reduces (V-D); none otherwise
+                head = self.model.head
+                counts = parallel_accuracy_counts(logits.detach(), y, [mask], self.pc, head.row_axis,
+                                                  head.class_axis, self.model.class_range[0], self.multilabel)
+            with self._phases("dp"):
+                stats, nothing_to_learn = self._data_parallel(loss.detach(), count, counts)
+            with self._phases("optimizer"):
+                if self.grad_clip is not None:  # torch.nn.utils.clip_grad_norm_ semantics, global norm
+                    norm = self._global_grad_norm()
+                    coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0).to(torch.float32)
+                    for _, p in self.params:
+                        if p.grad is not None:
+                            p.grad.mul_(coef)
+                # No labeled training vertex in any group's sample: nothing to learn. The
+                # fused AdamW then leaves weights, moments and step count as they were.
+                self.optimizer.found_inf = nothing_to_learn
+                self.optimizer.step()
+                if self.scheduler is not None:  # the schedule follows the step index
+                    self.scheduler.step()
+        self._profiler.step()
+        return StepResult(stats)
+
+    def _data_parallel(self, loss: torch.Tensor, count: torch.Tensor, counts: torch.Tensor):
+        """Paper IV-A: one fused all-reduce over dp of every gradient and the step's
+        scalars; gradients averaged over the groups that had a labeled vertex. Returns
+        the step's stats (see :class:`StepResult`) and the 0/1 "skip the update" flag."""
+        has = (count > 0).to(torch.float32)
+        scalars = torch.stack([loss.float() * has, has, counts[0].float(), counts[1].float()])
         if self.grid.axis_size("dp") > 1:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
             flat = torch.cat([g.reshape(-1) for g in grads] + [scalars])
             all_reduce(flat, self.grid, "dp", self._stats, "dp")
             scalars = flat[-4:]
-            groups = float(scalars[1])
-            if groups > 0:
-                off = 0
-                for (_, p), g in zip(self.params, grads):
-                    n = g.numel()
-                    p.grad = (flat[off: off + n].view_as(g) / groups).clone()
-                    off += n
-        loss_sum, groups, correct, total = (float(v) for v in scalars)
-        if groups == 0:  # no labeled training vertex in any group's sample: nothing to learn
-            self._account(time.perf_counter() - t0, sampling_s, fwd_bwd, 0.0)
-            self._profiler.step()
-            return StepResult(loss=float("nan"), correct=0.0, count=0)
-
-        t2 = time.perf_counter()
-        if self.grad_clip is not None:  # torch.nn.utils.clip_grad_norm_ semantics, global norm
-            norm = self._global_grad_norm()
-            coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0).to(torch.float32)
-            for _, p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(coef.to(p.grad.device))
-        self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        synchronize(self.device)
-        t3 = time.perf_counter()
-        self._account(t3 - t0, sampling_s, fwd_bwd, t3 - t2)
-        self._profiler.step()
-        return StepResult(loss=loss_sum / groups, correct=correct, count=int(total))
+            groups = scalars[1].clamp(min=1.0)
+            off = 0
+            for (_, p), g in zip(self.params, grads):
+                n = g.numel()
+                p.grad = flat[off: off + n].view_as(g) / groups
+                off += n
+        groups = scalars[1]
+        stats = torch.stack([scalars[0] / groups.clamp(min=1.0), (groups > 0).float(), scalars[2], scalars[3]])
+        return stats.double(), (groups == 0).float()
 
     def close(self) -> None:
         """Stop the prefetch thread and write the profiler trace; idempotent."""
@@ -287,17 +335,19 @@ class ParallelEngine:
         y, _ = self._labels(batch)
         head = self.model.head
         counts = parallel_accuracy_counts(logits, y, masks, self._eval_pc, head.row_axis, head.class_axis,
-                                          self.model.class_range[0], self.multilabel, kind="eval")
-        return EvalResult(*[c / t if t else float("nan") for c, t in counts])
+                                          self.model.class_range[0], self.multilabel, kind="eval").tolist()
+        return EvalResult(*[c / t if t else float("nan") for c, t in zip(counts[0::2], counts[1::2])])
 
     # ------------------------------------------------------------------ state
     def parameters_for_test(self) -> dict:
-        """{name: {"value", "grad", "rows", "cols", "replicated"}}: this rank's shards with
-        their global ranges in the serial parameter (rows None for 1-D norm weights)."""
+        """{name: {"value", "grad", "rows", "cols", "replicated"}}: this rank's shards (host
+        copies) with their global ranges in the serial parameter (rows None for 1-D norm
+        weights)."""
         out = {}
         for name, p in self.params:
             sh = self.model.shards[name]
-            out[name] = {"value": p.detach().clone(), "grad": None if p.grad is None else p.grad.detach().clone(),
+            out[name] = {"value": p.detach().cpu().clone(),
+                         "grad": None if p.grad is None else p.grad.detach().cpu().clone(),
                          "rows": sh.rows, "cols": sh.cols, "replicated": sh.replicated}
         return out
 

@@ -110,7 +110,7 @@ class ProcessGrid:
     """
 
     def __init__(self, dp: int, x: int, y: int, z: int, *, rank: int | None = None,
-                 world_size: int | None = None, _groups: bool = True):
+                 world_size: int | None = None, backend: str | None = None, _groups: bool = True):
         shape = dict(zip(AXES, (dp, x, y, z)))
         for ax, size in shape.items():
             if not isinstance(size, int) or size < 1:
@@ -137,6 +137,7 @@ class ProcessGrid:
         self.coords: dict[str, int] = dict(zip(AXES, self.coords_of(rank)))
         self._groups: dict[str, object] = {}
         self._has_groups = _groups
+        self._backend = backend  # of the axis groups (the tensors' device backend); None: the world's
         self._group_ranks: dict[str, list[int]] = {}
         for ax in AXES:
             self._group_ranks[ax] = self._ranks_along(ax, self.coords)
@@ -152,7 +153,7 @@ class ProcessGrid:
                 for fixed in itertools.product(*(range(shape[o]) for o in others)):
                     coord = dict(zip(others, fixed))
                     ranks = self._ranks_along(ax, coord)
-                    group = dist.new_group(ranks=ranks, timeout=timeout)
+                    group = dist.new_group(ranks=ranks, timeout=timeout, backend=backend)
                     if self.rank in ranks:
                         self._groups[ax] = group
         else:
@@ -241,8 +242,30 @@ class ProcessGrid:
 
     @property
     def backend(self) -> str:
-        """The torch.distributed backend ("gloo", "nccl"), or "none" for :meth:`single`."""
-        return str(dist.get_backend()) if self.distributed else "none"
+        """The backend of the axis groups' collectives ("gloo", "nccl"), or "none" for
+        :meth:`single`."""
+        if not self.distributed:
+            return "none"
+        return self._backend or str(dist.get_backend())
+
+    def device_mesh(self, device_type: str):
+        """This grid as a ``torch.distributed.device_mesh.DeviceMesh`` with dims
+        ("dp", "x", "y", "z") over the same process groups (none is created), for
+        code that speaks DTensor / torchtitan. ``device_type``: "cpu" or "cuda".
+
+        Why the grid is not *built* with ``init_device_mesh``: its one-split-per-axis
+        path needs an NCCL world bound to a GPU and its subgroup timeouts go through
+        backend options, while this constructor gives every axis group the run's
+        collective timeout on any backend and torch version, and an NCCL world bound
+        to its GPU (:func:`scalegnn.parallel.launch.init_process_group`) already makes
+        ``new_group`` split the world communicator."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if not self.distributed:
+            raise ValueError("a DeviceMesh needs an initialized torch.distributed world; this grid has no groups")
+        layout = torch.arange(self.world_size).view(*(self.shape[a] for a in AXES))
+        return DeviceMesh.from_group([self._groups[a] for a in AXES], device_type, mesh=layout, mesh_dim_names=AXES)
 
     def gather_object(self, obj) -> list:
         """A picklable object from every rank, in rank order, on every rank (world group)."""

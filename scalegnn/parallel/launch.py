@@ -1,11 +1,18 @@
 """Process start-up: join a launched job (torchrun / SLURM / submitit) or spawn local workers.
 
 :func:`init_from_env` initializes ``torch.distributed`` from the environment a
-launcher left behind (gloo on CPU, NCCL when CUDA is available), always with an
-explicit timeout. :func:`spawn` starts ``nprocs`` local gloo workers, runs
-``fn(rank, world, *args)`` in each and returns their results; a failing or dying
-worker makes it terminate the others and raise :class:`WorkerError` naming the
-rank, and a global deadline guarantees it never hangs. The distributed tests use it.
+launcher left behind, always with an explicit timeout. :func:`spawn` starts
+``nprocs`` local workers, runs ``fn(rank, world, *args)`` in each and returns their
+results; a failing or dying worker makes it terminate the others and raise
+:class:`WorkerError` naming the rank, and a global deadline guarantees it never
+hangs. The distributed tests use it.
+
+Device and backend. Each rank computes on the device its run asks for
+(:func:`scalegnn.device.resolve_device`: the local rank's GPU when one is visible
+and ``--device`` is auto or cuda) and the backend follows it: NCCL (RCCL on ROCm)
+for GPU tensors, gloo for CPU tensors. An NCCL world also carries gloo for the
+host-side control traffic (checkpoint agreement, object gathers), and is bound to
+the rank's GPU so that torch creates the axis groups by splitting its communicator.
 
 Failing fast (a job never hangs, never leaves processes behind): every collective,
 including those of the grid's axis groups, times out after the run's
@@ -19,6 +26,7 @@ non-zero and the launcher stops the others (``srun --kill-on-bad-exit=1``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import multiprocessing
 import multiprocessing.connection
@@ -47,10 +55,11 @@ class DistEnv:
     rank: int
     world_size: int
     local_rank: int
-    backend: str
+    backend: str  # "auto" until init_from_env resolves it from the device
     master_addr: str
     master_port: int
     source: str  # "torchrun" | "slurm" | "submitit" | "single"
+    device: str = "cpu"  # this rank's torch device, set by init_from_env
 
 
 def first_host(nodelist: str) -> str:
@@ -93,7 +102,7 @@ def detect_env() -> DistEnv:
     via ``submitit.JobEnvironment()``), SLURM (``SLURM_PROCID``/``SLURM_NTASKS``),
     else a single process.
     """
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "auto"  # the device decides (init_from_env): a visible GPU alone does not make a run use it
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
         if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
@@ -118,27 +127,36 @@ def detect_env() -> DistEnv:
     return DistEnv(0, 1, 0, backend, "127.0.0.1", 0, "single")
 
 
-def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), backend: str | None = None) -> DistEnv:
+def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), backend: str | None = None,
+                  device: str | None = None) -> DistEnv:
     """Initialize ``torch.distributed`` from the launcher's environment; returns the :class:`DistEnv`.
 
-    A single process (no launcher variables) is left uninitialized: use
-    ``ProcessGrid.single()``. With NCCL the CUDA device is set to the local rank.
+    ``device`` is the run's ``--device`` (default auto), resolved for this rank's
+    local rank; ``backend`` the run's ``--backend`` (default: the device's). A single
+    process (no launcher variables) is left uninitialized: use ``ProcessGrid.single()``.
     """
+    from ..device import resolve_backend, resolve_device
+
     info = detect_env()
-    if backend is not None:
-        info = DistEnv(**{**info.__dict__, "backend": backend})
+    dev = resolve_device(device or "auto", info.local_rank)
+    info = dataclasses.replace(info, backend=resolve_backend(backend or "auto", dev), device=str(dev))
     if info.source == "single" or dist.is_initialized():
         return info
-    if info.backend == "nccl":
-        torch.cuda.set_device(info.local_rank % max(1, torch.cuda.device_count()))
-    dist.init_process_group(
-        backend=info.backend,
-        init_method=f"tcp://{info.master_addr}:{info.master_port}",
-        rank=info.rank,
-        world_size=info.world_size,
-        timeout=timeout,
-    )
+    init_process_group(info.backend, dev, init_method=f"tcp://{info.master_addr}:{info.master_port}",
+                       rank=info.rank, world_size=info.world_size, timeout=timeout)
     return info
+
+
+def init_process_group(backend: str, device: torch.device, **kwargs) -> None:
+    """``dist.init_process_group`` for a device backend. NCCL worlds get gloo beside
+    NCCL for CPU tensors (the control traffic: checkpoint agreement, object gathers)
+    and are bound to ``device``, which makes NCCL create its communicator at once and
+    lets torch split it for the grid's axis groups instead of building each anew."""
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, **kwargs)
+    else:
+        dist.init_process_group(backend, **kwargs)
 
 
 # --------------------------------------------------------------------------- local spawn
@@ -216,7 +234,7 @@ def _name_process(rank: int) -> None:
         pass
 
 
-def _worker(rank, world, port, timeout_s, threads, conn, fn, args, parent_pid=None):
+def _worker(rank, world, port, timeout_s, threads, conn, fn, args, parent_pid=None, backend="gloo"):
     _name_process(rank)
     if parent_pid is not None:
         _watch_parent(parent_pid)
@@ -224,7 +242,9 @@ def _worker(rank, world, port, timeout_s, threads, conn, fn, args, parent_pid=No
         torch.set_num_threads(threads)
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        # A local worker's local rank is its rank: NCCL ranks take one GPU each.
+        device = torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else None
+        init_process_group(backend, device, store=store, rank=rank, world_size=world, timeout=timeout)
         result = fn(rank, world, *args)
         payload = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
@@ -283,8 +303,11 @@ def _secondary(text: str) -> bool:
 
 
 def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_worker: int = 1,
-          collective_timeout_s: float | None = None, report_grace_s: float = 3.0) -> list:
-    """Run ``fn(rank, nprocs, *args)`` in ``nprocs`` local gloo workers; return their results.
+          collective_timeout_s: float | None = None, report_grace_s: float = 3.0, backend: str = "gloo") -> list:
+    """Run ``fn(rank, nprocs, *args)`` in ``nprocs`` local workers; return their results.
+
+    ``backend`` is "gloo" (CPU tensors, and GPU tensors staged through the host: how
+    several ranks share one GPU) or "nccl" (rank r on GPU r, one rank per GPU).
 
     ``fn`` must be importable (a module-level function) and its results picklable.
     The parent hosts the rendezvous store on a free port (bound by the OS, so no
@@ -316,7 +339,7 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
         for rank in range(nprocs):
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker, args=(rank, nprocs, port, pg_timeout, threads_per_worker, send, fn, args,
-                                                  os.getpid()),
+                                                  os.getpid(), backend),
                             name=f"scalegnn-worker-{rank}", daemon=True)
             p.start()
             send.close()
@@ -402,13 +425,15 @@ _SETUP = "setup (loading the data or shards, building the model)"
 
 
 def _training_worker(rank: int, world: int, cfg, run_id: str | None = None):
+    from ..device import resolve_backend, resolve_device
     from ..train import out_of_memory, run_training
     from .grid import ProcessGrid
 
-    grid = ProcessGrid(*cfg.grid)
+    device = resolve_device(cfg.device, local_rank=rank)
+    grid = ProcessGrid(*cfg.grid, backend=resolve_backend(cfg.backend, device))
     try:
         # write_failed=False: the parent writes the failed record, with the first error of any rank
-        record = run_training(cfg, grid=grid, run_id=run_id, write_failed=False)
+        record = run_training(cfg, grid=grid, run_id=run_id, write_failed=False, device=device)
     except Exception as exc:
         oom = None if hasattr(exc, "run_record") else out_of_memory(exc, cfg, rank, _SETUP)
         if oom is None:
@@ -433,7 +458,8 @@ def failed_record(cfg, run_id: str, error: str, world_size: int, partial: dict |
     if base is None:
         base = records.new_record(
             system=cfg.system, dataset=cfg.dataset, config=cfg.to_dict(),
-            grid=dict(zip(("dp", "x", "y", "z"), cfg.grid)), world_size=world_size, seed=cfg.seed, env=records.environment_info(backend="gloo", device="cpu"),
+            grid=dict(zip(("dp", "x", "y", "z"), cfg.grid)), world_size=world_size, seed=cfg.seed,
+            env=records.environment_info(backend=cfg.backend, device=_device_or_cpu(cfg.device)),
             graph=None, batch_size=None, steps_per_epoch=None, target_acc=cfg.target_acc, run_id=run_id, summary=None)
     base.pop("path", None)
     base.update(run_id=run_id, world_size=world_size, status="failed", error=error,
@@ -445,11 +471,22 @@ def failed_record(cfg, run_id: str, error: str, world_size: int, partial: dict |
     return base
 
 
+def _device_or_cpu(spec: str) -> torch.device:
+    """The device ``spec`` names on this host, or the CPU where it cannot be had (the
+    failed record of a job whose GPU request could not be met still gets written)."""
+    from ..device import resolve_device
+
+    try:
+        return resolve_device(spec)
+    except ValueError:
+        return torch.device("cpu")
+
+
 def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | None = None, *, worker=None):
     """Run :func:`scalegnn.train.run_training` on every rank of ``cfg.grid``.
 
-    With ``nproc``: spawn that many local gloo workers (must equal Gd*Gx*Gy*Gz) and
-    return rank 0's record. If any rank raises, is killed or stops answering, every
+    With ``nproc``: spawn that many local workers (must equal Gd*Gx*Gy*Gz; gloo, or
+    NCCL with one GPU each) and return rank 0's record. If any rank raises, is killed or stops answering, every
     worker is stopped within ``cfg.collective_timeout_s`` plus a few seconds, and this
     process writes and returns a ``failed`` record carrying the first error (rank 0
     may be the one that died). A configuration or data error raises ``ValueError``
@@ -478,9 +515,10 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
         run_id = (resume_run_id(cfg.checkpoint.dir) if cfg.checkpoint.resume else None) \
             or records.new_run_id(cfg.system, cfg.dataset)
         threads = max(1, (os.cpu_count() or 1) // nproc)
+        backend = _local_backend(cfg, nproc)
         try:
             return spawn(worker or _training_worker, nproc, cfg, run_id, timeout_s=timeout_s,
-                         threads_per_worker=threads,
+                         threads_per_worker=threads, backend=backend,
                          collective_timeout_s=cfg.collective_timeout_s)[0]
         except WorkerError as exc:
             if exc.user_error:
@@ -492,7 +530,8 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
             record = failed_record(cfg, run_id, f"{where}: {exc.traceback_text}", nproc, exc.run_record, exc.errors)
             record["path"] = str(records.write_record(record, cfg.out_dir))
             return record
-    info = init_from_env(timeout=datetime.timedelta(seconds=cfg.collective_timeout_s))
+    info = init_from_env(timeout=datetime.timedelta(seconds=cfg.collective_timeout_s), backend=cfg.backend,
+                         device=cfg.device)
     if info.world_size != world:
         hint = (f"pass --nproc {world} to spawn local workers, or launch {world} processes with torchrun/srun"
                 if info.source == "single" else f"launch {world} processes or change --grid")
@@ -500,12 +539,13 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
                          f"{info.world_size} ({info.source}); {hint}")
     from ..train import run_training
 
-    grid = ProcessGrid(*cfg.grid) if world > 1 or dist.is_initialized() else ProcessGrid.single()
+    grid = ProcessGrid(*cfg.grid, backend=info.backend) if world > 1 or dist.is_initialized() \
+        else ProcessGrid.single()
     restore = _terminate_raises(grid.rank)
     try:
         run_id = _agree_run_id(cfg)
         try:
-            record = run_training(cfg, grid=grid, run_id=run_id)
+            record = run_training(cfg, grid=grid, run_id=run_id, device=torch.device(info.device))
         except Exception as exc:
             from ..checkpoint import Preempted
 
@@ -517,6 +557,20 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
         if dist.is_initialized():
             dist.destroy_process_group()
     return record if grid.rank == 0 else None
+
+
+def _local_backend(cfg, nproc: int) -> str:
+    """The backend of ``nproc`` local workers of ``cfg`` (rank r on GPU r % count). NCCL
+    refuses two ranks on one GPU, so more GPU ranks than GPUs need ``--backend gloo``."""
+    from ..device import resolve_backend, resolve_device
+
+    device = resolve_device(cfg.device, local_rank=0)
+    backend = resolve_backend(cfg.backend, device)
+    if backend == "nccl" and nproc > torch.cuda.device_count():
+        raise ValueError(f"--nproc {nproc} on {torch.cuda.device_count()} GPU(s): NCCL runs one rank per GPU; "
+                         f"use --nproc {torch.cuda.device_count()} or fewer, --backend gloo to let ranks share "
+                         "GPUs (slow, for tests), or --device cpu")
+    return backend
 
 
 class Terminated(RuntimeError):

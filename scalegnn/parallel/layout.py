@@ -126,16 +126,32 @@ class RowPartition:
     ``ax`` the boundaries ``bounds[ax]`` (G_ax + 1 batch positions) come from a
     binary search of the vertex boundaries ``split_range(N, G_ax, i)`` in ``nodes``
     (Algorithm 2, phase 1): block i is batch rows ``[bounds[ax][i], bounds[ax][i+1])``.
+
+    The bounds are host integers (block sizes are tensor shapes). ``host_nodes``, a
+    CPU copy of ``nodes``, lets a sampler find them in host memory, so a batch on a
+    GPU costs no device-to-host read; :meth:`full` needs no search at all.
     """
 
-    def __init__(self, nodes: torch.Tensor, num_nodes: int, grid: ProcessGrid):
+    def __init__(self, nodes: torch.Tensor, num_nodes: int, grid: ProcessGrid,
+                 host_nodes: torch.Tensor | None = None, bounds: dict[str, list[int]] | None = None):
         self.nodes = nodes
         self.num_nodes = num_nodes
         self.grid = grid
-        self.bounds: dict[str, list[int]] = {}
-        for ax in PMM_AXES:
-            vb = torch.tensor(split_bounds(num_nodes, grid.axis_size(ax)), dtype=torch.int64, device=nodes.device)
-            self.bounds[ax] = torch.searchsorted(nodes, vb).tolist()
+        if bounds is None:
+            search = nodes if host_nodes is None else host_nodes
+            bounds = {}
+            for ax in PMM_AXES:
+                vb = torch.tensor(split_bounds(num_nodes, grid.axis_size(ax)), dtype=torch.int64,
+                                  device=search.device)
+                bounds[ax] = torch.searchsorted(search, vb).tolist()
+        self.bounds: dict[str, list[int]] = bounds
+
+    @classmethod
+    def full(cls, nodes: torch.Tensor, grid: ProcessGrid) -> "RowPartition":
+        """The partition of the whole graph (``nodes`` = 0..N-1): block i of an axis is
+        its vertex range, so the bounds are the vertex boundaries themselves."""
+        n = nodes.numel()
+        return cls(nodes, n, grid, bounds={ax: split_bounds(n, grid.axis_size(ax)) for ax in PMM_AXES})
 
     @property
     def size(self) -> int:

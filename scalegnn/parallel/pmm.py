@@ -393,6 +393,9 @@ class _ParallelCrossEntropy(torch.autograd.Function):
     Backward: dO_ij = dL * mask_i / count * (softmax_ij - [j == y_i]). No all-reduce:
     every class replica computes the same row losses (the reductions are consumed
     identically), so the local gradient block is already complete.
+
+    The count stays on the device (never read by the host): with no labeled row,
+    L = 0 and dO = 0 follow from dividing by max(count, 1) and masking.
     """
 
     @staticmethod
@@ -413,23 +416,21 @@ class _ParallelCrossEntropy(torch.autograd.Function):
         row_loss = torch.where(mask, m + torch.log(s) - tgt, torch.zeros_like(s))
         tot = torch.stack([row_loss.sum(), mask.sum().to(torch.float32)]).double()
         pc.reduce(tot, row_axis, "loss")
-        count = float(tot[1])
-        loss = tot[0] / count if count > 0 else tot[0] * 0.0
-        ctx.save_for_backward(e / s[:, None], local_t, has, mask)
-        ctx.count, ctx.dtype = count, logits.dtype
+        count = tot[1].clamp(min=1.0)  # the sum is 0 when no row counts: L = 0
+        loss = tot[0] / count
+        ctx.save_for_backward(e / s[:, None], local_t, has, mask, count)
+        ctx.dtype = logits.dtype
         count_t = tot[1].to(torch.int64)
         ctx.mark_non_differentiable(count_t)
         return loss.to(logits.dtype), count_t
 
     @staticmethod
     def backward(ctx, dloss, _dcount):
-        prob, local_t, has, mask = ctx.saved_tensors
-        if ctx.count == 0:
-            return torch.zeros_like(prob, dtype=ctx.dtype), None, None, None, None, None, None
+        prob, local_t, has, mask, count = ctx.saved_tensors
         g = prob.clone()
-        rows = has.nonzero().squeeze(1)
-        g[rows, local_t[rows]] -= 1.0
-        g = g * (mask[:, None].float() * (dloss.float() / ctx.count))
+        if g.shape[1]:  # subtract 1 at the target class of the rows whose class is on this rank
+            g.scatter_add_(1, local_t.clamp(max=g.shape[1] - 1)[:, None], -has[:, None].to(g.dtype))
+        g = torch.where(mask[:, None], g * (dloss.float() / count).to(g.dtype), 0.0)
         return g.to(ctx.dtype), None, None, None, None, None, None
 
 
@@ -447,6 +448,7 @@ class _ParallelBCE(torch.autograd.Function):
 
     L = AR_a(AR_d(sum_{i in mask, j} bce(o_ij, y_ij))) / (AR_a(count) * C);
     dO_ij = dL * mask_i (sigmoid(o_ij) - y_ij) / (count * C): local and complete.
+    As in the cross-entropy, the count is never read by the host (L = 0 without rows).
     """
 
     @staticmethod
@@ -457,20 +459,19 @@ class _ParallelBCE(torch.autograd.Function):
         pc.reduce(local, class_axis, "loss")
         tot = torch.cat([local, mask.sum().to(torch.float32).reshape(1)]).double()
         pc.reduce(tot, row_axis, "loss")
-        denom = float(tot[1]) * num_classes
-        ctx.save_for_backward(o, y, mask)
-        ctx.denom, ctx.dtype = denom, logits.dtype
-        loss = tot[0] / denom if denom > 0 else tot[0] * 0.0
+        denom = (tot[1] * num_classes).clamp(min=1.0)
+        ctx.save_for_backward(o, y, mask, denom)
+        ctx.dtype = logits.dtype
+        loss = tot[0] / denom
         count_t = tot[1].to(torch.int64)
         ctx.mark_non_differentiable(count_t)
         return loss.to(logits.dtype), count_t
 
     @staticmethod
     def backward(ctx, dloss, _dcount):
-        o, y, mask = ctx.saved_tensors
-        if ctx.denom == 0:
-            return torch.zeros_like(o, dtype=ctx.dtype), None, None, None, None, None, None
-        g = (torch.sigmoid(o) - y.float()) * mask[:, None].float() * (dloss.float() / ctx.denom)
+        o, y, mask, denom = ctx.saved_tensors
+        g = (torch.sigmoid(o) - y.float()) * (dloss.float() / denom).float()
+        g = torch.where(mask[:, None], g, 0.0)
         return g.to(ctx.dtype), None, None, None, None, None, None
 
 
@@ -501,8 +502,10 @@ def parallel_argmax(logits: torch.Tensor, pc: ParallelContext, class_axis: str, 
 @torch.no_grad()
 def parallel_accuracy_counts(logits: torch.Tensor, y: torch.Tensor, masks: list[torch.Tensor],
                              pc: ParallelContext, row_axis: str, class_axis: str, class_start: int,
-                             multilabel: bool, kind: str = "loss") -> list[tuple[float, float]]:
-    """(correct, total) per row mask, summed over the data-parallel group's ranks.
+                             multilabel: bool, kind: str = "loss") -> torch.Tensor:
+    """(correct, total) per row mask, summed over the data-parallel group's ranks:
+    a float64 tensor ``[correct_0, total_0, correct_1, total_1, ...]`` on the logits'
+    device (the caller decides when the host reads it).
 
     Single-label: argmax accuracy over rows with ``mask & y >= 0``. Multi-label: the
     micro-F1 numerator 2TP and denominator 2TP+FP+FN at logit 0 (as
@@ -526,4 +529,4 @@ def parallel_accuracy_counts(logits: torch.Tensor, y: torch.Tensor, masks: list[
             vals += [((pred == y) & keep).sum(), keep.sum()]
         out = torch.stack(vals).to(torch.float64)
     pc.reduce(out, row_axis, kind)
-    return [(float(out[2 * i]), float(out[2 * i + 1])) for i in range(len(masks))]
+    return out

@@ -22,6 +22,7 @@ rank's file back (``weights_only=True``, plain tensors only).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,27 @@ class RankShard:
     test_mask: dict
     name: str = "graph"
     alt: AltOrdering | None = None  # double permutation only
+
+    def to(self, device) -> "RankShard":
+        """This shard with every array on ``device`` (the engine's), the CSR planes,
+        features, labels, masks and the second labeling alike."""
+        from ..device import to_device
+
+        device = torch.device(device)
+        if self.x.device == device:
+            return self
+        alt = None
+        if self.alt is not None:
+            a = self.alt
+            alt = AltOrdering(sigma=a.sigma.to(device), sigma_inv=a.sigma_inv.to(device),
+                              adj=tuple(b.to(device) for b in a.adj), adj_t=tuple(b.to(device) for b in a.adj_t),
+                              **{k: to_device(getattr(a, k), device) for k in ("y", "train_mask", "val_mask",
+                                                                              "test_mask")})
+        # Double permutation shares the planes with alt.adj (build_shard): move them once.
+        adj = alt.adj if alt is not None and self.adj is self.alt.adj else tuple(b.to(device) for b in self.adj)
+        return dataclasses.replace(
+            self, adj=adj, x=self.x.to(device), alt=alt,
+            **{k: to_device(getattr(self, k), device) for k in ("y", "train_mask", "val_mask", "test_mask")})
 
     # -------------------------------------------------------------- (de)serialize
     def to_state(self) -> dict:
@@ -146,7 +168,7 @@ def double_permuted(graph: Graph, sigma: torch.Tensor) -> tuple[Graph, Graph]:
     from ..sampling import gather_csr_rows
 
     sigma_inv = inverse_permutation(sigma)
-    _, flat = gather_csr_rows(graph.indptr, sigma_inv)
+    _, flat = gather_csr_rows(graph.indptr, sigma_inv, graph.indices.numel())
     deg = graph.indptr[1:] - graph.indptr[:-1]
     indptr = torch.zeros_like(graph.indptr)
     indptr[1:] = torch.cumsum(deg[sigma_inv], 0)
