@@ -31,7 +31,7 @@ DGL_STAMP := $(DGL_VENV)/.installed-$(shell echo '$(DGL_SPEC)' | cksum | cut -d'
 # nothing is installed). Without a GPU every one of them is reported as skipped.
 GPU_PYTHON ?= python3
 GPU_TESTS  ?= tests/test_device.py tests/test_parallel_engine.py tests/test_parallel_pmm.py \
-              tests/test_parallel_grid.py tests/test_optimizations.py
+              tests/test_parallel_grid.py tests/test_optimizations.py tests/test_baselines_device.py
 
 .PHONY: demo test test-gpu env bench clean-env dgl-env
 

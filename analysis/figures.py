@@ -227,11 +227,13 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None) -> pl
     frame = frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
     keys = sorted(frame.groupby(["_cluster", "_ds"]).groups)
     fig, axes = _figure(len(keys), 5.0, 4.8)
-    systems_seen = []
+    systems_seen, label_of = [], {}
     for ax, (cluster, ds) in zip(axes, keys):
         sub = frame[(frame["_cluster"] == cluster) & (frame["_ds"] == ds)]
         target = float(sub["target_acc"].iloc[0])
         points = {}  # system -> {gpus: (seconds, reached, best_acc)}
+        device = sub.groupby("system")["device_kind"].agg(lambda k: "/".join(sorted(set(k)))) \
+            if "device_kind" in sub else pd.Series(dtype=object)
         for system, s in sub.groupby("system"):
             pts = {}
             for g, r in s.groupby("world_size"):
@@ -253,6 +255,9 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None) -> pl
             pts = dict(sorted(points[system].items()))
             g = list(pts)
             y = [pts[k][0] for k in g]
+            if device.nunique() > 1:  # the panel mixes devices: every curve says which it ran on
+                name = f"{name} ({device.get(system)})"
+            label_of[system] = name
             ax.plot(g, y, "-", color=color, alpha=0.6, linewidth=1.5, label=name)
             for gi, (t, ok, acc) in pts.items():
                 if ok:
@@ -281,6 +286,10 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None) -> pl
                         continue
                     g_best = min(done, key=lambda g: done[g][0])
                     t_other, ok_other, at = done[g_best][0], True, f" at {g_best} GPU{'s' if g_best > 1 else ''}"
+                if device.get(other) != device.get("scalegnn"):  # a speedup across devices measures hardware
+                    lines.append(f"vs {_style(other)[2]}: not comparable ({device.get('scalegnn')} vs "
+                                 f"{device.get(other)})")
+                    continue
                 lines.append(f"{t_other / sg[gmax][0]:.1f}x vs {_style(other)[2]}{at}"
                              + ("" if ok_other else " (not reached)"))
             if lines:
@@ -294,7 +303,8 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None) -> pl
         ax.set_ylabel(f"training time to {100 * target:.0f}% test accuracy (s)")
         ax.set_title(f"{ds}, {cluster}", fontsize=10)
         ax.grid(alpha=0.3, which="both")
-    handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=_style(s)[2]) for s in systems_seen]
+    handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
+               for s in systems_seen]
     handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
                           label="target not reached (time to best)"))
     bottom = _legend_below(fig, handles, [h.get_label() for h in handles])

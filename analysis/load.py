@@ -89,6 +89,16 @@ def _steady(rows: list[dict]) -> list[dict]:
     return rows[1:] if len(rows) > 1 else rows
 
 
+def device_kind(rec: dict) -> str:
+    """"gpu" or "cpu": where the run computed (``env.device_type``; records written
+    before devices were recorded ran on the CPU, and say so in ``env.device``)."""
+    env = rec.get("env") or {}
+    kind = env.get("device_type")
+    if kind is None:
+        kind = "cpu" if str(env.get("device") or "cpu").startswith("cpu") else "cuda"
+    return "cpu" if kind == "cpu" else "gpu"
+
+
 def _derived(rec: dict) -> dict:
     rows = rec["epochs"]
     times = [r["train_time_s"] for r in rows]
@@ -118,6 +128,7 @@ def _derived(rec: dict) -> dict:
         out["time_to_best_s"] = next(r["train_time_s"] for r in evaluated if r["test_acc"] >= best)
     else:
         out["best_test_acc"] = out["time_to_best_s"] = None
+    out["device_kind"] = device_kind(rec)
     g = rec.get("grid") or {}
     shape = [g.get(a, 1) for a in ("dp", "x", "y", "z")]
     out["grid_str"] = "x".join(map(str, shape))

@@ -150,10 +150,13 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
             tab = T.fig6_times(runs, paper)
             add("Time to target (s), paper (ScaleGNN Section VII-B) and measured here; for runs that did not "
                 "reach the target, the time to their best accuracy (`best acc`).\n")
+            for line in T.mixed_devices(runs, "fig6") if not runs.empty else []:
+                add(line + "\n")
             add(T.markdown(tab, {"paper": ".2f", "measured": ".2f", "target": ".0f", "best_acc": ".1f"},
                            {"cluster": "cluster", "dataset": "dataset", "system": "system", "gpus": "GPUs",
                             "paper": "paper (s)", "measured": "measured (s)", "reached": "reached",
-                            "target": "target (%)", "best_acc": "best acc (%)", "note": "note"}))
+                            "target": "target (%)", "best_acc": "best acc (%)", "device": "device",
+                            "note": "note"}))
         if kind == "fig7":
             tab = T.fig7_speedups(runs, paper)
             add(T.markdown(tab, {"paper_speedup": ".1f", "measured_speedup": ".2f", "ideal": ".0f"},
@@ -172,9 +175,12 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     add("\n## Table II: time per evaluation round\n")
     add("Median wall time of one evaluation round (full-graph inference for ScaleGNN). "
         "The paper's numbers are Perlmutter's.\n")
+    for line in T.mixed_devices(runs, "table2") if not runs.empty else []:
+        add(line + "\n")
     add(T.markdown(T.table2_eval_time(runs, paper), {"paper": ".2f", "measured": ".3f", "runs": ".0f"},
                    {"cluster": "cluster", "dataset": "dataset", "gpus": "GPUs", "system": "system",
-                    "paper": "paper (s)", "measured": "measured (s)", "runs": "runs", "note": "note"}))
+                    "paper": "paper (s)", "measured": "measured (s)", "runs": "runs", "device": "device",
+                    "note": "note"}))
 
     # ------------------------------------------------------------------ performance model
     add("\n## Performance model: predicted vs observed (Plexus Section 4, Fig. 5)\n")

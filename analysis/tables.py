@@ -15,7 +15,7 @@ import pandas as pd
 from .figures import _cluster, _variant, select
 from .paper import canonical_dataset, paper_numbers
 
-__all__ = ["table1_accuracy", "table2_eval_time", "fig6_times", "fig7_speedups", "fig5_reductions",
+__all__ = ["table1_accuracy", "table2_eval_time", "fig6_times", "fig7_speedups", "fig5_reductions", "mixed_devices",
            "load_balance", "plexus_table3", "provenance", "failures", "markdown"]
 
 SYSTEM_ORDER = ["graphsaint", "graphsage", "distdgl", "massivegnn", "salient", "bns-gcn", "fullgraph-3d", "scalegnn"]
@@ -34,6 +34,30 @@ def _real(frame: pd.DataFrame) -> pd.Series:
 def _note(row) -> str:
     p = row.get("sweep.paper_dataset")
     return f"stand-in for {p}" if isinstance(p, str) and p and p != row["dataset"] else ""
+
+
+def _device(sub: pd.DataFrame) -> str:
+    """The kinds of device the runs of ``sub`` computed on ("gpu", "cpu", "cpu/gpu")."""
+    kinds = sorted(set(sub["device_kind"].dropna())) if "device_kind" in sub else []
+    return "/".join(kinds)
+
+
+def mixed_devices(runs: pd.DataFrame, figure: str) -> list[str]:
+    """One warning per (cluster, dataset) of ``figure``'s runs whose systems computed on
+    different kinds of device: a GPU run against a CPU one measures the hardware, not
+    the method, and must never read as a fair comparison."""
+    frame = select(runs, figure)
+    if frame.empty or "device_kind" not in frame:
+        return []
+    out = []
+    frame = frame.assign(_cluster=_cluster(frame))
+    for (cl, ds), sub in frame.groupby(["_cluster", "dataset"]):
+        kinds = sub.groupby("system")["device_kind"].agg(lambda k: "/".join(sorted(set(k))))
+        if kinds.nunique() > 1:
+            where = ", ".join(f"{system} on {kind}" for system, kind in kinds.items())
+            out.append(f"**Mixed devices** ({_short(ds)}, {cl}): {where}. Times across devices compare the "
+                       "hardware, not the systems: they are not a fair comparison.")
+    return out
 
 
 def _short(ds: str) -> str:
@@ -96,12 +120,13 @@ def table2_eval_time(runs: pd.DataFrame, paper: dict | None = None) -> pd.DataFr
             key = (cl, canonical_dataset(ds) if real else ds, int(g), system)
             row = rows.setdefault(key, {"cluster": cl, "dataset": _short(key[1] if real else ds), "gpus": int(g),
                                         "system": system, "paper": np.nan})
-            row.update(measured=float(sub["eval_time_s"].median()), runs=len(sub), note=note)
+            row.update(measured=float(sub["eval_time_s"].median()), runs=len(sub), device=_device(sub), note=note)
     out = pd.DataFrame(list(rows.values()))
-    for col in ("measured", "runs", "note"):
+    for col in ("measured", "runs", "device", "note"):
         if col not in out:
-            out[col] = np.nan if col != "note" else ""
+            out[col] = np.nan if col not in ("note", "device") else ""
     out["note"] = out["note"].fillna("")
+    out["device"] = out["device"].fillna("")
     return out.sort_values(["cluster", "dataset", "gpus", "system"],
                            key=lambda s: s.map(_sys_key) if s.name == "system" else s,
                            kind="stable").reset_index(drop=True)
@@ -135,12 +160,14 @@ def fig6_times(runs: pd.DataFrame, paper: dict | None = None) -> pd.DataFrame:
             row.update(target=100 * float(sub["target_acc"].iloc[0]), reached=bool(reached.any()),
                        measured=float(sub.loc[reached, "time_to_target_s"].median()) if reached.any()
                        else float(sub["time_to_best_s"].median()),
-                       best_acc=100 * float(sub["best_test_acc"].max()), runs=len(sub), note=note)
+                       best_acc=100 * float(sub["best_test_acc"].max()), runs=len(sub), device=_device(sub),
+                       note=note)
     out = pd.DataFrame(list(rows.values()))
-    for col in ("target", "reached", "measured", "best_acc", "runs", "note"):
+    for col in ("target", "reached", "measured", "best_acc", "runs", "device", "note"):
         if col not in out:
-            out[col] = np.nan if col not in ("note", "reached") else ("" if col == "note" else None)
+            out[col] = np.nan if col not in ("note", "reached", "device") else ("" if col != "reached" else None)
     out["note"] = out["note"].fillna("")
+    out["device"] = out["device"].fillna("")
     return out.sort_values(["cluster", "dataset", "system", "gpus"], kind="stable").reset_index(drop=True)
 
 

@@ -35,9 +35,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from scalegnn.device import to_device
 from scalegnn.engine import accuracy_counts
 
-from .common import BaselineData, CommonConfig, EpochStats, broadcast_floats, world_info
+from .common import BaselineData, CommonConfig, EpochStats, broadcast_floats, rank_device, world_info
 from .graphsage import split_accuracies_local
 from .partition import PARTITION_METHODS, partition_vertices
 
@@ -57,7 +58,7 @@ class BNSOptions:
 
 
 def _a2a(send: torch.Tensor, send_counts: list[int], recv_counts: list[int], tail=()) -> torch.Tensor:
-    out = torch.empty((sum(recv_counts), *tail), dtype=send.dtype)
+    out = torch.empty((sum(recv_counts), *tail), dtype=send.dtype, device=send.device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_to_all_single(out, send.contiguous(), recv_counts, send_counts)
     else:
@@ -88,7 +89,7 @@ class BoundaryExchange(torch.autograd.Function):
         back = _a2a(grad_out, recv_counts, send_counts, (grad_out.shape[1],))
         ctx.stats["boundary_comm_s"] += time.perf_counter() - t0
         ctx.stats["bytes"] += grad_out.numel() * grad_out.element_size()
-        grad = torch.zeros(ctx.n, grad_out.shape[1], dtype=grad_out.dtype)
+        grad = torch.zeros(ctx.n, grad_out.shape[1], dtype=grad_out.dtype, device=grad_out.device)
         grad.index_add_(0, send_idx, back)
         return grad, None, None, None, None
 
@@ -155,19 +156,20 @@ class BNSTrainer:
         bnd = src[~inner_src].unique()
         self.need = [bnd[self.part[bnd] == s] for s in range(self.world)]
         self.boundary_total = int(bnd.numel())
-        self.features = select_local(data.features, self.inner)
+        self.device = rank_device(cfg)
+        self.features = to_device(select_local(data.features, self.inner), self.device)
         y = g.y[self.inner]
         tmask = torch.zeros(n, dtype=torch.bool)
         tmask[g.train_idx] = True
         if not g.multilabel:
             tmask &= g.y >= 0
-        self.train_local = tmask[self.inner]
-        self.y = y
+        self.train_local = tmask[self.inner].to(self.device)
+        self.y = y.to(self.device)
         self.num_train_global = int(tmask.sum())
         self.batch_size = n
         self.steps_per_epoch = 1
         torch.manual_seed(cfg.seed)
-        self.model = BNSModel(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout)
+        self.model = BNSModel(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._full = None
         self.sampled_fraction: list[float] = []
@@ -202,7 +204,7 @@ class BNSTrainer:
         vals = torch.where(self.e_inner, self.inv_deg, self.inv_deg / p)[keep]
         agg = _csr(self.e_dst[keep], cols[keep], vals, (self.n_in, self.n_in + req.numel()))
         frac = req.numel() / max(self.boundary_total, 1)
-        return agg, send_idx, send_counts, recv_counts, frac
+        return agg.to(self.device), send_idx.to(self.device), send_counts, recv_counts, frac
 
     def train_epoch(self, epoch: int) -> EpochStats:
         comp = defaultdict(float)
@@ -256,9 +258,9 @@ class BNSTrainer:
             src, dst = self.data.edge_index
             n = self.data.num_nodes
             deg = torch.bincount(dst, minlength=n).clamp(min=1).to(torch.float32)
-            self._full = _csr(dst, src, 1.0 / deg[dst], (n, n))
+            self._full = _csr(dst, src, 1.0 / deg[dst], (n, n)).to(self.device)
         self.model.eval()
-        return self.model(self.data.features, self._full, None)
+        return self.model(to_device(self.data.features, self.device), self._full, None).cpu()
 
     def evaluate(self):
         accs = list(split_accuracies_local(self.full_logits(), self.data.graph)) if self.rank == 0 else None

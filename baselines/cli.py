@@ -105,6 +105,7 @@ def common_config(args, world: int) -> CommonConfig:
         eval_every=args.eval_every, target_acc=args.target_acc, stop_at_target=args.stop_at_target,
         seed=args.seed, out_dir=args.out, nproc=world, lr=args.lr, weight_decay=args.weight_decay,
         hidden=args.hidden, layers=args.layers, dropout=args.dropout, progress=False,
+        device=getattr(args, "device", "auto"), backend=getattr(args, "backend", "auto"),
     )
 
 

@@ -13,9 +13,15 @@ writes the record of ``scalegnn.records`` (``results/README.md``). An adapter is
     trainer.record_extra()      -> dict            fields added to the record (optional)
 
 Training time excludes evaluation; the epoch time recorded is the slowest rank's.
-A multi-process run (``--nproc N``) spawns N local gloo workers with
+A multi-process run (``--nproc N``) spawns N local workers with
 :func:`scalegnn.parallel.launch.spawn`; on a cluster the same code joins a
 torchrun / srun job through :func:`scalegnn.parallel.launch.init_from_env`.
+
+Device. Every adapter trains on ``trainer.device`` (:func:`rank_device`: the run's
+``--device``, auto taking the local rank's GPU when one is visible), the backend
+following it as for ScaleGNN; samplers and feature stores stay in host memory, as
+in the systems themselves, and each batch is copied over. The record says which
+device ran, so a GPU run is never compared with a CPU one unawares.
 """
 
 from __future__ import annotations
@@ -33,12 +39,13 @@ import torch.distributed as dist
 from scalegnn import records
 from scalegnn.engine import accuracy_counts
 from scalegnn.graph import Graph
-from scalegnn.device import peak_memory_bytes
+from scalegnn.device import (check_device_spec, peak_device_memory_bytes, peak_memory_bytes, peak_rss_bytes,
+                             resolve_device)
 from scalegnn.train import DivergedError, _summarize, summary_line
 
 __all__ = [
     "CommonConfig", "EpochStats", "BaselineData", "load_data", "run_baseline", "run_epochs",
-    "split_accuracies", "world_info", "all_reduce_sum", "parse_ints", "summary_line",
+    "split_accuracies", "world_info", "rank_device", "ddp", "all_reduce_sum", "parse_ints", "summary_line",
 ]
 
 SYSTEMS = ("scalegnn", "fullgraph-3d", "graphsage", "graphsaint", "salient", "distdgl", "bns-gcn")
@@ -74,8 +81,11 @@ class CommonConfig:
     layers: int = 3
     dropout: float = 0.5
     progress: bool | None = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (scalegnn.device)
+    backend: str = "auto"  # auto (the device's) | gloo | nccl
 
     def __post_init__(self):
+        self.device = check_device_spec(self.device)
         if self.system not in SYSTEMS:
             raise ValueError(f"unknown system {self.system!r}; choose one of {', '.join(SYSTEMS)}")
         if self.epochs < 1:
@@ -128,6 +138,22 @@ def backward_and_step(optimizer, loss: torch.Tensor, components: dict, forward_s
 
 
 # --------------------------------------------------------------------------- distributed helpers
+def rank_device(cfg: CommonConfig) -> torch.device:
+    """This rank's device for ``cfg.device``: a spawned worker's local rank is its rank,
+    a torchrun / srun rank's is in the launcher's variables."""
+    local = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
+    return resolve_device(cfg.device, int(local) if local is not None else world_info()[0])
+
+
+def ddp(model, world: int, device: torch.device):
+    """``model`` wrapped in DistributedDataParallel on its device when several ranks train it."""
+    if world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+
 def world_info() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -223,7 +249,7 @@ def seed_everything(seed: int) -> None:
 
 # --------------------------------------------------------------------------- the record
 def new_record(cfg: CommonConfig, options, data_graph: Graph, world: int, batch_size: int,
-               steps_per_epoch: int, backend: str | None) -> dict:
+               steps_per_epoch: int, backend: str | None, device: torch.device | str = "cpu") -> dict:
     config = {k: v for k, v in dataclasses.asdict(cfg).items()
               if k not in ("lr", "weight_decay", "hidden", "layers", "dropout", "progress")}
     model = {"hidden": cfg.hidden, "layers": cfg.layers, "dropout": cfg.dropout}
@@ -235,15 +261,19 @@ def new_record(cfg: CommonConfig, options, data_graph: Graph, world: int, batch_
     return records.new_record(
         system=cfg.system, dataset=cfg.dataset, config=config,
         grid={"dp": world, "x": 1, "y": 1, "z": 1},  # every baseline is data parallel only
-        world_size=world, seed=cfg.seed, env=records.environment_info(backend=backend, device="cpu"),
+        world_size=world, seed=cfg.seed, env=records.environment_info(backend=backend, device=device),
         graph={"num_nodes": g.num_nodes, "num_edges": g.num_edges, "num_features": g.num_features,
                "num_classes": g.num_classes},
         batch_size=batch_size, steps_per_epoch=steps_per_epoch, target_acc=cfg.target_acc)
 
 
-def finalize(record: dict, cfg: CommonConfig, peaks: list[int]) -> dict:
-    record["peak_memory_bytes_per_rank"] = peaks
-    record["peak_memory_bytes"] = max(peaks) if peaks else None
+def finalize(record: dict, cfg: CommonConfig, peaks: list[tuple]) -> dict:
+    """The record's closing fields; ``peaks`` has every rank's (peak memory, peak RSS,
+    peak device memory) (:func:`scalegnn.records.memory_fields`), empty when unknown."""
+    if peaks:
+        record.update(records.memory_fields(peaks))
+    else:
+        record["peak_memory_bytes_per_rank"], record["peak_memory_bytes"] = [], None
     record["time_to_target_s"] = records.time_to_target(record["epochs"], cfg.target_acc)
     _summarize(record)
     return record
@@ -282,14 +312,18 @@ def run_epochs(cfg: CommonConfig, trainer, record: dict) -> None:
             break
 
 
-def _gather_peaks() -> list[int]:
-    peak = peak_memory_bytes("cpu")
+def _peaks(device) -> tuple:
+    return peak_memory_bytes(device), peak_rss_bytes(), peak_device_memory_bytes(device)
+
+
+def _gather_peaks(device) -> list[tuple]:
+    peak = _peaks(device)
     rank, world = world_info()
     if world == 1:
         return [peak]
     out = [None] * world
     dist.all_gather_object(out, peak)
-    return [int(p) for p in out]
+    return out
 
 
 def train_in_process(cfg: CommonConfig, options, make_trainer, graph: Graph | None = None,
@@ -299,8 +333,10 @@ def train_in_process(cfg: CommonConfig, options, make_trainer, graph: Graph | No
     seed_everything(cfg.seed)
     data = load_data(cfg, graph)
     trainer = make_trainer(cfg, options, data)
-    backend = dist.get_backend() if world > 1 else None
-    record = new_record(cfg, options, data.graph, world, trainer.batch_size, trainer.steps_per_epoch, backend)
+    device = getattr(trainer, "device", torch.device("cpu"))
+    backend = _backend_name() if world > 1 else None
+    record = new_record(cfg, options, data.graph, world, trainer.batch_size, trainer.steps_per_epoch, backend,
+                        device)
     try:
         run_epochs(cfg, trainer, record)
         record["status"] = "ok"
@@ -316,10 +352,17 @@ def train_in_process(cfg: CommonConfig, options, make_trainer, graph: Graph | No
         if close is not None:
             close()
     record.update(getattr(trainer, "record_extra", lambda: {})())
-    finalize(record, cfg, _gather_peaks() if record["status"] != "failed" else [peak_memory_bytes("cpu")])
+    finalize(record, cfg, _gather_peaks(device) if record["status"] != "failed" else [_peaks(device)])
     if write and rank == 0:
         record["path"] = str(records.write_record(record, cfg.out_dir))
     return record
+
+
+def _backend_name() -> str:
+    """The backend of the world's device collectives: "nccl" in an NCCL world (which
+    carries gloo beside it for CPU tensors), else the world's own."""
+    name = str(dist.get_backend())
+    return "nccl" if "nccl" in name else name
 
 
 def _spawned_worker(rank: int, world: int, cfg, options, factory_path: str, graph):
@@ -340,13 +383,13 @@ def run_baseline(cfg: CommonConfig, options, factory_path: str, graph: Graph | N
     """
     import importlib
 
-    from scalegnn.parallel.launch import WorkerError, init_from_env, spawn
+    from scalegnn.parallel.launch import WorkerError, init_from_env, local_backend, spawn
 
     mod_name, fn_name = factory_path.split(":")
     make_trainer = getattr(importlib.import_module(mod_name), fn_name)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
     if launched:
-        info = init_from_env(backend="gloo")
+        info = init_from_env(backend=cfg.backend, device=cfg.device)
         try:
             record = train_in_process(cfg, options, make_trainer, graph)
         finally:
@@ -355,9 +398,10 @@ def run_baseline(cfg: CommonConfig, options, factory_path: str, graph: Graph | N
     if cfg.nproc == 1:
         return train_in_process(cfg, options, make_trainer, graph)
     threads = max(1, (os.cpu_count() or 1) // cfg.nproc)
+    backend = local_backend(cfg, cfg.nproc)
     try:
         return spawn(_spawned_worker, cfg.nproc, cfg, options, factory_path, graph, timeout_s=None,
-                     threads_per_worker=threads)[0]
+                     threads_per_worker=threads, backend=backend)[0]
     except WorkerError as exc:
         # The workers died before a record existed: write a failed one so a sweep sees the run.
         data_graph = graph
@@ -365,7 +409,7 @@ def run_baseline(cfg: CommonConfig, options, factory_path: str, graph: Graph | N
             from scalegnn.datasets import load_dataset
 
             data_graph = load_dataset(cfg.dataset, data_root=cfg.data_root, seed=cfg.seed)
-        record = new_record(cfg, options, data_graph, cfg.nproc, 0, 0, "gloo")
+        record = new_record(cfg, options, data_graph, cfg.nproc, 0, 0, backend)
         record["status"], record["error"] = "failed", str(exc)[-4000:]
         finalize(record, cfg, [])
         record["path"] = str(records.write_record(record, cfg.out_dir))

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
+from scalegnn.device import to_device
 from scalegnn.engine import accuracy_counts
 from scalegnn.model import node_loss
 from scalegnn.sampling import select_rows
 
-from .common import (BaselineData, CommonConfig, EpochStats, backward_and_step, broadcast_floats, split_accuracies,
-                     world_info)
+from .common import (BaselineData, CommonConfig, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,
+                     split_accuracies, world_info)
 from .models import SAGENet
 
 __all__ = ["GraphSAGEOptions", "GraphSAGETrainer", "make_trainer", "neighbor_loader"]
@@ -102,12 +103,10 @@ class GraphSAGETrainer:
         share = -(-train.numel() // self.world)
         self.steps_per_epoch = -(-share // opts.batch_size)
         torch.manual_seed(cfg.seed)
+        self.device = rank_device(cfg)
         self.model = SAGENet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout, opts.conv)
-        self.ddp = self.model
-        if self.world > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.ddp = DistributedDataParallel(self.model)
+        self.model.to(self.device)
+        self.ddp = ddp(self.model, self.world, self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     # ------------------------------------------------------------------ training
@@ -136,12 +135,12 @@ class GraphSAGETrainer:
                 batch = next(loader, None)
                 if batch is None:
                     break
-                x = select_rows(self.data.features, batch.n_id)
+                x = to_device(select_rows(self.data.features, batch.n_id), self.device)
+                edge_index, y = to_device((batch.edge_index, batch.y[: batch.batch_size]), self.device)
                 t1 = time.perf_counter()
                 comp["sampling"] += t1 - t0
-                out = self.ddp(x, batch.edge_index)[: batch.batch_size]
-                y = batch.y[: batch.batch_size]
-                mask = torch.ones(batch.batch_size, dtype=torch.bool)
+                out = self.ddp(x, edge_index)[: batch.batch_size]
+                mask = torch.ones(batch.batch_size, dtype=torch.bool, device=self.device)
                 loss = node_loss(out, y, mask)
                 backward_and_step(self.optimizer, loss, comp, t1)
                 st.add_batch(float(loss.detach()), out.detach(), y)
@@ -165,8 +164,8 @@ class GraphSAGETrainer:
         loader = neighbor_loader(self.data, mine, self.opts.eval_fanouts, self.opts.eval_batch_size, shuffle=False,
                                  seed=self.cfg.seed + 99991 + self.rank, pyg=self.pyg)
         for batch in loader:
-            x = select_rows(self.data.features, batch.n_id)
-            outs.append(self.model(x, batch.edge_index)[: batch.batch_size])
+            x, edge_index = to_device((select_rows(self.data.features, batch.n_id), batch.edge_index), self.device)
+            outs.append(self.model(x, edge_index)[: batch.batch_size].cpu())
             ids.append(batch.n_id[: batch.batch_size])
         logits = torch.cat(outs) if outs else torch.zeros(0, g.num_classes)
         got = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)
@@ -178,13 +177,13 @@ class GraphSAGETrainer:
         from torch_sparse import SparseTensor
 
         n = self.data.num_nodes
-        h = self.data.features
+        h = to_device(self.data.features, self.device)
         src, dst = self.data.edge_index
-        ei = SparseTensor(row=dst, col=src, sparse_sizes=(n, n))  # adj_t: PyG aggregates with one SpMM
+        ei = SparseTensor(row=dst, col=src, sparse_sizes=(n, n)).to(self.device)  # adj_t: one SpMM per layer
         for i in range(self.model.num_layers):
             h = self.model.layer(i, h, ei)
         assert h.shape[0] == n
-        return h
+        return h.cpu()
 
     def record_extra(self) -> dict:
         return {}

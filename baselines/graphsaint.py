@@ -35,9 +35,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from scalegnn.device import to_device
 from scalegnn.sampling import select_rows, train_mask_of
 
-from .common import BaselineData, CommonConfig, EpochStats, backward_and_step, broadcast_floats, world_info
+from .common import (BaselineData, CommonConfig, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,
+                     world_info)
 from .graphsage import split_accuracies_local
 from .models import SAINTNet
 
@@ -134,12 +136,9 @@ class GraphSAINTTrainer:
                                      opts.sample_coverage if self.norm == "sampled" else 0)
         self.preprocess_s = time.perf_counter() - t0
         torch.manual_seed(cfg.seed)
-        self.model = SAINTNet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout)
-        self.ddp = self.model
-        if self.world > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.ddp = DistributedDataParallel(self.model)
+        self.device = rank_device(cfg)
+        self.model = SAINTNet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout).to(self.device)
+        self.ddp = ddp(self.model, self.world, self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._adj_t = None
         self.gen_seed = cfg.seed * 1_000_003 + 17 * self.rank + 1  # each rank its own subgraphs
@@ -160,21 +159,22 @@ class GraphSAINTTrainer:
             elif self.norm == "sampled":
                 edge_norm, node_norm = sub.edge_norm, sub.node_norm
             ew = edge_norm * sub.edge_weight if norm else sub.edge_weight
+            x, edge_index, ew, y, mask = to_device((x, sub.edge_index, ew, sub.y, sub.train_mask), self.device)
+            node_norm = to_device(node_norm, self.device) if norm else None
             t1 = time.perf_counter()
             comp["sampling"] += t1 - t0
-            out = self.ddp(x, sub.edge_index, ew)
-            mask = sub.train_mask
+            out = self.ddp(x, edge_index, ew)
             if self.data.graph.multilabel:
-                per = F.binary_cross_entropy_with_logits(out, sub.y, reduction="none").mean(1)
+                per = F.binary_cross_entropy_with_logits(out, y, reduction="none").mean(1)
             else:
-                per = F.cross_entropy(out, sub.y.clamp(min=0), reduction="none")
+                per = F.cross_entropy(out, y.clamp(min=0), reduction="none")
             if not bool(mask.any()):  # still step, so every DDP rank runs the same backward passes
                 loss = out.sum() * 0.0
             else:
                 loss = (per * node_norm)[mask].sum() if norm else per[mask].mean()
             backward_and_step(self.optimizer, loss, comp, t1)
             if bool(mask.any()):
-                st.add_batch(float(per.detach()[mask].mean()), out.detach()[mask], sub.y[mask])
+                st.add_batch(float(per.detach()[mask].mean()), out.detach()[mask], y[mask])
         st.components = dict(comp)
         return st
 
@@ -187,8 +187,9 @@ class GraphSAINTTrainer:
 
             src, dst = self.pyg.edge_index
             n = self.data.num_nodes
-            self._adj_t = SparseTensor(row=dst, col=src, value=self.pyg.edge_weight, sparse_sizes=(n, n))
-        return self.model(self.data.features, self._adj_t, None)
+            self._adj_t = SparseTensor(row=dst, col=src, value=self.pyg.edge_weight,
+                                       sparse_sizes=(n, n)).to(self.device)
+        return self.model(to_device(self.data.features, self.device), self._adj_t, None).cpu()
 
     def evaluate(self):
         accs = list(split_accuracies_local(self.full_logits(), self.data.graph)) if self.rank == 0 else None

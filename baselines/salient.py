@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from scalegnn.device import to_device
 from scalegnn.model import node_loss
 from scalegnn.sampling import select_rows
 
-from .common import (BaselineData, CommonConfig, EpochStats, all_reduce_sum, backward_and_step, split_accuracies,
-                     world_info)
+from .common import (BaselineData, CommonConfig, EpochStats, all_reduce_sum, backward_and_step, ddp, rank_device,
+                     split_accuracies, world_info)
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
 from .models import SAGENet
 from .partition import PARTITION_METHODS, partition_vertices
@@ -276,12 +277,10 @@ class SalientTrainer:
         self.cache_bytes = self._build_cache()
         self.cache_build_s = time.perf_counter() - t0
         torch.manual_seed(cfg.seed)
+        self.device = rank_device(cfg)
         self.model = SAGENet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout, "sage")
-        self.ddp = self.model
-        if self.world > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.ddp = DistributedDataParallel(self.model)
+        self.model.to(self.device)
+        self.ddp = ddp(self.model, self.world, self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.totals = defaultdict(int)
 
@@ -338,12 +337,14 @@ class SalientTrainer:
             if self.opts.record_batches:
                 self.batch_log.append(batch.n_id)
             if batch.num_seeds == 0:  # padding step of a rank without training vertices
-                out = self.ddp(_empty_like_x(self.store), torch.zeros(2, 0, dtype=torch.int64))
+                x, edge_index = _empty_like_x(self.store), torch.zeros(2, 0, dtype=torch.int64)
+                out = self.ddp(*to_device((x, edge_index), self.device))
                 loss = out.sum() * 0.0
             else:
-                out = self.ddp(batch.x, batch.edge_index)[: batch.num_seeds]
-                y = self.data.graph.y[batch.n_id[: batch.num_seeds]]
-                loss = node_loss(out, y, torch.ones(batch.num_seeds, dtype=torch.bool))
+                x, edge_index = to_device((batch.x, batch.edge_index), self.device)
+                out = self.ddp(x, edge_index)[: batch.num_seeds]
+                y = to_device(self.data.graph.y[batch.n_id[: batch.num_seeds]], self.device)
+                loss = node_loss(out, y, torch.ones(batch.num_seeds, dtype=torch.bool, device=self.device))
             backward_and_step(self.optimizer, loss, comp, t1)
             if batch.num_seeds:
                 st.add_batch(float(loss.detach()), out.detach(), y)
@@ -370,7 +371,7 @@ class SalientTrainer:
         for batch in self._pipeline(batches, self.opts.eval_fanouts):
             if batch.num_seeds == 0:
                 continue
-            outs.append(self.model(batch.x, batch.edge_index)[: batch.num_seeds])
+            outs.append(self.model(*to_device((batch.x, batch.edge_index), self.device))[: batch.num_seeds].cpu())
             ids.append(batch.n_id[: batch.num_seeds])
         logits = torch.cat(outs) if outs else torch.zeros(0, g.num_classes)
         got = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)

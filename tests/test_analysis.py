@@ -82,6 +82,29 @@ def test_fig6_series_markers_and_speedup_annotation():
     assert "reddit, perlmutter" in ax.get_title()
 
 
+def test_mixed_devices_are_flagged_and_never_turned_into_a_speedup():
+    """A GPU ScaleGNN run against a CPU baseline: the report warns, the tables say the
+    device of every row, and Fig. 6 writes "not comparable" instead of a speedup."""
+    recs = [make_record("scalegnn", "reddit", test=[0.9] * 3, target=0.8),
+            make_record("graphsage", "reddit", test=[0.9] * 3, target=0.8)]
+    recs[1]["env"]["device"] = "cpu (x86_64, 64 cores)"  # a record from before device_type: the CPU
+    m = manifest("fig6", "perlmutter", [(r, "") for r in recs])
+    runs = runs_from_records(recs, [m])
+    assert dict(zip(runs["system"], runs["device_kind"])) == {"scalegnn": "gpu", "graphsage": "cpu"}
+    (warning,) = T.mixed_devices(runs, "fig6")
+    assert "graphsage on cpu" in warning and "scalegnn on gpu" in warning and "not a fair comparison" in warning
+    tab = T.fig6_times(runs)
+    assert dict(zip(tab.loc[tab["measured"].notna(), "system"], tab.loc[tab["measured"].notna(), "device"])) == \
+        {"scalegnn": "gpu", "graphsage": "cpu"}
+    notes = texts(F.fig6_time_to_target(runs))
+    assert any("vs GraphSAGE: not comparable (gpu vs cpu)" in t for t in notes)
+    assert not any("x vs" in t for t in notes)
+    recs[1]["env"].update(device="A100", device_type="cuda")  # both on GPUs: a speedup again, no warning
+    runs = runs_from_records(recs, [m])
+    assert T.mixed_devices(runs, "fig6") == []
+    assert any("1.0x vs GraphSAGE" in t for t in texts(F.fig6_time_to_target(runs)))
+
+
 def test_fig6_without_targets_is_no_data():
     runs = runs_from_records([make_record()], [])
     with pytest.raises(F.NoData):

@@ -183,6 +183,9 @@ def test_cli_run_writes_a_valid_record(system, extra, data_root, tmp_path, capsy
     assert rec["epochs"][-1]["eval_time_s"] is not None
     assert rec["time_to_target_s"] == rec["epochs"][0]["train_time_s"]
     assert rec["summary"]["epochs_run"] == 2
+    # every system says where it computed (auto: a GPU where one is visible) and both memory peaks
+    assert rec["env"]["device_type"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert rec["peak_rss_bytes_per_rank"][0] > 0
     cfg = rec["config"]
     assert cfg["model"]["hidden"] == 16 and cfg["optim"]["lr"] == 1e-3
     if system == "graphsage":

@@ -155,6 +155,29 @@ def test_save_and_load_shards_round_trip(tmp_path):
         load_shard(tmp_path / "nothing", 0)
 
 
+def test_coinciding_planes_are_one_block_stored_and_extracted_once(tmp_path):
+    """Planes with the same row and column ranges (all three on 1x1x1x1; the diagonal
+    ranks of 1x2x2x2) are one block in memory, still one after a round trip through
+    the shard files, and one extraction per sample; other ranks keep three."""
+    graph = parallel_graph(n=37, m=160)
+    single = build_shard(graph, (1, 1, 1, 1), {"x": 0, "y": 0, "z": 0})
+    assert single.adj[0] is single.adj[1] is single.adj[2]
+    diag = build_shard(graph, (1, 2, 2, 2), {"x": 1, "y": 1, "z": 1})
+    assert diag.adj[0] is diag.adj[1] is diag.adj[2]
+    off = build_shard(graph, (1, 2, 2, 2), {"x": 1, "y": 0, "z": 0})
+    assert len({id(b) for b in off.adj}) == 3
+    save_shards(graph, (1, 1, 1, 1), tmp_path / "s")
+    loaded = load_shard(tmp_path / "s", 0)
+    assert len({b.indices.data_ptr() for b in loaded.adj}) == 1  # torch.save keeps the sharing
+    for shard in (single, loaded):
+        sampler = DistributedSampler(shard, ProcessGrid.single(), 15, seed=0)
+        assert len({id(m) for m in sampler.index_maps}) == 1
+        batch = sampler.sample(3)
+        assert batch.adj[0] is batch.adj[1] is batch.adj[2]
+        ref = UniformVertexSampler(graph, 15, seed=0).sample(3)
+        assert torch.equal(batch.adj[0].adj.to_dense(), ref.adj.to_dense())
+
+
 def test_shard_command_normalizes_a_raw_graph_and_sampler_checks_its_shard(tmp_path):
     raw = parallel_graph().replace(meta={})
     with pytest.raises(ValueError, match="gcn_normalize"):

@@ -47,6 +47,11 @@ SCRIPT = Path(__file__).with_name("dgl_run.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Where DistDGL computes, said in its record: a GPU ScaleGNN run against it compares devices.
+CPU_ONLY = ("DistDGL trains on the CPU: its environment comes from PyPI, whose DGL wheels (<= 2.1) are CPU builds; "
+            "a comparison with a GPU run of another system compares devices, not systems")
+
+
 class DistDGLUnavailable(ValueError):
     """The DGL environment is missing; the message says how to build it."""
 
@@ -183,6 +188,9 @@ def run(cfg: CommonConfig, opts: DistDGLOptions, graph=None) -> dict:
     """Partition, launch servers and trainers on localhost, wait, convert, clean up."""
     from scalegnn.datasets import load_dataset
 
+    if cfg.device.startswith("cuda"):
+        raise ValueError("--system distdgl runs on the CPU only (PyPI's DGL wheels, <= 2.1, are CPU builds); "
+                         "use --device cpu or auto")
     py = dgl_python(opts.python)
     if graph is None:
         graph = load_dataset(cfg.dataset, data_root=cfg.data_root, seed=cfg.seed)
@@ -195,7 +203,8 @@ def run(cfg: CommonConfig, opts: DistDGLOptions, graph=None) -> dict:
     per_machine = world // parts
     opts.eval_fanouts = opts.eval_fanouts or opts.fanouts
     layers = len(opts.fanouts)
-    record = new_record(cfg, opts, graph, world, opts.batch_size, 0, "gloo")
+    record = new_record(cfg, opts, graph, world, opts.batch_size, 0, "gloo")  # device: the CPU (below)
+    record["device_note"] = CPU_ONLY
     record["config"]["model"]["layers"] = layers  # DistDGL's model depth is its number of fanouts
     record["config"]["options"].pop("pids", None)
     work = Path(tempfile.mkdtemp(prefix="scalegnn-distdgl-"))
@@ -279,7 +288,8 @@ def run(cfg: CommonConfig, opts: DistDGLOptions, graph=None) -> dict:
             record["env"]["libraries"]["dgl"] = result["env"]["dgl"]
             record["env"]["dgl_env"] = result["env"]
             record["status"], record["error"] = result["status"], result["error"]
-            peaks = result.get("peak_memory_bytes_per_rank") or [result["peak_memory_bytes"]]
+            rss = result.get("peak_memory_bytes_per_rank") or [result["peak_memory_bytes"]]
+            peaks = [(p, p, None) for p in rss]  # CPU trainers: the RSS is the peak, no device memory
         else:
             peaks = []
         if failure is not None:

@@ -37,6 +37,13 @@ from .sharding import RankShard
 __all__ = ["ShardedBatch", "DistributedSampler"]
 
 
+def _same_block(blk) -> tuple:
+    """Planes with this key hold the same matrix block: the same stored arrays over the
+    same row and column ranges (one block shared by coinciding planes, in memory or as
+    loaded back from a shard file)."""
+    return blk.indices.data_ptr(), blk.row_start, blk.row_end, blk.col_start, blk.col_end
+
+
 @dataclass
 class ShardedBatch:
     """This rank's part of one mini-batch (or of the full graph).
@@ -110,8 +117,13 @@ class DistributedSampler:
         self.backend = backend
 
         def maps(blocks):
-            return ([CompactIndexMap(b.col_end - b.col_start, b.col_start, b.indices.device) for b in blocks]
-                    if use_index_map else [None] * 3)
+            if not use_index_map:
+                return [None] * 3
+            made = {}  # planes that are one block (see _same_block) share their map
+            for b in blocks:
+                if _same_block(b) not in made:
+                    made[_same_block(b)] = CompactIndexMap(b.col_end - b.col_start, b.col_start, b.indices.device)
+            return [made[_same_block(b)] for b in blocks]
 
         self.index_maps = maps(shard.adj)
         self.alt_maps = (maps(shard.alt.adj), maps(shard.alt.adj_t)) if shard.alt is not None else None
@@ -163,10 +175,13 @@ class DistributedSampler:
                                   with_eval_masks)
             adj = (None, None, None)
         else:
-            adj = tuple(extract_block(blk, nodes, scale, m, backend=self.backend,
-                                      bounds=block_bounds(blk, host_nodes) if host_nodes is not None else
-                                      (blk.row_start, blk.row_end, blk.col_start, blk.col_end))
-                        for blk, m in zip(sh.adj, index_maps))
+            done: dict = {}  # a block shared by several planes is extracted once
+            for blk, m in zip(sh.adj, index_maps):
+                if _same_block(blk) not in done:
+                    bounds = block_bounds(blk, host_nodes) if host_nodes is not None else \
+                        (blk.row_start, blk.row_end, blk.col_start, blk.col_end)
+                    done[_same_block(blk)] = extract_block(blk, nodes, scale, m, backend=self.backend, bounds=bounds)
+            adj = tuple(done[_same_block(blk)] for blk in sh.adj)
         lo, hi = rows.block("x")
         x = select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
         return ShardedBatch(

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistEnv", "init_from_env", "first_host", "spawn", "WorkerError", "SpawnTimeout", "failed_record",
-           "run_distributed_training"]
+__all__ = ["DistEnv", "init_from_env", "init_process_group", "first_host", "spawn", "local_backend", "WorkerError",
+           "SpawnTimeout", "failed_record", "run_distributed_training"]
 
 
 # --------------------------------------------------------------------------- environment
@@ -515,7 +515,7 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
         run_id = (resume_run_id(cfg.checkpoint.dir) if cfg.checkpoint.resume else None) \
             or records.new_run_id(cfg.system, cfg.dataset)
         threads = max(1, (os.cpu_count() or 1) // nproc)
-        backend = _local_backend(cfg, nproc)
+        backend = local_backend(cfg, nproc)
         try:
             return spawn(worker or _training_worker, nproc, cfg, run_id, timeout_s=timeout_s,
                          threads_per_worker=threads, backend=backend,
@@ -559,7 +559,7 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
     return record if grid.rank == 0 else None
 
 
-def _local_backend(cfg, nproc: int) -> str:
+def local_backend(cfg, nproc: int) -> str:
     """The backend of ``nproc`` local workers of ``cfg`` (rank r on GPU r % count). NCCL
     refuses two ranks on one GPU, so more GPU ranks than GPUs need ``--backend gloo``."""
     from ..device import resolve_backend, resolve_device

@@ -92,17 +92,23 @@ class RankShard:
         device = torch.device(device)
         if self.x.device == device:
             return self
+        moved: dict = {}  # a block shared by several planes (or with alt.adj) moves once and stays shared
+
+        def blocks(bs):
+            for b in bs:
+                if id(b) not in moved:
+                    moved[id(b)] = b.to(device)
+            return tuple(moved[id(b)] for b in bs)
+
         alt = None
         if self.alt is not None:
             a = self.alt
             alt = AltOrdering(sigma=a.sigma.to(device), sigma_inv=a.sigma_inv.to(device),
-                              adj=tuple(b.to(device) for b in a.adj), adj_t=tuple(b.to(device) for b in a.adj_t),
+                              adj=blocks(a.adj), adj_t=blocks(a.adj_t),
                               **{k: to_device(getattr(a, k), device) for k in ("y", "train_mask", "val_mask",
                                                                               "test_mask")})
-        # Double permutation shares the planes with alt.adj (build_shard): move them once.
-        adj = alt.adj if alt is not None and self.adj is self.alt.adj else tuple(b.to(device) for b in self.adj)
         return dataclasses.replace(
-            self, adj=adj, x=self.x.to(device), alt=alt,
+            self, adj=blocks(self.adj), x=self.x.to(device), alt=alt,
             **{k: to_device(getattr(self, k), device) for k in ("y", "train_mask", "val_mask", "test_mask")})
 
     # -------------------------------------------------------------- (de)serialize
@@ -200,6 +206,18 @@ def _check_shape(grid_shape) -> tuple[int, int, int, int]:
     return shape
 
 
+def _planes(graph: Graph, vr: dict) -> tuple[CSRBlock, CSRBlock, CSRBlock]:
+    """The three rotation planes of ``graph`` for vertex ranges ``vr``. Planes whose row
+    and column ranges coincide (all three on 1x1x1x1, the diagonal ranks of a cubic
+    grid) are the same block: stored once, and extracted once per sample."""
+    made: dict = {}
+    for rows, cols in PLANES:
+        key = (vr[rows], vr[cols])
+        if key not in made:
+            made[key] = CSRBlock.from_graph(graph, *key)
+    return tuple(made[(vr[rows], vr[cols])] for rows, cols in PLANES)
+
+
 def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = None, sigma: torch.Tensor | None = None,
                 _permuted: tuple | None = None) -> RankShard:
     """The :class:`RankShard` of the rank at ``coords`` ({"x", "y", "z"}) of a grid of ``grid_shape``.
@@ -223,14 +241,12 @@ def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = No
         inv = inverse_permutation(sigma)
         sl_alt = lambda t: {ax: t[inv[vr[ax][0]: vr[ax][1]]].clone() for ax in PMM_AXES}  # noqa: E731
         alt = AltOrdering(
-            sigma=sigma.clone(), sigma_inv=inv,
-            adj=tuple(CSRBlock.from_graph(g_rows, vr[rows], vr[cols]) for rows, cols in PLANES),
-            adj_t=tuple(CSRBlock.from_graph(g_cols, vr[rows], vr[cols]) for rows, cols in PLANES),
+            sigma=sigma.clone(), sigma_inv=inv, adj=_planes(g_rows, vr), adj_t=_planes(g_cols, vr),
             y=sl_alt(graph.y), train_mask=sl_alt(masks["train_mask"]), val_mask=sl_alt(masks["val_mask"]),
             test_mask=sl_alt(masks["test_mask"]))
         adj = alt.adj  # the plain-id shards are never used: even layers take alt.adj, odd ones alt.adj_t
     else:
-        adj = tuple(CSRBlock.from_graph(graph, vr[rows], vr[cols]) for rows, cols in PLANES)
+        adj = _planes(graph, vr)
     return RankShard(
         grid_shape=shape, coords={ax: int(coords[ax]) for ax in PMM_AXES}, num_nodes=n,
         num_features=graph.num_features, num_classes=graph.num_classes, multilabel=graph.multilabel, adj=adj,
