@@ -33,7 +33,7 @@ GPU_PYTHON ?= python3
 GPU_TESTS  ?= tests/test_device.py tests/test_parallel_engine.py tests/test_parallel_pmm.py \
               tests/test_parallel_grid.py tests/test_optimizations.py tests/test_baselines_device.py
 
-.PHONY: demo test test-gpu env bench clean-env dgl-env
+.PHONY: demo test test-gpu bench-gpu env bench clean-env dgl-env
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -64,6 +64,10 @@ test: $(STAMP) $(DGL_STAMP)
 
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m gpu -p no:cacheprovider $(GPU_TESTS)
+
+# ScaleGNN on one GPU against PyG on the same GPU (benchmarks/gpu.py), the machine's python.
+bench-gpu:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m benchmarks.gpu --out results/bench/gpu
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only

@@ -47,3 +47,23 @@ def test_scaling_and_permutation_tables():
     payload, md = permutation_bench(scale=8, datasets=("power-law", "no-such-dataset"))
     assert "not available" in md
     assert markdown_table(["a", "b"], [[1, 2.5]]).splitlines()[2] == "| 1 | 2.5 |"
+
+
+def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path):
+    """``python -m benchmarks.gpu`` at toy sizes on the CPU (the real run is on a GPU: see
+    README): every section runs, identical sampler blocks, the JSON and Markdown land,
+    and both systems are compared on the same target. Times are not asserted."""
+    from benchmarks import gpu
+
+    out = tmp_path / "gpu"
+    assert gpu.main(["--device", "cpu", "--nodes", "3000", "--avg-degree", "20", "--max-epochs", "2",
+                     "--max-seconds", "30", "--sampler-size", "20000,200000,2000", "--no-compile",
+                     "--skip", "pyg_sage", "--target", "0.5", "--out", str(out)]) == 0
+    res = json.loads((out / "gpu.json").read_text())
+    assert res["sampler"]["identical_blocks"] is True and res["sampler"]["met"] is None  # not the target's size
+    assert res["graph"]["num_nodes"] == 3000 and res["device"]["type"] == "cpu"
+    for key in ("scalegnn", "pyg_gcn"):
+        assert res[key]["status"] == "ok" and res[key]["epochs"] >= 1 and res[key]["curve"]
+    assert set(res["scalegnn"]["breakdown_s"]) == {"sampling", "spmm", "gemm", "comm", "other"}
+    md = (out / "gpu.md").read_text()
+    assert "Time to target" in md and "PyG full-batch GCN" in md and "ScaleGNN epoch breakdown" in md

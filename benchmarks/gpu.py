@@ -1,0 +1,396 @@
+"""ScaleGNN on one GPU against PyG on the same GPU, on a generated products-scale graph.
+
+    python3 -m benchmarks.gpu --out results/bench/gpu           (make bench-gpu)
+
+Run it from the repository root with the machine's own python and torch: nothing is
+installed (a GPU node often has no package registry). It writes ``gpu.json`` (every
+number, the settings, the machine) and ``gpu.md`` under ``--out``, section by section
+as each finishes, so a run cut short still leaves what it measured.
+
+Sections:
+  sampler   Algorithm 2 at N = 10^6, nnz = 2x10^7, B = 10^5: the torch path on the GPU
+            (one block; and the engine's whole per-step sample: draw, copy, extraction,
+            feature and label slices) against the compiled CPU kernel (numba) on the
+            same (seed, step); the blocks are checked identical
+  graph     CSBM (scalegnn.datasets.generators.csbm) with the shape of ogbn-products:
+            2.4M vertices, average degree 52 (about 62M undirected edges), 100 features,
+            47 classes; generated on this machine, then GCN-normalized
+  scalegnn  the engine on the GPU (batch ratio 0.1, 3 layers, hidden 256; prefetch
+            on a side stream, fused norm/ReLU/dropout), evaluated on the full graph
+            every epoch, stopped at the target test accuracy
+  pyg_gcn   PyG full-batch GCN (3 GCNConv layers, hidden 256, dropout 0.5, Adam 0.01:
+            the OGB products GCN setup) on the same normalized adjacency, same GPU
+  pyg_sage  PyG neighbor sampling (NeighborLoader, fanouts 15,10,5, batch 1024, SAGEConv)
+            where its sampler can run (pyg-lib or torch-sparse); else the reason
+
+Time to target is training time only (evaluation excluded), as in the paper (VI-C).
+The targets of issue G: ScaleGNN's time to target at most 1/3 of PyG full-batch GCN's
+on the same GPU; the sampler step at most 1 ms. ``--device cpu --nodes 20000`` runs the
+same code on a CPU at a small scale (a smoke test; its times mean nothing for a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from scalegnn.bench import _machine, markdown_table, random_csr
+from scalegnn.device import device_info, peak_device_memory_bytes, reset_peak_memory, synchronize
+
+__all__ = ["main", "sampler_section", "scalegnn_section", "pyg_gcn_section", "pyg_sage_section"]
+
+
+def _timed(fn, device, reps: int, warmup: int = 3) -> list[float]:
+    """Wall seconds of ``fn()`` per call, the device synchronized around each."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        synchronize(device)
+        t = time.perf_counter()
+        fn()
+        synchronize(device)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _ms(ts: list[float]) -> float:
+    return statistics.median(ts) * 1e3
+
+
+# --------------------------------------------------------------------------- sampler
+def sampler_section(device: torch.device, n: int = 10**6, nnz: int = 2 * 10**7, b: int = 10**5,
+                    reps: int = 20) -> dict:
+    """Algorithm 2 on the device against the CPU kernel, same sample, same blocks."""
+    from scalegnn import _fastsample
+    from scalegnn import sampling as S
+    from scalegnn.graph import Graph
+    from scalegnn.parallel.dist_sampling import DistributedSampler
+    from scalegnn.parallel.grid import ProcessGrid
+    from scalegnn.parallel.sharding import build_shard
+
+    indptr, indices, values = random_csr(n, nnz, seed=0)
+    blk = S.CSRBlock(indptr, indices.to(torch.int32), values, 0, n, 0, n)
+    p = S.inclusion_probability(n, b)
+    samples = [S.sample_vertices(n, b, 0, step) for step in range(reps + 3)]
+    dblk = blk.to(device)
+    cmap = S.CompactIndexMap(n, 0, device)
+    it = iter(range(10**9))
+
+    on_dev = [s.to(device) for s in samples]
+    bounds = [S.block_bounds(blk, s) for s in samples]
+
+    def on_device():
+        i = next(it) % len(samples)
+        return S.extract_block(dblk, on_dev[i], p, cmap, backend="torch", bounds=bounds[i])
+
+    dev_ts = _timed(on_device, device, reps)
+    cpu_backend = "numba" if _fastsample.available() else "torch"
+    cpu_map = S.CompactIndexMap(n)
+    cpu_ts = _timed(lambda: S.extract_block(blk, samples[0], p, cpu_map, backend=cpu_backend), "cpu", reps)
+    got = S.extract_block(dblk, samples[1].to(device), p, S.CompactIndexMap(n, 0, device), backend="torch")
+    want = S.extract_block(blk, samples[1], p, backend=cpu_backend)
+    identical = all(torch.equal(a.cpu(), b_) for a, b_ in (
+        (got.adj.crow_indices(), want.adj.crow_indices()), (got.adj.col_indices(), want.adj.col_indices()),
+        (got.adj.values(), want.adj.values()), (got.adj_t.col_indices(), want.adj_t.col_indices())))
+    # The engine's whole per-step sample on one rank: host draw, pinned copy, extraction, slices.
+    gen = torch.Generator().manual_seed(0)
+    graph = Graph(indptr, indices, values, torch.randn(n, 8, generator=gen), torch.randint(0, 4, (n,), generator=gen),
+                  torch.arange(n // 2), torch.arange(n // 2, 3 * n // 4), torch.arange(3 * n // 4, n), 4,
+                  meta={"normalized": "gcn"})
+    shard = build_shard(graph, (1, 1, 1, 1), {"x": 0, "y": 0, "z": 0}).to(device)
+    sampler = DistributedSampler(shard, ProcessGrid.single(), b, seed=0, backend="torch")
+    steps = iter(range(10**9))
+    step_ts = _timed(lambda: sampler.sample(next(steps)), device, reps)
+    return {"device": device.type, "n": n, "nnz": int(blk.nnz), "batch": b, "device_block_ms": _ms(dev_ts),
+            "device_step_ms": _ms(step_ts),
+            "cpu_block_ms": _ms(cpu_ts), "cpu_backend": cpu_backend, "cpu_threads": torch.get_num_threads(),
+            "speedup_block": _ms(cpu_ts) / _ms(dev_ts), "identical_blocks": identical,
+            "target_ms": 1.0, "met": _ms(step_ts) <= 1.0 if (n, nnz, b) == (10**6, 2 * 10**7, 10**5) else None,
+            "reps": reps,
+            "device_block_s": dev_ts, "device_step_s": step_ts, "cpu_block_s": cpu_ts}
+
+
+# --------------------------------------------------------------------------- the graph
+def make_graph(nodes: int, avg_degree: float, features: int, classes: int, seed: int = 0):
+    """The products-shaped CSBM graph (raw) and its GCN-normalized form."""
+    from scalegnn.datasets.generators import CSBM_DEFAULTS, csbm
+
+    params = {**CSBM_DEFAULTS, "n": nodes, "avg_degree": avg_degree, "feature_dim": features, "classes": classes}
+    name = "csbm:" + ",".join(f"{k}={v}" for k, v in params.items())
+    t0 = time.perf_counter()
+    raw = csbm(name, seed, **params)
+    t1 = time.perf_counter()
+    norm = raw.gcn_normalize()
+    info = {"name": name, "num_nodes": raw.num_nodes, "num_edges": raw.num_edges,
+            "undirected_edges": raw.num_edges // 2, "features": features, "classes": classes,
+            "generate_s": t1 - t0, "normalize_s": time.perf_counter() - t1}
+    return raw, norm, info
+
+
+# --------------------------------------------------------------------------- ScaleGNN
+def scalegnn_section(norm, info: dict, device: torch.device, target: float, max_epochs: int, lr: float,
+                     compile_tail: bool) -> dict:
+    from scalegnn.engine import OptimConfig
+    from scalegnn.model import ModelConfig
+    from scalegnn.perf import PerfConfig
+    from scalegnn.train import RunConfig, run_training
+
+    cfg = RunConfig(dataset=info["name"], batch_ratio=0.1, epochs=max_epochs, target_acc=target, stop_at_target=True,
+                    progress=False, device=str(device),
+                    model=ModelConfig(hidden=256, layers=3, dropout=0.5), optim=OptimConfig(lr=lr),
+                    perf=PerfConfig(prefetch=True, compile=compile_tail))
+    rec = run_training(cfg, graph=norm, write=False)
+    rows = rec["epochs"]
+    steady = rows[1:] if len(rows) > 1 else rows
+    deltas = [b["train_time_s"] - a["train_time_s"] for a, b in zip(rows, rows[1:])] or [rows[0]["train_time_s"]]
+    comps = {k: sum(r["components"].get(k, 0.0) for r in steady) / len(steady) for k in rows[0]["components"]}
+    breakdown = {"sampling": comps.get("sampling", 0.0), "spmm": comps.get("spmm", 0.0),
+                 "gemm": comps.get("gemm", 0.0),
+                 "comm": comps.get("pmm_comm", 0.0) + comps.get("dp_comm", 0.0),
+                 "other": comps.get("elementwise", 0.0) + comps.get("optimizer", 0.0) + comps.get("other", 0.0)}
+    return {"status": rec["status"], "error": rec["error"], "epochs": len(rows), "steps_per_epoch": rec["steps_per_epoch"],
+            "batch_size": rec["batch_size"], "epoch_s": statistics.median(deltas),
+            "time_to_target_s": rec["time_to_target_s"], "best_test_acc": max((r["test_acc"] or 0) for r in rows),
+            "eval_s": statistics.median(r["eval_time_s"] for r in rows if r["eval_time_s"] is not None),
+            "compile_s": rec["compile_time_s"], "breakdown_s": breakdown, "components_s": comps,
+            "peak_device_bytes": (rec.get("peak_device_memory_bytes_per_rank") or [None])[0],
+            "lr": lr, "curve": [(r["train_time_s"], r["test_acc"]) for r in rows]}
+
+
+# --------------------------------------------------------------------------- PyG full-batch GCN
+def pyg_gcn_section(norm, device: torch.device, target: float, max_epochs: int, max_seconds: float,
+                    lr: float = 0.01) -> dict:
+    """PyG's full-batch GCN on the normalized adjacency A (symmetric: A is its own
+    transpose, so it is PyG's ``adj_t``), the OGB products GCN hyper-parameters."""
+    import torch.nn.functional as F
+    from torch_geometric.nn import GCNConv
+
+    class GCN(torch.nn.Module):
+        def __init__(self, dims, dropout):
+            super().__init__()
+            self.convs = torch.nn.ModuleList(GCNConv(a, b, normalize=False, add_self_loops=False, cached=False)
+                                             for a, b in zip(dims[:-1], dims[1:]))
+            self.dropout = dropout
+
+        def forward(self, x, adj_t):
+            for i, conv in enumerate(self.convs):
+                x = conv(x, adj_t)
+                if i < len(self.convs) - 1:
+                    x = F.dropout(F.relu(x), p=self.dropout, training=self.training)
+            return x
+
+    torch.manual_seed(0)
+    reset_peak_memory(device)
+    adj_t = norm.to_torch_csr().to(device)
+    x, y = norm.x.to(device), norm.y.to(device)
+    splits = [idx.to(device) for idx in (norm.train_idx, norm.val_idx, norm.test_idx)]
+    model = GCN([norm.num_features, 256, 256, norm.num_classes], 0.5).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    train_time, curve, epoch_ts, reached = 0.0, [], [], None
+    for epoch in range(1, max_epochs + 1):
+        synchronize(device)
+        t = time.perf_counter()
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x, adj_t)[splits[0]], y[splits[0]])
+        loss.backward()
+        opt.step()
+        synchronize(device)
+        dt = time.perf_counter() - t
+        train_time += dt
+        epoch_ts.append(dt)
+        model.eval()
+        with torch.no_grad():
+            pred = model(x, adj_t).argmax(-1)
+        test = float((pred[splits[2]] == y[splits[2]]).float().mean())
+        curve.append((train_time, test))
+        if reached is None and test >= target:
+            reached = train_time
+            break
+        if train_time >= max_seconds:
+            break
+    return {"status": "ok", "epochs": len(curve), "epoch_s": statistics.median(epoch_ts[1:] or epoch_ts),
+            "time_to_target_s": reached, "best_test_acc": max(a for _, a in curve),
+            "peak_device_bytes": peak_device_memory_bytes(device), "lr": lr, "curve": curve}
+
+
+# --------------------------------------------------------------------------- PyG neighbor sampling
+def pyg_sage_section(raw, device: torch.device, target: float, max_epochs: int, max_seconds: float) -> dict:
+    """GraphSAGE with PyG's NeighborLoader: the sampler on the host (as PyG runs it),
+    batches copied to the GPU; evaluation on the full graph, layer by layer."""
+    try:
+        import torch_geometric.typing as T
+
+        if not (T.WITH_PYG_LIB or T.WITH_TORCH_SPARSE):
+            return {"status": "unavailable", "reason": "PyG's NeighborLoader needs pyg-lib or torch-sparse; "
+                                                       "neither is installed on this machine"}
+    except ImportError as exc:
+        return {"status": "unavailable", "reason": f"torch_geometric: {exc}"}
+    import torch.nn.functional as F
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader
+    from torch_geometric.nn import SAGEConv
+
+    rows = raw.row_ids()
+    data = Data(x=raw.x, y=raw.y, edge_index=torch.stack([raw.indices, rows]), num_nodes=raw.num_nodes)
+    convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in
+                                zip([raw.num_features, 256, 256], [256, 256, raw.num_classes])).to(device)
+    opt = torch.optim.Adam(convs.parameters(), lr=0.003)
+    loader = NeighborLoader(data, num_neighbors=[15, 10, 5], input_nodes=raw.train_idx, batch_size=1024,
+                            shuffle=True, num_workers=0)
+
+    def forward(x, ei, training):
+        for i, conv in enumerate(convs):
+            x = conv(x, ei)
+            if i < len(convs) - 1:
+                x = F.dropout(F.relu(x), p=0.5, training=training)
+        return x
+
+    @torch.no_grad()
+    def test_acc():
+        adj_t = raw.to_torch_csr().to(device)  # mean aggregation below: divide by degree
+        deg = torch.bincount(rows, minlength=raw.num_nodes).clamp(min=1).to(device)[:, None].float()
+        h = raw.x.to(device)
+        for i, conv in enumerate(convs):
+            agg = torch.sparse.mm(adj_t, h) / deg
+            h = conv.lin_l(agg) + conv.lin_r(h)
+            if i < len(convs) - 1:
+                h = F.relu(h)
+        idx = raw.test_idx.to(device)
+        return float((h[idx].argmax(-1) == raw.y.to(device)[idx]).float().mean())
+
+    reset_peak_memory(device)
+    train_time, curve, epoch_ts, reached = 0.0, [], [], None
+    for epoch in range(1, max_epochs + 1):
+        synchronize(device)
+        t = time.perf_counter()
+        for batch in loader:
+            batch = batch.to(device, non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            out = forward(batch.x, batch.edge_index, True)[: batch.batch_size]
+            F.cross_entropy(out, batch.y[: batch.batch_size]).backward()
+            opt.step()
+        synchronize(device)
+        dt = time.perf_counter() - t
+        train_time += dt
+        epoch_ts.append(dt)
+        acc = test_acc()
+        curve.append((train_time, acc))
+        if acc >= target:
+            reached = train_time
+            break
+        if train_time >= max_seconds:
+            break
+    return {"status": "ok", "epochs": len(curve), "epoch_s": statistics.median(epoch_ts),
+            "time_to_target_s": reached, "best_test_acc": max(a for _, a in curve),
+            "peak_device_bytes": peak_device_memory_bytes(device), "curve": curve}
+
+
+# --------------------------------------------------------------------------- report
+def _markdown(res: dict) -> str:
+    lines = [f"# ScaleGNN vs PyG on one {res['device']['name']}", "",
+             f"Command: `{res['command']}`; torch {res['machine']['torch']}, CUDA {res['device']['cuda_version']}, "
+             f"host load {res['machine']['load_avg_1m']}.", ""]
+    s = res.get("sampler")
+    if s:
+        verdict = {True: "met", False: "NOT met", None: "not this size"}[s["met"]]
+        lines += [f"## Sampler step (Algorithm 2), N = {s['n']:,}, nnz = {s['nnz']:,}, B = {s['batch']:,}", "",
+                  markdown_table(["", "ms (median)"], [
+                      [f"{s['device']}, one block (torch path)", s["device_block_ms"]],
+                      [f"{s['device']}, the engine's whole sample step", s["device_step_ms"]],
+                      [f"CPU kernel ({s['cpu_backend']}, {s['cpu_threads']} threads), one block", s["cpu_block_ms"]]]),
+                  "", f"Identical blocks: {s['identical_blocks']}. Target (N = 10^6, nnz = 2x10^7, B = 10^5): "
+                      f"step <= 1 ms: {verdict}.", ""]
+    g = res.get("graph")
+    if g:
+        lines += [f"## Graph: {g['num_nodes']:,} vertices, {g['undirected_edges']:,} edges, {g['features']} features, "
+                  f"{g['classes']} classes (generated in {g['generate_s']:.0f} s)", ""]
+    head = ["system", "epoch (s)", "epochs", f"time to {100 * res['target']:.0f}% (s)", "best test acc",
+            "peak GPU memory (GiB)"]
+    body = []
+    for key, label in (("scalegnn", "ScaleGNN (1 GPU)"), ("pyg_gcn", "PyG full-batch GCN"),
+                       ("pyg_sage", "PyG neighbor sampling")):
+        r = res.get(key)
+        if not r:
+            continue
+        if r.get("status") == "unavailable":
+            body.append([label, "-", "-", "-", "-", r["reason"]])
+            continue
+        ttt = r.get("time_to_target_s")
+        body.append([label, r["epoch_s"], r["epochs"], "not reached" if ttt is None else ttt,
+                     r["best_test_acc"], (r.get("peak_device_bytes") or 0) / 2**30])
+    if body:
+        lines += ["## Time to target", "", markdown_table(head, body), ""]
+    ratio = res.get("ratio_vs_pyg_gcn")
+    if ratio is not None:
+        lines += [f"ScaleGNN's time to target is {ratio:.2f} of PyG full-batch GCN's (target <= 0.33: "
+                  f"{'met' if ratio <= 1 / 3 else 'NOT met'}).", ""]
+    sg = res.get("scalegnn")
+    if sg and sg.get("breakdown_s"):
+        b = sg["breakdown_s"]
+        lines += ["## ScaleGNN epoch breakdown (Fig. 5 style, seconds per epoch, CUDA events)", "",
+                  markdown_table(list(b), [[b[k] for k in b]]), ""]
+    return "\n".join(lines)
+
+
+def _save(out: Path, res: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "gpu.md").write_text(_markdown(res) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="results/bench/gpu")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--nodes", type=int, default=2_400_000)
+    ap.add_argument("--avg-degree", type=float, default=52.0)
+    ap.add_argument("--features", type=int, default=100)
+    ap.add_argument("--classes", type=int, default=47)
+    ap.add_argument("--target", type=float, default=0.90, help="test accuracy to reach (fraction)")
+    ap.add_argument("--max-epochs", type=int, default=60)
+    ap.add_argument("--max-seconds", type=float, default=120.0, help="training-time budget per system")
+    ap.add_argument("--lr", type=float, default=0.003, help="ScaleGNN's AdamW learning rate")
+    ap.add_argument("--no-compile", action="store_true", help="ScaleGNN without torch.compile of the fused tail")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip: sampler,scalegnn,pyg_gcn,pyg_sage")
+    ap.add_argument("--sampler-size", default="1000000,20000000,100000", metavar="N,NNZ,B",
+                    help="the sampler section's matrix and batch (the issue's target is stated for the default)")
+    args = ap.parse_args(argv)
+    from scalegnn.device import resolve_device
+
+    device = resolve_device(args.device)
+    skip = set(filter(None, args.skip.split(",")))
+    out = Path(args.out)
+    res = {"command": "python3 -m benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "machine": _machine(), "device": device_info(device), "target": args.target, "settings": vars(args)}
+    if "sampler" not in skip:
+        n, nnz, b = (int(v) for v in args.sampler_size.split(","))
+        res["sampler"] = sampler_section(device, n, nnz, b)
+        _save(out, res)
+    raw, norm, res["graph"] = make_graph(args.nodes, args.avg_degree, args.features, args.classes)
+    _save(out, res)
+    if "scalegnn" not in skip:
+        res["scalegnn"] = scalegnn_section(norm, res["graph"], device, args.target, args.max_epochs, args.lr,
+                                           not args.no_compile)
+        _save(out, res)
+    if "pyg_gcn" not in skip:
+        res["pyg_gcn"] = pyg_gcn_section(norm, device, args.target, args.max_epochs * 20, args.max_seconds)
+        _save(out, res)
+    if "pyg_sage" not in skip:
+        res["pyg_sage"] = pyg_sage_section(raw, device, args.target, args.max_epochs, args.max_seconds)
+    a, b = (res.get(k, {}).get("time_to_target_s") for k in ("scalegnn", "pyg_gcn"))
+    res["ratio_vs_pyg_gcn"] = a / b if a is not None and b else None
+    _save(out, res)
+    print(_markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
