@@ -40,7 +40,7 @@ from scalegnn import records
 from scalegnn.engine import accuracy_counts
 from scalegnn.graph import Graph
 from scalegnn.device import (check_device_spec, peak_device_memory_bytes, peak_memory_bytes, peak_rss_bytes,
-                             resolve_device)
+                             resolve_device, synchronize)
 from scalegnn.train import DivergedError, _summarize, summary_line
 
 __all__ = [
@@ -128,12 +128,16 @@ class EpochStats:
 def backward_and_step(optimizer, loss: torch.Tensor, components: dict, forward_start: float) -> None:
     """Backward and optimizer step of one training step, timed: the seconds since
     ``forward_start`` go to ``components["forward_backward"]``, the step's to
-    ``components["optimizer"]`` (DDP's gradient all-reduce runs inside backward)."""
+    ``components["optimizer"]`` (DDP's gradient all-reduce runs inside backward). On a
+    GPU the clock is read after the device has finished, so the times are the work's,
+    not its launch's."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    synchronize(loss.device)
     t = time.perf_counter()
     components["forward_backward"] += t - forward_start
     optimizer.step()
+    synchronize(loss.device)
     components["optimizer"] += time.perf_counter() - t
 
 

@@ -101,11 +101,11 @@ class SpanTimer:
             return
         if self._cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(torch.cuda.current_stream(self.device))
             try:
                 yield
             finally:
-                end.record()
+                end.record(torch.cuda.current_stream(self.device))
                 self._events.append((name, start, end))
         else:
             t0 = time.perf_counter()
@@ -119,13 +119,22 @@ class SpanTimer:
             self.seconds[name] += seconds
 
     def flush(self) -> dict[str, float]:
-        """Resolve pending GPU events (no-op on CPU); returns the totals."""
+        """Resolve pending GPU events, waiting for the last one (no-op on CPU); returns the totals."""
         if self._events:
             self._events[-1][2].synchronize()
-            for name, start, end in self._events:
-                self.seconds[name] += start.elapsed_time(end) / 1e3
-            self._events.clear()
+            self.poll()
         return self.seconds
+
+    def poll(self) -> None:
+        """Resolve the GPU event pairs that have completed, without waiting (events of
+        one stream complete in order), so a long epoch does not keep every pair alive."""
+        done = 0
+        for name, start, end in self._events:
+            if not end.query():
+                break
+            self.seconds[name] += start.elapsed_time(end) / 1e3
+            done += 1
+        del self._events[:done]
 
     def reset(self) -> None:
         self.seconds.clear()
@@ -146,26 +155,28 @@ class _Job:
 class Prefetcher:
     """Runs ``produce(step)`` for the next step in a background thread (paper V-A).
 
-    ``get(step)`` returns ``produce(step)``, from the prefetched job when it is the
-    one asked for (waiting for it to finish) or computed in the caller's thread
-    otherwise, and then starts ``produce(step + 1)``. Training steps count up across
-    epochs, so the last step of an epoch prefetches the first of the next. The result
-    never depends on prefetching: ``produce`` must be a pure function of the step
-    (the samplers are), and one job runs at a time, so its state is never shared.
+    ``get(step)`` returns ``produce(step)``: the prefetched job when it is the one
+    asked for (waiting for it to finish), else (the first step, or a jump such as a
+    resume) a job submitted now and waited for; then it submits ``produce(step + 1)``.
+    Every call of ``produce`` runs on the worker thread, one at a time, in order, so
+    the producer's state (the sampler's compact column maps) is only ever touched
+    there. Training steps count up across epochs, so the last step of an epoch
+    prefetches the first of the next. The result never depends on prefetching:
+    ``produce`` must be a pure function of the step (the samplers are).
 
-    On GPU the job runs on a side CUDA stream, ordered against the training stream
-    by events in both directions, without the host ever waiting for the GPU:
+    On GPU the worker thread runs on the device's side stream, ordered against the
+    training stream by events in both directions, without the host ever waiting for
+    the GPU:
 
-    * before: the job's stream waits for an event recorded on the consumer's stream
-      when the job was submitted, so the job sees everything training queued
-      before it (the sampler reuses device state, e.g. its compact column maps,
-      last written by the previous step's extraction, possibly on the training
-      stream: without this wait the job would race those writes);
-    * after: ``get`` makes the consumer's stream wait for the event the job
-      recorded at its end (``wait_event``: the GPU waits, not the host), and marks
-      every tensor of the batch as used by that stream (``record_stream``), so the
-      caching allocator does not hand their memory to the side stream's next job
-      while training still reads them.
+    * before: a job's stream waits for an event recorded on the consumer's stream
+      when the job was submitted, so the job sees everything training queued before
+      it (without this wait a job would race, say, training's writes to a buffer
+      the producer reads);
+    * after: ``get`` makes the consumer's stream wait for the event the job recorded
+      at its end (``wait_event``: the GPU waits, not the host), and marks every
+      tensor of the batch (the arrays inside sparse ones included) as used by that
+      stream (``record_stream``), so the caching allocator does not hand their memory
+      to the side stream's next job while training still reads them.
 
     On CPU the thread overlaps with training because torch and the numba kernel
     release the GIL.
@@ -189,6 +200,9 @@ class Prefetcher:
 
     # worker side
     def _loop(self) -> None:
+        if self._cuda:  # a new thread starts on GPU 0 and the default stream: this one's are the job's
+            torch.cuda.set_device(self.device)
+            torch.cuda.set_stream(self._stream)
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
@@ -199,12 +213,11 @@ class Prefetcher:
             t0 = time.perf_counter()
             try:
                 if self._cuda:
-                    with torch.cuda.stream(self._stream):
-                        if job.ready is not None:
-                            self._stream.wait_event(job.ready)
-                        job.result = self.produce(job.step)
-                        job.event = torch.cuda.Event()
-                        job.event.record(self._stream)
+                    if job.ready is not None:
+                        self._stream.wait_event(job.ready)
+                    job.result = self.produce(job.step)
+                    job.event = torch.cuda.Event()
+                    job.event.record(self._stream)
                 else:
                     job.result = self.produce(job.step)
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer
@@ -213,7 +226,7 @@ class Prefetcher:
             job.done.set()
 
     # consumer side
-    def _submit(self, step: int) -> None:
+    def _submit(self, step: int) -> _Job:
         ready = None
         if self._cuda:  # the job starts after the work queued so far on the consumer's stream
             ready = torch.cuda.Event()
@@ -221,30 +234,28 @@ class Prefetcher:
         job = _Job(step, ready)
         with self._cond:
             if self._closed:
-                return
+                raise RuntimeError("Prefetcher is closed")
             self._queue.append(job)
-            self._pending = job
             self._cond.notify()
+        return job
 
     def get(self, step: int):
         """``produce(step)``; then starts ``produce(step + 1)`` in the background."""
         if self._closed:
             raise RuntimeError("Prefetcher is closed")
         job, self._pending = self._pending, None
-        if job is not None:
-            job.done.wait()  # a job for another step still runs: let it finish first
-            self.background_seconds += job.seconds
-        if job is not None and job.step == step:
-            if job.error is not None:
-                raise job.error
-            result = job.result
-            if self._cuda and job.event is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_event(job.event)
-                _record_stream(result, current)
-        else:  # first step, or a jump (resume, evaluation order): compute here
-            result = self.produce(step)
-        self._submit(step + 1)
+        if job is None or job.step != step:  # first step, or a jump: after any job in flight, on the same stream
+            job = self._submit(step)
+        job.done.wait()
+        self.background_seconds += job.seconds
+        if job.error is not None:
+            raise job.error
+        result = job.result
+        if self._cuda:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(job.event)
+            _record_stream(result, current)
+        self._pending = self._submit(step + 1)
         return result
 
     def close(self, timeout: float = 30.0) -> None:
@@ -268,11 +279,26 @@ class Prefetcher:
             pass
 
 
+_SPARSE_PARTS = {
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_coo: ("_indices", "_values"),
+}
+
+
 def _record_stream(obj, stream, _seen=None) -> None:
-    """``tensor.record_stream(stream)`` for every CUDA tensor reachable in ``obj``."""
+    """``tensor.record_stream(stream)`` for every CUDA tensor reachable in ``obj``. A
+    sparse tensor has no ``record_stream`` of its own: its index and value arrays,
+    which alias its storage, are recorded instead."""
     if isinstance(obj, torch.Tensor):
         if obj.is_cuda:
-            obj.record_stream(stream)
+            if obj.layout == torch.strided:
+                obj.record_stream(stream)
+            else:
+                for part in _SPARSE_PARTS[obj.layout]:
+                    getattr(obj, part)().record_stream(stream)
         return
     _seen = set() if _seen is None else _seen
     if id(obj) in _seen:

@@ -171,6 +171,12 @@ class CSRBlock:
     def nnz(self) -> int:
         return self.indices.numel()
 
+    def storage_key(self) -> tuple:
+        """Equal for blocks that are the same stored matrix block: the same arrays over
+        the same row and column ranges (coinciding rotation planes share one block, in
+        memory and as loaded back from a shard file)."""
+        return self.indices.data_ptr(), self.row_start, self.row_end, self.col_start, self.col_end
+
     def to(self, device) -> "CSRBlock":
         """The same block with its arrays on ``device``."""
         return CSRBlock(self.indptr.to(device), self.indices.to(device), self.values.to(device), self.row_start,
@@ -243,12 +249,13 @@ def _csr(indptr, indices, values, shape) -> torch.Tensor:
 
 
 def _transpose_csr(rows, cols, vals, n_cols):
-    """CSR of the transpose from row-major (rows, cols, vals) triples: a counting sort
-    by column (stable, so rows stay sorted inside each column)."""
-    order = torch.sort(cols, stable=True).indices
-    t_ptr = torch.zeros(n_cols + 1, dtype=torch.int64, device=cols.device)
-    torch.cumsum(torch.bincount(cols, minlength=n_cols), 0, out=t_ptr[1:])
-    return t_ptr, rows.index_select(0, order), vals.index_select(0, order)
+    """CSR of the transpose from row-major (rows, cols, vals) triples: a stable sort by
+    column (rows stay sorted inside each column) and the column starts found in the
+    sorted columns by binary search (a bincount would read the column range back to
+    the host on a GPU)."""
+    sorted_cols, order = torch.sort(cols, stable=True)
+    t_ptr = torch.searchsorted(sorted_cols, torch.arange(n_cols + 1, dtype=sorted_cols.dtype, device=cols.device))
+    return t_ptr.to(torch.int64), rows.index_select(0, order), vals.index_select(0, order)
 
 
 def _row_runs(indptr: torch.Tensor, rows: torch.Tensor, nnz: int):
@@ -307,6 +314,18 @@ def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     new_ptr[1:] = torch.cumsum(indptr[rows + 1] - indptr[rows], 0)
     return torch.sparse_csr_tensor(new_ptr, x.col_indices()[flat], x.values()[flat], (rows.numel(), x.shape[1]),
                                    check_invariants=False)
+
+
+def csr_transpose(x: torch.Tensor) -> torch.Tensor:
+    """The CSR of ``x^T`` for a CSR matrix ``x``. The input projection's weight gradient
+    is ``X^T dZ``: with ``X^T`` as CSR it is a CSR x dense product on every device (a
+    transposed CSR is CSC, which CUDA converts back to CSR inside the product on every
+    call, waiting for the host)."""
+    crow, n_rows = x.crow_indices(), x.shape[0]
+    rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1],
+                                   output_size=x.values().numel())
+    t_ptr, t_rows, t_vals = _transpose_csr(rows, x.col_indices(), x.values(), x.shape[1])
+    return _csr(t_ptr, t_rows, t_vals, (x.shape[1], n_rows))
 
 
 # Sampler kernel: "auto" takes the compiled CPU kernel (numba, optional) for CPU
@@ -449,7 +468,10 @@ def extract_block(
     if scale != 1.0:
         off_diag = (cols_c - rows_c != r_lo - c_lo) if rkey is None else \
             (rkey.index_select(0, rows_c) != ckey.index_select(0, cols_c))
-        vals = torch.where(off_diag, vals / scale, vals)
+        # Divide by a 0-dim tensor, not a Python float: CUDA turns division by a host scalar
+        # into a multiplication by its reciprocal, 1 ulp off the CPU kernels on a third of
+        # the values; tensor division is exact division on every device.
+        vals = torch.where(off_diag, vals / vals.new_full((), scale), vals)
     t_ptr, t_rows, t_vals = _transpose_csr(rows_c, cols_c, vals, n_cols)
     adj = _csr(fwd_ptr, cols_c, vals, (n_rows, n_cols))
     adj_t = _csr(t_ptr, t_rows, t_vals, (n_cols, n_rows))

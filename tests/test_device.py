@@ -292,9 +292,9 @@ def test_prefetch_stream_waits_for_training_and_training_waits_for_it():
 
     pf = Prefetcher(produce, dev)
     try:
-        torch.cuda._sleep(cycles)  # the training stream is busy ...
-        buf.fill_(1.0)  # ... before it writes what the job of step 1 must see
-        pf.get(0)  # step 0 is made inline; step 1 is submitted after the fill
+        torch.cuda._sleep(3 * cycles)  # the training stream is busy for longer than a job ...
+        buf.fill_(1.0)  # ... before it writes what the jobs of steps 0 and 1 must see
+        pf.get(0)  # step 1 is submitted after the fill; unordered, it would copy buf after job 0's sleep
         seen1, _ = pf.get(1)
         assert float(seen1.min()) == 1.0  # the job's stream waited for the training stream
         _, out2 = pf.get(2)  # the side stream still sleeps before it fills out2

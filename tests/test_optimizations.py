@@ -163,7 +163,7 @@ def test_prefetcher_order_errors_and_shutdown():
     before = threading.active_count()
     pf = Prefetcher(produce)
     assert [pf.get(s) for s in range(4)] == [0, 10, 20, 30]
-    assert pf.get(5) == 50  # a jump: the prefetched step 4 is dropped, 5 computed here
+    assert pf.get(5) == 50  # a jump: the prefetched step 4 is dropped, 5 produced now
     assert any(name == "scalegnn-prefetch" for _, name in seen)
     pf.get(6)  # prefetches 7, which fails in the thread ...
     with pytest.raises(RuntimeError, match="boom at 7"):

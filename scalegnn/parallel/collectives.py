@@ -77,6 +77,10 @@ class CommStats:
         """Add the elapsed time of pending GPU event pairs (waits for the last one)."""
         self._timer.flush()
 
+    def poll(self) -> None:
+        """Add the elapsed time of the GPU event pairs already completed (never waits)."""
+        self._timer.poll()
+
     def snapshot(self) -> dict:
         self.flush()
         return {"bytes": dict(self.bytes), "calls": dict(self.calls), "seconds": dict(self.seconds)}

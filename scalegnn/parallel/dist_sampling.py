@@ -28,20 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from ..device import to_device
-from ..sampling import (CompactIndexMap, SampledBlock, block_bounds, extract_block, inclusion_probability,
-                        resolve_batch_size, sample_vertices, select_rows, training_features)
+from ..sampling import (CompactIndexMap, SampledBlock, block_bounds, csr_transpose, extract_block,
+                        inclusion_probability, resolve_batch_size, sample_vertices, select_rows, training_features)
 from .grid import PMM_AXES, ProcessGrid
 from .layout import RowPartition
 from .sharding import RankShard
 
 __all__ = ["ShardedBatch", "DistributedSampler"]
-
-
-def _same_block(blk) -> tuple:
-    """Planes with this key hold the same matrix block: the same stored arrays over the
-    same row and column ranges (one block shared by coinciding planes, in memory or as
-    loaded back from a shard file)."""
-    return blk.indices.data_ptr(), blk.row_start, blk.row_end, blk.col_start, blk.col_end
 
 
 @dataclass
@@ -65,6 +58,7 @@ class ShardedBatch:
     val_mask: dict | None = None
     test_mask: dict | None = None
     alt: "AltBatch | None" = None  # double permutation only
+    x_t: torch.Tensor | None = None  # (Fz, Br_x) CSR of x^T when x is sparse (the input projection's dW)
 
     @property
     def batch_size(self) -> int:
@@ -119,11 +113,11 @@ class DistributedSampler:
         def maps(blocks):
             if not use_index_map:
                 return [None] * 3
-            made = {}  # planes that are one block (see _same_block) share their map
+            made = {}  # planes that are one block (CSRBlock.storage_key) share their map
             for b in blocks:
-                if _same_block(b) not in made:
-                    made[_same_block(b)] = CompactIndexMap(b.col_end - b.col_start, b.col_start, b.indices.device)
-            return [made[_same_block(b)] for b in blocks]
+                if b.storage_key() not in made:
+                    made[b.storage_key()] = CompactIndexMap(b.col_end - b.col_start, b.col_start, b.indices.device)
+            return [made[b.storage_key()] for b in blocks]
 
         self.index_maps = maps(shard.adj)
         self.alt_maps = (maps(shard.alt.adj), maps(shard.alt.adj_t)) if shard.alt is not None else None
@@ -177,15 +171,16 @@ class DistributedSampler:
         else:
             done: dict = {}  # a block shared by several planes is extracted once
             for blk, m in zip(sh.adj, index_maps):
-                if _same_block(blk) not in done:
+                if blk.storage_key() not in done:
                     bounds = block_bounds(blk, host_nodes) if host_nodes is not None else \
                         (blk.row_start, blk.row_end, blk.col_start, blk.col_end)
-                    done[_same_block(blk)] = extract_block(blk, nodes, scale, m, backend=self.backend, bounds=bounds)
-            adj = tuple(done[_same_block(blk)] for blk in sh.adj)
+                    done[blk.storage_key()] = extract_block(blk, nodes, scale, m, backend=self.backend, bounds=bounds)
+            adj = tuple(done[blk.storage_key()] for blk in sh.adj)
         lo, hi = rows.block("x")
         x = select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
         return ShardedBatch(
-            step=step, nodes=nodes, rows=rows, adj=adj, x=x, y=self._slice(nodes, rows, sh.y),
+            step=step, nodes=nodes, rows=rows, adj=adj, x=x, x_t=csr_transpose(x) if x.is_sparse_csr else None,
+            y=self._slice(nodes, rows, sh.y),
             train_mask=self._slice(nodes, rows, sh.train_mask), scale=scale,
             val_mask=self._slice(nodes, rows, sh.val_mask) if with_eval_masks else None,
             test_mask=self._slice(nodes, rows, sh.test_mask) if with_eval_masks else None, alt=alt,

@@ -115,6 +115,8 @@ class ParallelEngine:
 
                 sigma = double_sigma(graph.num_nodes, seed)
             shard = build_rank_shard(graph, grid, sigma=sigma)
+        if device.type == "cuda":  # this thread's current device: streams, events and allocations default to it
+            torch.cuda.set_device(device)
         shard = shard.to(device)
         self.grid, self.shard, self.seed, self.perf, self.device = grid, shard, seed, perf, device
         self.dp_index = grid.axis_index("dp")
@@ -289,6 +291,9 @@ class ParallelEngine:
                 self.optimizer.step()
                 if self.scheduler is not None:  # the schedule follows the step index
                     self.scheduler.step()
+        if step % 64 == 63:  # fold the GPU timings already done, without waiting: few live events
+            for timer in (self._phases, self._timer, self._stats):
+                timer.poll()
         self._profiler.step()
         return StepResult(stats)
 

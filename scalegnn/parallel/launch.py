@@ -140,6 +140,10 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
     info = detect_env()
     dev = resolve_device(device or "auto", info.local_rank)
     info = dataclasses.replace(info, backend=resolve_backend(backend or "auto", dev), device=str(dev))
+    if info.backend == "nccl" and info.local_rank >= torch.cuda.device_count():
+        raise ValueError(f"local rank {info.local_rank} has no GPU of its own ({torch.cuda.device_count()} on this "
+                         "node) and NCCL runs one rank per GPU: launch at most one rank per GPU per node, or use "
+                         "--backend gloo (slow) or --device cpu")
     if info.source == "single" or dist.is_initialized():
         return info
     init_process_group(info.backend, dev, init_method=f"tcp://{info.master_addr}:{info.master_port}",
@@ -242,7 +246,9 @@ def _worker(rank, world, port, timeout_s, threads, conn, fn, args, parent_pid=No
         torch.set_num_threads(threads)
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False, timeout=timeout)
-        # A local worker's local rank is its rank: NCCL ranks take one GPU each.
+        # A local worker's local rank is its rank (whatever a surrounding job's variables say,
+        # e.g. SLURM_LOCALID of a one-task allocation): NCCL ranks take one GPU each.
+        os.environ["LOCAL_RANK"] = str(rank)
         device = torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else None
         init_process_group(backend, device, store=store, rank=rank, world_size=world, timeout=timeout)
         result = fn(rank, world, *args)
@@ -566,6 +572,9 @@ def local_backend(cfg, nproc: int) -> str:
 
     device = resolve_device(cfg.device, local_rank=0)
     backend = resolve_backend(cfg.backend, device)
+    if backend == "nccl" and nproc > 1 and ":" in cfg.device:
+        raise ValueError(f"--device {cfg.device} with --nproc {nproc}: NCCL runs one rank per GPU, so the ranks "
+                         "take GPUs 0..N-1; use --device cuda (or auto), or --backend gloo to share one GPU")
     if backend == "nccl" and nproc > torch.cuda.device_count():
         raise ValueError(f"--nproc {nproc} on {torch.cuda.device_count()} GPU(s): NCCL runs one rank per GPU; "
                          f"use --nproc {torch.cuda.device_count()} or fewer, --backend gloo to let ranks share "

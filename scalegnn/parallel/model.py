@@ -141,7 +141,8 @@ class ParallelScaleGNN(nn.Module):
                              "would need an all-to-all row permutation per layer (Plexus' model has none)")
         defer = pc.overlap and pc is getattr(self, "_defer_pc", None) and torch.is_grad_enabled()
         # X_h0 = AR_z(X_in[x, z] W_in[z, y]) on (x, y); dW_in summed over x (Eq. 18).
-        x = sharded_gemm(batch.x, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x", defer_dw=defer)
+        x = sharded_gemm(batch.x, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x", defer_dw=defer,
+                         h_t=batch.x_t)
         for layer in range(cfg.layers):
             lay = layer_layout(layer)
             if alt is None:

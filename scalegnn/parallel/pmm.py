@@ -139,9 +139,10 @@ class _ShardedGEMM(torch.autograd.Function):
     dH = AllReduce_r(dZ W^T) (Eq. 16) and dW = AllReduce_t(H^T dZ) (Eq. 15)."""
 
     @staticmethod
-    def forward(ctx, h, w, pc: ParallelContext, reduce_axis: str, dh_axis: str, dw_axis: str, defer_dw: bool):
+    def forward(ctx, h, w, pc: ParallelContext, reduce_axis: str, dh_axis: str, dw_axis: str, defer_dw: bool,
+                h_t=None):
         ctx.save_for_backward(h, w)
-        ctx.pc, ctx.dh_axis, ctx.dw_axis, ctx.defer_dw = pc, dh_axis, dw_axis, defer_dw
+        ctx.pc, ctx.dh_axis, ctx.dw_axis, ctx.defer_dw, ctx.h_t = pc, dh_axis, dw_axis, defer_dw, h_t
         with pc.time("gemm"):
             z = h @ w
         return pc.reduce_pmm(z, reduce_axis)
@@ -159,17 +160,17 @@ class _ShardedGEMM(torch.autograd.Function):
             else:
                 grad_h = pc.reduce_pmm(grad_h, ctx.dh_axis)
         if ctx.needs_input_grad[1]:
-            with pc.time("gemm"):
-                grad_w = (h.t() @ grad_z).contiguous()  # partial over the row blocks of H (axis dw_axis)
+            with pc.time("gemm"):  # partial over the row blocks of H (axis dw_axis)
+                grad_w = (h.t() @ grad_z if ctx.h_t is None else torch.sparse.mm(ctx.h_t, grad_z)).contiguous()
             if not ctx.defer_dw:  # deferred: the caller's hook reduces it after accumulation
                 grad_w = pc.reduce_pmm(grad_w, ctx.dw_axis)
         if pending_h is not None:
             grad_h = pending_h.wait()
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def sharded_gemm(h: torch.Tensor, w: torch.Tensor, pc: ParallelContext, reduce_axis: str, dh_axis: str,
-                 dw_axis: str, defer_dw: bool = False) -> torch.Tensor:
+                 dw_axis: str, defer_dw: bool = False, h_t: torch.Tensor | None = None) -> torch.Tensor:
     """Dense 3D PMM: ``h`` on (t, c), ``w`` on (c, r) -> (t, r), replicated along c.
 
     ``reduce_axis`` = c (inner dim), ``dh_axis`` = r (W's columns), ``dw_axis`` = t
@@ -181,8 +182,11 @@ def sharded_gemm(h: torch.Tensor, w: torch.Tensor, pc: ParallelContext, reduce_a
     all-reduce over ``dw_axis`` to the caller (a post-accumulate-grad hook on the
     parameter that calls :meth:`ParallelContext.reduce_weight_grad`), so the weight-
     gradient sync overlaps with the rest of backward (paper V-D).
+
+    ``h_t``: the CSR of ``h^T`` when ``h`` is a sparse CSR input (the features): dW
+    is then the CSR x dense product ``h_t @ dZ`` (see :func:`scalegnn.sampling.csr_transpose`).
     """
-    return _ShardedGEMM.apply(h, w, pc, reduce_axis, dh_axis, dw_axis, defer_dw)
+    return _ShardedGEMM.apply(h, w, pc, reduce_axis, dh_axis, dw_axis, defer_dw, h_t)
 
 
 # ------------------------------------------------------------------------------ reshard

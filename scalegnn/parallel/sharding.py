@@ -96,9 +96,9 @@ class RankShard:
 
         def blocks(bs):
             for b in bs:
-                if id(b) not in moved:
-                    moved[id(b)] = b.to(device)
-            return tuple(moved[id(b)] for b in bs)
+                if b.storage_key() not in moved:
+                    moved[b.storage_key()] = b.to(device)
+            return tuple(moved[b.storage_key()] for b in bs)
 
         alt = None
         if self.alt is not None:
