@@ -39,12 +39,24 @@ class _StdoutHandler(logging.StreamHandler):
 
     def __init__(self, stream=None):
         super().__init__(stream if stream is not None else sys.stdout)
-        self.follow = stream is None
+        self.use(stream)
+
+    def use(self, stream=None) -> None:
+        """Write to ``stream`` from now on (None: follow ``sys.stdout``); the previous
+        stream is neither flushed nor kept (it may be closed by now)."""
+        with self.lock:
+            self.follow = stream is None
+            self.stream = stream
 
     def emit(self, record):
-        if self.follow:
+        if not self.follow:
+            return super().emit(record)
+        with self.lock:
             self.stream = sys.stdout
-        super().emit(record)
+            try:
+                super().emit(record)
+            finally:
+                self.stream = None
 
 
 def configure_logging(level: str | int = "INFO", stream=None) -> logging.Logger:
@@ -67,8 +79,7 @@ def configure_logging(level: str | int = "INFO", stream=None) -> logging.Logger:
         logger.addHandler(handler)
         logger.propagate = False  # one copy of each line, whatever the root logger has
     elif stream is not None:
-        handler.setStream(stream)
-        handler.follow = False
+        handler.use(stream)
     return logger
 
 
