@@ -25,7 +25,7 @@ DGL_VENV  ?= .venv-dgl
 DGL_SPEC  ?= torch==2.1.2 dgl==2.1.0 torchdata==0.7.1 "numpy<2" pandas pyyaml pydantic
 DGL_STAMP := $(DGL_VENV)/.installed-$(shell echo '$(DGL_SPEC)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test env bench clean-env dgl-env
+.PHONY: demo test test-slurm env bench clean-env dgl-env
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -53,6 +53,13 @@ demo: $(STAMP)
 
 test: $(STAMP) $(DGL_STAMP)
 	$(PY) -m pytest -q
+
+# The real-scheduler tier (not part of `make test`): a one-node SLURM cluster with munge
+# started on this machine by tests/slurm/localslurm.sh (root; apt-get installs slurm-wlm
+# and munge when missing), the sweep tests run against it, the daemons stopped by pid.
+# SCALEGNN_SLURM_CONF=<slurm.conf> uses a cluster that already runs instead.
+test-slurm: $(STAMP)
+	$(PY) -m pytest -q -m slurm tests/test_slurm.py
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only
