@@ -71,6 +71,9 @@ def configure_logging(level: str | int = "INFO", stream=None) -> logging.Logger:
         level = getattr(logging, name)
     logger = logging.getLogger("scalegnn")
     logger.setLevel(level)
+    # Worker processes (``--nproc``'s spawned ranks) start without this configuration:
+    # they read the level from the environment they inherit (EpochLogger configures them).
+    os.environ["SCALEGNN_LOG_LEVEL"] = logging.getLevelName(level)
     handler = next((h for h in logger.handlers if h.get_name() == _HANDLER_NAME), None)
     if handler is None:
         handler = _StdoutHandler(stream)
@@ -81,6 +84,14 @@ def configure_logging(level: str | int = "INFO", stream=None) -> logging.Logger:
     elif stream is not None:
         handler.use(stream)
     return logger
+
+
+def _ensure_configured() -> None:
+    """Give the ``scalegnn`` logger its handler in a process where nothing configured
+    logging (a spawned rank): otherwise its INFO lines would be dropped. A process
+    whose root logger has handlers (an application, pytest) keeps its own set-up."""
+    if not logging.getLogger("scalegnn").handlers and not logging.getLogger().handlers:
+        configure_logging(default_log_level())
 
 
 def mode_from_progress(progress: bool | None) -> str:
@@ -122,6 +133,8 @@ class EpochLogger:
             out = stream if stream is not None else sys.stderr
             mode = "bar" if hasattr(out, "isatty") and out.isatty() else "lines"
         self.mode = mode
+        if mode == "lines":
+            _ensure_configured()
         if mode == "bar":
             from tqdm import tqdm
 

@@ -2,6 +2,7 @@
 
 import io
 import logging
+import os
 
 import pytest
 
@@ -21,8 +22,10 @@ class _Tty(io.StringIO):
 
 
 @pytest.fixture
-def logged():
-    """The scalegnn logger writing into a buffer (restored afterwards)."""
+def logged(monkeypatch):
+    """The scalegnn logger writing into a buffer (restored afterwards, and the level
+    that configure_logging exports for child processes too)."""
+    monkeypatch.delenv("SCALEGNN_LOG_LEVEL", raising=False)
     buf = io.StringIO()
     logger = configure_logging("INFO", stream=buf)
     yield buf
@@ -86,13 +89,31 @@ def test_log_level_flag_and_its_errors(capsys, monkeypatch):
     assert "--log-level (default $SCALEGNN_LOG_LEVEL) must be one of DEBUG, INFO, WARNING, ERROR, got 'CHATTY'" in err
 
 
-def test_configure_logging_adds_one_handler_and_leaves_the_root_logger_alone():
+def test_a_spawned_rank_logs_its_lines_at_the_inherited_level(tmp_path):
+    """A worker process (--nproc's ranks) never ran the CLI's configure_logging: the
+    EpochLogger configures it, at the level the parent exported."""
+    import subprocess
+    import sys
+
+    code = ("from scalegnn.progress import EpochLogger\n"
+            f"EpochLogger('scalegnn', 'd', 2, rank=0, mode='lines').epoch({ROWS[0]!r})\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for level, shown in (("INFO", True), ("WARNING", False)):
+        env["SCALEGNN_LOG_LEVEL"] = level
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert ("INFO scalegnn.progress: scalegnn d epoch 1/2: loss 1.5000" in out.stdout) == shown, out.stdout
+
+
+def test_configure_logging_adds_one_handler_and_leaves_the_root_logger_alone(monkeypatch):
+    monkeypatch.delenv("SCALEGNN_LOG_LEVEL", raising=False)
     root_before = list(logging.getLogger().handlers)
     a = configure_logging("INFO")
     b = configure_logging("ERROR")
     assert a is b and len([h for h in a.handlers if h.get_name() == "scalegnn-stdout"]) == 1
     assert a.level == logging.ERROR and not a.propagate
     assert logging.getLogger().handlers == root_before
+    assert os.environ["SCALEGNN_LOG_LEVEL"] == "ERROR"  # what spawned ranks inherit
     configure_logging("INFO")
 
 
