@@ -420,7 +420,7 @@ class SweepTask(_TaskBase):
         finally:
             PREEMPTION.disarm()
             ended.restore()
-        if ended.verdict is not None:  # a one-rank run records its failure and returns
+        if ended.verdict is not None and rc != 0:  # a one-rank run records its failure and returns
             return self._ended(env.global_rank, started, None, ended.verdict)
         if rc != 0:
             raise RuntimeError(f"scalegnn {' '.join(self.argv())} exited with status {rc} on rank {env.global_rank}")

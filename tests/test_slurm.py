@@ -12,8 +12,9 @@ srun), the staging job they depend on, records landing, a resubmission leaving d
 and queued runs alone, USR2 preemption -> checkpoint -> requeue -> a resumed run
 whose losses equal an uninterrupted run's (``==``), a real time limit (``--time 3``
 and SLURM's own USR2 120 s ahead) followed by ``scancel`` recorded as
-``cancelled``, a rank killed by SIGKILL recorded as ``failed``, and the fig7 sweep
-on stand-in graphs with its report. No timings are asserted.
+``cancelled``, a rank killed by SIGKILL recorded as ``failed``, DistDGL as one task
+on one node (refused on two; skipped without the DGL environment), and the fig7
+sweep on stand-in graphs with its report. No timings are asserted.
 """
 
 from __future__ import annotations
@@ -310,6 +311,41 @@ def test_a_rank_killed_mid_run_is_recorded_as_failed(cluster, tmp_path, data):
     _wait(lambda: not _squeue("%i", job), 120, "the job to leave the queue")
     again = _run(spec, out, data, dry_run=True)  # (a dry run: submits nothing)
     assert [r.key for r in again.todo] == [run.key] and not again.done
+
+
+def test_distdgl_runs_as_one_task_on_one_node_and_is_refused_on_two(cluster, tmp_path, data, monkeypatch):
+    """DistDGL starts its own servers and trainers: its job has one task (2 trainers inside
+    it, one record), and a run that would need two nodes is refused with the reason."""
+    dgl = os.environ.get("SCALEGNN_DGL_PYTHON") or str(REPO / ".venv-dgl" / "bin" / "python")
+    if not Path(dgl).is_file():
+        pytest.skip(f"no DGL environment ({dgl}); build it with `make dgl-env` or set SCALEGNN_DGL_PYTHON")
+    monkeypatch.setenv("SCALEGNN_DGL_PYTHON", dgl)  # the job inherits it
+    spec = tmp_path / "dgl.toml"
+    spec.write_text(f'''
+name = "dgl"
+figure = "demo"
+systems = ["distdgl"]
+seeds = [0]
+[train]
+epochs = 2
+eval-every = 2
+[[experiments]]
+cluster = "localslurm"
+dataset = "{SMALL}"
+gpus = [2, 16]
+''')
+    out = tmp_path / "out"
+    lines = []
+    first = _run(spec, out, data, lines)
+    assert [r.world_size for r in first.runs] == [2] and [r.world_size for r, _ in first.refused] == [16]
+    assert any("refused (1 run(s)): distdgl starts its servers and trainers on one host" in line for line in lines)
+    run = first.runs[0]
+    rec = records.read_record(_wait(lambda: _ok(out, run), 300, "the DistDGL run's ok record"))
+    assert rec["system"] == "distdgl" and rec["world_size"] == 2 and len(list(run_dir(out, run).glob("2*.json"))) == 1
+    logs = sorted(p.name for p in (out / ".submitit").rglob("*_log.out"))
+    assert logs and all("_0_log.out" in name for name in logs)  # one task: no task 1 log
+    manifest = json.loads((out / "dgl-localslurm.manifest").read_text())
+    assert [r["world_size"] for r in manifest["refused"]] == [16] and "127.0.0.1" in manifest["refused"][0]["reason"]
 
 
 def test_fig7_stand_in_sweep_on_slurm_then_the_report(cluster, tmp_path, data):
