@@ -33,7 +33,7 @@ GPU_PYTHON ?= python3
 GPU_TESTS  ?= tests/test_device.py tests/test_parallel_engine.py tests/test_parallel_pmm.py \
               tests/test_parallel_grid.py tests/test_optimizations.py tests/test_baselines_device.py
 
-.PHONY: demo test test-gpu bench-gpu env bench clean-env dgl-env
+.PHONY: demo test test-slurm test-gpu bench-gpu env bench clean-env dgl-env
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -61,6 +61,13 @@ demo: $(STAMP)
 
 test: $(STAMP) $(DGL_STAMP)
 	$(PY) -m pytest -q
+
+# The real-scheduler tier (not part of `make test`): a one-node SLURM cluster with munge
+# started on this machine by tests/slurm/localslurm.sh (root; apt-get installs slurm-wlm
+# and munge when missing), the sweep tests run against it, the daemons stopped by pid.
+# SCALEGNN_SLURM_CONF=<slurm.conf> uses a cluster that already runs instead.
+test-slurm: $(STAMP)
+	$(PY) -m pytest -q -m slurm tests/test_slurm.py
 
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m gpu -p no:cacheprovider $(GPU_TESTS)

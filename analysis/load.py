@@ -37,12 +37,29 @@ from scalegnn.records import RecordError, read_record
 __all__ = ["read_records", "read_manifests", "load_runs", "load_epochs", "runs_from_records"]
 
 
+# JSON files a sweep folder holds besides records (sweeps/launcher.py's layout):
+# checkpoints' meta.json, staged shards' manifest.json, Flux task files, submitit's
+# folder, and the job id a run was submitted as. They are not records, not skipped ones.
+NOT_RECORD_FOLDERS = frozenset({"checkpoint", "shards", ".flux", ".submitit"})
+NOT_RECORD_FILES = frozenset({"submitted.json"})
+
+
+def _sweep_bookkeeping(path: Path, root: Path) -> bool:
+    parts = path.relative_to(root).parts
+    return path.name in NOT_RECORD_FILES or any(p in NOT_RECORD_FOLDERS for p in parts[:-1])
+
+
 def read_records(folder) -> tuple[list[dict], list[tuple[str, str]]]:
     """All valid records under ``folder`` (recursively) and the (path, reason) of the rest.
 
-    Each record gets ``record_file`` (where it was read; not stored in the file)."""
+    Each record gets ``record_file`` (where it was read; not stored in the file). A
+    sweep's own bookkeeping files (:data:`NOT_RECORD_FOLDERS`, :data:`NOT_RECORD_FILES`)
+    are not read."""
     good, skipped = [], []
-    for path in sorted(Path(folder).rglob("*.json")):
+    root = Path(folder)
+    for path in sorted(root.rglob("*.json")):
+        if _sweep_bookkeeping(path, root):
+            continue
         try:
             record = read_record(path)
         except RecordError as exc:

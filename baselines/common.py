@@ -284,7 +284,20 @@ def finalize(record: dict, cfg: CommonConfig, peaks: list[tuple]) -> dict:
 
 
 def run_epochs(cfg: CommonConfig, trainer, record: dict) -> None:
-    """The epoch loop of ``scalegnn.train._train_epochs`` for a baseline trainer."""
+    """The epoch loop of ``scalegnn.train._train_epochs`` for a baseline trainer; rank 0
+    reports each epoch (:class:`scalegnn.progress.EpochLogger`: a bar on a terminal,
+    one log line per epoch in a batch job's output)."""
+    from scalegnn.progress import EpochLogger, mode_from_progress
+
+    progress = EpochLogger(cfg.system, cfg.dataset, cfg.epochs, world_info()[0], mode_from_progress(cfg.progress),
+                           steps_per_epoch=trainer.steps_per_epoch, batch_size=trainer.batch_size)
+    try:
+        _epochs(cfg, trainer, record, progress)
+    finally:
+        progress.close()
+
+
+def _epochs(cfg: CommonConfig, trainer, record: dict, progress) -> None:
     train_time = 0.0
     for epoch in range(1, cfg.epochs + 1):
         t0 = time.perf_counter()
@@ -309,9 +322,7 @@ def run_epochs(cfg: CommonConfig, trainer, record: dict) -> None:
             row["eval_time_s"] = all_reduce_sum([time.perf_counter() - t1], op=dist.ReduceOp.MAX)[0]
             row.update(train_acc=tr, val_acc=va, test_acc=te)
         record["epochs"].append(row)
-        if cfg.progress:
-            print(f"[{cfg.system}] epoch {epoch} loss {loss:.4f} test {row['test_acc']} "
-                  f"time {train_time:.2f}s", flush=True)
+        progress.epoch(row)
         if cfg.stop_at_target and cfg.target_acc is not None and (row["test_acc"] or 0.0) >= cfg.target_acc:
             break
 

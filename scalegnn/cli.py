@@ -69,7 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     loop.add_argument("--stop-at-target", action="store_true", help="stop once --target-acc is reached")
     loop.add_argument("--seed", type=int, default=0, help="seed for the split, the weights and the samples")
     loop.add_argument("--out", default="results/runs", help="folder for the run record")
-    loop.add_argument("--quiet", action="store_true", help="no progress bar")
+    loop.add_argument("--quiet", action="store_true",
+                      help="no progress bar (the per-epoch log lines stay: --log-level WARNING drops them)")
+    from .progress import LOG_LEVELS, default_log_level
+
+    loop.add_argument("--log-level", type=str.upper, default=default_log_level(), metavar="|".join(LOG_LEVELS),
+                      help="Python logging level of scalegnn's messages, e.g. the one line per epoch (rank 0) "
+                      "written when stderr is not a terminal (batch jobs); default $SCALEGNN_LOG_LEVEL or INFO")
     par = t.add_argument_group("parallelism")
     par.add_argument("--grid", type=_grid, default=(1, 1, 1, 1),
                      help="4D process grid GdxGxxGyxGz (data parallel x 3D PMM)")
@@ -252,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "log_level", None):
+            from .progress import configure_logging
+
+            configure_logging(args.log_level)
         if args.command == "train":
             return _cmd_train(args)
         if args.command == "data":

@@ -32,7 +32,7 @@ def run_demo(out_dir: str = "results/demo", data_root: str | None = None, epochs
     t0 = time.perf_counter()
     out = Path(out_dir)
     print(f"ScaleGNN demo: `scalegnn sweep {DEMO_SPEC} --cluster local --out {out}`, then `scalegnn report`\n")
-    result = sweep(DEMO_SPEC, "local", out, epochs=epochs)
+    result = sweep(DEMO_SPEC, "local", out, epochs=epochs, data_root=data_root)
     runs = load_runs(out)
     if not runs.empty:
         runs = runs[runs["status"] == "ok"].sort_values("run_id").groupby("run_key").tail(1)

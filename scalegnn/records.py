@@ -33,7 +33,9 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "failed", "diverged", "timeout", "running")
+# "cancelled": the scheduler stopped the job on request (scancel) before it finished;
+# "timeout": it reached its time limit with no requeue left (sweeps/launcher.py writes both).
+STATUSES = ("ok", "failed", "diverged", "timeout", "cancelled", "running")
 
 REQUIRED_FIELDS = (
     "schema_version", "run_id", "system", "dataset", "config", "grid", "world_size", "seed", "env",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -132,15 +131,6 @@ def prepare_graph(cfg: RunConfig) -> Graph:
 
         graph = graph.permute(random_permutation(graph.num_nodes, cfg.seed))
     return graph.gcn_normalize()
-
-
-def _progress(cfg: RunConfig, total: int, rank: int):
-    show = sys.stderr.isatty() if cfg.progress is None else cfg.progress
-    if not show or rank != 0:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=f"{cfg.system} {cfg.dataset}", unit="epoch", leave=False)
 
 
 def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None, device: torch.device | str = "cpu"):
@@ -347,9 +337,11 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
     if start and last and cfg.stop_at_target and cfg.target_acc is not None \
             and (last["test_acc"] or 0.0) >= cfg.target_acc and step % spe == 0:
         return  # the interrupted run had already stopped at its target
-    bar = _progress(cfg, cfg.epochs, rank)
-    if bar is not None and step // spe:
-        bar.update(step // spe)
+    from .progress import EpochLogger, mode_from_progress
+
+    progress = EpochLogger(cfg.system, cfg.dataset, cfg.epochs, rank, mode_from_progress(cfg.progress),
+                           steps_per_epoch=spe, batch_size=record["batch_size"], done_epochs=step // spe,
+                           done_time_s=last["train_time_s"] if last else 0.0)
     from .checkpoint import PREEMPTION
 
     PREEMPTION.listening = ckpt is not None  # a preemption request will be seen (Checkpointer.due)
@@ -399,16 +391,13 @@ def _train_epochs(cfg: RunConfig, engine, record: dict, rank: int, ckpt: Checkpo
                 where.stage = f"checkpoint save at step {step}"
                 _save_checkpoint(ckpt, cfg, engine, record, step, epoch, train_time, (0.0, 0, 0.0, 0))
                 _stop_if_preempted(ckpt, step)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{row['loss']:.3f}", test=row["test_acc"] or float("nan"))
+            progress.epoch(row)
             reached = cfg.target_acc is not None and (row["test_acc"] or 0.0) >= cfg.target_acc
             if cfg.stop_at_target and reached:
                 break
     finally:
         PREEMPTION.listening = False
-        if bar is not None:
-            bar.close()
+        progress.close()
 
 
 def _check_finite(first_bad_step: int, epoch: int) -> None:

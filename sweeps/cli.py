@@ -45,12 +45,17 @@ def add_commands(sub) -> None:
     s.add_argument("--epochs", type=int, default=None, help="override the epochs of every run")
     s.add_argument("--seeds", type=_ints, default=None, help="override the seeds, e.g. 0,1,2")
     s.add_argument("--systems", default=None, help="only these systems (comma-separated)")
-    s.add_argument("--account", default=None, help="SLURM account (replaces the profile's placeholder)")
+    s.add_argument("--account", default=None, help="SLURM account / Flux bank (replaces the profile's placeholder)")
     s.add_argument("--qos", default=None, help="SLURM QOS")
-    s.add_argument("--partition", default=None, help="SLURM partition")
+    s.add_argument("--partition", default=None, help="SLURM partition / Flux queue")
     s.add_argument("--constraint", default=None, help="SLURM constraint")
     s.add_argument("--time", type=int, default=None, dest="time_min", help="minutes per job")
     s.add_argument("--python", default=None, help="interpreter in the batch script (default: this one)")
+    s.add_argument("--data-root", default=None,
+                   help="dataset folder every task reads (default $SCALEGNN_DATA_ROOT, else ~/.cache/scalegnn/data); "
+                   "fixed at submission")
+    s.add_argument("--no-stage", dest="stage", action="store_false",
+                   help="do not shard the data once before the runs: every rank loads the whole graph")
 
     r = sub.add_parser("report", help="figures (PNG, PDF) and a Markdown report from a results folder")
     r.add_argument("results_dir", help="folder of run records (searched recursively), e.g. results/sweeps")
@@ -99,7 +104,8 @@ def _sweep(args) -> int:
     overrides = {k: getattr(args, k) for k in ("account", "qos", "partition", "constraint", "time_min")}
     systems = [s for s in args.systems.split(",") if s] if args.systems else None
     result = sweep(args.spec, args.cluster, args.out, dry_run=args.dry_run, gpus=args.gpus, datasets=args.dataset,
-                   epochs=args.epochs, seeds=args.seeds, systems=systems, overrides=overrides, python=args.python)
+                   epochs=args.epochs, seeds=args.seeds, systems=systems, overrides=overrides, python=args.python,
+                   data_root=args.data_root, stage=args.stage)
     if not args.dry_run:
         print(f"records: {result.out / 'runs'}; report: scalegnn report {result.out} --out {result.out / 'report'}")
     return 1 if result.failed else 0

@@ -17,11 +17,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ClusterProfile", "Network", "Compute", "SlurmSettings", "load_profile", "list_profiles",
+__all__ = ["ClusterProfile", "Network", "Compute", "SlurmSettings", "FluxSettings", "load_profile", "list_profiles",
            "PROFILE_DIR", "ProfileError"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-SCHEDULERS = ("slurm", "local")
+SCHEDULERS = ("slurm", "flux", "local")
 PLACEHOLDER_PREFIX = "<"
 
 
@@ -70,6 +70,19 @@ class SlurmSettings:
 
 
 @dataclass(frozen=True)
+class FluxSettings:
+    """``flux batch`` / ``flux run`` settings of a Flux-scheduled machine (``sweeps/flux.py``)."""
+
+    bank: str = ""  # flux batch --bank
+    queue: str = ""  # flux batch --queue
+    run_args: tuple[str, ...] = ()  # extra `flux run` arguments (GPU/CPU binding)
+    extra: dict = field(default_factory=dict)  # any other `flux batch` option: {"exclusive": true}
+
+    def placeholders(self) -> list[str]:
+        return [f"flux.{k}" for k in ("bank", "queue") if str(getattr(self, k)).startswith(PLACEHOLDER_PREFIX)]
+
+
+@dataclass(frozen=True)
 class ClusterProfile:
     name: str
     description: str
@@ -85,10 +98,13 @@ class ClusterProfile:
     time_min: int = 60
     max_timeouts: int = 3
     max_parallel_jobs: int = 0  # local: jobs at a time (0 = unlimited)
-    checkpoint_every: str = ""  # `scalegnn train --checkpoint-every` of sweep runs ("" = no periodic checkpoints)
+    checkpoint_every: str = "20m"  # `scalegnn train --checkpoint-every` of every sweep run (never off: see below)
+    offline: bool = True  # every task runs with SCALEGNN_OFFLINE=1: compute nodes read staged data, never download
+    stand_ins: bool | None = None  # use the specs' [local] stand-in graphs (None: only the local scheduler does)
     setup: tuple[str, ...] = ()
     env: dict = field(default_factory=dict)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    flux: FluxSettings = field(default_factory=FluxSettings)
     python: str | None = None  # interpreter in the batch script; None: the submitting one (sys.executable)
     source: str = ""
 
@@ -100,6 +116,23 @@ class ClusterProfile:
         if self.torch_backend not in ("nccl", "gloo", "mpi"):
             raise ProfileError(f"profile {self.name}: torch_backend must be nccl (also RCCL on ROCm), gloo or mpi, "
                                f"got {self.torch_backend!r}")
+        # A sweep run without a checkpointer does not listen for the scheduler's
+        # preemption / time-limit signal: it would be requeued with nothing saved and
+        # start again from scratch. So every profile checkpoints (a long period costs
+        # nothing: the signal still triggers a save at the next step).
+        from scalegnn.checkpoint import parse_every
+
+        try:
+            parse_every(self.checkpoint_every)
+        except ValueError as exc:
+            raise ProfileError(f"profile {self.name}: checkpoint_every {self.checkpoint_every!r} is not a step count "
+                               f"or a period ({exc}); sweep runs always checkpoint so that a preempted or timed-out "
+                               "job resumes: use e.g. \"20m\"") from None
+
+    @property
+    def uses_stand_ins(self) -> bool:
+        """Whether specs expand to their ``[local]`` stand-in graphs on this machine."""
+        return self.scheduler == "local" if self.stand_ins is None else bool(self.stand_ins)
 
     # ------------------------------------------------------------------ placement
     def placement(self, world_size: int) -> tuple[int, int]:
@@ -130,12 +163,25 @@ class ClusterProfile:
         return out
 
     def placeholders(self) -> list[str]:
-        return self.slurm.placeholders() if self.scheduler == "slurm" else []
+        if self.scheduler == "slurm":
+            return self.slurm.placeholders()
+        return self.flux.placeholders() if self.scheduler == "flux" else []
 
     def with_overrides(self, **changes) -> "ClusterProfile":
         """A copy with top-level fields or ``slurm`` fields (account, qos, partition,
-        constraint) replaced; None values are ignored."""
+        constraint) replaced; None values are ignored. On a Flux profile ``account``
+        is the bank and ``partition`` the queue."""
         changes = {k: v for k, v in changes.items() if v is not None}
+        if self.scheduler == "flux":
+            flux_changes = {f: changes.pop(k) for k, f in (("account", "bank"), ("partition", "queue"))
+                            if k in changes}
+            for k in ("qos", "constraint"):
+                if changes.pop(k, None) is not None:
+                    raise ProfileError(f"--{k} is a SLURM setting; profile {self.name} is scheduled by Flux "
+                                       "(use --account for the bank, --partition for the queue)")
+            prof = dataclasses.replace(self, flux=dataclasses.replace(self.flux, **flux_changes)) \
+                if flux_changes else self
+            return dataclasses.replace(prof, **changes) if changes else prof
         slurm_keys = {f.name for f in dataclasses.fields(SlurmSettings)}
         slurm_changes = {k: changes.pop(k) for k in list(changes) if k in slurm_keys}
         prof = dataclasses.replace(self, **changes) if changes else self
@@ -179,10 +225,14 @@ def load_profile(name_or_path: str | os.PathLike) -> ClusterProfile:
     if "srun_args" in slurm_raw:
         slurm_raw["srun_args"] = tuple(slurm_raw["srun_args"])
     slurm = SlurmSettings(**_known(SlurmSettings, slurm_raw, f"{where} [slurm]"))
+    flux_raw = dict(data.pop("flux", {}))
+    if "run_args" in flux_raw:
+        flux_raw["run_args"] = tuple(flux_raw["run_args"])
+    flux = FluxSettings(**_known(FluxSettings, flux_raw, f"{where} [flux]"))
     data["setup"] = tuple(data.get("setup", ()))
     data["env"] = {str(k): str(v) for k, v in data.get("env", {}).items()}
     _known(ClusterProfile, data, where)
     try:
-        return ClusterProfile(network=network, compute=compute, slurm=slurm, source=where, **data)
+        return ClusterProfile(network=network, compute=compute, slurm=slurm, flux=flux, source=where, **data)
     except TypeError as exc:
         raise ProfileError(f"{where}: {exc}") from None

@@ -35,7 +35,7 @@ SPEC_DIR = Path(__file__).resolve().parent / "specs"
 SYSTEMS_FILE = Path(__file__).resolve().parent / "systems.toml"
 LOOP_OPTIONS = frozenset({"epochs", "eval-every", "target-acc", "stop-at-target", "seed", "data-root"})
 # Options the sweep itself sets per run; a spec must not set them in [train].
-RESERVED = frozenset({"dataset", "grid", "seed", "out", "nproc", "quiet"})
+RESERVED = frozenset({"dataset", "grid", "seed", "out", "nproc", "shard-dir"})
 
 
 class SpecError(ValueError):
@@ -145,7 +145,7 @@ class RunSpec:
     def train_argv(self, out_dir: str) -> list[str]:
         """``scalegnn`` arguments (after the program name) that run this on a launched job."""
         return ["train", "--dataset", self.dataset, "--grid", self.grid_str, "--seed", str(self.seed),
-                *self.option_argv(), "--out", str(out_dir), "--quiet"]
+                *self.option_argv(), "--out", str(out_dir)]  # no --quiet: the job's .out file keeps one line per epoch
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -177,7 +177,11 @@ def _options(table, where: str) -> dict:
         raise SpecError(f"{where} must be a table of `scalegnn train` options (flag = value)")
     bad = sorted(RESERVED & set(table))
     if bad:
-        raise SpecError(f"{where}: options {bad} are set by the sweep itself (datasets, grids, seeds); remove them")
+        raise SpecError(f"{where}: options {bad} are set by the sweep itself (datasets, grids, seeds, staged "
+                        "shards); remove them")
+    if "quiet" in table:
+        raise SpecError(f"{where}: 'quiet' would blind the batch jobs' logs (one line per epoch); remove it, or set "
+                        "log-level = \"WARNING\" to drop the epoch lines")
     return dict(table)
 
 
@@ -186,6 +190,8 @@ def load_systems(path: str | Path = SYSTEMS_FILE) -> dict:
     for name, entry in data.items():
         if entry.get("inherit", "all") not in ("all", "loop"):
             raise SpecError(f"{path} [{name}]: inherit must be 'all' or 'loop'")
+        if entry.get("launch", "ranks") not in ("ranks", "self"):
+            raise SpecError(f"{path} [{name}]: launch must be 'ranks' or 'self'")
         entry.setdefault("grids", "spec")
         entry["train"] = _options(entry.get("train", {}), f"{path} [{name}].train")
     return data

@@ -89,3 +89,23 @@ def test_load_into_pandas_reports_corrupt_files(tmp_path):
         epochs = load_epochs(tmp_path)
     assert len(epochs) == 4 and epochs["time.sampling"].tolist() == [0.1] * 4
     assert set(epochs["bytes.dp"]) == {8}
+
+
+def test_a_cancelled_run_is_a_valid_status():
+    assert records.validate_record(minimal_record(status="cancelled", error="SLURM job 7 was cancelled"))
+
+
+def test_a_sweep_folders_bookkeeping_is_not_read_as_records(tmp_path):
+    """Checkpoint meta.json, staged shards' manifest.json, Flux task files and
+    submitted.json sit next to the records of a sweep: they are neither records nor
+    skipped (broken) records; a broken record among them still is reported."""
+    run = tmp_path / "runs" / "k"
+    records.write_record(minimal_record(), run)
+    for path in (run / "submitted.json", run / "checkpoint" / "step-000000004" / "meta.json",
+                 tmp_path / "shards" / "s" / "manifest.json", tmp_path / ".flux" / "tasks" / "k.json"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"not": "a record"}')
+    (run / "broken.json").write_text('{"schema_version": 1')
+    with pytest.warns(UserWarning, match="broken.json"):
+        runs = load_runs(tmp_path)
+    assert len(runs) == 1 and [p for p, _ in runs.attrs["skipped"]] == [str(run / "broken.json")]

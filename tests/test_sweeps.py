@@ -16,7 +16,7 @@ from sweeps.profiles import ProfileError
 from sweeps.spec import SpecError
 
 EXPECTED = Path(__file__).parent / "expected"
-SLURM_CLUSTERS = ("perlmutter", "frontier", "tuolumne")
+SLURM_CLUSTERS = ("perlmutter", "frontier")
 
 
 # ---------------------------------------------------------------------------- profiles
@@ -33,9 +33,23 @@ def test_every_profile_loads_with_its_documented_fields():
     for p in (fro, tuo):
         assert p.env["FI_PROVIDER"] == "cxi" and p.env["FI_CXI_ATS"] == "0" and p.env["NCCL_SOCKET_IFNAME"] == "hsn0"
     for p in (per, fro, tuo):
-        assert p.scheduler == "slurm" and p.placeholders() and p.setup
+        assert p.placeholders() and p.setup and p.offline  # compute nodes never download
         assert p.network.inter_node_GBps == 100  # 4 NICs x 25 GB/s per node (paper VI-A)
+    assert per.scheduler == fro.scheduler == "slurm" and tuo.scheduler == "flux"  # Tuolumne is scheduled by Flux
+    assert tuo.placeholders() == ["flux.bank"] and tuo.flux.queue == "pbatch"
     assert loc.scheduler == "local" and loc.placeholders() == []
+    # every profile checkpoints: a run without a checkpointer ignores the preemption signal
+    for name in list_profiles():
+        assert load_profile(name).checkpoint_every
+
+
+def test_a_profile_without_checkpoints_is_refused(tmp_path):
+    text = (Path(load_profile("local").source).read_text()
+            .replace('checkpoint_every = "10m"', 'checkpoint_every = ""'))
+    assert 'checkpoint_every = ""' in text
+    (tmp_path / "nockpt.toml").write_text(text)
+    with pytest.raises(ProfileError, match="checkpoint_every '' .*always checkpoint"):
+        load_profile(tmp_path / "nockpt.toml")
 
 
 def test_placement_and_user_errors():
@@ -118,6 +132,10 @@ def test_local_stand_ins_and_spec_errors(tmp_path):
                    'cluster = "local"\ndataset = "cora"\ngpus = [1]\n')
     with pytest.raises(SpecError, match="set by the sweep"):
         load_spec(bad)
+    bad.write_text('name = "x"\nsystems = ["scalegnn"]\n[train]\nquiet = true\n[[experiments]]\n'
+                   'cluster = "local"\ndataset = "cora"\ngpus = [1]\n')
+    with pytest.raises(SpecError, match="blind the batch jobs' logs"):
+        load_spec(bad)
 
 
 # ---------------------------------------------------------------------------- batch scripts
@@ -140,8 +158,64 @@ def test_sbatch_script_matches_the_reviewed_file(cluster):
 def test_cli_dry_run_prints_scripts_and_submits_nothing(tmp_path, capsys):
     assert main(["sweep", "fig8", "--cluster", "perlmutter", "--dry-run", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert text.count("#!/bin/bash") == 6 and text.count("# ---- job") == 6
-    assert "--grid 32x4x4x2" in text and not (tmp_path / "runs").exists()
+    # one staging job array (6 shard sets), then the 6 runs' jobs, each after its shard set
+    assert text.count("#!/bin/bash") == 7 and text.count("# ---- job") == 6 and text.count("# ---- staging") == 1
+    assert text.count("#SBATCH --dependency='afterok:<staging job>'") == 6
+    assert "--grid 32x4x4x2" in text and not (tmp_path / "runs").exists() and not (tmp_path / "shards").exists()
+    shards = f"{tmp_path.resolve()}/shards/products-14m-"
+    assert text.count(f"--shard-dir {shards}") == 6 and text.count(f"--out {shards}") == 6  # runs read what staging writes
+    assert "--quiet" not in text  # the jobs' .out files keep their per-epoch lines
+
+
+def test_distdgl_runs_in_one_task_on_one_node_and_is_refused_across_nodes(tmp_path):
+    """DistDGL starts its servers and trainers on 127.0.0.1 from one process: a job with
+    one task per rank would start one DistDGL cluster per rank, and a multi-node job
+    would leave every node but the first idle. The sweep gives it one task with the
+    CPUs of all its trainers, and refuses (with the reason) runs that need two nodes."""
+    from sweeps.launcher import job_shape, multi_node_refusal
+
+    per = load_profile("perlmutter")
+    lines = []
+    out = sweep("fig6", "perlmutter", tmp_path, dry_run=True, python="python3", printer=lines.append)
+    dgl = [r for r in out.runs + [r for r, _ in out.refused] if r.system == "distdgl"]
+    assert dgl and {r.world_size for r, _ in out.refused} and all(r.system == "distdgl" for r, _ in out.refused)
+    assert all(r.world_size > per.gpus_per_node for r, _ in out.refused)
+    assert all(r.world_size <= per.gpus_per_node for r in out.runs if r.system == "distdgl")
+    why = out.refused[0][1]
+    assert "127.0.0.1" in why and "one node" in why and f"{out.refused[0][0].world_size} trainers" in why
+    assert any(line.startswith("  refused (") and "127.0.0.1" in line for line in lines)
+    for r in (r for r in out.runs if r.system == "distdgl"):
+        assert job_shape(r, per) == (1, 1, per.cpus_per_task * r.world_size)
+    sage = next(r for r in out.runs if r.system == "salient" and r.world_size == 8)
+    assert job_shape(sage, per) == (2, 4, per.cpus_per_task) and multi_node_refusal(sage, per) is None
+
+
+def test_staging_covers_multi_rank_scalegnn_runs_once(tmp_path):
+    """Each (dataset, grid, permutation, seed) is sharded once; fullgraph-3d's implied
+    --permute double is seen; baselines and one-rank runs load the graph themselves."""
+    from sweeps.staging import data_args, stage_for
+
+    root = str(tmp_path / "data")
+    out = sweep("demo", "local", tmp_path / "o", dry_run=True, data_root=root, printer=lambda *a: None)
+    staged = {r.system: st for r in out.todo if (st := out.stages.get(r.key))}
+    assert set(staged) == {"scalegnn"} and len(out.stages) == 2  # grids 1x2x1x1 and 2x2x1x1; the rest have 1 rank
+    assert len(out.stage_scripts) == 2 and all("scalegnn data shard" in s for s in out.stage_scripts)
+    fg = stage_for(["train", "--dataset", "cora", "--grid", "1x2x1x1", "--system", "fullgraph-3d", "--seed", "3"],
+                   tmp_path, root)
+    assert (fg.permute, fg.seed, fg.grid) == ("double", 3, (1, 2, 1, 1)) and "-double-s3-" in fg.folder
+    assert stage_for(["train", "--dataset", "cora", "--grid", "2x1x1x1", "--system", "graphsage"], tmp_path, root) \
+        is None
+    assert stage_for(["train", "--dataset", "cora"], tmp_path, root) is None
+    same = stage_for(["train", "--dataset", "cora", "--grid", "1x2x1x1", "--seed", "3", "--system", "fullgraph-3d",
+                      "--epochs", "9"], tmp_path, root)
+    assert same == fg  # other options, same shards
+    assert data_args(["train"], root, fg) == ["--data-root", root, "--shard-dir", fg.folder]
+    assert data_args(["train", "--data-root", "/d"], root, None) == []  # the spec's own root stays
+    for r in out.todo:
+        argv = next(line for line in out.scripts if r.key in line)
+        assert f"--data-root {root}" in argv and "--quiet" not in argv
+    with pytest.raises(SpecError, match="rejects the run's options"):
+        stage_for(["train", "--dataset", "cora", "--no-such-flag"], tmp_path, root)
 
 
 # ---------------------------------------------------------------------------- the task
@@ -152,6 +226,64 @@ def test_task_checkpoint_requeues_the_same_run_with_resume(tmp_path):
     task = SweepTask({"argv": ["train"], "key": "k", "world_size": 2, "system": "scalegnn"}, str(tmp_path), "gloo")
     delayed = task.checkpoint()
     assert delayed.function.requeued == 1 and delayed.function.run == task.run
+
+
+def _fake_scontrol(tmp_path, monkeypatch, text: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\ncat <<'EOF'\n{text}\nEOF\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("fields, restart_count, want", [
+    ("JobState=COMPLETING Reason=None Restarts=0 RunTime=00:00:04 TimeLimit=00:02:00", None, "cancelled"),
+    ("JobState=COMPLETING Reason=TimeLimit Restarts=0 RunTime=00:01:01 TimeLimit=00:01:00", None, "timeout"),
+    ("JobState=COMPLETING Reason=None Restarts=1 RunTime=00:00:00 TimeLimit=00:02:00", None, None),  # a requeue
+    ("JobState=COMPLETING Reason=None Restarts=1 RunTime=00:00:09 TimeLimit=00:02:00", "1", "cancelled"),
+    ("JobState=RUNNING Reason=None Restarts=0 RunTime=00:00:09 TimeLimit=00:02:00", None, None),  # not the job's end
+])
+def test_slurm_job_verdict_reads_why_sigterm_came(tmp_path, monkeypatch, fields, restart_count, want):
+    """What `scontrol show job` says while SIGTERM is delivered (checked on a real SLURM,
+    tests/test_slurm.py): scancel, the time limit and a requeue all read COMPLETING."""
+    from sweeps.launcher import slurm_job_verdict
+
+    _fake_scontrol(tmp_path, monkeypatch, f"JobId=42 JobName=x\n   {fields}")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    if restart_count is None:
+        monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    else:
+        monkeypatch.setenv("SLURM_RESTART_COUNT", restart_count)
+    verdict = slurm_job_verdict()
+    assert (verdict[0] if verdict else None) == want
+    if want:
+        assert "SLURM job 42" in verdict[1] and "resubmit the sweep" in verdict[1]
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert slurm_job_verdict() is None  # not a SLURM job
+
+
+def test_an_ended_run_is_recorded_under_its_own_run_id(tmp_path):
+    """_end_record rewrites the attempt's failed record (same run id) as cancelled; without
+    one it writes a minimal record; run_state reads it (submitted.json is not a record)."""
+    from sweeps.launcher import JobEnded, _end_record, _mark_submitted
+
+    folder = tmp_path / "run"
+    run = {"system": "scalegnn", "dataset": "cora", "grid": "1x2x1x1", "world_size": 2, "seed": 0,
+           "argv": ["train"], "target_acc": None}
+    folder.mkdir()
+    _mark_submitted(folder, "7_0", "localslurm")
+    path = _end_record(folder, run, 0.0, "cancelled", "SLURM job 7_0 was cancelled", None)
+    assert run_state(folder)[:1] == ("cancelled",) and run_state(folder)[2] == "SLURM job 7_0 was cancelled"
+    rec = records.read_record(path)
+    failed = {**rec, "status": "failed", "error": "RuntimeError: Connection closed by peer\n  trace"}
+    failed.pop("path", None)
+    records.write_record(failed, folder)
+    exc = JobEnded("timeout", "SLURM job 7_0 reached its time limit")
+    again = _end_record(folder, run, 0.0, "timeout", exc.reason, None)
+    assert again == path and len(list(folder.glob("2*.json"))) == 1  # replaced, not added
+    rec = records.read_record(again)
+    assert rec["status"] == "timeout" and rec["error"] == ("SLURM job 7_0 reached its time limit (the interrupted "
+                                                           "attempt saw: RuntimeError: Connection closed by peer)")
 
 
 def test_unavailable_systems_are_reported_not_dropped(tmp_path):
@@ -206,6 +338,13 @@ def test_local_sweep_end_to_end_then_resubmission_submits_nothing(tmp_path, monk
     two = records.read_record(run_state(out / "runs" / first.runs[1].key)[1])
     assert two["env"]["backend"] == "gloo" and len(two["peak_memory_bytes_per_rank"]) == 2  # a 2-task job
     assert list((out / ".submitit").rglob("*_1_log.out"))  # submitit ran task 1 of that job
+    # data staged once for the 2-rank run, which read only its shard; both got the data root
+    assert len(first.staged) == 1 and two["config"]["shard_dir"] == first.stages[first.runs[1].key].folder
+    assert (Path(two["config"]["shard_dir"]) / "manifest.json").is_file()
+    one = records.read_record(run_state(out / "runs" / first.runs[0].key)[1])
+    assert one["config"]["shard_dir"] is None and one["config"]["data_root"] == two["config"]["data_root"] \
+        == str((tmp_path / "data").resolve())
+    assert two["checkpoint"]["every"] == "10m"  # every profile checkpoints (USR2 is heard)
     again = sweep(spec, "local", out, printer=lambda *a: None)
     assert again.submitted == [] and again.todo == [] and len(again.done) == 2
     # and the report from those records

@@ -58,7 +58,7 @@ class DistEnv:
     backend: str  # "auto" until init_from_env resolves it from the device
     master_addr: str
     master_port: int
-    source: str  # "torchrun" | "slurm" | "submitit" | "single"
+    source: str  # "torchrun" | "slurm" | "submitit" | "flux" | "single"
     device: str = "cpu"  # this rank's torch device, set by init_from_env
 
 
@@ -95,12 +95,39 @@ def _env_int(name: str) -> int:
         raise ValueError(f"environment variable {name}={os.environ[name]!r} must be an integer") from e
 
 
+def _flux_hostlist() -> str:
+    """The enclosing Flux instance's host list (``flux getattr hostlist``, RFC 29 form
+    such as ``tuolumne[1001-1004]``): the nodes of a ``flux batch`` allocation, in
+    broker-rank order, so its first host runs task 0 of a ``flux run`` over all of them."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["flux", "getattr", "hostlist"], capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(f"FLUX_TASK_RANK is set but `flux getattr hostlist` failed ({exc}); set MASTER_ADDR to "
+                         "the first node's hostname") from None
+    return out.stdout.strip()
+
+
+def _flux_port(job_id: str | None) -> int:
+    """A rendezvous port from a Flux job id (20000..39999): Flux prints ids in F58
+    (``ƒ2Mq8...``) or decimal; non-decimal ids are hashed, so two jobs rarely collide."""
+    import zlib
+
+    if job_id and not job_id.isdigit():
+        return 20000 + zlib.crc32(job_id.encode()) % 20000
+    return _default_port(job_id)
+
+
 def detect_env() -> DistEnv:
     """Read rank, world size, local rank and the rendezvous address from the environment.
 
     Precedence: torchrun (``RANK``/``WORLD_SIZE``), submitit (``SUBMITIT_EXECUTOR``,
-    via ``submitit.JobEnvironment()``), SLURM (``SLURM_PROCID``/``SLURM_NTASKS``),
-    else a single process.
+    via ``submitit.JobEnvironment()``), Flux (``FLUX_TASK_RANK``/``FLUX_JOB_SIZE``/
+    ``FLUX_TASK_LOCAL_ID``, the first host of ``flux getattr hostlist``; before SLURM,
+    because a Flux instance started under SLURM passes its broker's ``SLURM_*``
+    variables on to every task), SLURM (``SLURM_PROCID``/``SLURM_NTASKS``), else a
+    single process.
     """
     backend = "auto"  # the device decides (init_from_env): a visible GPU alone does not make a run use it
     env = os.environ
@@ -116,6 +143,14 @@ def detect_env() -> DistEnv:
         addr = env.get("MASTER_ADDR") or job.hostnames[0]
         port = int(env.get("MASTER_PORT") or _default_port(str(job.raw_job_id)))
         return DistEnv(job.global_rank, job.num_tasks, job.local_rank, backend, addr, port, "submitit")
+    if "FLUX_TASK_RANK" in env:
+        if "FLUX_JOB_SIZE" not in env:
+            raise ValueError("FLUX_TASK_RANK is set but FLUX_JOB_SIZE is not; launch the tasks with `flux run`")
+        rank, world = _env_int("FLUX_TASK_RANK"), _env_int("FLUX_JOB_SIZE")
+        local = _env_int("FLUX_TASK_LOCAL_ID") if "FLUX_TASK_LOCAL_ID" in env else 0
+        addr = env.get("MASTER_ADDR") or first_host(_flux_hostlist())
+        port = int(env.get("MASTER_PORT") or _flux_port(env.get("FLUX_JOB_ID")))
+        return DistEnv(rank, world, local, backend, addr, port, "flux")
     if "SLURM_PROCID" in env:
         if "SLURM_NTASKS" not in env:
             raise ValueError("SLURM_PROCID is set but SLURM_NTASKS is not; launch the job step with srun")

@@ -4,8 +4,10 @@
 #SBATCH --account='<PROJECT>'
 #SBATCH --array=0-2%3
 #SBATCH --cpus-per-task=7
+#SBATCH --dependency='afterok:<staging job>'
 #SBATCH --error=/scratch/scalegnn/fig7-frontier/.submitit/%A_%a/%A_%a_0_log.err
 #SBATCH --job-name=scalegnn-fig7-8x8
+#SBATCH --kill-on-invalid-dep=yes
 #SBATCH --nodes=8
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append

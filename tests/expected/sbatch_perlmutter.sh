@@ -5,9 +5,11 @@
 #SBATCH --array=0-3%4
 #SBATCH --constraint=gpu
 #SBATCH --cpus-per-task=32
+#SBATCH --dependency='afterok:<staging job>'
 #SBATCH --error=/scratch/scalegnn/fig7-perlmutter/.submitit/%A_%a/%A_%a_0_log.err
 #SBATCH --gpus-per-node=4
 #SBATCH --job-name=scalegnn-fig7-16x4
+#SBATCH --kill-on-invalid-dep=yes
 #SBATCH --nodes=16
 #SBATCH --ntasks-per-node=4
 #SBATCH --open-mode=append

@@ -1,0 +1,182 @@
+"""Per-epoch progress that a batch job can read: a bar on a terminal, log lines elsewhere.
+
+A SLURM or Flux job writes stdout to a file (``.out``), where a tqdm bar draws
+nothing useful: one carriage-return-overwritten line, or nothing at all when it is
+switched off. :class:`EpochLogger` therefore picks by where its output goes:
+
+* ``mode="auto"`` (the default): a tqdm bar when stderr is a terminal, otherwise one
+  log line per epoch;
+* ``"lines"``: always log lines (``--quiet``: no bar, but the log keeps its lines);
+* ``"bar"``: always the bar; ``"off"``: nothing.
+
+Only rank 0 reports (every rank sees the same reduced row). A line reads::
+
+    scalegnn csbm:n=600 epoch 3/10: loss 1.2345, batch acc 0.5120, test acc 0.4980, epoch 1.23 s, 812 vertices/s
+
+through the ``scalegnn.progress`` logger at INFO, so ``--log-level WARNING`` silences
+it and ``--log-level DEBUG`` adds the rest of the row. :func:`configure_logging`
+gives the ``scalegnn`` loggers their one handler (stdout: the job's ``.out`` file);
+it does not touch the root logger, so submitit's own log lines are not doubled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+__all__ = ["EpochLogger", "configure_logging", "default_log_level", "mode_from_progress", "LOG_LEVELS", "LOG_FORMAT"]
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MODES = ("auto", "lines", "bar", "off")
+_HANDLER_NAME = "scalegnn-stdout"
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to ``stream`` when given, else to whatever ``sys.stdout`` is at each
+    line (a test's captured stdout, a notebook's), never to a stale one."""
+
+    def __init__(self, stream=None):
+        super().__init__(stream if stream is not None else sys.stdout)
+        self.use(stream)
+
+    def use(self, stream=None) -> None:
+        """Write to ``stream`` from now on (None: follow ``sys.stdout``); the previous
+        stream is neither flushed nor kept (it may be closed by now)."""
+        with self.lock:
+            self.follow = stream is None
+            self.stream = stream
+
+    def emit(self, record):
+        if not self.follow:
+            return super().emit(record)
+        with self.lock:
+            self.stream = sys.stdout
+            try:
+                super().emit(record)
+            finally:
+                self.stream = None
+
+
+def configure_logging(level: str | int = "INFO", stream=None) -> logging.Logger:
+    """Level and handler of the ``scalegnn`` logger tree (idempotent: a second call
+    changes the level, and the stream when one is given). Lines go to ``stream``, or
+    to stdout (what a batch job's ``.out`` file holds). Returns the ``scalegnn`` logger."""
+    if isinstance(level, str):
+        name = level.upper()
+        if name not in LOG_LEVELS:
+            raise ValueError(f"--log-level (default $SCALEGNN_LOG_LEVEL) must be one of {', '.join(LOG_LEVELS)}, "
+                             f"got {level!r}")
+        level = getattr(logging, name)
+    logger = logging.getLogger("scalegnn")
+    logger.setLevel(level)
+    # Worker processes (``--nproc``'s spawned ranks) start without this configuration:
+    # they read the level from the environment they inherit (EpochLogger configures them).
+    os.environ["SCALEGNN_LOG_LEVEL"] = logging.getLevelName(level)
+    handler = next((h for h in logger.handlers if h.get_name() == _HANDLER_NAME), None)
+    if handler is None:
+        handler = _StdoutHandler(stream)
+        handler.set_name(_HANDLER_NAME)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logger.addHandler(handler)
+        logger.propagate = False  # one copy of each line, whatever the root logger has
+    elif stream is not None:
+        handler.use(stream)
+    return logger
+
+
+def _ensure_configured() -> None:
+    """Give the ``scalegnn`` logger its handler in a process where nothing configured
+    logging (a spawned rank): otherwise its INFO lines would be dropped. A process
+    whose root logger has handlers (an application, pytest) keeps its own set-up."""
+    if not logging.getLogger("scalegnn").handlers and not logging.getLogger().handlers:
+        configure_logging(default_log_level())
+
+
+def mode_from_progress(progress: bool | None) -> str:
+    """``RunConfig.progress`` / ``CommonConfig.progress`` as a mode: None -> auto (bar
+    on a terminal, lines elsewhere), False (``--quiet``) -> lines, True -> bar."""
+    return "auto" if progress is None else ("bar" if progress else "lines")
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class EpochLogger:
+    """Reports each finished epoch of one run (rank 0 only).
+
+    ``row`` is the run record's epoch row (``results/README.md``): ``epoch``,
+    cumulative ``train_time_s``, ``loss``, ``batch_train_acc`` and the evaluated
+    ``train_acc``/``val_acc``/``test_acc`` (None when not evaluated). The epoch time
+    is the difference of cumulative training times (evaluation excluded); the
+    throughput is ``steps_per_epoch * batch_size`` sampled vertices per second of it
+    (steps per second without a batch size). A resumed run passes the epochs and
+    training time it had already done.
+    """
+
+    def __init__(self, system: str, dataset: str, total_epochs: int, rank: int = 0, mode: str = "auto", *,
+                 steps_per_epoch: int | None = None, batch_size: int | None = None, done_epochs: int = 0,
+                 done_time_s: float = 0.0, stream=None):
+        if mode not in MODES:
+            raise ValueError(f"progress mode must be one of {MODES}, got {mode!r}")
+        self.system, self.dataset, self.total = system, dataset, int(total_epochs)
+        self.steps_per_epoch, self.batch_size = steps_per_epoch, batch_size
+        self.last_time_s = float(done_time_s)
+        self.log = logging.getLogger("scalegnn.progress")
+        self.bar = None
+        if rank != 0 or mode == "off":
+            self.mode = "off"
+            return
+        if mode == "auto":
+            out = stream if stream is not None else sys.stderr
+            mode = "bar" if hasattr(out, "isatty") and out.isatty() else "lines"
+        self.mode = mode
+        if mode == "lines":
+            _ensure_configured()
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, initial=int(done_epochs), desc=f"{system} {dataset}", unit="epoch",
+                            leave=False, file=stream)
+
+    def line(self, row: dict) -> str:
+        """The log line of one epoch row."""
+        epoch_s = max(0.0, float(row["train_time_s"]) - self.last_time_s)
+        parts = [f"loss {_fmt(row.get('loss'))}", f"batch acc {_fmt(row.get('batch_train_acc'))}"]
+        if row.get("test_acc") is not None:
+            parts.append(f"val acc {_fmt(row.get('val_acc'))}")
+            parts.append(f"test acc {_fmt(row['test_acc'])}")
+        parts.append(f"epoch {epoch_s:.2f} s")
+        if self.steps_per_epoch and epoch_s > 0:
+            if self.batch_size:
+                parts.append(f"{self.steps_per_epoch * self.batch_size / epoch_s:,.0f} vertices/s")
+            else:
+                parts.append(f"{self.steps_per_epoch / epoch_s:.2f} steps/s")
+        if row.get("eval_time_s") is not None:
+            parts.append(f"eval {row['eval_time_s']:.2f} s")
+        return f"{self.system} {self.dataset} epoch {row['epoch']}/{self.total}: " + ", ".join(parts)
+
+    def epoch(self, row: dict) -> None:
+        """Report one finished epoch (call on every rank; only rank 0 writes)."""
+        if self.mode == "lines":
+            self.log.info(self.line(row))
+            if self.log.isEnabledFor(logging.DEBUG):
+                self.log.debug("epoch %s components %s comm_bytes %s", row["epoch"], row.get("components"),
+                               row.get("comm_bytes"))
+        elif self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{row['loss']:.3f}", test=row.get("test_acc") or float("nan"))
+        if "train_time_s" in row:
+            self.last_time_s = float(row["train_time_s"])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def default_log_level() -> str:
+    """``$SCALEGNN_LOG_LEVEL`` (a profile's ``[env]`` can set it for every task), else INFO."""
+    return os.environ.get("SCALEGNN_LOG_LEVEL", "").strip() or "INFO"  # checked by configure_logging

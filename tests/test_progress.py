@@ -1,0 +1,140 @@
+"""Per-epoch progress a batch job can read (scalegnn/progress.py), and the --log-level flag."""
+
+import io
+import logging
+import os
+
+import pytest
+
+from scalegnn.progress import EpochLogger, configure_logging, mode_from_progress
+
+ROWS = [
+    {"epoch": 1, "train_time_s": 2.0, "loss": 1.5, "batch_train_acc": 0.25, "train_acc": None, "val_acc": None,
+     "test_acc": None, "eval_time_s": None, "components": {"spmm": 0.5}, "comm_bytes": {}},
+    {"epoch": 2, "train_time_s": 2.5, "loss": 1.25, "batch_train_acc": 0.5, "train_acc": 0.6, "val_acc": 0.55,
+     "test_acc": 0.5, "eval_time_s": 0.125, "components": {"spmm": 0.25}, "comm_bytes": {}},
+]
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def logged(monkeypatch):
+    """The scalegnn logger writing into a buffer (restored afterwards, and the level
+    that configure_logging exports for child processes too)."""
+    monkeypatch.delenv("SCALEGNN_LOG_LEVEL", raising=False)
+    buf = io.StringIO()
+    logger = configure_logging("INFO", stream=buf)
+    yield buf
+    for handler in [h for h in logger.handlers if h.get_name() == "scalegnn-stdout"]:
+        logger.removeHandler(handler)  # the next configure_logging follows sys.stdout again
+    logger.setLevel(logging.INFO)
+
+
+def test_one_line_per_epoch_with_loss_accuracy_time_and_throughput(logged):
+    log = EpochLogger("scalegnn", "csbm:n=600", 10, rank=0, mode="auto", steps_per_epoch=4, batch_size=150,
+                      stream=io.StringIO())  # not a terminal: lines
+    assert log.mode == "lines" and log.bar is None
+    for row in ROWS:
+        log.epoch(row)
+    log.close()
+    lines = logged.getvalue().strip().splitlines()
+    assert len(lines) == 2 and all("INFO scalegnn.progress:" in line for line in lines)
+    assert lines[0].endswith("scalegnn csbm:n=600 epoch 1/10: loss 1.5000, batch acc 0.2500, epoch 2.00 s, "
+                             "300 vertices/s")  # 4 steps x 150 vertices / 2.0 s
+    # epoch 2: the time is the difference of cumulative training times (0.5 s), evaluation apart
+    assert lines[1].endswith("epoch 2/10: loss 1.2500, batch acc 0.5000, val acc 0.5500, test acc 0.5000, "
+                             "epoch 0.50 s, 1,200 vertices/s, eval 0.12 s")
+
+
+def test_other_ranks_and_off_write_nothing_and_the_level_filters(logged):
+    for log in (EpochLogger("s", "d", 2, rank=1, mode="lines"), EpochLogger("s", "d", 2, rank=0, mode="off")):
+        log.epoch(ROWS[0])
+        assert log.mode == "off"
+    assert logged.getvalue() == ""
+    configure_logging("WARNING", stream=logged)
+    EpochLogger("s", "d", 2, rank=0, mode="lines").epoch(ROWS[0])
+    assert logged.getvalue() == ""
+    configure_logging("DEBUG", stream=logged)
+    EpochLogger("s", "d", 2, rank=0, mode="lines").epoch(ROWS[0])
+    assert "epoch 1/2" in logged.getvalue() and "components {'spmm': 0.5}" in logged.getvalue()
+
+
+def test_a_terminal_gets_the_bar_and_a_resumed_run_starts_where_it_was():
+    tty = _Tty()
+    log = EpochLogger("scalegnn", "d", 10, rank=0, mode="auto", done_epochs=3, done_time_s=2.0, stream=tty)
+    assert log.mode == "bar" and log.bar.n == 3
+    log.epoch({**ROWS[1], "epoch": 4})
+    assert log.bar.n == 4 and log.last_time_s == 2.5
+    log.close()
+    assert "scalegnn d" in tty.getvalue()
+    assert [mode_from_progress(p) for p in (None, False, True)] == ["auto", "lines", "bar"]
+    with pytest.raises(ValueError, match="progress mode"):
+        EpochLogger("s", "d", 1, mode="loud")
+
+
+def test_log_level_flag_and_its_errors(capsys, monkeypatch):
+    from scalegnn.cli import build_parser, main
+
+    args = build_parser().parse_args(["train", "--dataset", "cora", "--log-level", "debug"])
+    assert args.log_level == "DEBUG"
+    monkeypatch.setenv("SCALEGNN_LOG_LEVEL", "warning")
+    assert build_parser().parse_args(["train", "--dataset", "cora"]).log_level == "WARNING"
+    monkeypatch.setenv("SCALEGNN_LOG_LEVEL", "chatty")
+    assert main(["train", "--dataset", "cora", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--log-level (default $SCALEGNN_LOG_LEVEL) must be one of DEBUG, INFO, WARNING, ERROR, got 'CHATTY'" in err
+
+
+def test_a_spawned_rank_logs_its_lines_at_the_inherited_level(tmp_path):
+    """A worker process (--nproc's ranks) never ran the CLI's configure_logging: the
+    EpochLogger configures it, at the level the parent exported."""
+    import subprocess
+    import sys
+
+    code = ("from scalegnn.progress import EpochLogger\n"
+            f"EpochLogger('scalegnn', 'd', 2, rank=0, mode='lines').epoch({ROWS[0]!r})\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for level, shown in (("INFO", True), ("WARNING", False)):
+        env["SCALEGNN_LOG_LEVEL"] = level
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert ("INFO scalegnn.progress: scalegnn d epoch 1/2: loss 1.5000" in out.stdout) == shown, out.stdout
+
+
+def test_configure_logging_adds_one_handler_and_leaves_the_root_logger_alone(monkeypatch):
+    monkeypatch.delenv("SCALEGNN_LOG_LEVEL", raising=False)
+    root_before = list(logging.getLogger().handlers)
+    a = configure_logging("INFO")
+    b = configure_logging("ERROR")
+    assert a is b and len([h for h in a.handlers if h.get_name() == "scalegnn-stdout"]) == 1
+    assert a.level == logging.ERROR and not a.propagate
+    assert logging.getLogger().handlers == root_before
+    assert os.environ["SCALEGNN_LOG_LEVEL"] == "ERROR"  # what spawned ranks inherit
+    configure_logging("INFO")
+
+
+def test_baseline_epoch_loop_logs_one_line_per_epoch(logged):
+    """baselines/common.py's loop reports through the same logger (no --quiet blindness)."""
+    from baselines.common import CommonConfig, EpochStats, run_epochs
+
+    class Trainer:
+        steps_per_epoch, batch_size = 2, 10
+
+        def train_epoch(self, epoch):
+            return EpochStats(loss_sum=2.0 / epoch, loss_n=2, correct=5, count=10,
+                              components={"forward_backward": 0.0})
+
+        def evaluate(self):
+            return 0.5, 0.5, 0.5
+
+    record = {"epochs": []}
+    run_epochs(CommonConfig(system="graphsage", dataset="cora", epochs=3, eval_every=2, progress=False), Trainer(),
+               record)
+    lines = logged.getvalue().strip().splitlines()
+    assert len(record["epochs"]) == 3 and len(lines) == 3
+    assert "graphsage cora epoch 1/3: loss 1.0000, batch acc 0.5000" in lines[0]
+    assert "test acc 0.5000" in lines[1] and "test acc" not in lines[0]
