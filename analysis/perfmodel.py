@@ -17,7 +17,7 @@ from scalegnn.perfmodel import TERMS, Machine, Workload, fit, predict, predicted
 
 from .figures import select
 
-__all__ = ["workload_from_row", "machine_for", "validation_frame", "volume_check", "error_summary", "fit_from_runs"]
+__all__ = ["workload_from_row", "machines_of", "validation_frame", "volume_check", "error_summary", "fit_from_runs"]
 
 
 def _get(row, key, default=None):
@@ -39,18 +39,21 @@ def workload_from_row(row) -> Workload:
                     pmm_bytes=2 if dtype.lower() in ("bf16", "bfloat16", "torch.bfloat16") else 4)
 
 
-def machine_for(cluster: str) -> Machine:
-    from sweeps.profiles import load_profile
-
-    return Machine.from_profile(load_profile(cluster))
+def machines_of(manifests: list[dict]) -> dict[str, Machine]:
+    """{cluster: Machine} from the sweep manifests: every sweep records what the
+    performance model needs of its cluster (GPUs per node, bandwidths, throughputs),
+    so the analysis needs nothing but the recorded files."""
+    return {m["cluster"]: Machine.from_dict(m["machine"]) for m in manifests if m.get("machine")}
 
 
 def _grid(row) -> tuple[int, int, int, int]:
     return tuple(int(row[f"grid.{a}"]) for a in ("dp", "x", "y", "z"))
 
 
-def validation_frame(runs: pd.DataFrame, figure: str = "perfmodel", min_runs: int = 8) -> pd.DataFrame:
-    """Observed vs predicted epoch time on the model-validation runs (see module doc).
+def validation_frame(runs: pd.DataFrame, machines: dict[str, Machine], figure: str = "perfmodel",
+                     min_runs: int = 8) -> pd.DataFrame:
+    """Observed vs predicted epoch time on the model-validation runs (see module doc),
+    per cluster of ``machines`` (:func:`machines_of`); clusters without one are skipped.
 
     The model describes the engine, which every grid runs, a single process included.
     Records written before the engine was one (a single process then ran a separate
@@ -67,9 +70,9 @@ def validation_frame(runs: pd.DataFrame, figure: str = "perfmodel", min_runs: in
     out = []
     coefs = {}
     for cluster, sub in frame.groupby(frame["sweep.cluster"].fillna("local")):
-        if len(sub) < max(min_runs, len(TERMS) + 1):
+        if len(sub) < max(min_runs, len(TERMS) + 1) or cluster not in machines:
             continue
-        machine = machine_for(cluster)
+        machine = machines[cluster]
         base = []
         for _, row in sub.iterrows():
             p = predict(workload_from_row(row), _grid(row), machine)
@@ -91,7 +94,7 @@ def validation_frame(runs: pd.DataFrame, figure: str = "perfmodel", min_runs: in
     for _, row in serial.iterrows():
         cluster = row.get("sweep.cluster") or "local"
         if cluster in coefs:
-            pred = predict(workload_from_row(row), _grid(row), machine_for(cluster), coefs[cluster]).epoch_s
+            pred = predict(workload_from_row(row), _grid(row), machines[cluster], coefs[cluster]).epoch_s
             excluded.append({"grid": row["grid_str"], "observed_s": float(row["epoch_time_s"]), "predicted_s": pred,
                              "error": pred / float(row["epoch_time_s"]) - 1,
                              "reason": "written by the retired serial engine, which the model does not describe"})
@@ -136,9 +139,10 @@ def volume_check(runs: pd.DataFrame, figure: str = "perfmodel") -> pd.DataFrame:
 
 
 
-def fit_from_runs(runs: pd.DataFrame, cluster: str):
+def fit_from_runs(runs: pd.DataFrame, cluster: str, machine: Machine):
     """Coefficients fitted on the ok multi-rank ScaleGNN runs recorded by a sweep on
-    ``cluster`` without optimization variants (for ``scalegnn plan --fit``)."""
+    ``cluster`` (whose hardware is ``machine``) without optimization variants (for
+    ``scalegnn plan --fit``)."""
     variant = runs["sweep.variant"].fillna("").astype(str)
     frame = runs[(runs["status"] == "ok") & runs["system"].isin(["scalegnn", "fullgraph-3d"])
                  & runs["epoch_time_s"].notna() & (runs["sweep.cluster"] == cluster) & (runs["world_size"] > 1)
@@ -146,7 +150,6 @@ def fit_from_runs(runs: pd.DataFrame, cluster: str):
     if len(frame) < len(TERMS):
         raise ValueError(f"only {len(frame)} ScaleGNN runs recorded on {cluster} with epoch times; the fit needs "
                          f"at least {len(TERMS)} (run `scalegnn sweep perfmodel --cluster {cluster}` first)")
-    machine = machine_for(cluster)
     samples = [(predict(workload_from_row(r), _grid(r), machine).parts, float(r["epoch_time_s"]))
                for _, r in frame.iterrows()]
     return fit(samples)

@@ -184,7 +184,7 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
 
     # ------------------------------------------------------------------ performance model
     add("\n## Performance model: predicted vs observed (Plexus Section 4, Fig. 5)\n")
-    _perfmodel_section(runs, out, add)
+    _perfmodel_section(runs, manifests, out, add)
 
     add("\n## Load balance (Plexus Table 3)\n")
     add("max / mean stored entries over 8 x 8 blocks of the adjacency (self loops included): original vertex "
@@ -227,10 +227,10 @@ def _references(manifests: list[dict]) -> dict:
     return ref
 
 
-def _perfmodel_section(runs: pd.DataFrame, out: Path, add) -> None:
-    from .perfmodel import error_summary, validation_frame, volume_check
+def _perfmodel_section(runs: pd.DataFrame, manifests: list[dict], out: Path, add) -> None:
+    from .perfmodel import error_summary, machines_of, validation_frame, volume_check
 
-    v = validation_frame(runs) if not runs.empty else pd.DataFrame()
+    v = validation_frame(runs, machines_of(manifests)) if not runs.empty else pd.DataFrame()
     if v.empty:
         add("_No data: at least 8 runs of the `perfmodel` sweep are needed "
             "(`scalegnn sweep perfmodel --cluster local`)._\n")

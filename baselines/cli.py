@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from scalegnn.parallel.grid import cube_3d
+
 from .common import SYSTEMS, CommonConfig, parse_ints
 
 __all__ = ["SYSTEMS", "add_baseline_arguments", "run_system", "adjust_fullgraph_args", "world_of"]
@@ -82,21 +84,7 @@ def adjust_fullgraph_args(args) -> None:
         args.permute = "double"
         args.no_residual = True
     if args.nproc is not None and tuple(args.grid) == (1, 1, 1, 1) and args.nproc > 1:
-        args.grid = grid_for(args.nproc)
-
-
-def grid_for(n: int) -> tuple[int, int, int, int]:
-    """A 1 x Gx x Gy x Gz grid with Gx*Gy*Gz = n, as cubic as possible (x >= y >= z)."""
-    best = (n, 1, 1)
-    for x in range(1, n + 1):
-        for y in range(1, n + 1):
-            if n % (x * y):
-                continue
-            z = n // (x * y)
-            cand = tuple(sorted((x, y, z), reverse=True))
-            if max(cand) - min(cand) < max(best) - min(best):
-                best = cand
-    return (1, *best)
+        args.grid = (1, *cube_3d(args.nproc))
 
 
 def common_config(args, world: int) -> CommonConfig:

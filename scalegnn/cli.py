@@ -15,12 +15,13 @@ __all__ = ["main", "build_parser"]
 
 
 def _grid(text: str) -> tuple[int, int, int, int]:
-    parts = text.lower().split("x")
-    if len(parts) != 4 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+    from .parallel.grid import parse_grid
+
+    try:
+        return parse_grid(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--grid must be GdxGxxGyxGz with four positive integers, e.g. 1x2x2x2; got {text!r}"
-        )
-    return tuple(int(p) for p in parts)
+            f"--grid must be GdxGxxGyxGz with four positive integers, e.g. 1x2x2x2; got {text!r}") from None
 
 
 def _fraction(text: str) -> float:
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_harness_commands(sub)
 
-    from .bench import add_bench_command
+    from benchmarks.peers import add_bench_command
 
     add_bench_command(sub)
 
@@ -210,7 +211,7 @@ def _cmd_train(args) -> int:
     launched = any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SUBMITIT_EXECUTOR")) and \
         int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1
     if args.nproc is not None or launched or cfg.world_size > 1:
-        from .parallel.launch import run_distributed_training
+        from .run import run_distributed_training
 
         record = run_distributed_training(cfg, nproc=args.nproc)
     else:
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "data":
             return _cmd_data(args)
         if args.command == "bench":
-            from .bench import run_bench_command
+            from benchmarks.peers import run_bench_command
 
             return run_bench_command(args)
         if args.command in ("sweep", "report", "plan"):

@@ -52,6 +52,8 @@ sampling and overhead are scaled by ``ranks_per_node / min(slots, ranks * thread
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 
@@ -160,6 +162,14 @@ class Machine:
     compute_slots: int = 0
     memory_bytes: float = 0.0
     name: str = ""
+
+    def to_dict(self) -> dict:
+        """What a sweep manifest records about its cluster (:meth:`from_dict` reads it back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Machine":
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
     @classmethod
     def from_profile(cls, profile) -> "Machine":

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .graph import Graph
+from .ranges import split_bounds
 
 __all__ = ["random_permutation", "inverse_permutation", "shard_nnz", "load_balance", "METHODS",
            "double_sigma"]
@@ -61,8 +62,6 @@ def double_sigma(n: int, seed: int) -> torch.Tensor:
 
 def _split_index(ids: torch.Tensor, n: int, parts: int) -> torch.Tensor:
     """Shard index of every id under the uneven ``split_range(n, parts, i)`` split."""
-    from .parallel.grid import split_bounds
-
     bounds = torch.tensor(split_bounds(n, parts)[1:-1], dtype=ids.dtype)
     return torch.bucketize(ids, bounds, right=True)
 

@@ -126,7 +126,7 @@ def _plan(args) -> int:
         from analysis import load_runs
         from analysis.perfmodel import fit_from_runs
 
-        coef = fit_from_runs(load_runs(args.fit), profile.name)
+        coef = fit_from_runs(load_runs(args.fit), profile.name, machine)
         source = f"fitted on {coef.fitted_on} runs recorded on {profile.name} in {args.fit}"
     preds = rank_grids(w, args.gpus, machine, coef, gd=args.gd)
     print(f"{args.dataset}: N={w.num_nodes:,}, nnz={w.nnz:,}, F={w.num_features}, C={w.num_classes}, "

@@ -1,10 +1,7 @@
 """Grid policies: which 4D grid ``(Gd, Gx, Gy, Gz)`` a sweep uses for a GPU count.
 
-    cube       Gd = 1 and the most cube-like Gx x Gy x Gz (paper VII-C, following
-               Agarwal et al. and Plexus): the factorization with the smallest
-               max/min ratio, ties by the smallest sum of squares; the larger
-               factors go to the slower axes (x, then y, then z), so that z and y
-               groups -- consecutive ranks -- stay inside a node longest.
+    cube       Gd = 1 and the most cube-like Gx x Gy x Gz
+               (:func:`scalegnn.parallel.grid.cube_3d`, paper VII-C)
     scale-dp   the paper's strong scaling (Fig. 7/8): the ``cube`` grid at the
                smallest GPU count of the list (Gd = 1), then the same 3D grid with
                Gd = G / G_min data-parallel replicas.
@@ -16,36 +13,11 @@
 
 from __future__ import annotations
 
-from scalegnn.parallel.grid import parse_grid
+from scalegnn.parallel.grid import cube_3d, factorizations_3d, parse_grid
 
-__all__ = ["factorizations_3d", "cube_3d", "grids_for", "all_4d", "POLICIES", "format_grid"]
+__all__ = ["grids_for", "all_4d", "POLICIES"]
 
 POLICIES = ("cube", "scale-dp", "dp", "all-3d")
-
-
-def format_grid(grid) -> str:
-    return "x".join(str(int(g)) for g in grid)
-
-
-def factorizations_3d(g: int) -> list[tuple[int, int, int]]:
-    """All ordered (Gx, Gy, Gz) with Gx * Gy * Gz = g."""
-    if g < 1:
-        raise ValueError(f"GPU count must be >= 1, got {g}")
-    out = []
-    for gx in range(1, g + 1):
-        if g % gx:
-            continue
-        for gy in range(1, g // gx + 1):
-            if (g // gx) % gy == 0:
-                out.append((gx, gy, g // gx // gy))
-    return out
-
-
-def cube_3d(g: int) -> tuple[int, int, int]:
-    """The most cube-like (Gx, Gy, Gz) for g GPUs, larger factors on x then y."""
-    best = min({tuple(sorted(f, reverse=True)) for f in factorizations_3d(g)},
-               key=lambda f: (max(f) / min(f), sum(v * v for v in f)))
-    return best
 
 
 def grids_for(policy, gpus: list[int]) -> dict[int, list[tuple[int, int, int, int]]]:

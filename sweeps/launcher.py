@@ -49,6 +49,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalegnn.perfmodel import Machine
+
 from .profiles import ClusterProfile, load_profile
 from .spec import RunSpec, SweepSpec, expand, load_spec, load_systems
 from .staging import StageSet, StageTask, data_args, resolve_data_root, stage_for
@@ -147,6 +149,7 @@ def _write_manifest(out: Path, spec: SweepSpec, profile: ClusterProfile, runs: l
         "unsupported": [r.to_dict() for r in unsupported],
         "refused": [{**r.to_dict(), "reason": why} for r, why in refused],
         "data_root": data_root,
+        "machine": Machine.from_profile(profile).to_dict(),  # what the performance model knows of the cluster
     }
     from scalegnn.records import atomic_write_json
 

@@ -26,7 +26,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .grids import format_grid, grids_for
+from scalegnn.parallel.grid import format_grid
+
+from .grids import grids_for
 
 __all__ = ["SweepSpec", "Experiment", "Variant", "RunSpec", "load_spec", "list_specs", "load_systems", "expand",
            "SPEC_DIR", "SpecError", "LOOP_OPTIONS"]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from scalegnn.bench import markdown_table, permutation_bench, random_csr, sampler_bench, scaling_bench
+from benchmarks.peers import markdown_table, permutation_bench, random_csr, sampler_bench, scaling_bench
 from scalegnn.cli import main
 
 

@@ -196,7 +196,7 @@ def test_time_based_checkpoints(tmp_path):
 def _losses_worker(rank, world, cfg, run_id, kill_at=None):
     """A spawned rank that records (step, loss) and can SIGKILL itself at one step."""
     from scalegnn.parallel.engine import ParallelEngine
-    from scalegnn.parallel.launch import _training_worker
+    from scalegnn.run import _training_worker
 
     losses = []
     real = ParallelEngine.train_step
@@ -216,7 +216,7 @@ def _losses_worker(rank, world, cfg, run_id, kill_at=None):
 def _run(cfg, kill_at=None):
     import functools
 
-    from scalegnn.parallel.launch import run_distributed_training
+    from scalegnn.run import run_distributed_training
 
     worker = functools.partial(_losses_worker, kill_at=kill_at)
     return run_distributed_training(cfg, nproc=cfg.world_size, timeout_s=150, worker=worker)

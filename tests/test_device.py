@@ -170,7 +170,7 @@ def small_run(tmp_path, grid):
 
 @pytest.mark.parametrize("grid", list(PINNED), ids=lambda g: "x".join(map(str, g)))
 def test_cpu_epoch_losses_equal_those_of_main_before_devices(tmp_path, grid):
-    from scalegnn.parallel.launch import run_distributed_training
+    from scalegnn.run import run_distributed_training
 
     cfg = small_run(tmp_path, grid)
     rec = run_training(cfg) if cfg.world_size == 1 else run_distributed_training(cfg, nproc=cfg.world_size,
@@ -209,7 +209,7 @@ def test_single_rank_training_on_the_gpu_matches_the_cpu_run(tmp_path):
 def test_multi_rank_grids_share_one_gpu_through_gloo(tmp_path, grid):
     """The training loop on several ranks on one GPU (gloo stages the collectives):
     the epoch losses of the CPU run of the same grid, within float32 reordering."""
-    from scalegnn.parallel.launch import run_distributed_training
+    from scalegnn.run import run_distributed_training
 
     cfg = small_run(tmp_path, grid)
     cpu = run_distributed_training(cfg, nproc=cfg.world_size, timeout_s=300)

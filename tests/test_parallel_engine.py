@@ -197,7 +197,7 @@ def test_bf16_communication_trains_close_to_fp32():
 def test_run_distributed_training_record_matches_serial_run(tmp_path):
     """The training loop on 4 spawned gloo ranks writes one record whose per-epoch
     losses equal the serial run's (tolerance as above), with 3D-PMM byte counts."""
-    from scalegnn.parallel.launch import run_distributed_training
+    from scalegnn.run import run_distributed_training
     from scalegnn.train import RunConfig, run_training
 
     base = dict(dataset="csbm:n=300,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.3, epochs=2,

@@ -15,7 +15,8 @@ import torch
 
 from scalegnn.device import resolve_device
 from scalegnn.parallel.collectives import CommStats, all_gather_uneven, all_reduce, broadcast
-from scalegnn.parallel.grid import AXES, ProcessGrid, parse_grid, split_bounds, split_range
+from scalegnn.parallel.grid import AXES, ProcessGrid, parse_grid
+from scalegnn.ranges import split_bounds, split_range
 from scalegnn.parallel.launch import SpawnTimeout, WorkerError, detect_env, first_host, spawn
 from tests.devices import DEVICES
 

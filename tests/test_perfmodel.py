@@ -57,7 +57,7 @@ def test_collectives_follow_the_layout_table():
 def test_predicted_bytes_match_a_recorded_run(tmp_path):
     """Bytes per step per collective kind of a real 4-rank run (2 x 1 x 2 x 1) vs the model."""
     from scalegnn.model import ModelConfig
-    from scalegnn.parallel.launch import run_distributed_training
+    from scalegnn.run import run_distributed_training
     from scalegnn.train import RunConfig
 
     cfg = RunConfig(dataset="csbm:n=1200,avg_degree=8,classes=4,feature_dim=16", data_root=str(tmp_path / "d"),

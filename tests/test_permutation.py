@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scalegnn.graph import Graph
-from scalegnn.parallel.grid import split_range
+from scalegnn.ranges import split_range
 from scalegnn.parallel.sharding import RankShard, build_shard, double_permuted
 from scalegnn.permutation import (double_sigma, inverse_permutation, load_balance, power_law_graph,
                                   random_permutation, shard_nnz)

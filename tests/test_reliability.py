@@ -232,7 +232,7 @@ def test_killing_the_launcher_leaves_no_orphan_workers(tmp_path):
 def _oom_worker(rank, world, cfg, run_id):
     """Rank 1 runs out of memory at step 2 (CUDA's error type; the CPU path is the same)."""
     from scalegnn.parallel.engine import ParallelEngine
-    from scalegnn.parallel.launch import _training_worker
+    from scalegnn.run import _training_worker
 
     real = ParallelEngine.train_step
 
@@ -247,7 +247,7 @@ def _oom_worker(rank, world, cfg, run_id):
 
 @pytest.mark.distributed
 def test_a_rank_that_raises_fails_the_run_with_its_error_and_an_oom_hint(tmp_path):
-    from scalegnn.parallel.launch import run_distributed_training
+    from scalegnn.run import run_distributed_training
 
     cfg = RunConfig(dataset=SMALL, data_root=str(tmp_path / "data"), out_dir=str(tmp_path / "runs"),
                     batch_ratio=0.1, epochs=3, grid=(1, 2, 1, 1), progress=False,
@@ -265,7 +265,7 @@ def test_a_rank_that_raises_fails_the_run_with_its_error_and_an_oom_hint(tmp_pat
 
 @pytest.mark.distributed
 def test_divergence_in_a_distributed_run_is_recorded_as_diverged(tmp_path):
-    from scalegnn.parallel.launch import run_distributed_training
+    from scalegnn.run import run_distributed_training
 
     cfg = RunConfig(dataset=SMALL, data_root=str(tmp_path / "data"), out_dir=str(tmp_path / "runs"),
                     batch_ratio=0.2, epochs=5, grid=(1, 1, 1, 2), progress=False,

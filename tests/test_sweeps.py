@@ -9,7 +9,8 @@ import pytest
 from scalegnn import records
 from scalegnn.cli import main
 from sweeps import expand, list_profiles, list_specs, load_profile, load_spec
-from sweeps.grids import cube_3d, grids_for
+from scalegnn.parallel.grid import cube_3d
+from sweeps.grids import grids_for
 from sweeps.launcher import (SweepTask, checkpoint_args, collective_timeout_s, group_runs, run_dir, run_state,
                              submitted_job, supported_systems, sweep)
 from sweeps.profiles import ProfileError

@@ -2,7 +2,7 @@
 3D-PMM operators, sharding, communication-free distributed sampling, the parallel
 model and engine, and process launch.
 
-    grid.py          ProcessGrid (axes dp, x, y, z), parse_grid, split_range
+    grid.py          ProcessGrid (axes dp, x, y, z), parse_grid, the grid chooser
     collectives.py   all_reduce / all_gather_uneven over named axes, CommStats
     layout.py        the layer-rotation table and row/column block ranges
     pmm.py           sharded SpMM / GEMM / reshard / RMSNorm / losses (autograd)
@@ -13,6 +13,6 @@ model and engine, and process launch.
     launch.py        init_from_env, spawn, run_distributed_training
 """
 
-from .grid import ProcessGrid, parse_grid, split_range
+from .grid import ProcessGrid, parse_grid
 
-__all__ = ["ProcessGrid", "parse_grid", "split_range"]
+__all__ = ["ProcessGrid", "parse_grid"]

@@ -26,33 +26,12 @@ import re
 
 import torch.distributed as dist
 
-__all__ = ["AXES", "PMM_AXES", "ProcessGrid", "parse_grid", "split_range", "split_bounds", "third_axis"]
+
+__all__ = ["AXES", "PMM_AXES", "ProcessGrid", "parse_grid", "format_grid", "cube_3d", "factorizations_3d",
+           "third_axis"]
 
 AXES = ("dp", "x", "y", "z")
 PMM_AXES = ("x", "y", "z")
-
-
-def split_range(n: int, parts: int, index: int) -> tuple[int, int]:
-    """The ``index``-th of ``parts`` contiguous pieces of ``range(n)``: ``(start, end)``.
-
-    Uneven split: the first ``n % parts`` pieces get one extra element, so sizes
-    differ by at most one and every rank computes every piece locally. Pieces may be
-    empty when ``n < parts``.
-    """
-    if parts < 1:
-        raise ValueError(f"parts must be >= 1, got {parts}")
-    if not 0 <= index < parts:
-        raise ValueError(f"index {index} out of range for {parts} parts")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    base, extra = divmod(n, parts)
-    start = index * base + min(index, extra)
-    return start, start + base + (1 if index < extra else 0)
-
-
-def split_bounds(n: int, parts: int) -> list[int]:
-    """All ``parts + 1`` boundaries of :func:`split_range`: piece i is ``[b[i], b[i+1])``."""
-    return [split_range(n, parts, i)[0] for i in range(parts)] + [n]
 
 
 def third_axis(a: str, b: str) -> str:
@@ -68,8 +47,8 @@ def parse_grid(spec: str) -> tuple[int, int, int, int]:
     parts = re.split(r"[x,*X]", spec.strip())
     if len(parts) != 4:
         raise ValueError(
-            f"grid {spec!r} must have 4 factors Gd x Gx x Gy x Gz, e.g. '1x2x2x2' (use 1 for unused axes), "
-            f"got {len(parts)}"
+            f"grid {spec!r} must be GdxGxxGyxGz, 4 factors Gd x Gx x Gy x Gz, e.g. '1x2x2x2' (use 1 for unused "
+            f"axes), got {len(parts)}"
         )
     out = []
     for name, p in zip(AXES, parts):
@@ -77,6 +56,35 @@ def parse_grid(spec: str) -> tuple[int, int, int, int]:
             raise ValueError(f"grid {spec!r}: factor for axis {name} must be a positive integer, got {p!r}")
         out.append(int(p))
     return tuple(out)
+
+
+def format_grid(grid) -> str:
+    return "x".join(str(int(g)) for g in grid)
+
+
+def factorizations_3d(g: int) -> list[tuple[int, int, int]]:
+    """All ordered (Gx, Gy, Gz) with Gx * Gy * Gz = g."""
+    if g < 1:
+        raise ValueError(f"GPU count must be >= 1, got {g}")
+    out = []
+    for gx in range(1, g + 1):
+        if g % gx:
+            continue
+        for gy in range(1, g // gx + 1):
+            if (g // gx) % gy == 0:
+                out.append((gx, gy, g // gx // gy))
+    return out
+
+
+def cube_3d(g: int) -> tuple[int, int, int]:
+    """The grid chooser: the most cube-like (Gx, Gy, Gz) for g ranks (paper VII-C,
+    following Agarwal et al. and Plexus), the factorization with the smallest max/min
+    ratio, ties by the smallest sum of squares; the larger factors go to the slower
+    axes (x, then y, then z), so that z and y groups, runs of consecutive ranks,
+    stay inside a node longest."""
+    best = min({tuple(sorted(f, reverse=True)) for f in factorizations_3d(g)},
+               key=lambda f: (max(f) / min(f), sum(v * v for v in f)))
+    return best
 
 
 def _world_timeout():

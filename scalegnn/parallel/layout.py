@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .grid import PMM_AXES, ProcessGrid, split_bounds, third_axis
+from ..ranges import split_bounds
+from .grid import PMM_AXES, ProcessGrid, third_axis
 
 __all__ = ["LayerLayout", "layer_layout", "INPUT_LAYOUT", "final_layout", "HeadLayout", "head_layout",
            "adjacency_plane", "PLANES", "RowPartition", "col_bounds", "interval_overlap"]

@@ -40,7 +40,8 @@ from torch import nn
 
 from ..model import ModelConfig, ScaleGNN, dropout_keep_mask, dropout_key
 from .dist_sampling import ShardedBatch
-from .grid import PMM_AXES, ProcessGrid, split_range
+from ..ranges import split_range
+from .grid import PMM_AXES, ProcessGrid
 from .layout import INPUT_LAYOUT, head_layout, layer_layout
 from .pmm import ParallelContext, fused_layer_tail, parallel_rms_norm, reshard, sharded_gemm, sharded_spmm
 

@@ -32,7 +32,8 @@ import torch
 from ..fileio import atomic_write
 from ..graph import Graph
 from ..sampling import CSRBlock, train_mask_of
-from .grid import PMM_AXES, ProcessGrid, split_range
+from ..ranges import split_range
+from .grid import PMM_AXES, ProcessGrid
 from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",

@@ -1,4 +1,5 @@
-"""``scalegnn bench``: end-to-end comparisons that write JSON and a Markdown table.
+"""``scalegnn bench``: comparisons with the peers (PyG, torch-sparse, GraphSAINT, DGL)
+and end-to-end measurements that write JSON and a Markdown table.
 
     scalegnn bench sampler       Algorithm 2 step vs PyG / torch-sparse / GraphSAINT / DGL (item 7)
     scalegnn bench permutation   max/mean nonzeros over 8 x 8 shards (Plexus Table 3)
@@ -139,7 +140,7 @@ def sampler_bench(n: int = 10**6, nnz: int = 2 * 10**7, batch: int = 10**5, reps
 
 
 def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
-    from .sampling import CompactIndexMap, CSRBlock, extract_block, inclusion_probability, sample_vertices
+    from scalegnn.sampling import CompactIndexMap, CSRBlock, extract_block, inclusion_probability, sample_vertices
 
     t0 = time.perf_counter()
     indptr, indices, values = random_csr(n, nnz, seed)
@@ -158,7 +159,7 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
         return run
 
     methods = {}
-    from . import _fastsample
+    from scalegnn import _fastsample
 
     if _fastsample.available():
         methods["ours (numba kernel)"] = ours("numba", block)
@@ -279,7 +280,7 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
 # --------------------------------------------------------------------------- item 6: permutation
 def permutation_bench(data_root: str | None = None, scale: int = 18, parts: int = 8, seed: int = 0,
                       datasets: tuple = ("power-law", "facebook")) -> tuple[dict, str]:
-    from .permutation import load_balance, power_law_graph
+    from scalegnn.permutation import load_balance, power_law_graph
 
     results, rows = {}, []
     for name in datasets:
@@ -287,7 +288,7 @@ def permutation_bench(data_root: str | None = None, scale: int = 18, parts: int 
             graph = power_law_graph(scale, 16, seed)
             label = f"R-MAT power law, R-MAT order (N = 2^{scale})"
         else:
-            from .datasets import load_dataset
+            from scalegnn.datasets import load_dataset
 
             try:
                 graph = load_dataset(name, data_root=data_root, seed=seed).gcn_normalize()
@@ -318,13 +319,13 @@ ABLATION = (
 
 def _ablation_worker(rank, world, shape, dataset, data_root, batch_ratio, hidden, layers, steps, warmup, configs,
                      compile_backend):
-    from .engine import OptimConfig
-    from .model import ModelConfig
-    from .parallel.engine import COMPONENTS, ParallelEngine
-    from .parallel.grid import ProcessGrid
-    from .perf import PerfConfig
-    from .sampling import resolve_batch_size
-    from .train import RunConfig, prepare_graph
+    from scalegnn.engine import OptimConfig
+    from scalegnn.model import ModelConfig
+    from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
+    from scalegnn.parallel.grid import ProcessGrid
+    from scalegnn.perf import PerfConfig
+    from scalegnn.sampling import resolve_batch_size
+    from scalegnn.train import RunConfig, prepare_graph
 
     grid = ProcessGrid(*shape)
     graph = prepare_graph(RunConfig(dataset=dataset, data_root=data_root, progress=False))
@@ -361,14 +362,14 @@ def ablation_bench(grid: str = "1x2x2x2", dataset: str = "csbm:n=20000,avg_degre
     (rank 0) and bytes per collective kind per step. With 8-16 processes on a few
     cores the seconds show where time goes under oversubscription, not GPU speedups;
     the bytes are exact."""
-    from .parallel.engine import COMPONENTS
-    from .parallel.grid import parse_grid
-    from .parallel.launch import spawn
+    from scalegnn.parallel.engine import COMPONENTS
+    from scalegnn.parallel.grid import parse_grid
+    from scalegnn.parallel.launch import spawn
 
     shape = parse_grid(grid)
     world = math.prod(shape)
     if any(sw.get("compile") for _, sw in ABLATION):  # warm the compile cache once, not in every rank
-        from .parallel.pmm import norm_relu_dropout
+        from scalegnn.parallel.pmm import norm_relu_dropout
 
         fused = torch.compile(norm_relu_dropout, dynamic=True, backend=compile_backend)
         for training in (True, False):
@@ -404,9 +405,9 @@ def steps_bench(grids: tuple = ("1x1x1x2", "1x2x1x1", "1x2x2x2", "2x2x2x2"),
                 warmup: int = 2) -> tuple[dict, str]:
     """One training step per grid (plain configuration): ms per step and per component
     on rank 0, bytes per step per collective kind."""
-    from .parallel.engine import COMPONENTS
-    from .parallel.grid import parse_grid
-    from .parallel.launch import spawn
+    from scalegnn.parallel.engine import COMPONENTS
+    from scalegnn.parallel.grid import parse_grid
+    from scalegnn.parallel.launch import spawn
 
     results, rows = [], []
     for g in grids:
@@ -440,10 +441,10 @@ def scaling_bench(nnzs: tuple = (10**6, 4 * 10**6, 16 * 10**6), avg_degree: int 
 
 
 def _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers):
-    from .engine import OptimConfig
-    from .graph import Graph
-    from .model import ModelConfig
-    from .parallel.engine import ParallelEngine
+    from scalegnn.engine import OptimConfig
+    from scalegnn.graph import Graph
+    from scalegnn.model import ModelConfig
+    from scalegnn.parallel.engine import ParallelEngine
 
     rows, results = [], []
     for nnz in nnzs:
