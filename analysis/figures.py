@@ -26,8 +26,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from scalegnn import systems as registry  # noqa: E402
+
 __all__ = ["NoData", "fig5_ablation", "fig6_time_to_target", "fig7_strong_scaling", "fig8_epoch_breakdown",
-           "plexus_fig5_model", "select", "COMPONENTS", "SYSTEM_STYLE", "FIGURE_SPECS", "component_table"]
+           "plexus_fig5_model", "select", "COMPONENTS", "FIGURE_SPECS", "component_table"]
 
 
 class NoData(LookupError):
@@ -45,16 +47,6 @@ FIGURE_SPECS = {
     "perfmodel": {"perfmodel"},
 }
 
-SYSTEM_STYLE = {  # colour, marker, legend name
-    "scalegnn": ("#d62728", "o", "ScaleGNN"),
-    "salient": ("#1f77b4", "s", "SALIENT++"),
-    "bns-gcn": ("#2ca02c", "^", "BNS-GCN"),
-    "distdgl": ("#9467bd", "D", "DistDGL"),
-    "massivegnn": ("#8c564b", "v", "MassiveGNN"),
-    "graphsage": ("#ff7f0e", "P", "GraphSAGE"),
-    "graphsaint": ("#17becf", "X", "GraphSAINT"),
-    "fullgraph-3d": ("#7f7f7f", "*", "full-graph 3D"),
-}
 
 # Stacking order and colours of the per-epoch components (records' ``components``).
 COMPONENTS = [
@@ -72,7 +64,12 @@ _ALIASES = {"dp_allreduce": "dp_comm"}
 
 
 def _style(system: str):
-    return SYSTEM_STYLE.get(system, ("#444444", "o", system))
+    """(colour, marker, legend name) of a system (scalegnn.systems; a name the registry
+    does not know, from an old or foreign record, gets a neutral style)."""
+    try:
+        return registry.get(system).style
+    except registry.UnknownSystem:
+        return "#444444", "o", system
 
 
 def _log_axis(axis) -> None:

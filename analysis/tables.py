@@ -9,20 +9,25 @@ cell, and measured rows without a paper counterpart an empty "paper" cell.
 
 from __future__ import annotations
 
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+
+from scalegnn import systems as registry
 
 from .figures import _cluster, _variant, select
 from .paper import canonical_dataset, paper_numbers
 
 __all__ = ["table1_accuracy", "table2_eval_time", "fig6_times", "fig7_speedups", "fig5_reductions", "mixed_devices",
-           "load_balance", "plexus_table3", "provenance", "failures", "markdown"]
-
-SYSTEM_ORDER = ["graphsaint", "graphsage", "distdgl", "massivegnn", "salient", "bns-gcn", "fullgraph-3d", "scalegnn"]
-
+           "load_balance", "plexus_table3", "provenance", "failures", "markdown", "accuracy_table",
+           "time_to_target_table", "eval_time_table"]
 
 def _sys_key(s: str) -> int:
-    return SYSTEM_ORDER.index(s) if s in SYSTEM_ORDER else len(SYSTEM_ORDER)
+    return registry.order_key(s)
 
 
 def _real(frame: pd.DataFrame) -> pd.Series:
@@ -352,3 +357,106 @@ def markdown(frame: pd.DataFrame, formats: dict | None = None, columns: dict | N
     for _, r in frame.iterrows():
         lines.append("| " + " | ".join(_cell(r.get(c), formats.get(c)) for c in cols) + " |")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- seed tables (README "Baselines")
+def _records(folder) -> list[dict]:
+    from .load import read_records
+
+    good, skipped = read_records(folder)
+    for _, why in skipped:
+        print(f"skipped: {why}", file=sys.stderr)
+    return good
+
+
+def _mean_spread(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{100 * values[0]:.2f} (1 seed)"
+    return f"{100 * statistics.mean(values):.2f} ± {100 * statistics.stdev(values):.2f} (n={len(values)})"
+
+
+def accuracy_table(recs: list[dict], metric: str = "test_acc_at_best_val") -> str:
+    """Systems x datasets: ``metric`` of the records' summaries (in %), mean ± sample
+    standard deviation over the seeds recorded. ``test_acc_at_best_val`` is the test
+    accuracy of the epoch with the best validation accuracy (model selection);
+    ``best_test_acc`` the best test accuracy of any evaluated epoch (Table I's)."""
+    acc = defaultdict(list)
+    datasets = []
+    for r in recs:
+        if r["status"] != "ok" or not r.get("summary") or r["summary"].get(metric) is None:
+            continue
+        acc[(r["system"], r["dataset"])].append(r["summary"][metric])
+        if r["dataset"] not in datasets:
+            datasets.append(r["dataset"])
+    systems = sorted({s for s, _ in acc}, key=_sys_key)
+    lines = ["| system | " + " | ".join(datasets) + " |", "|---|" + "---|" * len(datasets)]
+    for s in systems:
+        lines.append(f"| {s} | " + " | ".join(_mean_spread(acc.get((s, d), [])) for d in datasets) + " |")
+    return "\n".join(lines)
+
+
+def _system_by_procs(cell: dict, procs: set) -> str:
+    """Markdown: one row per system, one column per process count, cells from ``cell[(system, procs)]``."""
+    procs = sorted(procs)
+    systems = sorted({s for s, _ in cell}, key=_sys_key)
+    lines = ["| system | " + " | ".join(f"{n} proc" for n in procs) + " |", "|---|" + "---|" * len(procs)]
+    for s in systems:
+        lines.append(f"| {s} | " + " | ".join(cell.get((s, n), "—") for n in procs) + " |")
+    return "\n".join(lines)
+
+
+def time_to_target_table(recs: list[dict]) -> str:
+    cell, procs = {}, set()
+    for r in recs:
+        n = r["world_size"]
+        procs.add(n)
+        if r["status"] != "ok":
+            cell[(r["system"], n)] = f"{r['status']}"
+            continue
+        epochs = r["epochs"]
+        if r["time_to_target_s"] is not None:
+            hit = next(e for e in epochs if (e["test_acc"] or 0) >= r["target_acc"])
+            cell[(r["system"], n)] = f"{r['time_to_target_s']:.1f} s ({hit['epoch']} ep)"
+        else:
+            best = max((e for e in epochs if e["test_acc"] is not None), key=lambda e: e["test_acc"])
+            cell[(r["system"], n)] = (f"× {best['test_acc']:.3f} best, {best['train_time_s']:.1f} s "
+                                      f"({len(epochs)} ep)")
+    return _system_by_procs(cell, procs)
+
+
+def eval_time_table(recs: list[dict]) -> str:
+    cell, procs = {}, set()
+    for r in recs:
+        times = [e["eval_time_s"] for e in r["epochs"] if e.get("eval_time_s") is not None]
+        if not times:
+            continue
+        n = r["world_size"]
+        procs.add(n)
+        per_epoch = statistics.median(
+            [b["train_time_s"] - a["train_time_s"] for a, b in zip(r["epochs"], r["epochs"][1:])] or
+            [r["epochs"][0]["train_time_s"]])
+        cell[(r["system"], n)] = f"{statistics.median(times):.3f} s (epoch {per_epoch:.2f} s)"
+    return _system_by_procs(cell, procs)
+
+
+def main(argv=None) -> int:
+    root = Path((argv or sys.argv[1:] or ["results/baselines"])[0])
+    if (root / "table1").is_dir():
+        recs = _records(root / "table1")
+        print("### Test accuracy at the best validation epoch (%), mean ± std over seeds\n")
+        print(accuracy_table(recs) + "\n")
+        print("### Best test accuracy of any epoch (%, Table I's measure), mean ± std over seeds\n")
+        print(accuracy_table(recs, "best_test_acc") + "\n")
+    if (root / "fig6").is_dir():
+        recs = _records(root / "fig6")
+        print("### Training time to 0.92 test accuracy on Facebook (epochs needed)\n")
+        print(time_to_target_table(recs) + "\n")
+        print("### Evaluation time per round (median), Facebook\n")
+        print(eval_time_table(recs) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

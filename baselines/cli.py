@@ -13,9 +13,11 @@ import argparse
 
 from scalegnn.parallel.grid import cube_3d
 
-from .common import SYSTEMS, CommonConfig, parse_ints
+from scalegnn import systems as registry
 
-__all__ = ["SYSTEMS", "add_baseline_arguments", "run_system", "adjust_fullgraph_args", "world_of"]
+from .common import CommonConfig, parse_ints
+
+__all__ = ["add_baseline_arguments", "run_system", "adjust_fullgraph_args", "world_of"]
 
 
 def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,4 +146,4 @@ def run_system(args) -> dict:
             balance_train=not args.no_balance_train, balance_edges=not args.no_balance_edges,
             timeout_s=args.dgl_timeout, python=args.dgl_python)
         return harness.run(cfg, opts)
-    raise ValueError(f"--system {name} is not a baseline adapter (choose one of {', '.join(SYSTEMS)})")
+    raise ValueError(f"--system {name} is not a baseline adapter (choose one of {', '.join(registry.names(True))})")

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from scalegnn import records
+from scalegnn import systems as registry
 from scalegnn.engine import accuracy_counts
 from scalegnn.graph import Graph
 from scalegnn.device import (check_device_spec, peak_device_memory_bytes, peak_memory_bytes, peak_rss_bytes,
@@ -48,7 +49,6 @@ __all__ = [
     "split_accuracies", "world_info", "rank_device", "ddp", "all_reduce_sum", "parse_ints", "summary_line",
 ]
 
-SYSTEMS = ("scalegnn", "fullgraph-3d", "graphsage", "graphsaint", "salient", "distdgl", "bns-gcn")
 
 
 def parse_ints(text) -> tuple[int, ...]:
@@ -86,8 +86,8 @@ class CommonConfig:
 
     def __post_init__(self):
         self.device = check_device_spec(self.device)
-        if self.system not in SYSTEMS:
-            raise ValueError(f"unknown system {self.system!r}; choose one of {', '.join(SYSTEMS)}")
+        if self.system not in registry.names(available=True):
+            raise ValueError(f"unknown system {self.system!r}; choose one of {', '.join(registry.names(available=True))}")
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.eval_every < 1:

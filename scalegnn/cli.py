@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                      help="torch.distributed backend: auto follows the device (NCCL/RCCL for GPUs, gloo for CPU); "
                      "gloo with GPUs lets several ranks share one GPU (tests)")
-    t.add_argument("--system", default="scalegnn",
-                   choices=("scalegnn", "fullgraph-3d", "graphsage", "graphsaint", "salient", "distdgl", "bns-gcn"),
+    from . import systems as registry
+
+    t.add_argument("--system", default="scalegnn", choices=registry.names(available=True),
                    help="which system trains: scalegnn, fullgraph-3d (batch ratio 1.0, Plexus) or a compared "
                    "system from baselines/ (same dataset split, same run record)")
     from baselines.cli import add_baseline_arguments

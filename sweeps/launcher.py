@@ -22,7 +22,7 @@ SLURM: runs are grouped by their resources (nodes, tasks per node, CPUs per task
 minutes) and each group is one submitit job array; every array task is one run,
 with one task per rank (``tasks_per_node`` = GPUs per node) and each task setting
 up ``torch.distributed`` from submitit's environment (:class:`SweepTask`). A system
-that starts its own processes (``launch = "self"`` in ``systems.toml``: DistDGL) gets
+that starts its own processes (``self_launching`` in :mod:`scalegnn.systems`: DistDGL) gets
 one task on one node, and is refused on more than one node. ``--dry-run`` prints
 the batch scripts submitit would submit (rendered by submitit's own sbatch writer)
 and submits nothing. Local (``--cluster local``): the same tasks through submitit's
@@ -49,10 +49,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalegnn import systems as registry
 from scalegnn.perfmodel import Machine
 
 from .profiles import ClusterProfile, load_profile
-from .spec import RunSpec, SweepSpec, expand, load_spec, load_systems
+from .spec import RunSpec, SweepSpec, expand, load_spec
 from .staging import StageSet, StageTask, data_args, resolve_data_root, stage_for
 
 __all__ = ["SweepTask", "SweepOutcome", "sweep", "run_dir", "run_state", "slurm_parameters", "render_sbatch",
@@ -157,24 +158,16 @@ def _write_manifest(out: Path, spec: SweepSpec, profile: ClusterProfile, runs: l
 
 
 # ---------------------------------------------------------------------------- systems
-def supported_systems() -> set[str] | None:
-    """Systems the installed ``scalegnn train`` can run: ScaleGNN and its full-graph
-    mode, plus the ``--system`` choices when the trainer has that option (None: a
-    ``--system`` option without a fixed list, which accepts any name)."""
-    from scalegnn.cli import build_parser
-
-    train = _train_parser(build_parser())
-    base = {"scalegnn", "fullgraph-3d"}
-    for action in train._actions:
-        if "--system" in action.option_strings:
-            return base | set(action.choices) if action.choices else None
-    return base
+def supported_systems() -> set[str]:
+    """Systems this scalegnn can run (the registry's available ones; a paper-only
+    system such as MassiveGNN is reported and skipped by a sweep)."""
+    return set(registry.names(available=True))
 
 
 def self_launching(system: str) -> bool:
-    """Whether a system starts its own processes from one task (``launch = "self"`` in
-    ``systems.toml``): its job gets one task, which spawns the run's ranks on one node."""
-    return load_systems().get(system, {}).get("launch", "ranks") == "self"
+    """Whether a system starts its own processes from one task (its registry entry):
+    its job gets one task, which spawns the run's ranks on one node."""
+    return registry.get(system).self_launching
 
 
 def multi_node_refusal(run: RunSpec, profile: ClusterProfile) -> str | None:
@@ -189,6 +182,7 @@ def multi_node_refusal(run: RunSpec, profile: ClusterProfile) -> str | None:
         return None
     return (f"{run.system} starts its servers and trainers on one host (127.0.0.1), so it runs on one node only: "
             f"{run.world_size} trainers need {nodes} nodes of {profile.gpus_per_node} on {profile.name}")
+
 
 
 def _train_parser(parser):

@@ -9,9 +9,9 @@ what defines the run), which names its output folder so that a finished run is
 recognised and never submitted twice.
 
 Option precedence (later wins): spec ``[train]`` < experiment ``train`` < the
-spec's ``[local] train`` (stand-in runs only) < the system's ``train`` from
-``sweeps/systems.toml`` < the variant's ``train`` < the target accuracy < command
-line overrides. Baselines (``inherit = "loop"``) take only the loop options
+spec's ``[local] train`` (stand-in runs only) < the system's ``sweep_defaults``
+(:mod:`scalegnn.systems`) < the variant's ``train`` < the target accuracy < command
+line overrides. Baselines (``sweep_options = "loop"``) take only the loop options
 (epochs, evaluation, target, seed, data root) from the spec-wide tables (``[train]``,
 ``[local] train``); an experiment's own ``train`` applies to every system it lists.
 """
@@ -26,15 +26,15 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalegnn import systems as registry
 from scalegnn.parallel.grid import format_grid
 
 from .grids import grids_for
 
-__all__ = ["SweepSpec", "Experiment", "Variant", "RunSpec", "load_spec", "list_specs", "load_systems", "expand",
+__all__ = ["SweepSpec", "Experiment", "Variant", "RunSpec", "load_spec", "list_specs", "expand",
            "SPEC_DIR", "SpecError", "LOOP_OPTIONS"]
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
-SYSTEMS_FILE = Path(__file__).resolve().parent / "systems.toml"
 LOOP_OPTIONS = frozenset({"epochs", "eval-every", "target-acc", "stop-at-target", "seed", "data-root"})
 # Options the sweep itself sets per run; a spec must not set them in [train].
 RESERVED = frozenset({"dataset", "grid", "seed", "out", "nproc", "shard-dir"})
@@ -187,18 +187,6 @@ def _options(table, where: str) -> dict:
     return dict(table)
 
 
-def load_systems(path: str | Path = SYSTEMS_FILE) -> dict:
-    data = tomllib.loads(Path(path).read_text())
-    for name, entry in data.items():
-        if entry.get("inherit", "all") not in ("all", "loop"):
-            raise SpecError(f"{path} [{name}]: inherit must be 'all' or 'loop'")
-        if entry.get("launch", "ranks") not in ("ranks", "self"):
-            raise SpecError(f"{path} [{name}]: launch must be 'ranks' or 'self'")
-        entry.setdefault("grids", "spec")
-        entry["train"] = _options(entry.get("train", {}), f"{path} [{name}].train")
-    return data
-
-
 def load_spec(name_or_path) -> SweepSpec:
     """Parse and validate ``sweeps/specs/<name>.toml`` (also ``<name>_*.toml``, e.g.
     ``fig7`` finds ``fig7_strong_scaling.toml``) or a path."""
@@ -208,17 +196,15 @@ def load_spec(name_or_path) -> SweepSpec:
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
     where = str(path)
-    systems_table = load_systems()
-
     def need(key):
         if key not in data:
             raise SpecError(f"{where}: missing required field {key!r}")
         return data[key]
 
     systems = tuple(need("systems"))
-    unknown = [s for s in systems if s not in systems_table]
+    unknown = [s for s in systems if s not in registry.names()]
     if unknown:
-        raise SpecError(f"{where}: unknown systems {unknown}; known: {sorted(systems_table)} (sweeps/systems.toml)")
+        raise SpecError(f"{where}: unknown systems {unknown}; known: {registry.names()} (scalegnn.systems)")
     experiments = []
     for i, raw in enumerate(need("experiments")):
         w = f"{where} experiments[{i}]"
@@ -304,7 +290,6 @@ def expand(spec: SweepSpec, cluster: str, *, gpus=None, datasets=None, epochs: i
     replace the spec's lists (stand-in runs); ``epochs`` / ``seeds`` / ``systems``
     override or restrict. The spec's ``[local]`` stand-ins apply on a local profile
     (``local``; default: the cluster is named ``local``) without experiments of its own."""
-    systems_table = load_systems()
     local = cluster == "local" if local is None else local
     exps = [e for e in spec.experiments if e.cluster == cluster]
     derived = bool(gpus or datasets or not exps)
@@ -323,9 +308,9 @@ def expand(spec: SweepSpec, cluster: str, *, gpus=None, datasets=None, epochs: i
         for system in e.systems or spec.systems:
             if want_systems and system not in want_systems:
                 continue
-            entry = systems_table[system]
-            policy = "dp" if entry["grids"] == "dp" else e.grids
-            only = LOOP_OPTIONS if entry.get("inherit", "all") == "loop" else None
+            entry = registry.get(system)
+            policy = "dp" if entry.grids == "dp" else e.grids
+            only = LOOP_OPTIONS if entry.sweep_options == "loop" else None
             variants = spec.variants if (spec.variants and system in spec.variant_systems) else (Variant(""),)
             paper_ds = e.stands_for or e.dataset
             target = spec.local.get("targets", {}).get(paper_ds) if derived and local else None
@@ -339,7 +324,7 @@ def expand(spec: SweepSpec, cluster: str, *, gpus=None, datasets=None, epochs: i
                             _merge(opts, e.train)  # an experiment's own options are meant for its systems
                             if derived and local:
                                 _merge(opts, spec.local.get("train", {}), only)
-                            _merge(opts, entry["train"])
+                            _merge(opts, dict(entry.sweep_defaults))
                             _merge(opts, v.train)
                             if target is not None:
                                 opts["target-acc"] = target

@@ -270,7 +270,7 @@ def test_bns_gcn_at_rate_one_matches_the_single_process_run(data_root, tmp_path)
 
 
 def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
-    from baselines.tables import accuracy_table, time_to_target_table
+    from analysis.tables import accuracy_table, time_to_target_table
 
     def rec(system, seed, at_val, best, world=1, ttt=None, accs=(0.5, 0.93)):
         epochs = [{"epoch": i + 1, "test_acc": a, "train_time_s": 2.0 * (i + 1)} for i, a in enumerate(accs)]

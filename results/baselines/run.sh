@@ -2,7 +2,7 @@
 # Measurements behind README "Baselines". Usage (from the repository root):
 #   bash results/baselines/run.sh fig6  [NPROCS...]   # time to 0.92 test accuracy on Facebook, every system
 #   bash results/baselines/run.sh table1 [SEEDS...]   # best test accuracy, 3 datasets, 5 systems
-#   .venv/bin/python -m baselines.tables results/baselines   # print the tables
+#   .venv/bin/python -m analysis.tables results/baselines    # print the tables
 # Records go to results/baselines/<table>/; each run is one `scalegnn train` command.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +14,7 @@ run() {  # run OUT SYSTEM NPROC ARGS...
   local out=$1 system=$2 nproc=$3; shift 3
   local par=()
   case $system in
-    scalegnn) [ "$nproc" -gt 1 ] && par=(--nproc "$nproc" --grid "$($PY -c "from baselines.cli import grid_for; print('x'.join(map(str, grid_for($nproc))))")") ;;
+    scalegnn) [ "$nproc" -gt 1 ] && par=(--nproc "$nproc" --grid "$($PY -c "from scalegnn.parallel.grid import cube_3d; print('1x' + 'x'.join(map(str, cube_3d($nproc))))")") ;;
     *) par=(--nproc "$nproc") ;;
   esac
   echo "== $(date +%T) $system nproc=$nproc $*"

@@ -1,0 +1,129 @@
+"""The registry of systems: ScaleGNN and every system it is compared with, in one place.
+
+A :class:`System` says what a system is called (its name on the command line and in
+records, its display name, its colour and marker in figures, its place in tables),
+how it runs (``run``: the function that trains one configuration and returns the run
+record; ``options``: the dataclass of its own settings, whose fields become its
+flags under ``scalegnn train --system NAME``), what it can do (devices, several
+nodes, full graph or sampled) and how a sweep launches it (``grids``: the
+experiment's grid policy or pure data parallelism; ``sweep_options``: every option
+of the spec's ``[train]`` table or only the loop's, the system keeping its own
+published hyper-parameters).
+
+The command line, the sweeps, the tables, the report and the figures all read this
+registry. ``run`` and ``options`` are ``"module:attribute"`` strings, resolved when
+they are needed, so the registry can list the compared systems (``baselines/``)
+without importing them; :func:`register` adds one at run time (a test adds a toy
+system that way). Adding a system is one module and one entry here
+(``baselines/README.md`` shows how).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+__all__ = ["System", "register", "get", "systems", "names", "resolve", "UnknownSystem"]
+
+
+class UnknownSystem(ValueError):
+    """A system name the registry does not know."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class System:
+    name: str
+    display: str
+    color: str = "#444444"
+    marker: str = "o"
+    run: str | None = None  # "module:function": run(config) -> run record; None: not runnable here
+    options: str | None = None  # "module:Class": the system's own settings (its flags)
+    full_graph: bool = False  # trains on the whole graph each step (no sampling)
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    multi_node: bool = True
+    self_launching: bool = False  # starts its own processes from one task, on one node (a job gets one task)
+    grids: str = "dp"  # sweeps: "spec" (the experiment's grid policy) or "dp" (Gd = G, data parallel only)
+    sweep_options: str = "loop"  # sweeps: "all" of the spec's [train] options, or the "loop" options only
+    sweep_defaults: tuple[tuple[str, object], ...] = ()  # options a sweep passes for this system (flag, value)
+    unavailable: str = ""  # why it cannot run here (paper-only systems): sweeps and reports say so
+
+    def __post_init__(self):
+        if self.grids not in ("spec", "dp"):
+            raise ValueError(f"system {self.name}: grids must be 'spec' or 'dp', got {self.grids!r}")
+        if self.sweep_options not in ("all", "loop"):
+            raise ValueError(f"system {self.name}: sweep_options must be 'all' or 'loop', got {self.sweep_options!r}")
+        if self.run is None and not self.unavailable:
+            raise ValueError(f"system {self.name}: give it a run function or say why it is unavailable")
+        if self.self_launching and self.multi_node:
+            raise ValueError(f"system {self.name}: a self-launching system starts its processes on one node")
+
+    @property
+    def available(self) -> bool:
+        return self.run is not None
+
+    @property
+    def style(self) -> tuple[str, str, str]:
+        """(colour, marker, display name) for figures."""
+        return self.color, self.marker, self.display
+
+
+def resolve(ref: str):
+    """The object named by ``"module:attribute"``."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+_REGISTRY: dict[str, System] = {}
+
+
+def register(system: System) -> System:
+    """Add (or replace) a system; tables and figures list systems in registration order."""
+    _REGISTRY[system.name] = system
+    return system
+
+
+def get(name: str) -> System:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownSystem(f"unknown system {name!r}; the systems are {', '.join(_REGISTRY)}") from None
+
+
+def systems(available: bool | None = None) -> list[System]:
+    """Every registered system in table order (``available``: only the runnable ones, or only the others)."""
+    return [s for s in _REGISTRY.values() if available is None or s.available == available]
+
+
+def names(available: bool | None = None) -> list[str]:
+    return [s.name for s in systems(available)]
+
+
+def order_key(name: str) -> int:
+    """Position of ``name`` in tables (unknown names last)."""
+    keys = list(_REGISTRY)
+    return keys.index(name) if name in keys else len(keys)
+
+
+# In table order: the compared systems, then the full-graph 3D mode, then ScaleGNN.
+def _compared(name: str, display: str, color: str, marker: str, module: str, options: str, **kw) -> System:
+    """A system of ``baselines/``: data parallel only, its own published hyper-parameters."""
+    return System(name=name, display=display, color=color, marker=marker, run=f"baselines.{module}:run",
+                  options=f"baselines.{module}:{options}", sweep_defaults=(("system", name),), **kw)
+
+
+for _system in (
+    _compared("graphsaint", "GraphSAINT", "#17becf", "X", "graphsaint", "GraphSAINTOptions"),
+    _compared("graphsage", "GraphSAGE", "#ff7f0e", "P", "graphsage", "GraphSAGEOptions"),
+    _compared("distdgl", "DistDGL", "#9467bd", "D", "distdgl.harness", "DistDGLOptions", devices=("cpu",),
+              multi_node=False, self_launching=True),
+    System(name="massivegnn", display="MassiveGNN", color="#8c564b", marker="v",
+           sweep_defaults=(("system", "massivegnn"),),
+           unavailable="MassiveGNN is in the paper's figures only: no adapter in baselines/"),
+    _compared("salient", "SALIENT++", "#1f77b4", "s", "salient", "SalientOptions"),
+    _compared("bns-gcn", "BNS-GCN", "#2ca02c", "^", "bns_gcn", "BNSOptions", full_graph=True),
+    System(name="fullgraph-3d", display="full-graph 3D", color="#7f7f7f", marker="*", full_graph=True,
+           run="scalegnn.run:run", grids="spec", sweep_options="all", sweep_defaults=(("batch-ratio", 1.0),)),
+    System(name="scalegnn", display="ScaleGNN", color="#d62728", marker="o",
+           run="scalegnn.run:run", grids="spec", sweep_options="all"),
+):
+    register(_system)
