@@ -24,7 +24,7 @@ Sections:
             where its sampler can run (pyg-lib or torch-sparse); else the reason
 
 Time to target is training time only (evaluation excluded), as in the paper (VI-C).
-The targets of issue G: ScaleGNN's time to target at most 1/3 of PyG full-batch GCN's
+The targets: ScaleGNN's time to target at most 1/3 of PyG full-batch GCN's
 on the same GPU; the sampler step at most 1 ms. ``--device cpu --nodes 20000`` runs the
 same code on a CPU at a small scale (a smoke test; its times mean nothing for a GPU).
 """

@@ -1,4 +1,4 @@
-"""Peak memory per rank as the 3D grid grows (issue B), on a generated graph.
+"""Peak memory per rank as the 3D grid grows, on a generated graph.
 
 For each grid the graph is sharded once with ``scalegnn data shard`` and every rank
 reads only its own shard (``--shard-dir``), so no rank ever holds the whole graph;

@@ -1,4 +1,4 @@
-"""Run records: one JSON file per run, written atomically, never edited (DESIGN 5).
+"""Run records: one JSON file per run, written atomically, never edited.
 
 Every field is documented in ``results/README.md``. A record is a plain dict so
 that baselines in other environments (DistDGL's own virtualenv) can emit the same

@@ -195,7 +195,7 @@ def _train_parser(parser):
 
 
 def checkpoint_args(folder: Path, every: str = "") -> list[str]:
-    """Checkpoint options for the trainer (issue F), as far as it offers them:
+    """Checkpoint options for the trainer, as far as it offers them:
     ``--checkpoint-dir <run folder>/checkpoint --resume`` on every submission -- a
     resume without a checkpoint starts from scratch, so the first submission and
     every requeue use the same command -- and ``--checkpoint-every`` from the profile."""

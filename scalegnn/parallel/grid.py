@@ -2,7 +2,7 @@
 
 One :class:`ProcessGrid` is built once per process from the grid shape and the
 already-initialized ``torch.distributed`` world, then passed explicitly to every
-parallel component (DESIGN section 7: no module-level process-group globals, no
+parallel component (no module-level process-group globals, no
 ``group=None`` fallbacks).
 
 Axes ("axis" is a grid axis, "dim" a tensor dimension):

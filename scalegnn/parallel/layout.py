@@ -1,4 +1,4 @@
-"""Where every block lives: the 3D layout table (DESIGN section 3) and block ranges.
+"""Where every block lives: the 3D layout table and block ranges.
 
 Shape legend:
     N  vertices of the graph        B  rows of the batch (sampled vertices; N for full graph)
