@@ -47,13 +47,14 @@ import random
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .fileio import atomic_write
+from .fileio import atomic_write, load_error
 from .records import atomic_write_json
 
 __all__ = [
@@ -194,6 +195,13 @@ def _rank_file(ckpt: Path, rank: int) -> Path:
 
 def list_checkpoints(directory) -> list[tuple[int, Path, bool]]:
     """(step, folder, complete) of every checkpoint folder under ``directory``, by step."""
+    return [(step, path, problem is None) for step, path, problem in _scan(directory)]
+
+
+def _scan(directory) -> list[tuple[int, Path, str | None]]:
+    """(step, folder, problem) by step; problem is None for a complete checkpoint,
+    ``""`` for a save cut short (no ``meta.json``: normal after a kill) and a reason
+    for a folder that was completed and then damaged."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -201,26 +209,42 @@ def list_checkpoints(directory) -> list[tuple[int, Path, bool]]:
     for child in directory.iterdir():
         m = _STEP_DIR.match(child.name)
         if m and child.is_dir():
-            out.append((int(m.group(1)), child, _is_complete(child)))
-    return sorted(out)
+            out.append((int(m.group(1)), child, _problem(child)))
+    return sorted(out, key=lambda entry: entry[:2])
 
 
-def _is_complete(ckpt: Path) -> bool:
+def _problem(ckpt: Path) -> str | None:
     meta = ckpt / "meta.json"
     if not meta.is_file():
-        return False
+        return ""
     try:
         world = int(json.loads(meta.read_text())["world_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return all(_rank_file(ckpt, r).is_file() for r in range(world))
+    except json.JSONDecodeError as exc:
+        return f"{meta}: not valid JSON (truncated or corrupt: {exc})"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{meta}: unreadable or without a world_size ({type(exc).__name__}: {exc})"
+    missing = [_rank_file(ckpt, r).name for r in range(world) if not _rank_file(ckpt, r).is_file()]
+    if missing:
+        return f"{ckpt}: {meta.name} is present but {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} " \
+               "is missing"
+    return None
 
 
 def latest(directory) -> Path | None:
     """The newest complete checkpoint folder under ``directory``, or None (also when
-    ``directory`` does not exist yet). Incomplete ones (a save cut short) are skipped."""
-    complete = [path for _, path, ok in list_checkpoints(directory) if ok]
-    return complete[-1] if complete else None
+    ``directory`` does not exist yet). Saves cut short (no ``meta.json``) are skipped
+    silently; a newer folder whose ``meta.json`` or rank files were damaged after it
+    was completed is skipped with a warning naming the file, since resuming from an
+    older checkpoint repeats work the user may not expect to lose."""
+    entries = _scan(directory)
+    complete = [(step, path) for step, path, problem in entries if problem is None]
+    chosen_step, chosen = complete[-1] if complete else (-1, None)
+    for step, path, problem in entries:
+        if problem and step > chosen_step:
+            then = f"resuming from the older {chosen}" if chosen else "no older complete checkpoint: starting afresh"
+            warnings.warn(f"{problem}; this checkpoint is ignored; {then} (remove {path} to silence this warning)",
+                          UserWarning, stacklevel=2)
+    return chosen
 
 
 def read_meta(ckpt) -> dict:
@@ -249,9 +273,9 @@ def load_rank_state(ckpt, rank: int, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
-        raise CheckpointError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); it is truncated, corrupt "
-                              "or not written by scalegnn. Remove this checkpoint folder to resume from an "
-                              "older one") from None
+        raise CheckpointError(f"{path}: cannot be read ({load_error(exc)}); it is truncated, corrupt or not "
+                              "written by scalegnn. Remove this checkpoint folder to resume from an older one") \
+            from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or state.get("rank") != rank:
         raise CheckpointError(f"{path}: not a format-{CHECKPOINT_FORMAT} checkpoint of rank {rank}")
     return state
