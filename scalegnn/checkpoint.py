@@ -73,6 +73,7 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "config_mismatch",
+    "continuation",
     "atomic_torch_save",
 ]
 
@@ -84,6 +85,10 @@ _STEP_DIR = re.compile(r"^step-(\d{9,})$")
 RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "progress", "out_dir", "data_root", "shard_dir",
                                    "collective_timeout_s", "perf.prefetch", "perf.profile", "perf.sampler",
                                    "perf.instrument"})
+# Config fields that may change to continue a run: they move its end, not what a step
+# computes (the sample and dropout of step s do not depend on them). The resumed entry
+# of the record lists each change (:func:`continuation`).
+CONTINUABLE_DIFFERENCES = frozenset({"epochs"})
 
 
 class CheckpointError(ValueError):
@@ -293,14 +298,15 @@ def _normalized(config: dict) -> dict:
 
 def config_mismatch(saved: dict, current: dict) -> list[str]:
     """The fields (dotted) that differ between two run configs, ignoring those that
-    do not change what is computed (:data:`RESUMABLE_DIFFERENCES`)."""
+    do not change what is computed (:data:`RESUMABLE_DIFFERENCES`) and those that
+    continue the run (:data:`CONTINUABLE_DIFFERENCES`, see :func:`continuation`)."""
     saved, current = _normalized(saved), _normalized(current)
     out = []
 
     def walk(a, b, prefix):
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
-                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES:
+                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES | CONTINUABLE_DIFFERENCES:
                     continue
                 walk(a.get(key, "<absent>"), b.get(key, "<absent>"), f"{prefix}{key}.")
         elif a != b:
@@ -308,6 +314,30 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
 
     walk(saved, current, "")
     return out
+
+
+def continuation(ckpt, meta: dict, current: dict) -> dict:
+    """What resuming checkpoint ``ckpt`` (its ``meta``) with config ``current`` changes:
+    ``{}`` when nothing, else ``{"changed": {"epochs": [old, new]}, "note": ...}`` for
+    the record's resumed entry. A run may be continued to more epochs (or end earlier,
+    but not before the epochs the checkpoint has done). With the constant schedule the
+    continuation equals an uninterrupted run of the new length exactly; the cosine
+    schedule's length is epochs x steps per epoch, so it is stretched: from the resumed
+    step on, the LR is the cosine over the new number of steps."""
+    old, new = meta["config"]["epochs"], current["epochs"]
+    if old == new:
+        return {}
+    done, step, spe = meta["epoch"], meta["step"], meta["steps_per_epoch"]
+    if new < done:
+        raise CheckpointError(f"{ckpt} is at epoch {done}, past --epochs {new}; pass --epochs {done} or more to "
+                              "continue this run, or use a new --checkpoint-dir for a new run")
+    if current["optim"]["schedule"] == "cosine":
+        note = (f"cosine LR schedule stretched from {old} to {new} epochs: steps 0..{step - 1} followed the cosine "
+                f"over {old * spe} steps, steps {step}.. the cosine over {new * spe} steps")
+    else:
+        note = (f"continued from {old} to {new} epochs; with the {current['optim']['schedule']} LR schedule the "
+                f"steps are those of an uninterrupted {new}-epoch run")
+    return {"changed": {"epochs": [old, new]}, "note": note}
 
 
 # --------------------------------------------------------------------------- preemption
