@@ -26,6 +26,7 @@ non-zero and the launcher stops the others (``srun --kill-on-bad-exit=1``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import multiprocessing
@@ -556,7 +557,8 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
             from ..checkpoint import Preempted
 
             if grid.rank != 0 and not isinstance(exc, Preempted):  # preempted: saved, rank 0 recorded it
-                _record_failure_if_rank0_cannot(cfg, run_id, grid.rank, exc)
+                with _sigterm_ignored():
+                    _record_failure_if_rank0_cannot(cfg, run_id, grid.rank, exc)
             raise
     finally:
         restore()
@@ -604,6 +606,24 @@ def _terminate_raises(rank: int):
 
     previous = signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _sigterm_ignored():
+    """A failing rank records the failure without being cut short: torchrun SIGTERMs the
+    survivors as soon as it sees one rank dead, often while a survivor writes the
+    failed record, and the Terminated raised mid-write left no record at all. The rank
+    exits non-zero right afterwards anyway."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _agree_run_id(cfg) -> str:
