@@ -495,12 +495,13 @@ def test_no_unsafe_deserialization_and_no_executed_specs():
 
 
 class TorchrunRun(CliRun):
-    """``torchrun --nproc-per-node 2 -m scalegnn train`` (grid 1x2x1x1), tagged for /proc."""
+    """``torchrun --nproc-per-node 2 -m scalegnn train`` (grid 1x2x1x1), tagged for /proc;
+    ``entry``: a script to run instead of ``-m scalegnn`` (fault injection)."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, entry: list[str] | None = None):
         self.tmp, self.tag, self.ck = tmp_path, uuid.uuid4().hex, tmp_path / "ck"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "--monitor-interval", "0.5", "-m", "scalegnn", "train", "--dataset", MEDIUM,
+               "--monitor-interval", "0.5", *(entry or ["-m", "scalegnn"]), "train", "--dataset", MEDIUM,
                "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"), "--grid", "1x2x1x1",
                "--batch-size", "300", "--hidden", "32", "--layers", "2", "--epochs", "60", "--quiet",
                "--checkpoint-every", "3", "--checkpoint-dir", str(self.ck), "--collective-timeout", "20"]
@@ -524,12 +525,43 @@ class TorchrunRun(CliRun):
         return time.monotonic() - t0, err
 
 
+# The survivor's failed record, written slowly (a loaded node, a slow disk): torchrun's
+# SIGTERM, sent once it sees rank 0 dead (monitor interval 0.5 s), lands during the write.
+SLOW_RECORD_ENTRY = """
+import sys, time
+from scalegnn import records
+from scalegnn.cli import main
+
+real = records.write_record
+
+
+def slow(record, out_dir, *, exclusive=False):
+    if exclusive:
+        time.sleep(2.0)
+    return real(record, out_dir, exclusive=exclusive)
+
+
+records.write_record = slow
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.distributed
-def test_rank0_killed_under_torchrun_still_leaves_a_failed_record(tmp_path):
+@pytest.mark.parametrize("write", ["as is", "slow"])
+def test_rank0_killed_under_torchrun_still_leaves_a_failed_record(tmp_path, write):
     """Under torchrun no parent of ours outlives the ranks. SIGKILL rank 0 mid-epoch:
     the survivor writes the failed record (exclusive create, under the run id rank 0
-    broadcast at the start), and everything exits within 60 s."""
-    run = TorchrunRun(tmp_path)
+    broadcast at the start), and everything exits within 60 s.
+
+    The race this once lost about one run in two: torchrun SIGTERMs the survivor
+    while it writes that record, and the handler's Terminated cut the write short (no
+    record at all). A rank already unwinding from a failure now lets it finish; the
+    "slow" case widens the window to 2 s so that the SIGTERM always lands in it."""
+    entry = None
+    if write == "slow":
+        (tmp_path / "slow_record.py").write_text(SLOW_RECORD_ENTRY)
+        entry = [str(tmp_path / "slow_record.py")]
+    run = TorchrunRun(tmp_path, entry)
     try:
         run.wait_for_training(timeout_s=90)
         os.kill(run.rank_pid(0), signal.SIGKILL)
