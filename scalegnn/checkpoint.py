@@ -47,13 +47,14 @@ import random
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .fileio import atomic_write
+from .fileio import atomic_write, load_error
 from .records import atomic_write_json
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "config_mismatch",
+    "continuation",
     "atomic_torch_save",
 ]
 
@@ -83,6 +85,10 @@ _STEP_DIR = re.compile(r"^step-(\d{9,})$")
 RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "progress", "out_dir", "data_root", "shard_dir",
                                    "collective_timeout_s", "perf.prefetch", "perf.profile", "perf.sampler",
                                    "perf.instrument"})
+# Config fields that may change to continue a run: they move its end, not what a step
+# computes (the sample and dropout of step s do not depend on them). The resumed entry
+# of the record lists each change (:func:`continuation`).
+CONTINUABLE_DIFFERENCES = frozenset({"epochs"})
 
 
 class CheckpointError(ValueError):
@@ -194,6 +200,13 @@ def _rank_file(ckpt: Path, rank: int) -> Path:
 
 def list_checkpoints(directory) -> list[tuple[int, Path, bool]]:
     """(step, folder, complete) of every checkpoint folder under ``directory``, by step."""
+    return [(step, path, problem is None) for step, path, problem in _scan(directory)]
+
+
+def _scan(directory) -> list[tuple[int, Path, str | None]]:
+    """(step, folder, problem) by step; problem is None for a complete checkpoint,
+    ``""`` for a save cut short (no ``meta.json``: normal after a kill) and a reason
+    for a folder that was completed and then damaged."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -201,26 +214,42 @@ def list_checkpoints(directory) -> list[tuple[int, Path, bool]]:
     for child in directory.iterdir():
         m = _STEP_DIR.match(child.name)
         if m and child.is_dir():
-            out.append((int(m.group(1)), child, _is_complete(child)))
-    return sorted(out)
+            out.append((int(m.group(1)), child, _problem(child)))
+    return sorted(out, key=lambda entry: entry[:2])
 
 
-def _is_complete(ckpt: Path) -> bool:
+def _problem(ckpt: Path) -> str | None:
     meta = ckpt / "meta.json"
     if not meta.is_file():
-        return False
+        return ""
     try:
         world = int(json.loads(meta.read_text())["world_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return all(_rank_file(ckpt, r).is_file() for r in range(world))
+    except json.JSONDecodeError as exc:
+        return f"{meta}: not valid JSON (truncated or corrupt: {exc})"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{meta}: unreadable or without a world_size ({type(exc).__name__}: {exc})"
+    missing = [_rank_file(ckpt, r).name for r in range(world) if not _rank_file(ckpt, r).is_file()]
+    if missing:
+        return f"{ckpt}: {meta.name} is present but {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} " \
+               "is missing"
+    return None
 
 
 def latest(directory) -> Path | None:
     """The newest complete checkpoint folder under ``directory``, or None (also when
-    ``directory`` does not exist yet). Incomplete ones (a save cut short) are skipped."""
-    complete = [path for _, path, ok in list_checkpoints(directory) if ok]
-    return complete[-1] if complete else None
+    ``directory`` does not exist yet). Saves cut short (no ``meta.json``) are skipped
+    silently; a newer folder whose ``meta.json`` or rank files were damaged after it
+    was completed is skipped with a warning naming the file, since resuming from an
+    older checkpoint repeats work the user may not expect to lose."""
+    entries = _scan(directory)
+    complete = [(step, path) for step, path, problem in entries if problem is None]
+    chosen_step, chosen = complete[-1] if complete else (-1, None)
+    for step, path, problem in entries:
+        if problem and step > chosen_step:
+            then = f"resuming from the older {chosen}" if chosen else "no older complete checkpoint: starting afresh"
+            warnings.warn(f"{problem}; this checkpoint is ignored; {then} (remove {path} to silence this warning)",
+                          UserWarning, stacklevel=2)
+    return chosen
 
 
 def read_meta(ckpt) -> dict:
@@ -249,9 +278,9 @@ def load_rank_state(ckpt, rank: int, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
-        raise CheckpointError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); it is truncated, corrupt "
-                              "or not written by scalegnn. Remove this checkpoint folder to resume from an "
-                              "older one") from None
+        raise CheckpointError(f"{path}: cannot be read ({load_error(exc)}); it is truncated, corrupt or not "
+                              "written by scalegnn. Remove this checkpoint folder to resume from an older one") \
+            from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or state.get("rank") != rank:
         raise CheckpointError(f"{path}: not a format-{CHECKPOINT_FORMAT} checkpoint of rank {rank}")
     return state
@@ -269,14 +298,15 @@ def _normalized(config: dict) -> dict:
 
 def config_mismatch(saved: dict, current: dict) -> list[str]:
     """The fields (dotted) that differ between two run configs, ignoring those that
-    do not change what is computed (:data:`RESUMABLE_DIFFERENCES`)."""
+    do not change what is computed (:data:`RESUMABLE_DIFFERENCES`) and those that
+    continue the run (:data:`CONTINUABLE_DIFFERENCES`, see :func:`continuation`)."""
     saved, current = _normalized(saved), _normalized(current)
     out = []
 
     def walk(a, b, prefix):
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
-                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES:
+                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES | CONTINUABLE_DIFFERENCES:
                     continue
                 walk(a.get(key, "<absent>"), b.get(key, "<absent>"), f"{prefix}{key}.")
         elif a != b:
@@ -284,6 +314,30 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
 
     walk(saved, current, "")
     return out
+
+
+def continuation(ckpt, meta: dict, current: dict) -> dict:
+    """What resuming checkpoint ``ckpt`` (its ``meta``) with config ``current`` changes:
+    ``{}`` when nothing, else ``{"changed": {"epochs": [old, new]}, "note": ...}`` for
+    the record's resumed entry. A run may be continued to more epochs (or end earlier,
+    but not before the epochs the checkpoint has done). With the constant schedule the
+    continuation equals an uninterrupted run of the new length exactly; the cosine
+    schedule's length is epochs x steps per epoch, so it is stretched: from the resumed
+    step on, the LR is the cosine over the new number of steps."""
+    old, new = meta["config"]["epochs"], current["epochs"]
+    if old == new:
+        return {}
+    done, step, spe = meta["epoch"], meta["step"], meta["steps_per_epoch"]
+    if new < done:
+        raise CheckpointError(f"{ckpt} is at epoch {done}, past --epochs {new}; pass --epochs {done} or more to "
+                              "continue this run, or use a new --checkpoint-dir for a new run")
+    if current["optim"]["schedule"] == "cosine":
+        note = (f"cosine LR schedule stretched from {old} to {new} epochs: steps 0..{step - 1} followed the cosine "
+                f"over {old * spe} steps, steps {step}.. the cosine over {new * spe} steps")
+    else:
+        note = (f"continued from {old} to {new} epochs; with the {current['optim']['schedule']} LR schedule the "
+                f"steps are those of an uninterrupted {new}-epoch run")
+    return {"changed": {"epochs": [old, new]}, "note": note}
 
 
 # --------------------------------------------------------------------------- preemption

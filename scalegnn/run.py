@@ -10,6 +10,7 @@ its record, written by whichever process outlives the failure.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import signal
@@ -152,7 +153,8 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
             from .checkpoint import Preempted
 
             if grid.rank != 0 and not isinstance(exc, Preempted):  # preempted: saved, rank 0 recorded it
-                _record_failure_if_rank0_cannot(cfg, run_id, grid.rank, exc)
+                with _sigterm_ignored():
+                    _record_failure_if_rank0_cannot(cfg, run_id, grid.rank, exc)
             raise
     finally:
         restore()
@@ -183,6 +185,24 @@ def _terminate_raises(rank: int):
 
     previous = signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _sigterm_ignored():
+    """A failing rank records the failure without being cut short: torchrun SIGTERMs the
+    survivors as soon as it sees one rank dead, often while a survivor writes the
+    failed record, and the Terminated raised mid-write left no record at all. The rank
+    exits non-zero right afterwards anyway."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _agree_run_id(cfg) -> str:

@@ -288,6 +288,7 @@ def _resume(cfg: RunConfig, engine, record: dict, grid) -> dict | None:
     if diff:
         raise CheckpointError(f"{path} was written by a run with another config ({'; '.join(diff)}); resume with "
                               "the same settings, or use a new --checkpoint-dir for a new run")
+    changes = ckpt_mod.continuation(path, meta, cfg.to_dict())  # e.g. more --epochs; refused past its end
     for key in ("world_size", "batch_size", "steps_per_epoch"):
         now = record[key]
         if meta.get(key) != now:
@@ -304,6 +305,7 @@ def _resume(cfg: RunConfig, engine, record: dict, grid) -> dict | None:
     record["resumed"] = saved.get("resumed", []) + [{
         "step": meta["step"], "epoch": meta["epoch"], "checkpoint": str(path), "saved_at": meta.get("saved_at"),
         "resumed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hostname": record["env"].get("hostname"),
+        **changes,
     }]
     return meta["loop"]
 

@@ -249,6 +249,75 @@ def test_resumed_4d_parallel_run_equals_the_uninterrupted_one(tmp_path):
     assert resumed["record"]["run_id"] == failed["run_id"]
 
 
+# ----------------------------------------------------------------------------- continuing to more epochs
+def _constant(tmp_path, **over):
+    return config(tmp_path, optim=OptimConfig(lr=1e-2, schedule="constant", grad_clip=1.0, weight_decay=1e-4), **over)
+
+
+def test_a_finished_run_continues_to_more_epochs_exactly(tmp_path, monkeypatch):
+    """Train 2 epochs, look, continue with --resume --epochs 4: with the constant
+    schedule every step's loss and every epoch row equal (==) an uninterrupted
+    4-epoch run's; the record says what changed. Going below the epochs already done
+    is refused by name."""
+    log = StepLog(monkeypatch)
+    ref = run_training(_constant(tmp_path, epochs=4))
+    ref_losses, spe = list(log.losses), ref["steps_per_epoch"]
+    ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every=str(spe), resume=True)
+    first = run_training(_constant(tmp_path, epochs=2, checkpoint=ckpt))
+    assert first["status"] == "ok" and len(first["epochs"]) == 2
+    log.losses = []
+    more = run_training(_constant(tmp_path, epochs=4, checkpoint=ckpt))
+    assert more["status"] == "ok" and more["run_id"] == first["run_id"]
+    assert more["resumed"][-1]["step"] == 2 * spe and more["resumed"][-1]["changed"] == {"epochs": [2, 4]}
+    assert log.losses == ref_losses[2 * spe:]  # float ==
+    assert _rows(more) == _rows(ref)
+    with pytest.raises(CheckpointError, match=r"is at epoch 4, past --epochs 3; pass --epochs 4 or more"):
+        run_training(_constant(tmp_path, epochs=3, checkpoint=ckpt))
+
+
+def test_continuing_a_cosine_run_restretches_the_schedule_and_says_so(tmp_path, monkeypatch):
+    """The cosine schedule's length depends on --epochs: continuing re-plans it over the
+    new total. From the resumed step S on, the LR is the cosine over 4 epochs of steps
+    (the steps before S ran on the 2-epoch one), and the record says so."""
+    import math
+
+    ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="5", resume=True)
+    first = run_training(config(tmp_path, epochs=2, checkpoint=ckpt))
+    spe = first["steps_per_epoch"]
+    lrs = []
+    real = ParallelEngine.train_step
+
+    def step(engine, s):
+        lrs.append((s, engine.optimizer.param_groups[0]["lr"]))
+        return real(engine, s)
+
+    monkeypatch.setattr(ParallelEngine, "train_step", step)
+    more = run_training(config(tmp_path, epochs=4, checkpoint=ckpt))
+    entry = more["resumed"][-1]
+    assert more["status"] == "ok" and len(more["epochs"]) == 4
+    assert entry["changed"] == {"epochs": [2, 4]} and "cosine" in entry["note"] and "stretched" in entry["note"]
+    total = 4 * spe
+    assert lrs == [(s, 1e-2 * 0.5 * (1 + math.cos(math.pi * s / total))) for s in range(entry["step"], total)]
+
+
+@pytest.mark.distributed
+def test_a_4_rank_run_continues_to_more_epochs_exactly(tmp_path):
+    """Grid 1x2x2x1: 2 epochs with checkpoints, then --resume --epochs 4, equals the
+    uninterrupted 4-epoch run step by step (float ==)."""
+    cfg = dict(grid=(1, 2, 2, 1), batch_ratio=0.25)
+    ref = _run(_constant(tmp_path, epochs=4, **cfg))
+    spe = ref["record"]["steps_per_epoch"]
+    ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every=str(spe), resume=True)
+    first = _run(_constant(tmp_path, epochs=2, checkpoint=ckpt, **cfg))
+    assert first["record"]["status"] == "ok" and len(first["record"]["epochs"]) == 2
+    more = _run(_constant(tmp_path, epochs=4, checkpoint=ckpt, **cfg))
+    rec = more["record"]
+    assert rec["status"] == "ok" and rec["run_id"] == first["record"]["run_id"]
+    assert rec["resumed"][-1]["step"] == 2 * spe and rec["resumed"][-1]["changed"] == {"epochs": [2, 4]}
+    assert more["losses"] == ref["losses"][2 * spe:]  # float ==
+    assert _rows(rec) == _rows(ref["record"])
+
+
 # ----------------------------------------------------------------------------- preemption
 def test_preemption_request_saves_at_the_next_step_and_resumes_exactly(tmp_path, monkeypatch):
     """USR2 (SLURM's warning before a time limit / preemption) arrives during step 5:

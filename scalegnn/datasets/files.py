@@ -225,6 +225,22 @@ def _read_byo(kind: str, path: Path, files: list[Path]) -> dict:
     return arrays
 
 
+def _ids(where: str, key: str, v) -> np.ndarray:
+    """Vertex ids (or CSR offsets) as int64. Floats are accepted when every value is a
+    whole number (arrays saved from float tensors); a fractional or NaN id is refused
+    instead of being truncated to another vertex."""
+    v = np.asarray(v)
+    if v.dtype == np.bool_ or not (np.issubdtype(v.dtype, np.integer) or np.issubdtype(v.dtype, np.floating)):
+        raise DatasetError(f"{where}: '{key}' must hold integer vertex ids, got dtype {v.dtype}; "
+                           f"save it as an int64 array")
+    if np.issubdtype(v.dtype, np.floating):
+        bad = ~np.isfinite(v) | (v != np.round(v))
+        if bad.any():
+            raise DatasetError(f"{where}: '{key}' holds non-integer vertex ids (first: {v[bad].flat[0]}); "
+                               f"save it as an int64 array of the intended ids")
+    return v.astype(np.int64)
+
+
 def load_byo(name: str, kind: str, path: Path, files: list[Path]):
     a = _read_byo(kind, path, files)
     where = f"{path}" if kind == "npz" else f"{path}/<key>.npy"
@@ -238,6 +254,9 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path]):
     if x.ndim != 2:
         raise DatasetError(f"{where}: 'x' must be (N, F), got shape {x.shape}")
     n = x.shape[0]
+    if n == 0:
+        raise DatasetError(f"{where}: 'x' has 0 rows: the graph has no vertices; save x as an (N, F) array with "
+                           "N >= 1 rows, one per vertex")
     y = np.asarray(need("y", f"an (N,) int array of classes with N={n}, -1 = unlabeled, or an (N, C) multi-hot array"))
     if y.shape[0] != n or y.ndim not in (1, 2):
         raise DatasetError(f"{where}: 'y' must be ({n},) or ({n}, C) to match x, got shape {y.shape}")
@@ -259,12 +278,13 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path]):
             ei = ei.T
         if ei.ndim != 2 or ei.shape[0] != 2:
             raise DatasetError(f"{where}: 'edge_index' must be (2, E), got shape {ei.shape}")
-        src, dst = ei[0].astype(np.int64), ei[1].astype(np.int64)
+        ei = _ids(where, "edge_index", ei)
+        src, dst = ei[0], ei[1]
     elif "indptr" in a and "indices" in a:
-        indptr = np.asarray(a["indptr"]).astype(np.int64)
+        indptr = _ids(where, "indptr", a["indptr"])
         if indptr.shape != (n + 1,):
             raise DatasetError(f"{where}: 'indptr' must be ({n + 1},) for N={n} rows of x, got shape {indptr.shape}")
-        dst = np.asarray(a["indices"]).astype(np.int64)
+        dst = _ids(where, "indices", a["indices"])
         if indptr[-1] != dst.shape[0]:
             raise DatasetError(f"{where}: indptr[-1]={indptr[-1]} but 'indices' has {dst.shape[0]} entries")
         src = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
@@ -298,7 +318,7 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path]):
             if v.shape != (n,):
                 raise DatasetError(f"{where}: '{key}' must be a ({n},) bool array, got shape {v.shape}")
             v = np.flatnonzero(v.astype(bool))
-        splits.append(torch.from_numpy(np.sort(v.reshape(-1).astype(np.int64))))
+        splits.append(torch.from_numpy(np.sort(_ids(where, key, v).reshape(-1))))
 
     return make_graph(
         str(path),

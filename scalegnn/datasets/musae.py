@@ -14,7 +14,9 @@ and ``musae_<C>_target.csv``. Vertex i is the row with ``new_id == i`` (the firs
 one: FR repeats rows, as LINKX handles it); label = ``mature`` (0/1). Split: for DE,
 LINKX split K (``twitch-de:split=K``, K in 0..4, default 0) from
 ``twitch_musae/linkx_splits/twitch-e-DE-splits.npy`` when that file exists, else a
-seeded random 50/25/25; other countries always use the seeded random split.
+seeded random 50/25/25; other countries always use the seeded random split. LINKX
+pickled that file (an object array of dicts of int lists); it is read by a restricted
+unpickler that admits only numpy's array types (:mod:`scalegnn.datasets.safe_pickle`).
 
 Edges are undirected: stored in both directions, duplicates and self loops dropped
 (Facebook's ``edges.csv`` has 179 self loops among its 171,002 rows).
@@ -32,6 +34,7 @@ import torch
 from scalegnn.graph import random_split
 
 from ._core import SPLIT_FRACTIONS, DatasetError, find_dir, make_graph, missing_files_error, reading, undirected_csr
+from .safe_pickle import LINKX_TYPES, load_object_npy
 
 FACEBOOK_CLASSES = {"company": 0, "tvshow": 1, "politician": 2, "government": 3}
 TWITCH_COUNTRIES = ("DE", "ENGB", "ES", "FR", "PT", "RU")
@@ -41,6 +44,7 @@ LINKX_SPLITS = "twitch_musae/linkx_splits/twitch-e-DE-splits.npy"
 _FB_SOURCE = (
     "Get facebook_large/{edges.csv,features.json,new_target.csv} from https://github.com/benedekrozemberczki/datasets"
 )
+_LINKX_SOURCE = "data/splits/twitch-e-DE-splits.npy of https://github.com/CUAI/Non-Homophily-Large-Scale"
 _TW_SOURCE = (
     "Get twitch/<C>/musae_<C>_* from https://github.com/benedekrozemberczki/datasets "
     "(or data/twitch/<C> of https://github.com/CUAI/Non-Homophily-Large-Scale)"
@@ -181,8 +185,9 @@ def load_twitch(name: str, country: str, files: list[Path], seed: int, split: in
     linkx = files[3] if len(files) > 3 else None
     if linkx is not None:
         k = 0 if split is None else split
-        with reading(linkx):
-            splits = np.load(linkx, allow_pickle=True)  # LINKX pickled a list of dicts
+        fix = f"replace it with {_LINKX_SOURCE}"
+        splits = load_object_npy(linkx, LINKX_TYPES, "a LINKX split file", fix)
+        with reading(linkx, fix):
             if not 0 <= k < len(splits):
                 raise DatasetError(f"twitch-de: split={k} is out of range; {linkx} has splits 0..{len(splits) - 1}")
             parts = tuple(

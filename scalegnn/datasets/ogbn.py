@@ -10,10 +10,12 @@ split/}``). Three things make that call safe for batch jobs:
   reached, which raises :class:`DatasetError` naming the folder expected. An
   existing folder without ``RELEASE_v<version>.txt`` raises instead of prompting.
   Download once, on a node with internet, before launching distributed jobs.
-- torch >= 2.6 loads with ``weights_only=True`` by default, which rejects the numpy
-  arrays inside ogb's ``processed/data_processed`` pickle. While ogb runs, its
-  module sees a ``torch`` whose ``load`` passes ``weights_only=False`` for files
-  inside the dataset folder only; the patch is undone afterwards.
+- ogb reads its ``processed/data_processed`` (``torch.save`` of numpy arrays, pickle
+  protocol 4, which torch's weights-only loader cannot parse) and any
+  ``split/*/split_dict.pt`` with ``torch.load``. While ogb runs, its module sees a
+  ``torch`` whose ``load`` reads them through a restricted unpickler that admits only
+  numpy's array and scalar types (:mod:`scalegnn.datasets.safe_pickle`), so a crafted
+  file is refused instead of running code; the patch is undone afterwards.
 - ``exit(-1)`` on a refused download is unreachable: we never refuse, we raise.
 
 Labels: arxiv and products are single-label ints; papers100M labels are float with
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 
 from ._core import DATA_ROOT_HINT, DatasetError, make_graph, undirected_csr
+from .safe_pickle import OGB_TYPES, load_torch_file
 
 OGB_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 _LOCK = threading.Lock()  # the patches below are module attributes of ogb: one load at a time
@@ -43,28 +46,17 @@ def _offline() -> bool:
     return os.environ.get("SCALEGNN_OFFLINE", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def _inside(f, root: Path) -> bool:
-    if not isinstance(f, (str, os.PathLike)):
-        return False
-    try:
-        return Path(f).resolve().is_relative_to(root)
-    except OSError:
-        return False
-
-
 class _TorchForOgb:
     """``torch`` as ogb's dataset module sees it during one load (see module docstring)."""
-
-    def __init__(self, root: Path):
-        self._root = root.resolve()
 
     def __getattr__(self, attr):
         return getattr(torch, attr)
 
     def load(self, f, *args, **kwargs):
-        if "weights_only" not in kwargs and _inside(f, self._root):
-            kwargs["weights_only"] = False  # ogb's own pickle of numpy arrays, in the dataset folder
-        return torch.load(f, *args, **kwargs)
+        processed = Path(f).parent.name == "processed"  # the other file is a split_dict.pt
+        fix = ("delete the processed folder next to it (ogb rebuilds it from raw/)" if processed
+               else "re-download the dataset")
+        return load_torch_file(f, OGB_TYPES, "a file of ogb's numpy graph format", fix)
 
 
 def ogbn_release_files(name: str, root: Path) -> list[Path]:
@@ -121,7 +113,7 @@ def load_ogbn(name: str, root: Path):
     def no_prompt(prompt=""):
         raise DatasetError(f"{name}: ogb asked {prompt.strip()!r} under {folder}; fix the folder by hand")
 
-    patches = {"torch": _TorchForOgb(root), "decide_download": decide_download, "input": no_prompt}
+    patches = {"torch": _TorchForOgb(), "decide_download": decide_download, "input": no_prompt}
     with _LOCK:
         saved = {k: ogb_ds.__dict__[k] for k in patches if k in ogb_ds.__dict__}
         ogb_ds.__dict__.update(patches)

@@ -1,8 +1,10 @@
 """Planetoid citation graphs (Cora, CiteSeer, PubMed) with the standard split.
 
 Files ``ind.<name>.{x,y,tx,ty,allx,ally,graph,test.index}`` (Yang et al. 2016):
-pickles written by Python 2 (read with ``encoding='latin1'``; pickle can run code, so load
-only files from a trusted source). ``allx``/``ally``
+pickles written by Python 2 (read with ``encoding='latin1'``) of scipy CSR matrices,
+numpy arrays and a ``defaultdict`` of lists. They are read by a restricted unpickler
+that admits only those types (:mod:`scalegnn.datasets.safe_pickle`), so a crafted file
+is refused instead of running code. ``allx``/``ally``
 hold vertices 0..len(allx)-1; ``tx``/``ty`` row i belongs to vertex
 ``test.index[i]`` (not contiguous, not sorted); ``graph`` maps a vertex to its
 neighbor list.
@@ -23,14 +25,14 @@ Decisions (same outcome as PyG's ``Planetoid`` except where noted):
 
 from __future__ import annotations
 
-import pickle
-import warnings
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from ._core import DatasetError, find_dir, make_graph, missing_files_error, reading, undirected_csr
+from .safe_pickle import PLANETOID_TYPES, load_pickle
 
 PLANETOID = ("cora", "citeseer", "pubmed")
 _PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
@@ -54,19 +56,38 @@ def planetoid_files(name: str, root: Path) -> list[Path]:
     return [folder / f for f in required]
 
 
-def _unpickle(path: Path):
-    with reading(path), open(path, "rb") as f, warnings.catch_warnings():
-        # Old scipy pickles reference deprecated module paths (scipy.sparse.csr).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return pickle.load(f, encoding="latin1")
+def _fix(name: str) -> str:
+    return f"replace it with the original from {_SOURCE.format(n=name)}"
 
 
-def _dense(m) -> np.ndarray:
-    return np.asarray(m.todense() if hasattr(m, "todense") else m, dtype=np.float32)
+def _unpickle(path: Path, name: str):
+    return load_pickle(path, PLANETOID_TYPES, "a Planetoid ind.* file", _fix(name), encoding="latin1")
+
+
+def _matrix(path: Path, m, name: str) -> np.ndarray:
+    """A feature (CSR or dense) or one-hot label matrix of one file, as dense float32."""
+    with reading(path, _fix(name)):
+        if isinstance(m, sp.csr_matrix):
+            m.check_format(full_check=True)  # its arrays came from the file: validate before use
+            m = m.toarray()
+        if not isinstance(m, np.ndarray) or m.ndim != 2 or m.dtype.hasobject:
+            raise ValueError(f"expected a 2-D numeric matrix, got {type(m).__name__} {getattr(m, 'shape', '')}")
+        return np.asarray(m, dtype=np.float32)
+
+
+def _adjacency_lists(path: Path, graph, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``graph`` ({vertex: [neighbors]}) as (src, dst) int64 arrays."""
+    with reading(path, _fix(name)):
+        if not isinstance(graph, dict) or not all(
+            type(k) is int and isinstance(nb, list) and all(type(v) is int for v in nb) for k, nb in graph.items()
+        ):
+            raise ValueError("expected a dict of vertex id -> list of neighbor ids (ints)")
+        src = np.fromiter((k for k, nb in graph.items() for _ in nb), dtype=np.int64)
+        dst = np.fromiter((v for nb in graph.values() for v in nb), dtype=np.int64)
+    return src, dst
 
 
 def _onehot_to_label(m: np.ndarray) -> np.ndarray:
-    m = np.asarray(m)
     lab = m.argmax(1).astype(np.int64)
     lab[m.sum(1) == 0] = -1
     return lab
@@ -74,16 +95,16 @@ def _onehot_to_label(m: np.ndarray) -> np.ndarray:
 
 def load_planetoid(name: str, files: list[Path]):
     parts = dict(zip(_PARTS, files, strict=True))
-    obj = {p: _unpickle(parts[p]) for p in _PARTS if p != "test.index"}
-    with reading(parts["test.index"]):
+    obj = {p: _unpickle(parts[p], name) for p in _PARTS if p != "test.index"}
+    with reading(parts["test.index"], _fix(name)):
         test_index = np.loadtxt(parts["test.index"], dtype=np.int64, ndmin=1)
+        if not test_index.size or test_index.min() < 0:
+            raise ValueError("expected one vertex id >= 0 per line")
 
-    allx, tx, ally, ty = _dense(obj["allx"]), _dense(obj["tx"]), np.asarray(obj["ally"]), np.asarray(obj["ty"])
+    allx, tx, ally, ty, y_train = (_matrix(parts[p], obj[p], name) for p in ("allx", "tx", "ally", "ty", "y"))
+    src, dst = _adjacency_lists(parts["graph"], obj["graph"], name)
     graph = obj["graph"]
-    with reading(parts["graph"]):
-        src = np.fromiter((k for k, nb in graph.items() for _ in nb), dtype=np.int64)
-        dst = np.fromiter((v for nb in graph.values() for v in nb), dtype=np.int64)
-    n = int(max(len(allx), test_index.max() + 1, max(graph) + 1, dst.max() + 1 if dst.size else 0))
+    n = int(max(len(allx), test_index.max() + 1, max(graph, default=-1) + 1, dst.max() + 1 if dst.size else 0))
     for part, arr, rows in (("tx", tx, len(test_index)), ("ty", ty, len(test_index)), ("ally", ally, len(allx))):
         if arr.shape[0] != rows:
             raise DatasetError(
@@ -97,7 +118,7 @@ def load_planetoid(name: str, files: list[Path]):
     y = np.full(n, -1, dtype=np.int64)
     y[: len(ally)] = _onehot_to_label(ally)
     y[test_index] = _onehot_to_label(ty)
-    num_train = len(np.asarray(obj["y"]))
+    num_train = len(y_train)
 
     indptr, indices, values, counts = undirected_csr(src, dst, n)
     no_features = int(n - len(allx) - len(np.unique(test_index)))

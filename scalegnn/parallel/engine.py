@@ -373,3 +373,8 @@ class ParallelEngine:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+            # The next step's LR from this run's schedule (the saved one is the old run's:
+            # they differ when a run is continued to more epochs); equal bits otherwise.
+            sched = self.scheduler
+            for group, base, factor in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+                group["lr"] = base * factor(sched.last_epoch)
