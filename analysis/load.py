@@ -37,7 +37,7 @@ from scalegnn.records import RecordError, read_record
 __all__ = ["read_records", "read_manifests", "load_runs", "load_epochs", "runs_from_records"]
 
 
-# JSON files a sweep folder holds besides records (sweeps/launcher.py's layout):
+# JSON files a sweep folder holds besides records (sweeps/folders.py's layout):
 # checkpoints' meta.json, staged shards' manifest.json, Flux task files, submitit's
 # folder, and the job id a run was submitted as. They are not records, not skipped ones.
 NOT_RECORD_FOLDERS = frozenset({"checkpoint", "shards", ".flux", ".submitit"})

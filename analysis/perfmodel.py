@@ -14,6 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalegnn.perfmodel import TERMS, Machine, Workload, fit, predict, predicted_bytes_per_step
+from scalegnn.systems import SCALEGNN_SYSTEMS
 
 from .figures import select
 
@@ -61,7 +62,7 @@ def validation_frame(runs: pd.DataFrame, machines: dict[str, Machine], figure: s
     different implementation: they are left out of the fit and listed in
     ``attrs["excluded"]`` with the model's prediction for them."""
     frame = select(runs, figure)
-    frame = frame[(frame["sweep.figure"] == figure) & frame["system"].isin(["scalegnn", "fullgraph-3d"])
+    frame = frame[(frame["sweep.figure"] == figure) & frame["system"].isin(list(SCALEGNN_SYSTEMS))
                   & frame["epoch_time_s"].notna()]
     retired = frame["time.forward_backward"].notna() if "time.forward_backward" in frame \
         else pd.Series(False, index=frame.index)
@@ -121,7 +122,7 @@ def volume_check(runs: pd.DataFrame, figure: str = "perfmodel") -> pd.DataFrame:
     """Bytes per epoch per collective kind: model vs rank 0's record, for every run
     with recorded bytes (one row per run and kind)."""
     frame = select(runs, figure)
-    frame = frame[frame["system"].isin(["scalegnn", "fullgraph-3d"])]
+    frame = frame[frame["system"].isin(list(SCALEGNN_SYSTEMS))]
     rows = []
     for _, row in frame.iterrows():
         w = workload_from_row(row)
@@ -144,7 +145,7 @@ def fit_from_runs(runs: pd.DataFrame, cluster: str, machine: Machine):
     ``cluster`` (whose hardware is ``machine``) without optimization variants (for
     ``scalegnn plan --fit``)."""
     variant = runs["sweep.variant"].fillna("").astype(str)
-    frame = runs[(runs["status"] == "ok") & runs["system"].isin(["scalegnn", "fullgraph-3d"])
+    frame = runs[(runs["status"] == "ok") & runs["system"].isin(list(SCALEGNN_SYSTEMS))
                  & runs["epoch_time_s"].notna() & (runs["sweep.cluster"] == cluster) & (runs["world_size"] > 1)
                  & (variant == "")]
     if len(frame) < len(TERMS):

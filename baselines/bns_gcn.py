@@ -37,18 +37,20 @@ from torch import nn
 
 from scalegnn.device import to_device
 from scalegnn.engine import accuracy_counts
+from scalegnn.settings import setting
 
-from .common import BaselineData, CommonConfig, EpochStats, broadcast_floats, rank_device, world_info
+from .common import BaselineData, EpochStats, broadcast_floats, rank_device, world_info
 from .graphsage import split_accuracies_local
 from .partition import PARTITION_METHODS, partition_vertices
 
 __all__ = ["BNSOptions", "BNSTrainer", "BoundaryExchange", "BNSModel", "make_trainer"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BNSOptions:
-    boundary_rate: float = 0.1   # p; 1.0 = vanilla partition parallelism (all boundary vertices)
-    partition: str = "metis"
+    boundary_rate: float = setting(0.1, help="boundary-vertex sampling rate p (1.0: vanilla partition "
+                                   "parallelism, every boundary vertex)")
+    partition: str = setting("metis", choices=PARTITION_METHODS, help="vertex partitioning")
 
     def __post_init__(self):
         if not 0.0 < self.boundary_rate <= 1.0:
@@ -130,7 +132,8 @@ def _csr(rows, cols, vals, shape) -> torch.Tensor:
 
 
 class BNSTrainer:
-    def __init__(self, cfg: CommonConfig, opts: BNSOptions, data: BaselineData):
+    def __init__(self, cfg, data: BaselineData):
+        opts = cfg.options  # BNSOptions
         self.cfg, self.opts, self.data = cfg, opts, data
         self.rank, self.world = world_info()
         g = data.graph
@@ -169,8 +172,8 @@ class BNSTrainer:
         self.batch_size = n
         self.steps_per_epoch = 1
         torch.manual_seed(cfg.seed)
-        self.model = BNSModel(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.model = BNSModel(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self._full = None
         self.sampled_fraction: list[float] = []
 
@@ -276,11 +279,11 @@ def select_local(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return select_rows(x, rows)
 
 
-def make_trainer(cfg, opts, data):
-    return BNSTrainer(cfg, opts, data)
+def make_trainer(cfg, data):
+    return BNSTrainer(cfg, data)
 
 
-def run(cfg: CommonConfig, opts: BNSOptions, graph=None) -> dict:
+def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, opts, "baselines.bns_gcn:make_trainer", graph)
+    return run_baseline(cfg, "baselines.bns_gcn:make_trainer", graph)

@@ -1,13 +1,15 @@
-"""Shared pieces of the baseline adapters: config, data, the epoch loop, the run record.
+"""Shared pieces of the baseline adapters: data, the distributed helpers, the run record.
 
 Every adapter (``graphsage``, ``graphsaint``, ``salient``, ``bns-gcn``; ``distdgl``
-through its own environment) trains on the dataset split of ``scalegnn train`` and
+through its own environment) trains on the dataset split of ``scalegnn train`` from
+the same :class:`scalegnn.config.RunConfig` (its own settings in ``cfg.options``) and
 writes the record of ``scalegnn.records`` (``results/README.md``). An adapter is a
-*trainer* with this interface, driven by :func:`run_epochs` exactly as
-``scalegnn.train`` drives an engine:
+*trainer* driven by the shared epoch loop (:func:`scalegnn.loop.train_epochs`), as
+ScaleGNN's engine is:
 
     trainer.steps_per_epoch            int (optimizer steps of this rank per epoch)
     trainer.batch_size                 int (seed vertices / sampled vertices per step)
+    trainer.device                     torch.device it trains on
     trainer.train_epoch(epoch)  -> EpochStats      local sums; the loop reduces them
     trainer.evaluate()          -> (train, val, test) accuracies, the same on every rank
     trainer.record_extra()      -> dict            fields added to the record (optional)
@@ -26,103 +28,24 @@ device ran, so a GPU run is never compared with a CPU one unawares.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from scalegnn import records
-from scalegnn import systems as registry
+from scalegnn.device import peak_device_memory_bytes, peak_memory_bytes, peak_rss_bytes, resolve_device, synchronize
 from scalegnn.engine import accuracy_counts
 from scalegnn.graph import Graph
-from scalegnn.device import (check_device_spec, peak_device_memory_bytes, peak_memory_bytes, peak_rss_bytes,
-                             resolve_device, synchronize)
-from scalegnn.train import DivergedError, _summarize, summary_line
+from scalegnn.loop import DivergedError, EpochStats, Progress, train_epochs
+from scalegnn.signals import Interrupted, held
 
-__all__ = [
-    "CommonConfig", "EpochStats", "BaselineData", "load_data", "run_baseline", "run_epochs",
-    "split_accuracies", "world_info", "rank_device", "ddp", "all_reduce_sum", "parse_ints", "summary_line",
-]
+__all__ = ["EpochStats", "BaselineData", "load_data", "run_baseline", "split_accuracies", "world_info", "rank_device",
+           "ddp", "all_reduce_sum"]
 
-
-
-def parse_ints(text) -> tuple[int, ...]:
-    """``"15,10,5"`` -> ``(15, 10, 5)``; tuples and lists pass through."""
-    if isinstance(text, (tuple, list)):
-        return tuple(int(v) for v in text)
-    try:
-        return tuple(int(v) for v in str(text).split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers such as 15,10,5, got {text!r}") from None
-
-
-@dataclass
-class CommonConfig:
-    """The flags every system accepts (the common part of ``scalegnn train``)."""
-
-    system: str
-    dataset: str = "csbm"
-    data_root: str | None = None
-    epochs: int = 100
-    eval_every: int = 1
-    target_acc: float | None = None
-    stop_at_target: bool = False
-    seed: int = 0
-    out_dir: str = "results/runs"
-    nproc: int = 1
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    hidden: int = 256
-    layers: int = 3
-    dropout: float = 0.5
-    progress: bool | None = False
-    device: str = "auto"  # auto | cpu | cuda | cuda:N (scalegnn.device)
-    backend: str = "auto"  # auto (the device's) | gloo | nccl
-
-    def __post_init__(self):
-        self.device = check_device_spec(self.device)
-        if self.system not in registry.names(available=True):
-            raise ValueError(f"unknown system {self.system!r}; choose one of {', '.join(registry.names(available=True))}")
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if self.eval_every < 1:
-            raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
-        if self.nproc < 1:
-            raise ValueError(f"--nproc must be >= 1, got {self.nproc}")
-        if self.layers < 1 or self.hidden < 1:
-            raise ValueError(f"layers and hidden must be >= 1, got {self.layers} and {self.hidden}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.target_acc is not None and not 0.0 < self.target_acc <= 1.0:
-            raise ValueError(f"target_acc is a fraction in (0, 1], got {self.target_acc}")
-
-
-@dataclass
-class EpochStats:
-    """One rank's sums over one epoch; :func:`run_epochs` all-reduces them."""
-
-    loss_sum: float = 0.0
-    loss_n: int = 0
-    correct: float = 0.0
-    count: float = 0.0
-    components: dict = field(default_factory=dict)
-    comm_bytes: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)  # system-specific per-epoch fields (e.g. cache hits)
-
-    def add_batch(self, loss: float, logits: torch.Tensor, y: torch.Tensor) -> None:
-        """One step's loss and the training accuracy of its (detached) logits."""
-        correct, count = accuracy_counts(logits, y)
-        self.loss_sum += loss
-        self.loss_n += 1
-        self.correct += correct
-        self.count += count
 
 
 def backward_and_step(optimizer, loss: torch.Tensor, components: dict, forward_start: float) -> None:
@@ -142,11 +65,11 @@ def backward_and_step(optimizer, loss: torch.Tensor, components: dict, forward_s
 
 
 # --------------------------------------------------------------------------- distributed helpers
-def rank_device(cfg: CommonConfig) -> torch.device:
+def rank_device(cfg) -> torch.device:
     """This rank's device for ``cfg.device``: a spawned worker's local rank is its rank,
     a torchrun / srun rank's is in the launcher's variables."""
     local = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
-    return resolve_device(cfg.device, int(local) if local is not None else world_info()[0])
+    return resolve_device(cfg.parallel.device, int(local) if local is not None else world_info()[0])
 
 
 def ddp(model, world: int, device: torch.device):
@@ -201,12 +124,12 @@ class BaselineData:
         return self.graph.num_nodes
 
 
-def load_data(cfg: CommonConfig, graph: Graph | None = None) -> BaselineData:
+def load_data(cfg, graph: Graph | None = None) -> BaselineData:
     from scalegnn.datasets import load_dataset
     from scalegnn.sampling import training_features
 
     if graph is None:
-        graph = load_dataset(cfg.dataset, data_root=cfg.data_root, seed=cfg.seed)
+        graph = load_dataset(cfg.data.dataset, data_root=cfg.data.data_root, seed=cfg.seed)
     if graph.meta.get("normalized"):
         raise ValueError("baselines need the raw graph (each system normalizes its own way), not a normalized one")
     rows = graph.row_ids()
@@ -252,79 +175,39 @@ def seed_everything(seed: int) -> None:
 
 
 # --------------------------------------------------------------------------- the record
-def new_record(cfg: CommonConfig, options, data_graph: Graph, world: int, batch_size: int,
-               steps_per_epoch: int, backend: str | None, device: torch.device | str = "cpu") -> dict:
-    config = {k: v for k, v in dataclasses.asdict(cfg).items()
-              if k not in ("lr", "weight_decay", "hidden", "layers", "dropout", "progress")}
-    model = {"hidden": cfg.hidden, "layers": cfg.layers, "dropout": cfg.dropout}
-    opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
-    model.update(opts.pop("model", {}))
-    config.update({"model": model, "optim": {"optimizer": "Adam", "lr": cfg.lr, "weight_decay": cfg.weight_decay},
-                   "options": opts})
+def new_record(cfg, data_graph: Graph, world: int, batch_size: int, steps_per_epoch: int, backend: str | None,
+               device: torch.device | str = "cpu") -> dict:
     g = data_graph
     return records.new_record(
-        system=cfg.system, dataset=cfg.dataset, config=config,
+        system=cfg.system, dataset=cfg.data.dataset, config=cfg.to_dict(),
         grid={"dp": world, "x": 1, "y": 1, "z": 1},  # every baseline is data parallel only
         world_size=world, seed=cfg.seed, env=records.environment_info(backend=backend, device=device),
         graph={"num_nodes": g.num_nodes, "num_edges": g.num_edges, "num_features": g.num_features,
                "num_classes": g.num_classes},
-        batch_size=batch_size, steps_per_epoch=steps_per_epoch, target_acc=cfg.target_acc)
+        batch_size=batch_size, steps_per_epoch=steps_per_epoch, target_acc=cfg.loop.target_acc)
 
 
-def finalize(record: dict, cfg: CommonConfig, peaks: list[tuple]) -> dict:
+def finalize(record: dict, cfg, peaks: list[tuple]) -> dict:
     """The record's closing fields; ``peaks`` has every rank's (peak memory, peak RSS,
     peak device memory) (:func:`scalegnn.records.memory_fields`), empty when unknown."""
     if peaks:
         record.update(records.memory_fields(peaks))
     else:
         record["peak_memory_bytes_per_rank"], record["peak_memory_bytes"] = [], None
-    record["time_to_target_s"] = records.time_to_target(record["epochs"], cfg.target_acc)
-    _summarize(record)
+    record["time_to_target_s"] = records.time_to_target(record["epochs"], cfg.loop.target_acc)
+    records.summarize(record)
     return record
 
 
-def run_epochs(cfg: CommonConfig, trainer, record: dict) -> None:
-    """The epoch loop of ``scalegnn.train._train_epochs`` for a baseline trainer; rank 0
-    reports each epoch (:class:`scalegnn.progress.EpochLogger`: a bar on a terminal,
-    one log line per epoch in a batch job's output)."""
-    from scalegnn.progress import EpochLogger, mode_from_progress
-
-    progress = EpochLogger(cfg.system, cfg.dataset, cfg.epochs, world_info()[0], mode_from_progress(cfg.progress),
-                           steps_per_epoch=trainer.steps_per_epoch, batch_size=trainer.batch_size)
-    try:
-        _epochs(cfg, trainer, record, progress)
-    finally:
-        progress.close()
+def _reduce(stats: EpochStats) -> EpochStats:
+    """A rank's epoch sums summed over the ranks (components and bytes stay this rank's)."""
+    loss_sum, loss_n, correct, count = all_reduce_sum([stats.loss_sum, stats.loss_n, stats.correct, stats.count])
+    return EpochStats(loss_sum=loss_sum, loss_n=int(loss_n), correct=correct, count=count,
+                      components=stats.components, comm_bytes=stats.comm_bytes, extra=stats.extra)
 
 
-def _epochs(cfg: CommonConfig, trainer, record: dict, progress) -> None:
-    train_time = 0.0
-    for epoch in range(1, cfg.epochs + 1):
-        t0 = time.perf_counter()
-        st = trainer.train_epoch(epoch)
-        elapsed = time.perf_counter() - t0
-        loss_sum, loss_n, correct, count = all_reduce_sum([st.loss_sum, st.loss_n, st.correct, st.count])
-        elapsed = all_reduce_sum([elapsed], op=dist.ReduceOp.MAX)[0]  # the slowest rank sets the pace
-        train_time += elapsed
-        loss = loss_sum / max(loss_n, 1)
-        if not math.isfinite(loss):
-            raise DivergedError(f"loss became {loss} at epoch {epoch}")
-        row = {
-            "epoch": epoch, "train_time_s": train_time, "loss": loss,
-            "batch_train_acc": correct / count if count else None,
-            "train_acc": None, "val_acc": None, "test_acc": None, "eval_time_s": None,
-            "components": dict(st.components), "comm_bytes": dict(st.comm_bytes),
-        }
-        row.update(st.extra)
-        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-            t1 = time.perf_counter()
-            tr, va, te = trainer.evaluate()
-            row["eval_time_s"] = all_reduce_sum([time.perf_counter() - t1], op=dist.ReduceOp.MAX)[0]
-            row.update(train_acc=tr, val_acc=va, test_acc=te)
-        record["epochs"].append(row)
-        progress.epoch(row)
-        if cfg.stop_at_target and cfg.target_acc is not None and (row["test_acc"] or 0.0) >= cfg.target_acc:
-            break
+def _slowest(seconds: float) -> float:
+    return all_reduce_sum([seconds], op=dist.ReduceOp.MAX)[0]
 
 
 def _peaks(device) -> tuple:
@@ -341,22 +224,29 @@ def _gather_peaks(device) -> list[tuple]:
     return out
 
 
-def train_in_process(cfg: CommonConfig, options, make_trainer, graph: Graph | None = None,
-                     write: bool = True) -> dict:
+def train_in_process(cfg, make_trainer, graph: Graph | None = None, write: bool = True) -> dict:
     """Build the trainer on this rank, run the epochs, return the record (rank 0 writes it)."""
     rank, world = world_info()
     seed_everything(cfg.seed)
     data = load_data(cfg, graph)
-    trainer = make_trainer(cfg, options, data)
+    trainer = make_trainer(cfg, data)
     device = getattr(trainer, "device", torch.device("cpu"))
     backend = _backend_name() if world > 1 else None
-    record = new_record(cfg, options, data.graph, world, trainer.batch_size, trainer.steps_per_epoch, backend,
-                        device)
+    record = new_record(cfg, data.graph, world, trainer.batch_size, trainer.steps_per_epoch, backend, device)
     try:
-        run_epochs(cfg, trainer, record)
+        train_epochs(cfg.loop, trainer, record, reduce=_reduce, slowest=_slowest,
+                     callbacks=[Progress(cfg.system, cfg.data.dataset, cfg.loop, rank,
+                                         steps_per_epoch=trainer.steps_per_epoch, batch_size=trainer.batch_size)])
         record["status"] = "ok"
     except DivergedError as exc:
         record["status"], record["error"] = "diverged", str(exc)
+    except Interrupted as exc:  # SIGINT/SIGTERM: scalegnn.run.run writes the record, naming the signal
+        record["status"] = "interrupted"
+        with held():
+            record.update(getattr(trainer, "record_extra", lambda: {})())
+            finalize(record, cfg, [_peaks(device)])  # peers may be gone: no collective
+        exc.run_record = record
+        raise
     except Exception as exc:
         record["status"] = "failed"
         record["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
@@ -366,10 +256,11 @@ def train_in_process(cfg: CommonConfig, options, make_trainer, graph: Graph | No
         close = getattr(trainer, "close", None)
         if close is not None:
             close()
-    record.update(getattr(trainer, "record_extra", lambda: {})())
-    finalize(record, cfg, _gather_peaks(device) if record["status"] != "failed" else [_peaks(device)])
-    if write and rank == 0:
-        record["path"] = str(records.write_record(record, cfg.out_dir))
+    with held():  # a stop signal now would cut the record short, not the run
+        record.update(getattr(trainer, "record_extra", lambda: {})())
+        finalize(record, cfg, _gather_peaks(device) if record["status"] != "failed" else [_peaks(device)])
+        if write and rank == 0:
+            record["path"] = str(records.write_record(record, cfg.loop.out_dir))
     return record
 
 
@@ -380,52 +271,50 @@ def _backend_name() -> str:
     return "nccl" if "nccl" in name else name
 
 
-def _spawned_worker(rank: int, world: int, cfg, options, factory_path: str, graph):
-    import importlib
+def _spawned_worker(rank: int, world: int, cfg, factory_path: str, graph):
+    from scalegnn.systems import resolve
 
-    mod_name, fn_name = factory_path.split(":")
-    make_trainer = getattr(importlib.import_module(mod_name), fn_name)
-    record = train_in_process(cfg, options, make_trainer, graph)
+    record = train_in_process(cfg, resolve(factory_path), graph)
     return record if rank == 0 else None
 
 
-def run_baseline(cfg: CommonConfig, options, factory_path: str, graph: Graph | None = None) -> dict:
-    """Run a baseline with ``cfg.nproc`` processes and return rank 0's record.
+def run_baseline(cfg, factory_path: str, graph: Graph | None = None) -> dict:
+    """Run a baseline with ``cfg.parallel.nproc`` processes and return rank 0's record.
 
-    ``factory_path`` is ``"module:function"`` building the trainer (importable in
-    the spawned workers). One process runs in this process; N > 1 spawns N gloo
-    workers; inside a torchrun / srun job (``WORLD_SIZE`` > 1) every rank joins it.
+    ``factory_path`` is ``"module:function"`` building the trainer from ``(cfg, data)``
+    (importable in the spawned workers). One process runs in this process; N > 1
+    spawns N workers; inside a torchrun / srun job (``WORLD_SIZE`` > 1) every rank
+    joins it.
     """
-    import importlib
-
     from scalegnn.parallel.launch import WorkerError, init_from_env, local_backend, spawn
+    from scalegnn.systems import resolve
 
-    mod_name, fn_name = factory_path.split(":")
-    make_trainer = getattr(importlib.import_module(mod_name), fn_name)
+    make_trainer = resolve(factory_path)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
     if launched:
-        info = init_from_env(backend=cfg.backend, device=cfg.device)
+        info = init_from_env(backend=cfg.parallel.backend, device=cfg.parallel.device)
         try:
-            record = train_in_process(cfg, options, make_trainer, graph)
+            record = train_in_process(cfg, make_trainer, graph)
         finally:
             dist.destroy_process_group()
         return record if info.rank == 0 else None
-    if cfg.nproc == 1:
-        return train_in_process(cfg, options, make_trainer, graph)
-    threads = max(1, (os.cpu_count() or 1) // cfg.nproc)
-    backend = local_backend(cfg, cfg.nproc)
+    nproc = cfg.parallel.nproc
+    if nproc == 1:
+        return train_in_process(cfg, make_trainer, graph)
+    threads = max(1, (os.cpu_count() or 1) // nproc)
+    backend = local_backend(cfg.parallel, nproc)
     try:
-        return spawn(_spawned_worker, cfg.nproc, cfg, options, factory_path, graph, timeout_s=None,
-                     threads_per_worker=threads, backend=backend)[0]
+        return spawn(_spawned_worker, nproc, cfg, factory_path, graph, timeout_s=None, threads_per_worker=threads,
+                     backend=backend, collective_timeout_s=cfg.parallel.collective_timeout_s)[0]
     except WorkerError as exc:
         # The workers died before a record existed: write a failed one so a sweep sees the run.
         data_graph = graph
         if data_graph is None:
             from scalegnn.datasets import load_dataset
 
-            data_graph = load_dataset(cfg.dataset, data_root=cfg.data_root, seed=cfg.seed)
-        record = new_record(cfg, options, data_graph, cfg.nproc, 0, 0, backend)
+            data_graph = load_dataset(cfg.data.dataset, data_root=cfg.data.data_root, seed=cfg.seed)
+        record = new_record(cfg, data_graph, nproc, 0, 0, backend)
         record["status"], record["error"] = "failed", str(exc)[-4000:]
         finalize(record, cfg, [])
-        record["path"] = str(records.write_record(record, cfg.out_dir))
+        record["path"] = str(records.write_record(record, cfg.loop.out_dir))
         return record

@@ -24,8 +24,9 @@ from scalegnn.device import to_device
 from scalegnn.engine import accuracy_counts
 from scalegnn.model import node_loss
 from scalegnn.sampling import select_rows
+from scalegnn.settings import int_tuple, setting
 
-from .common import (BaselineData, CommonConfig, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,
+from .common import (BaselineData, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,
                      split_accuracies, world_info)
 from .models import SAGENet
 
@@ -37,10 +38,8 @@ DEFAULT_EVAL_FANOUTS = (20, 20, 20)
 
 def fanouts_for(layers: int, given, default) -> tuple[int, ...]:
     """``given`` (must have ``layers`` entries), else ``default`` cut or padded to ``layers``."""
-    from .common import parse_ints
-
     if given:
-        f = parse_ints(given)
+        f = int_tuple(given)
         if len(f) != layers:
             raise ValueError(f"fanouts {','.join(map(str, f))} have {len(f)} hops but --layers is {layers}; "
                              f"give one fanout per layer")
@@ -48,14 +47,18 @@ def fanouts_for(layers: int, given, default) -> tuple[int, ...]:
     return tuple(default[:layers]) + (default[-1],) * max(0, layers - len(default))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GraphSAGEOptions:
-    conv: str = "sage"                 # sage (SAGEConv) or gcn (GCNConv)
-    fanouts: tuple | None = None       # default 15,10,5 for 3 layers
-    batch_size: int = 1024             # seed vertices per step (per rank)
-    eval_mode: str = "sampled"         # sampled (fanouts 20,20,20) or layerwise (exact full graph)
-    eval_fanouts: tuple | None = None  # default 20,20,20
-    eval_batch_size: int = 4096
+    conv: str = setting("sage", choices=("sage", "gcn"), help="the convolution: SAGEConv (sage) or GCNConv (gcn)")
+    fanouts: tuple | None = setting(None, type=int_tuple, metavar="F1,F2,...",
+                                    help="neighbor-sampling fanouts, seeds' hop first (default 15,10,5, cut or "
+                                    "padded to --layers)")
+    batch_size: int = setting(1024, help="seed vertices per step (per rank)")
+    eval_mode: str = setting("sampled", choices=("sampled", "layerwise"),
+                             help="neighbor-sampled evaluation, or exact full-graph layer-wise inference")
+    eval_fanouts: tuple | None = setting(None, type=int_tuple, metavar="F1,F2,...",
+                                         help="fanouts of sampled evaluation (default 20,20,20)")
+    eval_batch_size: int = setting(4096, help="seeds per batch of sampled evaluation")
 
     def __post_init__(self):
         if self.conv not in ("sage", "gcn"):
@@ -90,12 +93,13 @@ def neighbor_loader(data: BaselineData, seeds: torch.Tensor, fanouts, batch_size
 
 
 class GraphSAGETrainer:
-    def __init__(self, cfg: CommonConfig, opts: GraphSAGEOptions, data: BaselineData):
+    def __init__(self, cfg, data: BaselineData):
+        opts = cfg.options  # GraphSAGEOptions
         self.cfg, self.opts, self.data = cfg, opts, data
         self.rank, self.world = world_info()
         g = data.graph
-        opts.fanouts = fanouts_for(cfg.layers, opts.fanouts, DEFAULT_FANOUTS)
-        opts.eval_fanouts = fanouts_for(cfg.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
+        opts.fanouts = fanouts_for(cfg.model.layers, opts.fanouts, DEFAULT_FANOUTS)
+        opts.eval_fanouts = fanouts_for(cfg.model.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
         self.batch_size = opts.batch_size
         self.pyg = pyg_data(data)
         train = g.train_idx if g.multilabel else g.train_idx[g.y[g.train_idx] >= 0]
@@ -104,10 +108,10 @@ class GraphSAGETrainer:
         self.steps_per_epoch = -(-share // opts.batch_size)
         torch.manual_seed(cfg.seed)
         self.device = rank_device(cfg)
-        self.model = SAGENet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout, opts.conv)
+        self.model = SAGENet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout, opts.conv)
         self.model.to(self.device)
         self.ddp = ddp(self.model, self.world, self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
 
     # ------------------------------------------------------------------ training
     def _rank_seeds(self, epoch: int) -> torch.Tensor:
@@ -210,11 +214,11 @@ class _nullctx:
         return False
 
 
-def make_trainer(cfg, opts, data):
-    return GraphSAGETrainer(cfg, opts, data)
+def make_trainer(cfg, data):
+    return GraphSAGETrainer(cfg, data)
 
 
-def run(cfg: CommonConfig, opts: GraphSAGEOptions, graph=None) -> dict:
+def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, opts, "baselines.graphsage:make_trainer", graph)
+    return run_baseline(cfg, "baselines.graphsage:make_trainer", graph)

@@ -37,8 +37,9 @@ import torch.nn.functional as F
 
 from scalegnn.device import to_device
 from scalegnn.sampling import select_rows, train_mask_of
+from scalegnn.settings import setting
 
-from .common import (BaselineData, CommonConfig, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,
+from .common import (BaselineData, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,
                      world_info)
 from .graphsage import split_accuracies_local
 from .models import SAINTNet
@@ -46,19 +47,23 @@ from .models import SAINTNet
 __all__ = ["GraphSAINTOptions", "GraphSAINTTrainer", "make_trainer", "saint_sampler"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GraphSAINTOptions:
     # None: min(8000, N/10). 8000 is GraphSAINT's Reddit/Flickr budget (3-9 % of N);
     # on graphs smaller than 80,000 vertices a tenth of N keeps ~10 subgraphs per epoch
     # instead of one or two (8000 of Facebook's 22,470 gave 3 steps per epoch).
-    node_budget: int | None = None
-    sample_coverage: int = 50        # pre-sampled vertices per vertex for the normalization statistics
-    steps_per_epoch: int | None = None  # default ceil(N / node_budget), split over ranks
-    normalization: str = "exact"     # exact | sampled (PyG's statistics) | none (plain mean, unweighted loss)
+    node_budget: int | None = setting(None, help="vertices drawn per subgraph (PyG's node budget); default "
+                                      "min(8000, N/10)")
+    sample_coverage: int = setting(50, help="pre-sampled vertices per vertex for the normalization statistics")
+    steps_per_epoch: int | None = setting(None, help="subgraphs per epoch in all (default ceil(N / node budget), "
+                                          "split over the ranks)")
+    normalization: str = setting("exact", choices=("exact", "sampled", "none"),
+                                 help="normalization probabilities in closed form (exact), estimated from "
+                                 "pre-sampled subgraphs as PyG does (sampled), or none")
 
     def __post_init__(self):
         if self.normalization not in ("exact", "sampled", "none"):
-            raise ValueError(f"--saint-norm must be exact, sampled or none, got {self.normalization!r}")
+            raise ValueError(f"--normalization must be exact, sampled or none, got {self.normalization!r}")
         if self.node_budget is not None and self.node_budget < 1:
             raise ValueError(f"--node-budget must be >= 1, got {self.node_budget}")
         if self.sample_coverage < 0:
@@ -116,7 +121,8 @@ def saint_sampler(pyg, node_budget: int, num_steps: int, sample_coverage: int):
 
 
 class GraphSAINTTrainer:
-    def __init__(self, cfg: CommonConfig, opts: GraphSAINTOptions, data: BaselineData):
+    def __init__(self, cfg, data: BaselineData):
+        opts = cfg.options  # GraphSAINTOptions
         self.cfg, self.opts, self.data = cfg, opts, data
         self.rank, self.world = world_info()
         g = data.graph
@@ -137,9 +143,9 @@ class GraphSAINTTrainer:
         self.preprocess_s = time.perf_counter() - t0
         torch.manual_seed(cfg.seed)
         self.device = rank_device(cfg)
-        self.model = SAINTNet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout).to(self.device)
+        self.model = SAINTNet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout).to(self.device)
         self.ddp = ddp(self.model, self.world, self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self._adj_t = None
         self.gen_seed = cfg.seed * 1_000_003 + 17 * self.rank + 1  # each rank its own subgraphs
         torch.manual_seed(self.gen_seed)
@@ -199,11 +205,11 @@ class GraphSAINTTrainer:
         return {"preprocess_s": self.preprocess_s}
 
 
-def make_trainer(cfg, opts, data):
-    return GraphSAINTTrainer(cfg, opts, data)
+def make_trainer(cfg, data):
+    return GraphSAINTTrainer(cfg, data)
 
 
-def run(cfg: CommonConfig, opts: GraphSAINTOptions, graph=None) -> dict:
+def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, opts, "baselines.graphsaint:make_trainer", graph)
+    return run_baseline(cfg, "baselines.graphsaint:make_trainer", graph)

@@ -39,8 +39,9 @@ import torch.distributed as dist
 from scalegnn.device import to_device
 from scalegnn.model import node_loss
 from scalegnn.sampling import select_rows
+from scalegnn.settings import int_tuple, setting
 
-from .common import (BaselineData, CommonConfig, EpochStats, all_reduce_sum, backward_and_step, ddp, rank_device,
+from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, ddp, rank_device,
                      split_accuracies, world_info)
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
 from .models import SAGENet
@@ -49,17 +50,19 @@ from .partition import PARTITION_METHODS, partition_vertices
 __all__ = ["SalientOptions", "SalientTrainer", "FeatureStore", "NeighborSampler", "make_trainer", "SampledBatch"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SalientOptions:
-    fanouts: tuple | None = None        # default 15,10,5
-    batch_size: int = 1024
-    eval_fanouts: tuple | None = None   # default 20,20,20
-    eval_batch_size: int = 4096
-    partition: str = "metis"            # metis or random
-    cache_budget: float = 0.1           # cached remote rows per rank, as a fraction of N
-    cache_warmup_epochs: int = 1        # epochs of simulated sampling that rank the remote vertices
-    sampler_threads: int = 2
-    prefetch: int = 4                   # ready batches queued ahead of the model step
+    fanouts: tuple | None = setting(None, type=int_tuple, metavar="F1,F2,...",
+                                    help="neighbor-sampling fanouts, seeds' hop first (default 15,10,5)")
+    batch_size: int = setting(1024, help="seed vertices per step (per rank)")
+    eval_fanouts: tuple | None = setting(None, type=int_tuple, metavar="F1,F2,...",
+                                         help="fanouts of sampled evaluation (default 20,20,20)")
+    eval_batch_size: int = setting(4096, help="seeds per batch of sampled evaluation")
+    partition: str = setting("metis", choices=PARTITION_METHODS, help="vertex partitioning")
+    cache_budget: float = setting(0.1, help="cached remote feature rows per rank, as a fraction of N")
+    cache_warmup_epochs: int = setting(1, help="epochs of simulated sampling that rank the remote vertices")
+    sampler_threads: int = setting(2, help="neighbor-sampling threads")
+    prefetch_batches: int = setting(4, help="prepared batches queued ahead of the model step")
     record_batches: bool = False        # keep every batch's vertex ids (tests)
 
     def __post_init__(self):
@@ -67,8 +70,8 @@ class SalientOptions:
             raise ValueError(f"--partition must be one of {PARTITION_METHODS}, got {self.partition!r}")
         if not 0.0 <= self.cache_budget <= 1.0:
             raise ValueError(f"--cache-budget is a fraction of N in [0, 1], got {self.cache_budget}")
-        if self.sampler_threads < 1 or self.prefetch < 1:
-            raise ValueError("--sampler-threads and --prefetch must be >= 1")
+        if self.sampler_threads < 1 or self.prefetch_batches < 1:
+            raise ValueError("--sampler-threads and --prefetch-batches must be >= 1")
         if self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("--batch-size and --eval-batch-size must be >= 1")
 
@@ -255,12 +258,13 @@ class BatchPipeline:
 
 
 class SalientTrainer:
-    def __init__(self, cfg: CommonConfig, opts: SalientOptions, data: BaselineData):
+    def __init__(self, cfg, data: BaselineData):
+        opts = cfg.options  # SalientOptions
         self.cfg, self.opts, self.data = cfg, opts, data
         self.rank, self.world = world_info()
         g = data.graph
-        opts.fanouts = fanouts_for(cfg.layers, opts.fanouts, DEFAULT_FANOUTS)
-        opts.eval_fanouts = fanouts_for(cfg.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
+        opts.fanouts = fanouts_for(cfg.model.layers, opts.fanouts, DEFAULT_FANOUTS)
+        opts.eval_fanouts = fanouts_for(cfg.model.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
         t0 = time.perf_counter()
         self.part = partition_vertices(g, self.world, opts.partition, cfg.seed)
         self.partition_s = time.perf_counter() - t0
@@ -278,10 +282,10 @@ class SalientTrainer:
         self.cache_build_s = time.perf_counter() - t0
         torch.manual_seed(cfg.seed)
         self.device = rank_device(cfg)
-        self.model = SAGENet(g.num_features, cfg.hidden, g.num_classes, cfg.layers, cfg.dropout, "sage")
+        self.model = SAGENet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout, "sage")
         self.model.to(self.device)
         self.ddp = ddp(self.model, self.world, self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.totals = defaultdict(int)
 
     def seed_batches(self, epoch: int) -> list:
@@ -319,7 +323,7 @@ class SalientTrainer:
 
     def _pipeline(self, seed_batches, fanouts):
         return BatchPipeline(self.sampler, self.store, seed_batches, fanouts, self.opts.sampler_threads,
-                             self.opts.prefetch)
+                             self.opts.prefetch_batches)
 
     def train_epoch(self, epoch: int) -> EpochStats:
         st = EpochStats()
@@ -390,11 +394,11 @@ def _empty_like_x(store: FeatureStore) -> torch.Tensor:
     return _vstack([], store.width, store.sparse) if store.sparse else torch.zeros(0, store.width)
 
 
-def make_trainer(cfg, opts, data):
-    return SalientTrainer(cfg, opts, data)
+def make_trainer(cfg, data):
+    return SalientTrainer(cfg, data)
 
 
-def run(cfg: CommonConfig, opts: SalientOptions, graph=None) -> dict:
+def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, opts, "baselines.salient:make_trainer", graph)
+    return run_baseline(cfg, "baselines.salient:make_trainer", graph)

@@ -137,15 +137,12 @@ def make_graph(nodes: int, avg_degree: float, features: int, classes: int, seed:
 # --------------------------------------------------------------------------- ScaleGNN
 def scalegnn_section(norm, info: dict, device: torch.device, target: float, max_epochs: int, lr: float,
                      compile_tail: bool) -> dict:
-    from scalegnn.engine import OptimConfig
-    from scalegnn.model import ModelConfig
-    from scalegnn.perf import PerfConfig
-    from scalegnn.train import RunConfig, run_training
+    from scalegnn.config import make_config
+    from scalegnn.trainer import run_training
 
-    cfg = RunConfig(dataset=info["name"], batch_ratio=0.1, epochs=max_epochs, target_acc=target, stop_at_target=True,
-                    progress=False, device=str(device),
-                    model=ModelConfig(hidden=256, layers=3, dropout=0.5), optim=OptimConfig(lr=lr),
-                    perf=PerfConfig(prefetch=True, compile=compile_tail))
+    cfg = make_config(dataset=info["name"], batch_ratio=0.1, epochs=max_epochs, target_acc=target,
+                      stop_at_target=True, progress=False, device=str(device), hidden=256, layers=3, dropout=0.5,
+                      lr=lr, prefetch=True, compile=compile_tail)
     rec = run_training(cfg, graph=norm, write=False)
     rows = rec["epochs"]
     steady = rows[1:] if len(rows) > 1 else rows

@@ -319,16 +319,17 @@ ABLATION = (
 
 def _ablation_worker(rank, world, shape, dataset, data_root, batch_ratio, hidden, layers, steps, warmup, configs,
                      compile_backend):
+    from scalegnn.config import make_config
     from scalegnn.engine import OptimConfig
     from scalegnn.model import ModelConfig
     from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
     from scalegnn.parallel.grid import ProcessGrid
     from scalegnn.perf import PerfConfig
     from scalegnn.sampling import resolve_batch_size
-    from scalegnn.train import RunConfig, prepare_graph
+    from scalegnn.trainer import prepare_graph
 
     grid = ProcessGrid(*shape)
-    graph = prepare_graph(RunConfig(dataset=dataset, data_root=data_root, progress=False))
+    graph = prepare_graph(make_config(dataset=dataset, data_root=data_root, progress=False))
     batch = resolve_batch_size(graph.num_nodes, batch_ratio=batch_ratio)
     out = []
     for name, switches in configs:

@@ -16,9 +16,10 @@ _steps = itertools.count()
 
 @pytest.fixture(scope="module")
 def graph():
-    from scalegnn.train import RunConfig, prepare_graph
+    from scalegnn.config import make_config
+    from scalegnn.trainer import prepare_graph
 
-    return prepare_graph(RunConfig(dataset="csbm:n=50000,avg_degree=10,feature_dim=64", progress=False))
+    return prepare_graph(make_config(dataset="csbm:n=50000,avg_degree=10,feature_dim=64", progress=False))
 
 
 CFG = ModelConfig(hidden=128, layers=3)

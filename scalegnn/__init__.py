@@ -1,5 +1,12 @@
 """ScaleGNN: mini-batch GCN training with communication-free uniform vertex sampling
-and 4D (data x 3D parallel matrix multiplication) parallelism."""
+and 4D (data x 3D parallel matrix multiplication) parallelism.
+
+The public API (loaded on first use, so ``import scalegnn`` stays light)::
+
+    scalegnn.train(graph_or_none, **settings) -> run record    (scalegnn.api)
+    scalegnn.Graph, scalegnn.Graph.from_pyg(data), graph.to_pyg()
+    scalegnn.RunConfig, scalegnn.make_config(**settings), scalegnn.load_dataset(name)
+"""
 
 __version__ = "0.1.0"
 
@@ -8,3 +15,28 @@ import warnings
 # CSR tensors are the fastest SpMM path on CPU; their "beta" warnings are noise for users.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+__all__ = ["train", "Graph", "RunConfig", "make_config", "load_dataset", "__version__"]
+
+
+
+def __getattr__(name: str):
+    """The API's names, imported when first asked for (PEP 562)."""
+    if name == "train":
+        from .api import train as value
+    elif name == "Graph":
+        from .graph import Graph as value
+    elif name in ("RunConfig", "make_config"):
+        from . import config
+
+        value = getattr(config, name)
+    elif name == "load_dataset":
+        from .datasets import load_dataset as value
+    else:
+        raise AttributeError(f"module 'scalegnn' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *__all__})

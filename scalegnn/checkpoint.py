@@ -56,6 +56,7 @@ import torch
 
 from .fileio import atomic_write, load_error
 from .records import atomic_write_json
+from .settings import setting
 
 __all__ = [
     "PREEMPTION",
@@ -82,13 +83,14 @@ _STEP_DIR = re.compile(r"^step-(\d{9,})$")
 # Config fields (dotted) that may differ between the interrupted run and its
 # resumption: where things are, how they are shown or timed, never what is computed
 # (the sampler kernels and prefetching give bit-identical batches).
-RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "progress", "out_dir", "data_root", "shard_dir",
-                                   "collective_timeout_s", "perf.prefetch", "perf.profile", "perf.sampler",
+RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "loop.progress", "loop.out_dir", "data.data_root", "data.shard_dir",
+                                   "parallel.collective_timeout_s", "parallel.nproc", "parallel.device",
+                                   "parallel.backend", "perf.prefetch", "perf.profile", "perf.sampler",
                                    "perf.instrument"})
 # Config fields that may change to continue a run: they move its end, not what a step
 # computes (the sample and dropout of step s do not depend on them). The resumed entry
 # of the record lists each change (:func:`continuation`).
-CONTINUABLE_DIFFERENCES = frozenset({"epochs"})
+CONTINUABLE_DIFFERENCES = frozenset({"loop.epochs"})
 
 
 class CheckpointError(ValueError):
@@ -119,7 +121,7 @@ def parse_every(text) -> tuple[int | None, float | None]:
     return None, seconds
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CheckpointConfig:
     """Where and how often to checkpoint, and whether to resume.
 
@@ -129,10 +131,14 @@ class CheckpointConfig:
     checkpoints kept on disk (the newest ones).
     """
 
-    dir: str | None = None
-    every: str | None = None
-    resume: bool = False
-    keep: int = 2
+    dir: str | None = setting(None, flag="--checkpoint-dir", scope="scalegnn", output=True,
+                              help="folder for this run's checkpoints (one per run; shared storage on multi-node jobs)")
+    every: str | None = setting(None, flag="--checkpoint-every", scope="scalegnn", metavar="K",
+                                help="save a checkpoint every K steps (e.g. 500) or every period (e.g. 30m, 90s, 2h)")
+    resume: bool = setting(False, scope="scalegnn", action="store_true",
+                           help="continue from the newest complete checkpoint in --checkpoint-dir; starts from scratch "
+                           "when there is none, so a requeued job can always pass it")
+    keep: int = setting(2, flag="--keep-checkpoints", scope="scalegnn", help="complete checkpoints kept on disk")
 
     def __post_init__(self):
         if self.every is not None:
@@ -296,17 +302,29 @@ def _normalized(config: dict) -> dict:
     return json.loads(json.dumps(config, allow_nan=True))
 
 
+def _current_layout(config: dict) -> dict:
+    """A checkpoint's saved config in today's layout (run records' schema 2: one section
+    per component); checkpoints written before it keep the flat layout of schema 1."""
+    from .records import upgrade
+
+    config = upgrade({"schema_version": 1 if "data" not in config else 2, "config": dict(config)})["config"]
+    return {k: v for k, v in config.items() if v is not None or k not in ("system", "seed")}
+
+
 def config_mismatch(saved: dict, current: dict) -> list[str]:
     """The fields (dotted) that differ between two run configs, ignoring those that
-    do not change what is computed (:data:`RESUMABLE_DIFFERENCES`) and those that
-    continue the run (:data:`CONTINUABLE_DIFFERENCES`, see :func:`continuation`)."""
-    saved, current = _normalized(saved), _normalized(current)
+    do not change what is computed (:data:`RESUMABLE_DIFFERENCES`), those that
+    continue the run (:data:`CONTINUABLE_DIFFERENCES`, see :func:`continuation`) and
+    settings newer than the checkpoint (absent from its config)."""
+    saved, current = _normalized(_current_layout(saved)), _normalized(current)
     out = []
 
     def walk(a, b, prefix):
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
                 if f"{prefix}{key}" in RESUMABLE_DIFFERENCES | CONTINUABLE_DIFFERENCES:
+                    continue
+                if key not in a:  # a setting added after the checkpoint was written: it keeps its default
                     continue
                 walk(a.get(key, "<absent>"), b.get(key, "<absent>"), f"{prefix}{key}.")
         elif a != b:
@@ -324,7 +342,7 @@ def continuation(ckpt, meta: dict, current: dict) -> dict:
     continuation equals an uninterrupted run of the new length exactly; the cosine
     schedule's length is epochs x steps per epoch, so it is stretched: from the resumed
     step on, the LR is the cosine over the new number of steps."""
-    old, new = meta["config"]["epochs"], current["epochs"]
+    old, new = _current_layout(meta["config"])["loop"]["epochs"], current["loop"]["epochs"]
     if old == new:
         return {}
     done, step, spe = meta["epoch"], meta["step"], meta["steps_per_epoch"]

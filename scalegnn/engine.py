@@ -1,6 +1,6 @@
 """What an engine step and an evaluation round return, and the optimizer they share.
 
-The training loop (:mod:`scalegnn.train`) drives the engine
+The training loop (:mod:`scalegnn.trainer`) drives the engine
 (:class:`scalegnn.parallel.engine.ParallelEngine`, one for every grid, the single
 process included) and never looks inside it:
 
@@ -23,17 +23,20 @@ from dataclasses import dataclass
 
 import torch
 
+from .settings import setting
+
 __all__ = ["OptimConfig", "StepResult", "EpochSums", "EvalResult", "make_optimizer", "accuracy_counts"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OptimConfig:
     """AdamW with an optional cosine schedule and global-norm gradient clipping."""
 
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    schedule: str = "constant"  # "constant" or "cosine" (decay to 0 over the run)
-    grad_clip: float | None = None  # max global L2 norm; None disables clipping
+    lr: float = setting(1e-3, help="learning rate (AdamW; the baselines' Adam)")
+    weight_decay: float = setting(0.0, help="weight decay")
+    schedule: str = setting("constant", scope="scalegnn", choices=("constant", "cosine"),
+                            help="learning-rate schedule: constant, or cosine decay to 0 over the run")
+    grad_clip: float | None = setting(None, scope="scalegnn", help="clip the global gradient L2 norm to this value")
 
     def __post_init__(self):
         if self.lr <= 0:

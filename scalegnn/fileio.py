@@ -2,7 +2,8 @@
 
 Every file this project writes for later reading (run records, checkpoints, shard
 files, sweep manifests, the dataset cache) goes through :func:`atomic_write`; when
-reading one back fails, :func:`load_error` is the reason in one line.
+reading one back fails, :func:`load_error` is the reason in one line. Before any work,
+:func:`check_output_folder` makes sure a folder the work will write to can be written.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write", "load_error"]
+__all__ = ["atomic_write", "load_error", "check_output_folder"]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -27,6 +28,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _process_umask() -> int:
+    """This process's umask, read without changing it where Linux shows it (changing it,
+    even for an instant, races with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# Files are created as open() would create them (0666 less the umask): mkstemp's private
+# 0600 would hide records, shards and checkpoints from a project group on shared storage.
+FILE_MODE = 0o666 & ~_process_umask()
+
+
 def atomic_write(target: str | os.PathLike, write, *, text: bool = False, exclusive: bool = False) -> Path:
     """``write(f)`` into a temporary file next to ``target`` (``f`` opened ``"wb"``, or
     ``"w"`` in UTF-8 with ``text``),
@@ -38,6 +58,7 @@ def atomic_write(target: str | os.PathLike, write, *, text: bool = False, exclus
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") if text else os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -75,3 +96,30 @@ def load_error(exc: BaseException) -> str:
         lines = ["; ".join(reasons) or "the file holds objects other than tensors and plain containers"]
     reason = lines[0] if lines else "the file is empty or ends early"
     return f"{type(exc).__name__}: {reason[:300]}"
+
+
+def check_output_folder(path: str | os.PathLike, flag: str) -> None:
+    """Refuse, before any work, a folder that the work could not write to: ``ValueError``
+    with one line naming ``flag``, the path, the problem and the fix.
+
+    Writability is tried, not read from permission bits (root ignores them, and /proc
+    or /sys refuse what the bits allow): a probe file is created and removed in the
+    folder, or, when the folder does not exist yet, in its nearest existing ancestor,
+    where the folder would be created. Nothing is left behind, so a refused or failed
+    run leaves no empty folder, and ranks that check the same folder at once cannot
+    disturb each other."""
+    target = Path(path)
+    folder = target.absolute()
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    fix = "pass a folder you can write to (it is created if missing)"
+    if not folder.is_dir():
+        what = "is an existing file" if folder == target.absolute() else f"cannot be created: {folder} is a file"
+        raise ValueError(f"{flag} {path} {what}, not a folder; {fix}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".scalegnn-write-probe-", dir=folder)
+    except OSError as exc:
+        where = "is not writable" if folder == target.absolute() else f"cannot be created in {folder}"
+        raise ValueError(f"{flag} {path} {where} ({exc.strerror or exc}); {fix}") from None
+    os.close(fd)
+    os.unlink(probe)

@@ -221,6 +221,58 @@ class Graph:
         n = self.num_nodes
         return sp.csr_matrix((self.values.numpy(), self.indices.numpy(), self.indptr.numpy()), shape=(n, n))
 
+    # --------------------------------------------------------- interchange
+    @classmethod
+    def from_pyg(cls, data, *, name: str = "pyg", seed: int = 0) -> "Graph":
+        """A raw graph (unit weights, both directions, no self loops: what the loaders
+        return and training normalizes) from a PyTorch Geometric ``Data``.
+
+        ``x`` and ``y`` are taken as they are (``y`` (N,) class ids, -1 for unlabeled,
+        or (N, C) multi-hot). The split is ``train_mask``/``val_mask``/``test_mask``
+        when the object has them (one column of each when they are 2-D, as in PyG's
+        multi-split datasets), else a seeded random 50/25/25 split of the labeled
+        vertices; ``meta["split"]`` says which."""
+        for attr in ("edge_index", "x", "y"):
+            if getattr(data, attr, None) is None:
+                raise GraphValidationError(f"the PyG object has no {attr}; scalegnn trains node classification "
+                                           "and needs edge_index, x and y")
+        x, y = torch.as_tensor(data.x), torch.as_tensor(data.y)
+        if x.is_sparse or x.layout != torch.strided:
+            x = x.to_dense()
+        n = x.shape[0]
+        if y.dim() == 2 and y.shape[1] == 1:
+            y = y.reshape(-1)  # ogb-style (N, 1) class ids
+        classes = getattr(data, "num_classes", None)
+        if not isinstance(classes, int):
+            classes = int(y.shape[1]) if y.dim() == 2 else int(y.max()) + 1
+        masks = [getattr(data, f"{s}_mask", None) for s in ("train", "val", "test")]
+        if all(m is not None for m in masks):
+            splits = tuple(torch.as_tensor(m if m.dim() == 1 else m[:, 0]).nonzero().flatten() for m in masks)
+            how = "masks of the PyG object" + (" (column 0 of several splits)" if masks[0].dim() == 2 else "")
+        else:
+            labeled = None if y.dim() == 2 else (y >= 0).nonzero().flatten().numpy()
+            splits = random_split(n, seed=seed, labeled=labeled)
+            how = f"random 50/25/25 seed {seed} (the PyG object has no masks)"
+        src, dst = torch.as_tensor(data.edge_index)
+        keep = src != dst  # self loops are added by GCN normalization, once
+        base = cls(torch.zeros(n + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0), x, y,
+                   *splits, classes, name=name, meta={"source": type(data).__name__, "split": how})
+        return base.with_edges(src[keep], dst[keep]).symmetrize()
+
+    def to_pyg(self):
+        """A PyTorch Geometric ``Data``: ``edge_index`` of the stored entries (with
+        ``edge_weight`` when the graph is normalized), ``x``, ``y`` and boolean masks."""
+        from torch_geometric.data import Data
+
+        masks = {}
+        for split, idx in (("train", self.train_idx), ("val", self.val_idx), ("test", self.test_idx)):
+            mask = torch.zeros(self.num_nodes, dtype=torch.bool)
+            mask[idx] = True
+            masks[f"{split}_mask"] = mask
+        edge_index = torch.stack([self.row_ids(), self.indices])
+        weight = {"edge_weight": self.values.clone()} if self.meta.get("normalized") else {}
+        return Data(x=self.x, y=self.y, edge_index=edge_index, num_nodes=self.num_nodes, **weight, **masks)
+
     # --------------------------------------------------------- operations
     def symmetrize(self) -> "Graph":
         """A + A^T pattern with unit weights: every edge in both directions, once."""

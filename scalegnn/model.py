@@ -25,19 +25,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .settings import setting
+
 __all__ = ["ModelConfig", "ScaleGNN", "spmm", "rms_norm", "dropout_keep_mask", "dropout_key", "node_loss"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelConfig:
     """Architecture switches. Each of norm/dropout/residual can be turned off
     without changing the parallel layout (paper III-A)."""
 
-    hidden: int = 256
-    layers: int = 3
-    dropout: float = 0.5
-    norm: bool = True
-    residual: bool = True
+    hidden: int = setting(256, help="hidden dimension d_h")
+    layers: int = setting(3, help="GCN layers L")
+    dropout: float = setting(0.5, help="dropout probability")
+    norm: bool = setting(True, scope="scalegnn", help="RMSNorm after every layer's convolution (--no-norm: off)")
+    residual: bool = setting(True, scope="scalegnn", help="residual connections (--no-residual: off)")
     norm_eps: float = 1e-6
 
     def __post_init__(self):

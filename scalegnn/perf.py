@@ -24,13 +24,16 @@ from pathlib import Path
 
 import torch
 
+from .sampling import SAMPLER_BACKENDS
+from .settings import setting
+
 __all__ = ["PerfConfig", "Prefetcher", "SpanTimer", "StepProfiler", "COMM_DTYPES", "PERMUTATIONS"]
 
 COMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 PERMUTATIONS = ("none", "single", "double")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PerfConfig:
     """Optimization and measurement switches (paper V; Plexus 5.1).
 
@@ -50,13 +53,21 @@ class PerfConfig:
     compile_backend  torch.compile backend ("inductor"; tests use "aot_eager")
     """
 
-    prefetch: bool = False
-    comm_dtype: str = "fp32"
-    compile: bool = False
-    comm_overlap: bool = False
-    profile: str | None = None
-    permute: str = "none"
-    sampler: str = "auto"
+    prefetch: bool = setting(False, scope="scalegnn",
+                             help="sample step t+1 while step t trains (background thread; CUDA side stream on GPU)")
+    comm_dtype: str = setting("fp32", scope="scalegnn", choices=tuple(COMM_DTYPES),
+                              help="wire dtype of the 3D-PMM partial-sum all-reduces (RMSNorm/loss stay fp32)")
+    compile: bool = setting(False, scope="scalegnn", action="store_true",
+                            help="fuse RMSNorm + ReLU + dropout with torch.compile (compile time recorded apart)")
+    comm_overlap: bool = setting(False, scope="scalegnn", action="store_true",
+                                 help="asynchronous gradient all-reduces in backward, overlapped with the "
+                                 "weight-gradient GEMM")
+    profile: str | None = setting(None, scope="scalegnn", metavar="DIR", output=True,
+                                  help="write a torch.profiler trace of a few training steps per rank to DIR")
+    permute: str = setting("none", scope="scalegnn", choices=PERMUTATIONS,
+                           help="vertex permutation for shard load balance (Plexus 5.1); double needs --no-residual")
+    sampler: str = setting("auto", scope="scalegnn", choices=SAMPLER_BACKENDS,
+                           help="Algorithm 2 kernel: numba on CPU when installed (auto), else vectorized torch")
     instrument: bool = True
     compile_backend: str = "inductor"
 
@@ -65,8 +76,6 @@ class PerfConfig:
             raise ValueError(f"comm_dtype must be one of {sorted(COMM_DTYPES)}, got {self.comm_dtype!r}")
         if self.permute not in PERMUTATIONS:
             raise ValueError(f"permute must be one of {PERMUTATIONS}, got {self.permute!r}")
-        from .sampling import SAMPLER_BACKENDS
-
         if self.sampler not in SAMPLER_BACKENDS:
             raise ValueError(f"sampler must be one of {SAMPLER_BACKENDS}, got {self.sampler!r}")
 

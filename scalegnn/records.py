@@ -15,6 +15,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import TypedDict
 
 from .fileio import atomic_write
 
@@ -23,6 +24,9 @@ __all__ = [
     "RecordError",
     "new_run_id",
     "new_record",
+    "new_epoch_row",
+    "RunRecord",
+    "EpochRow",
     "environment_info",
     "memory_fields",
     "atomic_write_json",
@@ -30,19 +34,59 @@ __all__ = [
     "write_record",
     "read_record",
     "time_to_target",
+    "summarize",
+    "summary_line",
+    "upgrade",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # "cancelled": the scheduler stopped the job on request (scancel) before it finished;
-# "timeout": it reached its time limit with no requeue left (sweeps/launcher.py writes both).
-STATUSES = ("ok", "failed", "diverged", "timeout", "cancelled", "running")
+# "timeout": it reached its time limit with no requeue left (sweeps/task.py writes both);
+# "interrupted": SIGINT (Ctrl-C) or SIGTERM stopped a run that no scheduler owns
+# (scalegnn/signals.py; the error names the signal, the epochs done and how to resume).
+STATUSES = ("ok", "failed", "diverged", "timeout", "cancelled", "interrupted", "running")
 
-REQUIRED_FIELDS = (
-    "schema_version", "run_id", "system", "dataset", "config", "grid", "world_size", "seed", "env",
-    "epochs", "target_acc", "time_to_target_s", "peak_memory_bytes", "status", "error",
-)
-EPOCH_FIELDS = ("epoch", "train_time_s", "loss", "train_acc", "val_acc", "test_acc", "eval_time_s",
-                "components", "comm_bytes")
+
+
+class EpochRow(TypedDict, total=False):
+    """One epoch of a run (``results/README.md``, Epoch rows): the required keys
+    below, plus system-specific ones (``cache_hits``, ``eval_components``...)."""
+
+    epoch: int
+    train_time_s: float  # cumulative training time at the end of this epoch
+    loss: float  # mean training loss over the epoch's steps
+    train_acc: float | None  # full-graph accuracies, None on epochs without evaluation
+    val_acc: float | None
+    test_acc: float | None
+    eval_time_s: float | None
+    components: dict  # seconds per step component
+    comm_bytes: dict  # bytes sent per collective kind
+    batch_train_acc: float | None  # accuracy on the sampled batches (not required: older records lack it)
+
+
+class RunRecord(TypedDict, total=False):
+    """A run record (``results/README.md``): the required keys below, plus the
+    optional ones :func:`new_record` writes (``graph``, ``batch_size``, ...)."""
+
+    schema_version: int
+    run_id: str
+    system: str
+    dataset: str
+    config: dict  # RunConfig.to_dict(): nested sections (schema 2)
+    grid: dict
+    world_size: int
+    seed: int
+    env: dict
+    epochs: list[EpochRow]
+    target_acc: float | None
+    time_to_target_s: float | None
+    peak_memory_bytes: int | None
+    status: str  # one of STATUSES
+    error: str | None
+
+
+REQUIRED_FIELDS = tuple(RunRecord.__annotations__)
+EPOCH_FIELDS = tuple(k for k in EpochRow.__annotations__ if k != "batch_train_acc")
 
 
 class RecordError(ValueError):
@@ -58,7 +102,7 @@ def new_run_id(system: str, dataset: str) -> str:
 
 def new_record(*, system: str, dataset: str, config: dict, grid: dict, world_size: int, seed: int, env: dict,
                graph: dict | None, batch_size: int | None, steps_per_epoch: int | None,
-               target_acc: float | None, run_id: str | None = None, **extra) -> dict:
+               target_acc: float | None, run_id: str | None = None, **extra) -> RunRecord:
     """A run record as it stands before the first epoch (status ``running``); ``extra``
     fields (e.g. ``compile_time_s``) go in as given. The one skeleton every writer
     (the trainer, the baselines, the launcher's failed record) starts from."""
@@ -84,6 +128,15 @@ def new_record(*, system: str, dataset: str, config: dict, grid: dict, world_siz
         "status": "running",
         "error": None,
     }
+
+
+def new_epoch_row(epoch: int, train_time_s: float, loss: float, batch_train_acc: float | None, components: dict,
+                  comm_bytes: dict, **extra) -> EpochRow:
+    """An epoch's row as its training ends, before evaluation fills the accuracies;
+    ``extra`` system-specific fields go in as given."""
+    return EpochRow(epoch=epoch, train_time_s=train_time_s, loss=loss, batch_train_acc=batch_train_acc,
+                    train_acc=None, val_acc=None, test_acc=None, eval_time_s=None,
+                    components=dict(components), comm_bytes=dict(comm_bytes), **extra)
 
 
 def _git_commit() -> str | None:
@@ -146,6 +199,35 @@ def memory_fields(per_rank: list[tuple]) -> dict:
             "peak_device_memory_bytes_per_rank": None if all(d is None for d in device) else device}
 
 
+# Version 1 kept the configuration flat (dataset, batch_ratio, epochs, grid, ... beside
+# the nested model/optim/checkpoint/perf); version 2 nests every component's settings
+# (scalegnn.config.RunConfig). Where each flat key went:
+_V1_SECTIONS = {"data": ("dataset", "data_root", "shard_dir"), "sampling": ("batch_size", "batch_ratio"),
+                "loop": ("epochs", "eval_every", "target_acc", "stop_at_target", "out_dir", "progress"),
+                "parallel": ("grid", "nproc", "device", "backend", "collective_timeout_s")}
+_V1_OPTION_NAMES = {"salient": {"prefetch": "prefetch_batches"}}  # options renamed with schema 2
+
+
+def upgrade(record: dict) -> dict:
+    """The record in the current schema (in place; older versions are read, never
+    rewritten on disk): version 1's flat configuration nested as version 2's."""
+    if record.get("schema_version") == 1 and isinstance(record.get("config"), dict):
+        old = record["config"]
+        config = {"system": old.get("system", record.get("system")), "seed": old.get("seed", record.get("seed"))}
+        for section, keys in _V1_SECTIONS.items():
+            config[section] = {k: old[k] for k in keys if k in old}
+        moved = {k for keys in _V1_SECTIONS.values() for k in keys} | {"system", "seed"}
+        config.update({k: v for k, v in old.items() if k not in moved})
+        if isinstance(config.get("optim"), dict):  # the baselines noted their (fixed) optimizer, "Adam"
+            config["optim"] = {k: v for k, v in config["optim"].items() if k != "optimizer"}
+        renamed = _V1_OPTION_NAMES.get(config["system"], {})
+        if isinstance(config.get("options"), dict):
+            config["options"] = {renamed.get(k, k): v for k, v in config["options"].items()}
+        record["config"] = config
+        record["schema_version"] = 2
+    return record
+
+
 def validate_record(record: dict, source: str = "record") -> dict:
     """Raise :class:`RecordError` naming the first problem; return the record."""
     if not isinstance(record, dict):
@@ -158,6 +240,7 @@ def validate_record(record: dict, source: str = "record") -> dict:
             f"{source}: schema_version {version} is newer than this scalegnn understands ({SCHEMA_VERSION}); "
             "upgrade scalegnn to read it"
         )
+    upgrade(record)
     missing = [f for f in REQUIRED_FIELDS if f not in record]
     if missing:
         raise RecordError(f"{source}: missing fields {missing}")
@@ -227,3 +310,36 @@ def time_to_target(epochs: list[dict], target: float | None, metric: str = "test
         if value is not None and value >= target:
             return row["train_time_s"]
     return None
+
+
+def summarize(record: dict) -> None:
+    """Best validation accuracy and the test accuracy at that epoch (model selection)."""
+    evaluated = [r for r in record["epochs"] if r.get("val_acc") is not None]
+    if evaluated:
+        best = max(evaluated, key=lambda r: (r["val_acc"], -r["epoch"]))
+        record["summary"] = {
+            "best_val_acc": best["val_acc"],
+            "test_acc_at_best_val": best["test_acc"],
+            "best_epoch": best["epoch"],
+            "best_test_acc": max(r["test_acc"] for r in evaluated),
+            "final_test_acc": evaluated[-1]["test_acc"],
+            "train_time_s": record["epochs"][-1]["train_time_s"],
+            "epochs_run": len(record["epochs"]),
+        }
+    else:
+        record["summary"] = None
+
+
+def summary_line(record: dict) -> str:
+    s = record.get("summary") or {}
+    parts = [f"{record['system']} on {record['dataset']}: status {record['status']}"]
+    if s:
+        parts.append(
+            f"test acc {s['test_acc_at_best_val']:.4f} at best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
+            f"best test {s['best_test_acc']:.4f}, {s['epochs_run']} epochs, train time {s['train_time_s']:.1f} s"
+        )
+    if record.get("time_to_target_s") is not None:
+        parts.append(f"time to {record['target_acc']}: {record['time_to_target_s']:.2f} s")
+    if record.get("error"):
+        parts.append("error: " + record["error"].splitlines()[0])
+    return "; ".join(parts)

@@ -1,11 +1,13 @@
 """Run ScaleGNN on every rank of its grid: one process, local workers (``--nproc``),
 or a job a launcher started (torchrun, srun, submitit, Flux).
 
-:func:`run_distributed_training` is the orchestration around
-:func:`scalegnn.train.run_training` (one rank's training): it spawns or joins the
-ranks (process mechanics live in :mod:`scalegnn.parallel.launch`), agrees on the run
-id, turns SIGTERM into a recorded failure, and makes sure a failed job still leaves
-its record, written by whichever process outlives the failure.
+:func:`run` is every system's way in: it checks the output folders, and makes SIGINT
+(Ctrl-C) and SIGTERM end a run that no launcher owns as an ``interrupted`` record
+(:mod:`scalegnn.signals`). :func:`run_distributed_training` is the orchestration
+around :func:`scalegnn.trainer.run_training` (one rank's training): it spawns or joins
+the ranks (process mechanics live in :mod:`scalegnn.parallel.launch`), agrees on the
+run id, turns SIGTERM in a launched job into a recorded failure, and makes sure a
+failed job still leaves its record, written by whichever process outlives the failure.
 """
 
 from __future__ import annotations
@@ -21,19 +23,108 @@ import torch
 import torch.distributed as dist
 
 from .parallel.launch import WorkerError, init_from_env, local_backend, spawn
+from .signals import Interrupted, held, signal_text, stop_on_signals
 
-__all__ = ["run_distributed_training", "failed_record", "Terminated"]
+__all__ = ["run", "run_scalegnn", "run_distributed_training", "failed_record", "Terminated"]
+
+
+def run(cfg, graph=None) -> dict | None:
+    """Run one configuration with its system (:mod:`scalegnn.systems`): ScaleGNN and
+    its full-graph mode here, a compared system through its own run function. Returns
+    the run record (None on ranks other than 0 of a job a launcher started). The
+    command line, the sweeps and the Python API all come through here.
+
+    Every folder the run will write to is checked first (a file in the way, a place
+    that cannot be written: one-line ``ValueError``), before any data is loaded or
+    any process spawned, so no finished run is lost to its output path.
+
+    SIGINT (Ctrl-C) or SIGTERM stops the run (one process, or the ``--nproc``
+    launcher, which forwards it to its workers): the record is written with status
+    ``interrupted``, the epochs done and an ``error`` naming the signal and how to
+    resume, and :class:`scalegnn.signals.Interrupted` is raised, carrying it as
+    ``run_record``. The ranks of a launched job are left to their launcher (a SIGTERM
+    there is recorded as a failure, :func:`run_distributed_training`)."""
+    from . import systems as registry
+    from .fileio import check_output_folder
+
+    for flag, folder in cfg.output_folders():
+        check_output_folder(folder, flag)
+    with contextlib.nullcontext() if _launched() else stop_on_signals():
+        try:
+            return registry.resolve(registry.get(cfg.system).run)(cfg, graph)
+        except Interrupted as stop:
+            _record_interruption(cfg, stop)
+            raise
+
+
+def _launched() -> bool:
+    """This process is a rank of a multi-process job a launcher started."""
+    return any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SUBMITIT_EXECUTOR")) and \
+        int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1
+
+
+def _record_interruption(cfg, stop: Interrupted) -> None:
+    """Write the ``interrupted`` record of a run that ``stop`` ended: the trainer's
+    partial record (rank 0's, for ``--nproc``) when the run had one, else the record
+    of a run stopped while loading or spawning (no epochs, or its checkpoint's)."""
+    from . import records
+    from .checkpoint import resume_run_id
+
+    record = stop.run_record
+    if record is None:
+        run_id = (resume_run_id(cfg.checkpoint.dir) if cfg.checkpoint.resume else None) \
+            or records.new_run_id(cfg.system, cfg.data.dataset)
+        record = failed_record(cfg, run_id, "", cfg.world_size)
+    record = {k: v for k, v in record.items() if k != "path"}
+    record.update(status="interrupted", error=_interruption_text(cfg, stop.signum, record))
+    with held():
+        record["path"] = str(records.write_record(record, cfg.loop.out_dir))
+    stop.run_record = record
+
+
+def _interruption_text(cfg, signum: int, record: dict) -> str:
+    """What stopped the run, when, and how to go on: the newest checkpoint (none is
+    saved at the interruption itself: the periodic ones are exact resume points, and
+    a save while ranks are being stopped could not be agreed on)."""
+    from . import systems as registry
+    from .checkpoint import latest, read_meta
+
+    done = record["epochs"][-1]["epoch"] if record.get("epochs") else 0
+    text = f"interrupted by {signal_text(signum)} after epoch {done} of {cfg.loop.epochs}"
+    if not cfg.checkpoint.dir:
+        how = " (--checkpoint-dir D --checkpoint-every K make a run resumable)" \
+            if cfg.system in registry.SCALEGNN_SYSTEMS else ""
+        return f"{text}; no checkpoints, so a rerun starts over{how}"
+    newest = latest(cfg.checkpoint.dir)
+    if newest is None:
+        return f"{text}; no checkpoint was saved yet in {cfg.checkpoint.dir}, so a rerun starts over"
+    meta = read_meta(newest)
+    return (f"{text}; nothing was saved at the interruption, the newest checkpoint is {newest} (step {meta['step']}, "
+            f"{meta['epoch']} epochs done): resume with --checkpoint-dir {cfg.checkpoint.dir} --resume")
+
+
+def run_scalegnn(cfg, graph=None) -> dict | None:
+    """ScaleGNN on one process, on ``--nproc`` local workers, or as a rank of a job a
+    launcher started (torchrun, srun, submitit, Flux)."""
+    from .trainer import out_of_memory, run_training
+
+    if cfg.parallel.nproc is not None or _launched() or cfg.world_size > 1:
+        return run_distributed_training(cfg, nproc=cfg.parallel.nproc)
+    try:
+        return run_training(cfg, graph)
+    except MemoryError as exc:  # while loading the data or building the model
+        raise out_of_memory(exc, cfg, 0, "setup (loading the data, building the model)") from exc
 
 _SETUP = "setup (loading the data or shards, building the model)"
 
 
 def _training_worker(rank: int, world: int, cfg, run_id: str | None = None):
     from .device import resolve_backend, resolve_device
-    from .train import out_of_memory, run_training
+    from .trainer import out_of_memory, run_training
     from .parallel.grid import ProcessGrid
 
-    device = resolve_device(cfg.device, local_rank=rank)
-    grid = ProcessGrid(*cfg.grid, backend=resolve_backend(cfg.backend, device))
+    device = resolve_device(cfg.parallel.device, local_rank=rank)
+    grid = ProcessGrid(*cfg.parallel.grid, backend=resolve_backend(cfg.parallel.backend, device))
     try:
         # write_failed=False: the parent writes the failed record, with the first error of any rank
         record = run_training(cfg, grid=grid, run_id=run_id, write_failed=False, device=device)
@@ -60,13 +151,13 @@ def failed_record(cfg, run_id: str, error: str, world_size: int, partial: dict |
             base = saved if saved.get("run_id") == run_id else None
     if base is None:
         base = records.new_record(
-            system=cfg.system, dataset=cfg.dataset, config=cfg.to_dict(),
-            grid=dict(zip(("dp", "x", "y", "z"), cfg.grid)), world_size=world_size, seed=cfg.seed,
-            env=records.environment_info(backend=cfg.backend, device=_device_or_cpu(cfg.device)),
-            graph=None, batch_size=None, steps_per_epoch=None, target_acc=cfg.target_acc, run_id=run_id, summary=None)
+            system=cfg.system, dataset=cfg.data.dataset, config=cfg.to_dict(),
+            grid=dict(zip(("dp", "x", "y", "z"), cfg.parallel.grid)), world_size=world_size, seed=cfg.seed,
+            env=records.environment_info(backend=cfg.parallel.backend, device=_device_or_cpu(cfg.parallel.device)),
+            graph=None, batch_size=None, steps_per_epoch=None, target_acc=cfg.loop.target_acc, run_id=run_id, summary=None)
     base.pop("path", None)
     base.update(run_id=run_id, world_size=world_size, status="failed", error=error,
-                time_to_target_s=records.time_to_target(base.get("epochs", []), cfg.target_acc),
+                time_to_target_s=records.time_to_target(base.get("epochs", []), cfg.loop.target_acc),
                 peak_memory_bytes=base.get("peak_memory_bytes"))
     if rank_errors:
         base["rank_errors"] = {str(r): (t.strip().splitlines() or [""])[-1][:500]
@@ -86,18 +177,18 @@ def _device_or_cpu(spec: str) -> torch.device:
 
 
 def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | None = None, *, worker=None):
-    """Run :func:`scalegnn.train.run_training` on every rank of ``cfg.grid``.
+    """Run :func:`scalegnn.trainer.run_training` on every rank of ``cfg.parallel.grid``.
 
     With ``nproc``: spawn that many local workers (must equal Gd*Gx*Gy*Gz; gloo, or
     NCCL with one GPU each) and return rank 0's record. If any rank raises, is killed or stops answering, every
-    worker is stopped within ``cfg.collective_timeout_s`` plus a few seconds, and this
+    worker is stopped within ``cfg.parallel.collective_timeout_s`` plus a few seconds, and this
     process writes and returns a ``failed`` record carrying the first error (rank 0
     may be the one that died). A configuration or data error raises ``ValueError``
     and writes no record, as in a serial run.
 
     Without ``nproc``: join the job a launcher started (torchrun, srun, submitit);
     returns the record on rank 0 and None on the other ranks. Collectives time out
-    after ``cfg.collective_timeout_s``; a failing rank exits non-zero, and the
+    after ``cfg.parallel.collective_timeout_s``; a failing rank exits non-zero, and the
     launcher (torchrun, ``srun --kill-on-bad-exit=1``) stops the others.
 
     ``worker`` replaces the per-rank function ``(rank, world, cfg, run_id) -> record``
@@ -109,40 +200,42 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
     if nproc is not None:
         if nproc != world:
             raise ValueError(
-                f"--nproc {nproc} does not match the grid {'x'.join(map(str, cfg.grid))} "
+                f"--nproc {nproc} does not match the grid {'x'.join(map(str, cfg.parallel.grid))} "
                 f"(Gd*Gx*Gy*Gz = {world}); pass --nproc {world} or change --grid"
             )
         from . import records
         from .checkpoint import resume_run_id
 
         run_id = (resume_run_id(cfg.checkpoint.dir) if cfg.checkpoint.resume else None) \
-            or records.new_run_id(cfg.system, cfg.dataset)
+            or records.new_run_id(cfg.system, cfg.data.dataset)
         threads = max(1, (os.cpu_count() or 1) // nproc)
-        backend = local_backend(cfg, nproc)
+        backend = local_backend(cfg.parallel, nproc)
         try:
             return spawn(worker or _training_worker, nproc, cfg, run_id, timeout_s=timeout_s,
                          threads_per_worker=threads, backend=backend,
-                         collective_timeout_s=cfg.collective_timeout_s)[0]
-        except WorkerError as exc:
-            if exc.user_error:
+                         collective_timeout_s=cfg.parallel.collective_timeout_s)[0]
+        except (WorkerError, Interrupted) as exc:
+            if isinstance(exc, WorkerError) and exc.user_error:
                 raise ValueError(exc.message or str(exc)) from None
             done = (getattr(exc, "results", None) or [None])[0]
             if isinstance(done, dict) and done.get("path"):
-                return done  # rank 0 finished and wrote its record; a rank failed while exiting
+                return done  # rank 0 finished and wrote its record; a rank failed (or was stopped) while exiting
+            if isinstance(exc, Interrupted):
+                raise  # run() records it, on rank 0's partial record
             where = f"rank {exc.rank}" if exc.rank is not None else "the job"
             record = failed_record(cfg, run_id, f"{where}: {exc.traceback_text}", nproc, exc.run_record, exc.errors)
-            record["path"] = str(records.write_record(record, cfg.out_dir))
+            record["path"] = str(records.write_record(record, cfg.loop.out_dir))
             return record
-    info = init_from_env(timeout=datetime.timedelta(seconds=cfg.collective_timeout_s), backend=cfg.backend,
-                         device=cfg.device)
+    info = init_from_env(timeout=datetime.timedelta(seconds=cfg.parallel.collective_timeout_s), backend=cfg.parallel.backend,
+                         device=cfg.parallel.device)
     if info.world_size != world:
         hint = (f"pass --nproc {world} to spawn local workers, or launch {world} processes with torchrun/srun"
                 if info.source == "single" else f"launch {world} processes or change --grid")
-        raise ValueError(f"the grid {'x'.join(map(str, cfg.grid))} needs {world} ranks but the job has "
+        raise ValueError(f"the grid {'x'.join(map(str, cfg.parallel.grid))} needs {world} ranks but the job has "
                          f"{info.world_size} ({info.source}); {hint}")
-    from .train import run_training
+    from .trainer import run_training
 
-    grid = ProcessGrid(*cfg.grid, backend=info.backend) if world > 1 or dist.is_initialized() \
+    grid = ProcessGrid(*cfg.parallel.grid, backend=info.backend) if world > 1 or dist.is_initialized() \
         else ProcessGrid.single()
     restore = _terminate_raises(grid.rank)
     try:
@@ -209,7 +302,7 @@ def _agree_run_id(cfg) -> str:
     """Rank 0's new run id, broadcast: every rank of a torchrun/srun job can name the record."""
     from . import records
 
-    ids = [records.new_run_id(cfg.system, cfg.dataset) if not dist.is_initialized() or dist.get_rank() == 0
+    ids = [records.new_run_id(cfg.system, cfg.data.dataset) if not dist.is_initialized() or dist.get_rank() == 0
            else None]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(ids, src=0)
@@ -232,7 +325,7 @@ def _record_failure_if_rank0_cannot(cfg, run_id: str, rank: int, exc: BaseExcept
     record["error"] = (f"rank {rank} saw the job fail (rank 0 wrote no record: it may have died first): "
                        f"{type(exc).__name__}: {exc}")
     try:
-        records.write_record(record, cfg.out_dir, exclusive=True)
+        records.write_record(record, cfg.loop.out_dir, exclusive=True)
     except FileExistsError:
         pass
     except OSError as write_error:  # never mask the training error with a reporting one

@@ -23,7 +23,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-__all__ = ["System", "register", "get", "systems", "names", "resolve", "UnknownSystem"]
+__all__ = ["System", "register", "unregister", "get", "systems", "names", "resolve", "UnknownSystem", "SCALEGNN_SYSTEMS"]
+
+SCALEGNN_SYSTEMS = ("scalegnn", "fullgraph-3d")  # ScaleGNN and its full-graph mode: one trainer, one set of flags
 
 
 class UnknownSystem(ValueError):
@@ -36,7 +38,7 @@ class System:
     display: str
     color: str = "#444444"
     marker: str = "o"
-    run: str | None = None  # "module:function": run(config) -> run record; None: not runnable here
+    run: str | None = None  # "module:function": run(config, graph=None) -> run record; None: not runnable here
     options: str | None = None  # "module:Class": the system's own settings (its flags)
     full_graph: bool = False  # trains on the whole graph each step (no sampling)
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -82,6 +84,11 @@ def register(system: System) -> System:
     return system
 
 
+def unregister(name: str) -> None:
+    """Remove a system (a test's toy, once the test is over)."""
+    _REGISTRY.pop(name, None)
+
+
 def get(name: str) -> System:
     try:
         return _REGISTRY[name]
@@ -122,8 +129,9 @@ for _system in (
     _compared("salient", "SALIENT++", "#1f77b4", "s", "salient", "SalientOptions"),
     _compared("bns-gcn", "BNS-GCN", "#2ca02c", "^", "bns_gcn", "BNSOptions", full_graph=True),
     System(name="fullgraph-3d", display="full-graph 3D", color="#7f7f7f", marker="*", full_graph=True,
-           run="scalegnn.run:run", grids="spec", sweep_options="all", sweep_defaults=(("batch-ratio", 1.0),)),
+           run="scalegnn.run:run_scalegnn", grids="spec", sweep_options="all",
+           sweep_defaults=(("batch-ratio", 1.0),)),
     System(name="scalegnn", display="ScaleGNN", color="#d62728", marker="o",
-           run="scalegnn.run:run", grids="spec", sweep_options="all"),
+           run="scalegnn.run:run_scalegnn", grids="spec", sweep_options="all"),
 ):
     register(_system)

@@ -15,7 +15,7 @@ The task file (JSON, ``OUT/.flux/tasks/``) holds the run and its full
 task finds its rank, the world size and the rendezvous host in Flux's environment
 (``FLUX_TASK_RANK``, ``FLUX_JOB_SIZE``, ``FLUX_TASK_LOCAL_ID``, the first host of
 ``flux getattr hostlist``: :func:`scalegnn.parallel.launch.detect_env`), as a
-SLURM task does from submitit's (:func:`sweeps.launcher.join_job`).
+SLURM task does from submitit's (:func:`sweeps.task.join_job`).
 
 Time limits: every ``flux run`` asks for ``SIGUSR2`` 120 s before its expiration
 (``--signal``); the training loop then saves a checkpoint at its next step and the
@@ -56,7 +56,7 @@ def active_flux_jobs() -> set[str] | None:
 def flux_run_args(profile, nodes: int, tasks: int, cpus: int) -> list[str]:
     """``flux run`` options of one run: its nodes, one task per rank, CPUs per task,
     the profile's binding options, USR2 ahead of the time limit (checkpoint, stop)."""
-    from .launcher import SIGNAL_DELAY_S
+    from .jobs import SIGNAL_DELAY_S
 
     return ["-N", str(nodes), "-n", str(nodes * tasks), f"--cores-per-task={cpus}", *profile.flux.run_args,
             f"--signal=SIGUSR2@{SIGNAL_DELAY_S}s"]
@@ -108,17 +108,17 @@ def _write_task(path: Path, payload: dict) -> None:
 def submit_flux(result, profile, out: Path, dry_run: bool, python, printer) -> None:
     """Write (or, with ``dry_run``, print) one batch script per group of ``result.todo``
     and submit it with ``flux batch``; every run folder records the batch job's id."""
-    from .launcher import (_job_name, _mark_submitted, _python, checkpoint_args, group_runs, pending_stages, run_dir,
-                           task_payload)
+    from .folders import mark_submitted, run_dir
+    from .jobs import group_runs, job_name, pending_stages, python_for, task_payload
 
     if not dry_run and profile.placeholders():
         raise ValueError(f"profile {profile.name} still has placeholders {profile.placeholders()} "
                          f"({profile.source}); pass --account (bank) / --partition (queue) or edit the profile")
-    py = _python(profile, python)
+    py = python_for(profile, python)
     tasks_dir = out.resolve() / FLUX_DIR / "tasks"
     staged: set[str] = set()
     for n, ((nodes, tasks, cpus, minutes), group) in enumerate(group_runs(result.todo, profile).items()):
-        name = _job_name(result.spec, nodes, tasks)
+        name = job_name(result.spec, nodes, tasks)
         stages = []
         for st in pending_stages(result, group):
             if st.folder in staged:
@@ -129,7 +129,6 @@ def submit_flux(result, profile, out: Path, dry_run: bool, python, printer) -> N
         runs = []
         for run in group:
             payload = task_payload(run, out, result, profile)
-            payload["argv"] = payload["argv"] + checkpoint_args(run_dir(out, run), profile.checkpoint_every)
             runs.append((run.key, str(tasks_dir / f"{run.key}.json"), run, payload))
         script = render_flux_batch(profile, nodes, tasks, cpus, minutes, name, out.resolve(),
                                    [(k, p) for k, p, _, _ in runs], [(k, p) for k, p, _ in stages], py)
@@ -159,7 +158,7 @@ def submit_flux(result, profile, out: Path, dry_run: bool, python, printer) -> N
         job_id = proc.stdout.strip().splitlines()[-1].strip()
         result.submitted.append(job_id)
         for _, _, run, _ in runs:
-            _mark_submitted(run_dir(out, run), job_id, profile.name)
+            mark_submitted(run_dir(out, run), job_id, profile.name)
         printer(f"submitted flux batch {job_id} ({name}): {len(runs)} run(s), {len(stages)} staging step(s); "
                 f"script {script_path}")
 
@@ -185,12 +184,12 @@ def _run_rank(run: dict, backend: str, threads: int) -> int:
     import torch
 
     from scalegnn.checkpoint import PREEMPTION, Preempted
-    from scalegnn.cli import main as scalegnn_main
+    from scalegnn.config import RunConfig
     from scalegnn.parallel.launch import detect_env
-
-    from .launcher import join_job, save_on_signal
-
     from scalegnn.progress import configure_logging, default_log_level
+
+    from .task import join_job, save_on_signal, train
+    from .staging import STAGED_SYSTEMS
 
     configure_logging(default_log_level())
     info = detect_env()
@@ -204,17 +203,17 @@ def _run_rank(run: dict, backend: str, threads: int) -> int:
     if info.rank == 0:
         logging.getLogger("scalegnn.sweeps").info("run %s: %d task(s), Flux job %s", run["key"], info.world_size,
                                                   os.environ.get("FLUX_JOB_ID"))
-    argv = list(run["argv"])
+    cfg = RunConfig.from_dict(run["config"])
     if info.world_size > 1:
-        join_job(run["system"], argv, backend)
+        join_job(cfg, backend)
 
     def stop_now(sig, frame):  # the time limit is near and nothing is being trained: nothing to save
         raise SystemExit(f"rank {info.rank}: {signal.Signals(sig).name} before training started; resubmit the sweep")
 
-    if run["system"] in ("scalegnn", "fullgraph-3d"):
+    if cfg.system in STAGED_SYSTEMS:
         save_on_signal(signal.SIGUSR2, stop_now)
     try:
-        return scalegnn_main(argv)
+        return train(cfg)
     except Preempted as exc:  # saved at the same step on every rank: the next sweep resumes it
         print(f"rank {info.rank}: {exc}; resubmit the sweep to continue", file=sys.stderr)
         return 0

@@ -5,7 +5,10 @@ how to submit there (SLURM account / QOS / partition / constraint placeholders,
 srun arguments, environment set-up lines and variables) and what the network and
 devices can do (bandwidths and throughputs for :mod:`scalegnn.perfmodel`). It is
 read into a frozen :class:`ClusterProfile`; nothing in a profile is executed by
-Python (set-up lines are copied into the batch script).
+Python. Only the set-up lines and ``python`` (the interpreter command) are shell,
+copied into the batch script as they are; every other value reaches the script as
+data: scheduler values checked to be one safe word (:func:`check_script_value`),
+``[env]`` values quoted (:func:`shell_value`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +31,53 @@ PLACEHOLDER_PREFIX = "<"
 
 class ProfileError(ValueError):
     """A profile file is missing, malformed, or still holds a placeholder where a value is needed."""
+
+
+# ---------------------------------------------------------------------------- values that go into batch scripts
+# Scheduler values land in directive lines of the batch script (`#SBATCH --account=...`,
+# `# flux: --bank=...`): a newline there ends the directive and starts a shell line,
+# and `# flux:` lines are not quoted at all. So each one is a single word from a
+# conservative set (punctuation besides letters and digits), checked when the
+# profile is loaded and when the command line overrides it, before anything is
+# written or submitted.
+NAME_PUNCT = "_.,:+=@/-"  # accounts, QOS, partitions, Flux banks and queues
+EXPRESSION_PUNCT = NAME_PUNCT + "&|()[]*"  # SLURM feature expressions (gpu&hbm80g, [rack1|rack2]), extra values
+FLAG_PUNCT = "_-"  # the option names of [slurm] / [flux] extra
+ONE_LINE = None  # values the script quotes itself (srun / flux run arguments, [env] values): no control characters
+FIELD_PUNCT = {"account": NAME_PUNCT, "qos": NAME_PUNCT, "partition": NAME_PUNCT, "constraint": EXPRESSION_PUNCT,
+               "bank": NAME_PUNCT, "queue": NAME_PUNCT}
+_EXAMPLES = {"account": "m1234", "qos": "regular", "partition": "batch", "constraint": "'gpu&hbm80g'"}  # the fixes
+_PLACEHOLDER = re.compile(r"<[A-Za-z0-9_. -]+>")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_REFERENCE = re.compile(r"(\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\})")  # $NAME, ${NAME}
+
+
+def check_script_value(what: str, value, punct: str | None, fix: str, *, placeholder: bool = False,
+                       error: type[ValueError] = ProfileError) -> None:
+    """Refuse ``value`` unless it stays one datum in a line of a batch script: letters,
+    digits and ``punct``, or with ``punct=ONE_LINE`` any text without control
+    characters. ``placeholder``: a ``<...>`` placeholder is accepted too (--dry-run
+    prints it, a submission refuses it: :meth:`ClusterProfile.placeholders`). The
+    message names ``what``, the value, the first bad character and ``fix``."""
+    text = str(value)
+    if placeholder and _PLACEHOLDER.fullmatch(text):
+        return
+    if punct is ONE_LINE:
+        bad, allowed = _CONTROL.search(text), "one line of text"
+    else:
+        bad, allowed = re.search(f"[^A-Za-z0-9{re.escape(punct)}]", text), f"letters, digits and {punct}"
+    if bad:
+        raise error(f"{what} {text!r}: {bad.group()!r} cannot go into a batch script line (allowed: {allowed}); "
+                    f"{fix}")
+
+
+def shell_value(value: str) -> str:
+    """``value`` double-quoted for bash, as data: ``$(...)``, backticks, ``\\`` and ``"``
+    are escaped, so nothing in it runs; only references to other variables (``$NAME``,
+    ``${NAME}``, e.g. ``/tmp/miopen-${USER}``) expand when the script runs."""
+    parts = _REFERENCE.split(value)  # text, reference, text, ...
+    return '"' + "".join(p if i % 2 else re.sub(r'([\\$`"])', r"\\\1", p) for i, p in enumerate(parts)) + '"'
 
 
 @dataclass(frozen=True)
@@ -111,6 +162,13 @@ class ClusterProfile:
     def __post_init__(self):
         if self.scheduler not in SCHEDULERS:
             raise ProfileError(f"profile {self.name}: scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        for name, value in (("gpus_per_node", self.gpus_per_node), ("cpus_per_task", self.cpus_per_task),
+                            ("threads_per_task", self.threads_per_task), ("time_min", self.time_min),
+                            ("max_timeouts", self.max_timeouts), ("max_parallel_jobs", self.max_parallel_jobs),
+                            ("slurm.gpus_per_node", self.slurm.gpus_per_node)):
+            if not isinstance(value, int) or isinstance(value, bool):  # they go into the script as they are
+                raise ProfileError(f"profile {self.name}: {name} must be a whole number, got {value!r}")
+        self._check_script_values()
         if self.gpus_per_node < 1 or self.cpus_per_task < 1:
             raise ProfileError(f"profile {self.name}: gpus_per_node and cpus_per_task must be >= 1")
         if self.torch_backend not in ("nccl", "gloo", "mpi"):
@@ -128,6 +186,27 @@ class ClusterProfile:
             raise ProfileError(f"profile {self.name}: checkpoint_every {self.checkpoint_every!r} is not a step count "
                                f"or a period ({exc}); sweep runs always checkpoint so that a preempted or timed-out "
                                "job resumes: use e.g. \"20m\"") from None
+
+    def _check_script_values(self) -> None:
+        """Everything a batch script takes from this profile as data (not ``setup``,
+        which is shell by design) is one safe datum: see :func:`check_script_value`."""
+        fix = f"correct it in {self.source or 'the profile ' + self.name}"
+        for table, settings, keys in (("slurm", self.slurm, ("account", "qos", "partition", "constraint")),
+                                      ("flux", self.flux, ("bank", "queue"))):
+            for key in keys:
+                check_script_value(f"{table}.{key}", getattr(settings, key), FIELD_PUNCT[key], fix, placeholder=True)
+            for key, value in settings.extra.items():
+                check_script_value(f"{table}.extra option", key, FLAG_PUNCT, fix)
+                if value is not True:  # True: a bare flag
+                    check_script_value(f"{table}.extra.{key}", value, EXPRESSION_PUNCT, fix)
+        for what, args in (("slurm.srun_args", self.slurm.srun_args), ("flux.run_args", self.flux.run_args)):
+            for arg in args:
+                check_script_value(what, arg, ONE_LINE, fix)
+        for key, value in self.env.items():
+            if not _SHELL_NAME.fullmatch(str(key)):
+                raise ProfileError(f"env name {key!r} is not a shell variable name (letters, digits and _, not "
+                                   f"starting with a digit); {fix}")
+            check_script_value(f"env.{key}", value, ONE_LINE, fix)
 
     @property
     def uses_stand_ins(self) -> bool:
@@ -156,11 +235,8 @@ class ClusterProfile:
         return max(1, (os.cpu_count() or 1) // max(1, tasks_per_node))
 
     def env_lines(self) -> list[str]:
-        out = []
-        for key, value in self.env.items():
-            value = str(value).replace('"', '\\"')
-            out.append(f'export {key}="{value}"')
-        return out
+        """``export NAME="value"`` per ``[env]`` variable: the values are data (see :func:`shell_value`)."""
+        return [f"export {key}={shell_value(str(value))}" for key, value in self.env.items()]
 
     def placeholders(self) -> list[str]:
         if self.scheduler == "slurm":
@@ -172,6 +248,10 @@ class ClusterProfile:
         constraint) replaced; None values are ignored. On a Flux profile ``account``
         is the bank and ``partition`` the queue."""
         changes = {k: v for k, v in changes.items() if v is not None}
+        for key in ("account", "qos", "partition", "constraint"):
+            if key in changes:
+                check_script_value(f"--{key}", changes[key], FIELD_PUNCT[key],
+                                   f"give the {key} alone, e.g. --{key} {_EXAMPLES[key]}")
         if self.scheduler == "flux":
             flux_changes = {f: changes.pop(k) for k, f in (("account", "bank"), ("partition", "queue"))
                             if k in changes}

@@ -30,6 +30,7 @@ from scalegnn import systems as registry
 from scalegnn.parallel.grid import format_grid
 
 from .grids import grids_for
+from .profiles import check_script_value
 
 __all__ = ["SweepSpec", "Experiment", "Variant", "RunSpec", "load_spec", "list_specs", "expand",
            "SPEC_DIR", "SpecError", "LOOP_OPTIONS"]
@@ -149,6 +150,21 @@ class RunSpec:
         return ["train", "--dataset", self.dataset, "--grid", self.grid_str, "--seed", str(self.seed),
                 *self.option_argv(), "--out", str(out_dir)]  # no --quiet: the job's .out file keeps one line per epoch
 
+    def config(self, out_dir: str):
+        """This run as the trainer's :class:`~scalegnn.config.RunConfig`: :meth:`train_argv`
+        parsed by ``scalegnn train``'s own flags, so a spec option is exactly a flag and
+        one the trainer rejects is reported here, at submission, not in a job hours later."""
+        from scalegnn.config import parse_train_args
+
+        argv = self.train_argv(out_dir)[1:]
+        try:
+            return parse_train_args(argv, prog=f"scalegnn train (run {self.key})")[0]
+        except SystemExit:
+            raise SpecError(f"`scalegnn train` rejects the options of run {self.key} (see the message above): "
+                            f"{' '.join(argv)}") from None
+        except ValueError as exc:
+            raise SpecError(f"`scalegnn train` rejects the options of run {self.key}: {exc}") from None
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["grid"] = self.grid_str
@@ -201,6 +217,12 @@ def load_spec(name_or_path) -> SweepSpec:
             raise SpecError(f"{where}: missing required field {key!r}")
         return data[key]
 
+    # The name goes into job names (`#SBATCH --job-name=`, `# flux: --job-name=`) and
+    # file names, the minutes into `--time`: both are checked like a profile's values.
+    check_script_value("name", need("name"), "_.-", f"rename the spec in {where}", error=SpecError)
+    time_min = data.get("time_min")
+    if time_min is not None and (not isinstance(time_min, int) or isinstance(time_min, bool) or time_min < 1):
+        raise SpecError(f"{where}: time_min must be a whole number of minutes >= 1, got {time_min!r}")
     systems = tuple(need("systems"))
     unknown = [s for s in systems if s not in registry.names()]
     if unknown:
@@ -234,7 +256,7 @@ def load_spec(name_or_path) -> SweepSpec:
         train=_options(data.get("train", {}), f"{where} [train]"), targets=targets,
         experiments=tuple(experiments), variants=variants,
         variant_systems=tuple(data.get("variant_systems", ["scalegnn"])), local=local,
-        reference=dict(data.get("reference", {})), time_min=data.get("time_min"), source=where)
+        reference=dict(data.get("reference", {})), time_min=time_min, source=where)
     # Grid policies must be valid for their GPU lists (fail at load, not at submission).
     for e in spec.experiments:
         try:

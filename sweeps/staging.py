@@ -9,8 +9,8 @@ every run gets ``--shard-dir`` (its rank's file only) and the data root. The see
 part of the key because the split, and the permutation when there is one, depend on
 it; the full grid is, because a shard folder is written for one grid shape.
 
-Which runs can read shards is the trainer's business: their ``scalegnn train``
-arguments are parsed by the trainer's own parser (so ``fullgraph-3d``'s implied
+Which runs can read shards is the trainer's business: it is read from their
+configuration (:meth:`sweeps.spec.RunSpec.config`, so ``fullgraph-3d``'s implied
 ``--permute double`` is seen), and only ScaleGNN runs (``scalegnn``,
 ``fullgraph-3d``) with more than one rank are staged: the baselines and one-rank
 runs load the graph as before, with the same data root and offline switch.
@@ -25,14 +25,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["StageSet", "StageTask", "resolve_data_root", "stage_for", "data_args", "parse_train_argv",
-           "STAGED_SYSTEMS"]
+from scalegnn.systems import SCALEGNN_SYSTEMS as STAGED_SYSTEMS  # the systems whose trainer reads --shard-dir
 
-STAGED_SYSTEMS = ("scalegnn", "fullgraph-3d")  # the systems whose trainer reads --shard-dir
+__all__ = ["StageSet", "StageTask", "resolve_data_root", "stage_for", "with_data", "STAGED_SYSTEMS"]
 
 
 def resolve_data_root(data_root: str | os.PathLike | None = None) -> str:
@@ -43,31 +43,6 @@ def resolve_data_root(data_root: str | os.PathLike | None = None) -> str:
 
     root = Path(data_root).expanduser() if data_root else default_data_root()
     return str(root.resolve())
-
-
-def parse_train_argv(argv: list[str], parser=None):
-    """A run's ``scalegnn train`` arguments as the trainer parses them (``fullgraph-3d``
-    adjusted as ``scalegnn train`` adjusts it). A spec option the trainer rejects is
-    reported here, at submission, not in a job hours later."""
-    from scalegnn.cli import build_parser
-
-    from .launcher import _train_parser
-
-    train = parser if parser is not None else _train_parser(build_parser())
-    if argv[:1] == ["train"]:
-        argv = argv[1:]
-    try:
-        args = train.parse_args(argv)
-    except SystemExit:
-        from .spec import SpecError
-
-        raise SpecError(f"`scalegnn train` rejects the run's options (see the message above): {' '.join(argv)}") \
-            from None
-    if args.system == "fullgraph-3d":
-        from baselines.cli import adjust_fullgraph_args
-
-        adjust_fullgraph_args(args)
-    return args
 
 
 @dataclass(frozen=True)
@@ -102,23 +77,24 @@ class StageSet:
         return (Path(self.folder) / "manifest.json").is_file()
 
 
-def stage_for(argv: list[str], out: str | os.PathLike, data_root: str, parser=None) -> StageSet | None:
-    """The shard set a run with these ``scalegnn train`` arguments reads, or None when it
-    loads the graph itself (a baseline, one rank, or shards it names itself)."""
-    args = parse_train_argv(argv, parser)
-    if args.system not in STAGED_SYSTEMS or math.prod(args.grid) == 1 or args.shard_dir:
+def stage_for(cfg, out: str | os.PathLike, data_root: str) -> StageSet | None:
+    """The shard set a run with configuration ``cfg`` reads, or None when it loads the
+    graph itself (a baseline, one rank, or shards it names itself)."""
+    grid = tuple(cfg.parallel.grid)
+    if cfg.system not in STAGED_SYSTEMS or math.prod(grid) == 1 or cfg.data.shard_dir:
         return None
-    root = str(Path(args.data_root).expanduser().resolve()) if args.data_root else data_root
-    key = StageSet.key_of(args.dataset, args.grid, args.permute, args.seed, root)
-    return StageSet(args.dataset, tuple(args.grid), args.permute, int(args.seed), root,
+    root = str(Path(cfg.data.data_root).expanduser().resolve()) if cfg.data.data_root else data_root
+    key = StageSet.key_of(cfg.data.dataset, grid, cfg.perf.permute, cfg.seed, root)
+    return StageSet(cfg.data.dataset, grid, cfg.perf.permute, int(cfg.seed), root,
                     str(Path(out).resolve() / "shards" / key))
 
 
-def data_args(argv: list[str], data_root: str, stage: StageSet | None) -> list[str]:
-    """What a run's arguments get besides the spec's: the data root (unless the spec
-    set one) and its shard folder when it is staged."""
-    extra = [] if any(a == "--data-root" or a.startswith("--data-root=") for a in argv) else ["--data-root", data_root]
-    return extra + (["--shard-dir", stage.folder] if stage is not None else [])
+def with_data(cfg, data_root: str, stage: StageSet | None):
+    """``cfg`` with what a sweep adds to the spec's data settings: the data root (unless
+    the spec set one) and its shard folder when it is staged."""
+    data = cfg.data
+    return dataclasses.replace(cfg, data=dataclasses.replace(
+        data, data_root=data.data_root or data_root, shard_dir=stage.folder if stage is not None else data.shard_dir))
 
 
 class StageTask:
@@ -134,9 +110,12 @@ class StageTask:
             os.environ["SCALEGNN_OFFLINE"] = "1"
         if self.stage.done():
             return self.stage.folder
-        from scalegnn.cli import main
+        from scalegnn.datasets import load_dataset
+        from scalegnn.parallel.sharding import shard_command
 
-        rc = main(self.stage.argv())
-        if rc != 0 or not self.stage.done():
-            raise RuntimeError(f"staging failed (exit {rc}): scalegnn {' '.join(self.stage.argv())}")
-        return self.stage.folder
+        st = self.stage
+        graph = load_dataset(st.dataset, data_root=st.data_root, seed=st.seed)
+        shard_command(graph, st.grid, st.folder, permute=st.permute, seed=st.seed)
+        if not st.done():
+            raise RuntimeError(f"staging wrote no manifest.json: scalegnn {' '.join(st.argv())}")
+        return st.folder

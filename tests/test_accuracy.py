@@ -8,20 +8,20 @@ epoch of best validation accuracy 0.781 (best test 0.784) with
 points for float-summation differences across thread counts.
 """
 
-from pathlib import Path
 
 import pytest
 
 from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
-from scalegnn.train import RunConfig, run_training
+from scalegnn.config import make_config
+from scalegnn.trainer import run_training
+from tests.files import SHARED_DATA
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "planetoid_cora").is_dir(), reason="../shared/data/planetoid_cora not present")
 def test_cora_full_graph_accuracy(tmp_path):
-    cfg = RunConfig(dataset="cora", data_root=str(SHARED_DATA), batch_ratio=1.0, epochs=100, seed=0,
+    cfg = make_config(dataset="cora", data_root=str(SHARED_DATA), batch_ratio=1.0, epochs=100, seed=0,
                     out_dir=str(tmp_path), progress=False, model=ModelConfig(hidden=64, layers=2, dropout=0.5),
                     optim=OptimConfig(lr=0.01, weight_decay=5e-4))
     record = run_training(cfg)

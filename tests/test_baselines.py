@@ -7,14 +7,14 @@ import torch
 
 from scalegnn import records
 from scalegnn.cli import main
-from scalegnn.datasets import load_dataset
+from scalegnn.config import make_config
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("torch_sparse")
 
 warnings.filterwarnings("ignore", message=".*pyg-lib.*")
 
-from baselines.common import CommonConfig, load_data  # noqa: E402
+from baselines.common import load_data  # noqa: E402
 
 TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
 
@@ -26,7 +26,7 @@ def data_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny(data_root):
-    return load_data(CommonConfig(system="graphsage", dataset=TINY, data_root=data_root))
+    return load_data(make_config("graphsage", dataset=TINY, data_root=data_root))
 
 
 def edge_set(data):
@@ -35,10 +35,9 @@ def edge_set(data):
 
 
 def cfg_for(system, data_root, tmp_path, **over):
-    kw = dict(system=system, dataset=TINY, data_root=data_root, epochs=2, out_dir=str(tmp_path), hidden=16,
-              layers=2, dropout=0.0)
+    kw = dict(dataset=TINY, data_root=data_root, epochs=2, out_dir=str(tmp_path), hidden=16, layers=2, dropout=0.0)
     kw.update(over)
-    return CommonConfig(**kw)
+    return make_config(system, **kw)
 
 
 # ----------------------------------------------------------------------------- models
@@ -58,9 +57,9 @@ def test_sparse_input_layer_equals_the_pyg_layer(kind):
 
 # ----------------------------------------------------------------------------- samples
 def test_graphsage_batches_are_subgraphs_with_seeds_first(tiny, data_root, tmp_path):
-    from baselines.graphsage import GraphSAGEOptions, GraphSAGETrainer
+    from baselines.graphsage import GraphSAGETrainer
 
-    trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path), GraphSAGEOptions(batch_size=50), tiny)
+    trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path, batch_size=50), tiny)
     edges = edge_set(tiny)
     seeds = trainer._rank_seeds(1)
     seen = []
@@ -77,10 +76,10 @@ def test_graphsage_batches_are_subgraphs_with_seeds_first(tiny, data_root, tmp_p
 
 
 def test_graphsaint_subgraphs_are_induced_with_normalization(tiny, data_root, tmp_path):
-    from baselines.graphsaint import GraphSAINTOptions, GraphSAINTTrainer
+    from baselines.graphsaint import GraphSAINTTrainer
 
-    trainer = GraphSAINTTrainer(cfg_for("graphsaint", data_root, tmp_path),
-                                GraphSAINTOptions(node_budget=80, sample_coverage=10, normalization="sampled"), tiny)
+    trainer = GraphSAINTTrainer(cfg_for("graphsaint", data_root, tmp_path, node_budget=80, sample_coverage=10,
+                                        normalization="sampled"), tiny)
     edges = edge_set(tiny)
     for _, sub in zip(range(3), trainer.sampler):
         nodes = sub.n_id
@@ -138,10 +137,10 @@ def test_graphsaint_exact_normalization_matches_the_samplers_frequencies():
 
 
 def test_graphsage_layerwise_inference_is_the_full_graph_forward(tiny, data_root, tmp_path):
-    from baselines.graphsage import GraphSAGEOptions, GraphSAGETrainer
+    from baselines.graphsage import GraphSAGETrainer
 
     for conv in ("sage", "gcn"):
-        trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path), GraphSAGEOptions(conv=conv), tiny)
+        trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path, conv=conv), tiny)
         trainer.model.eval()
         with torch.no_grad():
             ref = trainer.model(tiny.features.to_dense() if tiny.features.layout != torch.strided
@@ -207,11 +206,11 @@ def test_baseline_flags_are_validated(data_root, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- distributed
-def _salient_rank(rank, world, cfg, opts):
+def _salient_rank(rank, world, cfg):
     from baselines.common import load_data
     from baselines.salient import SalientTrainer
 
-    trainer = SalientTrainer(cfg, opts, load_data(cfg))
+    trainer = SalientTrainer(cfg, load_data(cfg))
     st = trainer.train_epoch(1)
     return {"log": trainer.batch_log, "part": trainer.part, "cache": trainer.store.cache_ids,
             "reported": st.extra["cache"]}
@@ -221,9 +220,9 @@ def test_salient_cache_hit_rate_equals_an_independent_count(data_root, tmp_path)
     from baselines.salient import SalientOptions
     from scalegnn.parallel.launch import spawn
 
-    cfg = cfg_for("salient", data_root, tmp_path, nproc=2)
-    opts = SalientOptions(batch_size=40, cache_budget=0.1, partition="random", record_batches=True)
-    out = spawn(_salient_rank, 2, cfg, opts, timeout_s=240)
+    cfg = cfg_for("salient", data_root, tmp_path, nproc=2, options=SalientOptions(
+        batch_size=40, cache_budget=0.1, partition="random", record_batches=True))  # record_batches: tests only
+    out = spawn(_salient_rank, 2, cfg, timeout_s=240)
     hits = misses = local = 0
     for rank, res in enumerate(out):
         part, cache = res["part"], set(res["cache"].tolist())
@@ -245,8 +244,7 @@ def test_salient_cache_hit_rate_equals_an_independent_count(data_root, tmp_path)
 def test_salient_and_graphsage_two_processes_write_records(data_root, tmp_path):
     from baselines import salient
 
-    rec = salient.run(cfg_for("salient", data_root, tmp_path, nproc=2, epochs=2),
-                      salient.SalientOptions(batch_size=64))
+    rec = salient.run(cfg_for("salient", data_root, tmp_path, nproc=2, epochs=2, batch_size=64))
     assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["grid"]["dp"] == 2
     assert 0 <= rec["cache_hit_rate"] <= 1 and rec["epochs"][0]["cache"]["hits"] >= 0
     assert len(rec["peak_memory_bytes_per_rank"]) == 2
@@ -258,9 +256,8 @@ def test_bns_gcn_at_rate_one_matches_the_single_process_run(data_root, tmp_path)
     backward) is exactly full-graph training: the same losses epoch after epoch."""
     from baselines import bns_gcn
 
-    one = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3), bns_gcn.BNSOptions(boundary_rate=1.0))
-    two = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, nproc=2),
-                      bns_gcn.BNSOptions(boundary_rate=1.0))
+    one = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, boundary_rate=1.0))
+    two = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, nproc=2, boundary_rate=1.0))
     assert two["status"] == "ok" and two["epochs"][0]["comm_bytes"]["boundary"] > 0
     la = [r["loss"] for r in one["epochs"]]
     lb = [r["loss"] for r in two["epochs"]]

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-from baselines.common import CommonConfig
+from scalegnn.config import make_config
 from tests.devices import needs_gpu
 
 TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
 
 
 def cfg_for(system, tmp_path, **over):
-    kw = dict(system=system, dataset=TINY, data_root=str(tmp_path / "data"), epochs=3, out_dir=str(tmp_path / "r"),
-              hidden=16, layers=2, dropout=0.0)
+    kw = dict(dataset=TINY, data_root=str(tmp_path / "data"), epochs=3, out_dir=str(tmp_path / "r"), hidden=16,
+              layers=2, dropout=0.0)
     kw.update(over)
-    return CommonConfig(**kw)
+    return make_config(system, **kw)
 
 
 def test_distdgl_refuses_a_gpu_before_any_work(tmp_path):
@@ -26,21 +26,20 @@ def test_distdgl_refuses_a_gpu_before_any_work(tmp_path):
     before the DGL environment or the dataset is touched."""
     from baselines.distdgl import harness
 
-    cfg = cfg_for("distdgl", tmp_path, device="cuda", dataset="no-such-dataset")
+    cfg = cfg_for("distdgl", tmp_path, device="cuda", dataset="no-such-dataset", python="/nonexistent/python")
     with pytest.raises(ValueError, match="runs on the CPU only .* use --device cpu or auto"):
-        harness.run(cfg, harness.DistDGLOptions(python="/nonexistent/python"))
+        harness.run(cfg)
     assert "CPU builds" in harness.CPU_ONLY
 
 
-def _run(system, cfg):
-    import importlib
+OPTIONS = {"bns-gcn": dict(boundary_rate=1.0, partition="random"), "graphsage": dict(batch_size=64),
+           "graphsaint": dict(node_budget=100), "salient": dict(batch_size=64, partition="random")}
 
-    mod = importlib.import_module(f"baselines.{system.replace('-', '_')}")
-    opts = {"bns-gcn": lambda: mod.BNSOptions(boundary_rate=1.0, partition="random"),
-            "graphsage": lambda: mod.GraphSAGEOptions(batch_size=64),
-            "graphsaint": lambda: mod.GraphSAINTOptions(node_budget=100),
-            "salient": lambda: mod.SalientOptions(batch_size=64, partition="random")}[system]
-    return mod.run(cfg, opts())
+
+def _run(system, tmp_path, device):
+    from scalegnn.run import run
+
+    return run(cfg_for(system, tmp_path, device=device, **OPTIONS[system]))
 
 
 @pytest.mark.gpu
@@ -52,8 +51,8 @@ def test_baseline_on_the_gpu_trains_like_on_the_cpu(system, tmp_path):
     from the same seeds, so the batches are the same)."""
     if system != "bns-gcn":
         pytest.importorskip("torch_sparse", reason="PyG's neighbor / SAINT samplers need torch-sparse or pyg-lib")
-    cpu = _run(system, cfg_for(system, tmp_path, device="cpu"))
-    gpu = _run(system, cfg_for(system, tmp_path, device="cuda"))
+    cpu = _run(system, tmp_path, "cpu")
+    gpu = _run(system, tmp_path, "cuda")
     assert gpu["status"] == "ok" and gpu["env"]["device_type"] == "cuda"
     assert gpu["peak_device_memory_bytes_per_rank"][0] > 0
     assert [r["loss"] for r in gpu["epochs"]] == pytest.approx([r["loss"] for r in cpu["epochs"]], rel=1e-3)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from scalegnn import records
+from scalegnn.config import make_config
 
-from baselines.common import CommonConfig
 from baselines.distdgl import harness
 
 TINY = "csbm:n=1000,avg_degree=6,classes=3,feature_dim=12"
@@ -60,10 +60,10 @@ def run_distdgl(tmp_path):
 
 
 def _run(tmp_path, **opt):
-    cfg = CommonConfig(system="distdgl", dataset=TINY, data_root=str(tmp_path / "data"), epochs=2,
-                       out_dir=str(tmp_path / "runs"), hidden=16, nproc=2, target_acc=0.05)
     opts = harness.DistDGLOptions(num_parts=2, batch_size=100, timeout_s=240, keep_workdir=True, **opt)
-    return harness.run(cfg, opts), opts
+    cfg = make_config("distdgl", dataset=TINY, data_root=str(tmp_path / "data"), epochs=2,
+                      out_dir=str(tmp_path / "runs"), hidden=16, nproc=2, target_acc=0.05, options=opts)
+    return harness.run(cfg), opts
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.perf import PerfConfig
-from scalegnn.train import RunConfig, run_training
+from scalegnn.config import RunConfig, make_config
+from scalegnn.trainer import run_training
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 
@@ -30,7 +31,7 @@ def config(tmp_path, **over):
                   data_root=str(tmp_path / "data"), model=ModelConfig(hidden=16, layers=2, dropout=0.3),
                   optim=OptimConfig(lr=1e-2, schedule="cosine", grad_clip=1.0, weight_decay=1e-4))
     fields.update(over)
-    return RunConfig(**fields)
+    return make_config(**fields)
 
 
 class StepLog:
@@ -369,7 +370,7 @@ def _preempt_worker(rank, world, cfg):
     ParallelEngine.train_step = step
     ck.PREEMPTION.arm()
     try:
-        run_training(cfg, grid=ProcessGrid(*cfg.grid), run_id="preempt-test-000000000000")
+        run_training(cfg, grid=ProcessGrid(*cfg.parallel.grid), run_id="preempt-test-000000000000")
     except ck.Preempted as exc:
         return exc.step
     return None
@@ -391,7 +392,7 @@ def test_sweep_task_turns_submitits_signal_into_a_save_then_requeues(monkeypatch
     handler (which requeues) runs afterwards, when the task calls it."""
     import submitit
 
-    from sweeps.launcher import _save_on_preemption_signal
+    from sweeps.task import _save_on_preemption_signal
 
     calls = []
     monkeypatch.setattr(submitit.JobEnvironment, "_usr_sig", classmethod(lambda cls: signal.SIGUSR2))

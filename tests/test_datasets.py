@@ -7,11 +7,9 @@ Every test runs with its own cache folder and with ``SCALEGNN_OFFLINE=1``.
 
 from __future__ import annotations
 
-import gzip
 import re
 import shutil
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,20 +18,11 @@ import scipy.sparse as sp
 import torch
 
 from scalegnn.datasets import CACHE_FORMAT_VERSION, DatasetError, describe, edge_homophily, list_datasets, load_dataset
+from tests.files import SHARED_DATA, assert_same_graph, fake_ogbn_arxiv, fake_ogbn_papers
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
-# ogb imports torch_geometric, whose import warns about torch.jit.script on torch >= 2.10.
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data folder {SHARED} is absent")
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    """Own cache folder, an empty default data root, and never any network."""
-    monkeypatch.setenv("SCALEGNN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("SCALEGNN_DATA_ROOT", str(tmp_path / "default-root"))
-    monkeypatch.setenv("SCALEGNN_OFFLINE", "1")
+# Every test: its own cache folder, an empty default data root, never the network (conftest.py).
+pytestmark = pytest.mark.usefixtures("isolated_data")
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data folder {SHARED_DATA} is absent")
 
 
 # ------------------------------------------------------------------ helpers
@@ -46,12 +35,6 @@ def assert_raw(g):
     assert bool((key[1:] > key[:-1]).all()), "entries not sorted and unique"
     a = g.to_scipy()
     assert (a != a.T).nnz == 0, "adjacency not symmetric"
-
-
-def assert_same_graph(a, b):
-    assert a.name == b.name and a.num_classes == b.num_classes
-    for f in ("indptr", "indices", "values", "x", "y", "train_idx", "val_idx", "test_idx"):
-        assert torch.equal(getattr(a, f), getattr(b, f)), f
 
 
 def split_sizes(g):
@@ -69,7 +52,7 @@ def stored_entries(pairs, n):
 # ----------------------------------------------------------- shared datasets
 @needs_shared
 def test_cora_matches_published_statistics():
-    g = load_dataset("cora", data_root=SHARED)
+    g = load_dataset("cora", data_root=SHARED_DATA)
     assert (g.name, g.num_nodes, g.num_edges, g.num_features, g.num_classes) == ("cora", 2708, 10556, 1433, 7)
     assert split_sizes(g) == (140, 500, 1000)
     assert torch.equal(g.train_idx, torch.arange(140)) and torch.equal(g.val_idx, torch.arange(140, 640))
@@ -81,7 +64,7 @@ def test_cora_matches_published_statistics():
 
 @needs_shared
 def test_citeseer_drops_self_loops_and_pads_missing_test_rows():
-    g = load_dataset("citeseer", data_root=SHARED)
+    g = load_dataset("citeseer", data_root=SHARED_DATA)
     # The ind.citeseer.graph dict has 9,464 neighbor entries: 124 self loops (each listed
     # twice: 248 entries) plus duplicated pairs. Without them: 4,552 undirected edges, the
     # published count, stored both ways = 9,104 (PyG's number too).
@@ -101,7 +84,7 @@ def test_citeseer_drops_self_loops_and_pads_missing_test_rows():
 
 @needs_shared
 def test_facebook_matches_published_statistics():
-    g = load_dataset("facebook-pagepage", data_root=SHARED)
+    g = load_dataset("facebook-pagepage", data_root=SHARED_DATA)
     assert g.name == "facebook"
     # edges.csv has 171,002 rows, 179 of them self loops and no repeated pairs:
     # 170,823 undirected edges, stored both ways = 341,646 entries.
@@ -114,25 +97,44 @@ def test_facebook_matches_published_statistics():
 
 @needs_shared
 def test_twitch_de_uses_linkx_split():
-    g = load_dataset("twitch-de", data_root=SHARED)
+    g = load_dataset("twitch-de", data_root=SHARED_DATA)
     assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (9498, 2 * 153138, 3170, 2)
     assert split_sizes(g) == (4749, 2374, 2375)
-    splits = np.load(SHARED / "twitch_musae/linkx_splits/twitch-e-DE-splits.npy", allow_pickle=True)
+    splits = np.load(SHARED_DATA / "twitch_musae/linkx_splits/twitch-e-DE-splits.npy", allow_pickle=True)
     assert torch.equal(g.train_idx, torch.from_numpy(np.sort(np.asarray(splits[0]["train"]))))
     assert torch.equal(g.test_idx, torch.from_numpy(np.sort(np.asarray(splits[0]["test"]))))
-    g2 = load_dataset("twitch-de:split=2", data_root=SHARED)
+    g2 = load_dataset("twitch-de:split=2", data_root=SHARED_DATA)
     assert g2.name == "twitch-de:split=2" and g2.meta["split"] == "linkx 2"
     assert torch.equal(g2.val_idx, torch.from_numpy(np.sort(np.asarray(splits[2]["valid"]))))
     assert not torch.equal(g.train_idx, g2.train_idx)
-    assert load_dataset("twitch-de:split=0", data_root=SHARED).name == "twitch-de"  # default dropped
+    assert load_dataset("twitch-de:split=0", data_root=SHARED_DATA).name == "twitch-de"  # default dropped
     with pytest.raises(DatasetError, match="split=7 is out of range"):
-        load_dataset("twitch-de:split=7", data_root=SHARED)
+        load_dataset("twitch-de:split=7", data_root=SHARED_DATA)
     assert_raw(g)
 
 
 @needs_shared
+def test_fractional_ids_in_a_linkx_split_are_refused_not_truncated(tmp_path):
+    """A split id of 10.5 used to become vertex 10 silently; it is one line naming the
+    file, the split, the key and the fix (the integral floats of a float-saved file pass)."""
+    root = tmp_path / "root"
+    shutil.copytree(SHARED_DATA / "twitch_musae" / "DE", root / "twitch_musae" / "DE")
+    linkx = root / "twitch_musae" / "linkx_splits" / "twitch-e-DE-splits.npy"
+    linkx.parent.mkdir(parents=True)
+    split = {"train": np.arange(0.0, 100.0), "valid": np.arange(100.0, 150.0), "test": np.arange(150.0, 200.0)}
+    np.save(linkx, np.array([split], dtype=object), allow_pickle=True)
+    assert torch.equal(load_dataset("twitch-de", data_root=root).train_idx, torch.arange(100))
+    split["train"] = np.array([0.0, 10.5, 20.0])
+    np.save(linkx, np.array([split], dtype=object), allow_pickle=True)
+    with pytest.raises(DatasetError) as err:
+        load_dataset("twitch-de", data_root=root)
+    message = str(err.value)
+    assert "\n" not in message and str(linkx) in message and "'train'" in message and "10.5" in message
+
+
+@needs_shared
 def test_twitch_engb():
-    g = load_dataset("twitch_ENGB", data_root=SHARED)
+    g = load_dataset("twitch_ENGB", data_root=SHARED_DATA)
     assert (g.name, g.num_nodes, g.num_edges, g.num_features) == ("twitch-engb", 7126, 2 * 35324, 3170)
     assert split_sizes(g) == (3563, 1782, 1781)  # seeded random 50/25/25
     assert set(torch.unique(g.y).tolist()) == {0, 1}
@@ -141,9 +143,9 @@ def test_twitch_engb():
 
 @needs_shared
 def test_facebook_seeded_split_reproducible_and_cached(tmp_path):
-    a = load_dataset("facebook", data_root=SHARED, seed=0)
-    b = load_dataset("facebook", data_root=SHARED, seed=0)  # from the cache
-    c = load_dataset("facebook", data_root=SHARED, seed=1)
+    a = load_dataset("facebook", data_root=SHARED_DATA, seed=0)
+    b = load_dataset("facebook", data_root=SHARED_DATA, seed=0)  # from the cache
+    c = load_dataset("facebook", data_root=SHARED_DATA, seed=1)
     assert not a.meta["from_cache"] and b.meta["from_cache"] and not c.meta["from_cache"]
     assert_same_graph(a, b)
     assert not torch.equal(a.train_idx, c.train_idx)
@@ -224,13 +226,31 @@ def test_byo_missing_key_names_key_and_shape(tmp_path):
     a = _byo_arrays()
     del a["test_idx"]
     np.savez(tmp_path / "g.npz", **a)
-    with pytest.raises(DatasetError, match=r"missing key 'test_idx' \(expected a 1-D int array.*'test_mask'"):
+    with pytest.raises(DatasetError, match=r"missing key 'test_idx' \(expected a 1-D int array.*'test_mask'.*or none"):
         load_dataset(f"npz:{tmp_path / 'g.npz'}")
     a = _byo_arrays()
     del a["edge_index"]
     np.savez(tmp_path / "h.npz", **a)
     with pytest.raises(DatasetError, match=r"missing key 'edge_index' \(expected a \(2, E\) int array\)"):
         load_dataset(f"npz:{tmp_path / 'h.npz'}")
+
+
+def test_byo_without_a_split_gets_the_seeded_random_split(tmp_path):
+    """No split keys at all: the labeled vertices (9 of 10 here) are split 50/25/25 by
+    the seed, the graph says so, and another seed is another split (not a cached one)."""
+    a = {k: v for k, v in _byo_arrays().items() if not k.endswith("_idx")}
+    np.savez(tmp_path / "g.npz", **a)
+    folder = tmp_path / "arrays"
+    folder.mkdir()
+    for k, v in a.items():
+        np.save(folder / f"{k}.npy", v)
+    for name in (f"npz:{tmp_path / 'g.npz'}", f"dir:{folder}"):
+        g, again, other = (load_dataset(name, seed=s) for s in (3, 3, 4))
+        assert g.meta["split"] == "random 50/25/25 seed 3 (the file has no split)"
+        assert sorted(torch.cat([g.train_idx, g.val_idx, g.test_idx]).tolist()) == list(range(9))  # 9 unlabeled
+        assert split_sizes(g) == (4, 2, 3)  # round(4.5) = 4, round(2.25) = 2, the rest
+        assert torch.equal(g.train_idx, again.train_idx)
+        assert not torch.equal(g.train_idx, other.train_idx) and other.meta["split"].endswith("seed 4 (the file has no split)")
 
 
 EDGELIST = """# a comment
@@ -316,58 +336,6 @@ def test_named_featureless_graph_found_under_root(tmp_path):
 
 
 # ------------------------------------------------------------------- OGB
-def _csv_gz(path, arr):
-    with gzip.open(path, "wt") as f:
-        np.savetxt(f, np.asarray(arr).reshape(len(arr), -1), delimiter=",", fmt="%s")
-
-
-def _fake_ogb_splits(d, n, rng):
-    (d / "split" / "time").mkdir(parents=True)
-    for s, idx in zip(("train", "valid", "test"), np.split(rng.permutation(n), [n // 2, 3 * n // 4]), strict=True):
-        _csv_gz(d / "split" / "time" / f"{s}.csv.gz", idx)
-
-
-def fake_ogbn_arxiv(root, n=30):
-    """ogbn-arxiv in the exact layout ogb reads (csv.gz raw files, RELEASE_v1.txt)."""
-    rng = np.random.default_rng(0)
-    d = Path(root) / "ogbn_arxiv"
-    (d / "raw").mkdir(parents=True)
-    (d / "RELEASE_v1.txt").write_text("fake\n")
-    edges = rng.integers(0, n, (40, 2))
-    _csv_gz(d / "raw" / "edge.csv.gz", edges)
-    _csv_gz(d / "raw" / "num-node-list.csv.gz", [n])
-    _csv_gz(d / "raw" / "num-edge-list.csv.gz", [len(edges)])
-    _csv_gz(d / "raw" / "node-feat.csv.gz", rng.standard_normal((n, 4)).round(4))
-    _csv_gz(d / "raw" / "node_year.csv.gz", rng.integers(2000, 2020, n))
-    _csv_gz(d / "raw" / "node-label.csv.gz", rng.integers(0, 40, n))
-    _fake_ogb_splits(d, n, rng)
-    return edges
-
-
-def fake_ogbn_papers(root, n=20):
-    """ogbn-papers100M in ogb's binary layout, with NaN labels for unlabeled papers."""
-    rng = np.random.default_rng(1)
-    d = Path(root) / "ogbn_papers100M"
-    (d / "raw").mkdir(parents=True)
-    (d / "RELEASE_v1.txt").write_text("fake\n")
-    edges = rng.integers(0, n, (2, 30))
-    np.savez(
-        d / "raw" / "data.npz",
-        edge_index=edges,
-        num_nodes_list=np.array([n]),
-        num_edges_list=np.array([edges.shape[1]]),
-        node_feat=rng.standard_normal((n, 3)).astype(np.float32),
-        node_year=rng.integers(2000, 2020, (n, 1)),
-    )
-    labels = rng.integers(0, 172, n).astype(np.float32)
-    labels[n // 2 :] = np.nan
-    np.savez(d / "raw" / "node-label.npz", node_label=labels.reshape(n, 1))
-    (d / "split" / "time").mkdir(parents=True)
-    for s, idx in zip(("train", "valid", "test"), np.split(np.arange(n // 2), [4, 7]), strict=True):
-        _csv_gz(d / "split" / "time" / f"{s}.csv.gz", idx)
-    return edges, labels
-
-
 def test_ogb_fake_arxiv_raw_then_processed(tmp_path):
     pytest.importorskip("ogb")
     import ogb.nodeproppred.dataset as ogb_ds
@@ -486,7 +454,7 @@ def test_missing_files_name_exact_path(tmp_path, monkeypatch):
 @needs_shared
 def test_partial_and_corrupt_files_are_named(tmp_path):
     root = tmp_path / "root"
-    shutil.copytree(SHARED / "planetoid_cora", root / "planetoid_cora")
+    shutil.copytree(SHARED_DATA / "planetoid_cora", root / "planetoid_cora")
     for f in (root / "planetoid_cora").iterdir():
         f.chmod(0o644)
     graph_file = root / "planetoid_cora" / "ind.cora.graph"
@@ -507,7 +475,7 @@ def test_partial_and_corrupt_files_are_named(tmp_path):
     (fb / "features.json").write_text('{"0": [1, 2], "1": [')
     with pytest.raises(DatasetError, match=rf"could not read {re.escape(str(fb / 'features.json'))}"):
         load_dataset("facebook", data_root=root)
-    shutil.copytree(SHARED / "twitch_musae" / "DE", root / "twitch_musae" / "DE")
+    shutil.copytree(SHARED_DATA / "twitch_musae" / "DE", root / "twitch_musae" / "DE")
     with pytest.raises(DatasetError, match=r"LINKX split file not found: .*twitch-e-DE-splits.npy"):
         load_dataset("twitch-de:split=1", data_root=root)
     bad = tmp_path / "bad.npz"
@@ -567,3 +535,16 @@ def test_cache_layout_corruption_and_staleness(tmp_path, monkeypatch):
     assert load_dataset(f"edgelist:{f}", data_root=root).num_edges == 6
     f.write_text("0 1\n1 2\n2 3\n3 0\n")
     assert load_dataset(f"edgelist:{f}", data_root=root).num_edges == 8
+
+
+def test_data_list_shows_the_file_forms(capsys):
+    """`scalegnn data list` names the registered datasets and every form a user's own
+    file can take, with what it holds."""
+    from scalegnn.cli import main
+
+    assert main(["data", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "facebook" in out and "csbm" in out
+    for kind in ("edgelist", "mtx", "npz", "dir"):
+        assert f"  {kind}:<path>" in out
+    assert "seeded random 50/25/25 split" in out

@@ -24,10 +24,11 @@ from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.parallel.launch import spawn
 from scalegnn.perf import PerfConfig
-from scalegnn.train import RunConfig, run_training
+from scalegnn.config import make_config
+from scalegnn.trainer import run_training
 from tests.devices import DEVICES, HAS_GPU, needs_gpu
 from tests.host_sync import HostSyncDetector
-from tests.test_parallel_pmm import parallel_graph
+from tests.graphs import parallel_graph
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 gpu = pytest.mark.gpu
@@ -49,9 +50,9 @@ def test_device_specs_and_backends_resolve_or_name_the_fix():
     with pytest.raises(ValueError, match="--backend must be one of"):
         D.resolve_backend("mpi", torch.device("cpu"))
     with pytest.raises(ValueError, match="--backend nccl needs GPU tensors but --device is cpu"):
-        RunConfig(device="cpu", backend="nccl")
+        make_config(device="cpu", backend="nccl")
     with pytest.raises(ValueError, match="--device must be one of"):
-        RunConfig(device="tpu")
+        make_config(device="tpu")
 
 
 def test_cli_device_flags_reach_the_config(tmp_path, capsys):
@@ -63,15 +64,15 @@ def test_cli_device_flags_reach_the_config(tmp_path, capsys):
     assert code == 0
     path = capsys.readouterr().out.strip().splitlines()[-1].split("record: ")[1]
     rec = records.read_record(path)
-    assert (rec["config"]["device"], rec["config"]["backend"]) == ("cpu", "gloo")
+    assert (rec["config"]["parallel"]["device"], rec["config"]["parallel"]["backend"]) == ("cpu", "gloo")
     assert main(["train", "--dataset", SMALL, "--device", "tpu", "--quiet"]) == 2
     assert "--device must be one of" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- the record
 def test_record_names_the_device_and_both_memory_peaks(tmp_path):
-    rec = run_training(RunConfig(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
-                                 epochs=1, progress=False, device="cpu", model=ModelConfig(hidden=8, layers=1)))
+    rec = run_training(make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
+                                 epochs=1, progress=False, device="cpu", hidden=8, layers=1))
     env = records.read_record(rec["path"])["env"]
     assert env["device_type"] == "cpu" and env["device"].startswith("cpu (")
     acc = env["accelerator"]
@@ -162,10 +163,10 @@ PINNED = {
 }
 
 
-def small_run(tmp_path, grid):
-    return RunConfig(dataset=SMALL, batch_ratio=0.2, epochs=3, out_dir=str(tmp_path / "runs"), progress=False,
-                     model=ModelConfig(hidden=16, layers=3, dropout=0.2), data_root=str(tmp_path / "data"),
-                     grid=grid, optim=OptimConfig(lr=1e-2, grad_clip=1.0), device="cpu")
+def small_run(tmp_path, grid, **over):
+    return make_config(**{**dict(dataset=SMALL, batch_ratio=0.2, epochs=3, out_dir=str(tmp_path / "runs"),
+                                 progress=False, hidden=16, layers=3, dropout=0.2, data_root=str(tmp_path / "data"),
+                                 grid=grid, lr=1e-2, grad_clip=1.0, device="cpu"), **over})
 
 
 @pytest.mark.parametrize("grid", list(PINNED), ids=lambda g: "x".join(map(str, g)))
@@ -188,8 +189,7 @@ def test_single_rank_training_on_the_gpu_matches_the_cpu_run(tmp_path):
     cuBLAS sum in other orders; 1e-4 relative over 3 epochs of 10 steps), the same
     test accuracy within one vertex, and a record that says where it ran."""
     cpu = run_training(small_run(tmp_path, (1, 1, 1, 1)))
-    cfg = small_run(tmp_path, (1, 1, 1, 1))
-    cfg.device, cfg.perf = "cuda", PerfConfig(prefetch=True)
+    cfg = small_run(tmp_path, (1, 1, 1, 1), device="cuda", prefetch=True)
     rec = run_training(cfg)
     assert rec["status"] == "ok"
     assert [r["loss"] for r in rec["epochs"]] == pytest.approx([r["loss"] for r in cpu["epochs"]], rel=1e-4)
@@ -213,8 +213,7 @@ def test_multi_rank_grids_share_one_gpu_through_gloo(tmp_path, grid):
 
     cfg = small_run(tmp_path, grid)
     cpu = run_distributed_training(cfg, nproc=cfg.world_size, timeout_s=300)
-    cfg = small_run(tmp_path, grid)
-    cfg.device, cfg.backend = "cuda", "gloo"
+    cfg = small_run(tmp_path, grid, device="cuda", backend="gloo")
     rec = run_distributed_training(cfg, nproc=cfg.world_size, timeout_s=300)
     assert rec["status"] == "ok" and rec["env"]["device_type"] == "cuda" and rec["env"]["backend"] == "gloo"
     assert [r["loss"] for r in rec["epochs"]] == pytest.approx([r["loss"] for r in cpu["epochs"]], rel=1e-4)
@@ -252,7 +251,7 @@ def test_algorithm2_on_the_gpu_gives_the_cpu_blocks(backend):
     """Algorithm 2's vectorized torch path on CUDA tensors against the CPU kernels
     (numba where installed, else torch) for the same (seed, step): identical CSR
     pairs, entry for entry (int32 and int64 column ids, row/column sub-blocks)."""
-    from tests.test_sampling import random_graph
+    from tests.graphs import random_graph
 
     g = random_graph(n=3000, m=60000, seed=4)
     for step in range(3):

@@ -11,7 +11,9 @@ import pytest
 from scalegnn import records
 from scalegnn.parallel.launch import _flux_port, detect_env
 from sweeps import load_profile
-from sweeps.launcher import group_runs, run_state, sweep
+from sweeps.folders import run_state
+from sweeps.jobs import group_runs
+from sweeps.launcher import sweep
 
 SIM = Path(__file__).parent / "flux_sim"
 EXPECTED = Path(__file__).parent / "expected"
@@ -168,8 +170,8 @@ grids = "scale-dp"
         state, path, err = run_state(out / "runs" / run.key)
         assert state == "ok", (state, err, [p.read_text()[-3000:] for p in (out / ".flux").glob("*.out")])
         rec = records.read_record(path)
-        assert rec["world_size"] == run.world_size and rec["config"]["data_root"] == str(data.resolve())
-        assert rec["config"]["shard_dir"] == (stage.folder if run.world_size == 2 else None)
+        assert rec["world_size"] == run.world_size and rec["config"]["data"]["data_root"] == str(data.resolve())
+        assert rec["config"]["data"]["shard_dir"] == (stage.folder if run.world_size == 2 else None)
         assert len(rec["peak_memory_bytes_per_rank"]) == run.world_size
     logs = "".join(p.read_text() for p in (out / ".flux").glob("*.out"))
     assert "Flux job ƒsim" in logs  # the task's start line (rank 0)

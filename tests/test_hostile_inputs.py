@@ -1,8 +1,8 @@
-"""Hostile and careless files (issue K): no code runs from data, bad data is refused
+r"""Hostile and careless files (issue K): no code runs from data, bad data is refused
 before any work with one line naming the file, the problem and the fix, and no
 record, shard or checkpoint is left half-written.
 
-Each case below failed before its fix (see the commit that added it):
+These failed before their fix (shown on the unfixed code; see the commits that added them):
 
 - a crafted Planetoid ``ind.*`` pickle, a crafted LINKX ``.npy`` and a crafted ogb
   ``processed/data_processed`` ran code when loaded (``pickle.load``,
@@ -10,9 +10,18 @@ Each case below failed before its fix (see the commit that added it):
 - an empty graph npz crashed ("zero-size array to reduction operation maximum");
   fractional or NaN vertex ids (edges, CSR, splits) were truncated and training
   reported ``ok``;
-- a checkpoint file of random bytes gave torch's six-line message suggesting
-  ``weights_only=False``; a corrupt newest ``meta.json`` made ``--resume`` fall back to
-  an older checkpoint without a word.
+- a checkpoint file of random bytes (or a crafted pickle) gave torch's six-line
+  message suggesting ``weights_only=False`` (an empty one already gave one line); a
+  corrupt newest ``meta.json`` made ``--resume`` fall back to an older checkpoint
+  without a word;
+- a newline in ``scalegnn sweep --account`` (or a profile's ``slurm.account`` /
+  ``flux.bank``, a spec's ``name``) ended its ``#SBATCH`` / ``# flux:`` directive and put
+  a shell line into the batch script; ``$(...)`` and backticks in a profile's ``[env]``
+  value ran when the script exported it.
+- ``--out`` at an existing file or at /proc or /sys, ``--checkpoint-dir`` or
+  ``--profile`` at a file were found only after training (the run lost, a traceback,
+  or a ``failed`` record for a run that had trained), for one process, ``--nproc``
+  and the compared systems; ``scalegnn data shard --out <file>`` gave a traceback.
 
 ==============================================  =====================================================
 input                                           message (one line; exit 2 for the CLI)
@@ -36,6 +45,21 @@ a pickle that runs code                         operand 64); it is truncated, co
 corrupt newest ``meta.json``                    UserWarning: <meta.json>: not valid JSON (...); this
                                                 checkpoint is ignored; resuming from the older <folder>
                                                 (remove <folder> to silence this warning)
+``sweep --account $'m1234\ntouch X'`` (SLURM,   --account 'm1234\ntouch X': '\n' cannot go into a
+Flux), ``--dry-run`` or not                     batch script line (allowed: letters, digits and
+                                                _.,:+=@/-); give the account alone, e.g. --account
+                                                m1234
+``slurm.account`` / ``flux.bank`` with a        slurm.account 'm1234\ntouch X': ... correct it in
+newline in a profile file                       <profile>
+``$(touch X)`` / backticks in an ``[env]``      (no error) exported double-quoted as the literal text;
+value                                           only ``$NAME`` / ``${NAME}`` references expand
+``--out``/``--checkpoint-dir``/``--profile``   --out <file> is an existing file, not a folder; pass a
+at a file (train, ``--nproc``, a compared       folder you can write to (it is created if missing)
+system; ``data shard --out``)
+``--out <file>/runs``                           --out <file>/runs cannot be created: <file> is a file, not
+                                                a folder; pass a folder ...
+``--out /proc/x/runs``, ``--out /sys/x``        --out /sys/x cannot be created in /sys (Permission
+                                                denied); pass a folder you can write to ...
 ==============================================  =====================================================
 """
 
@@ -63,6 +87,9 @@ if not SHARED.is_dir():  # a worktree next to the main checkout
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data folder {SHARED} is absent")
 
 
+SYSTEM = f"{os.system.__module__}.system"  # how a pickle names os.system (posix.system on Linux)
+
+
 class RunsCode:
     """Unpickling this calls ``os.system("touch <marker>")``: the marker file exists
     afterwards exactly when a loader ran code from the file."""
@@ -83,23 +110,35 @@ def one_line_error(capsys, argv) -> str:
 
 
 # ----------------------------------------------------------------------------- no code runs from data
+def load_through_cli(capsys, tmp_path, command: str, dataset: str, root: Path) -> str:
+    """``scalegnn data info`` or ``scalegnn train`` on ``dataset``: one error line, no record."""
+    out = tmp_path / "runs"
+    argv = ["data", "info", dataset, "--data-root", str(root)] if command == "data info" else \
+        ["train", "--dataset", dataset, "--data-root", str(root), "--epochs", "1", "--out", str(out), "--quiet"]
+    err = one_line_error(capsys, argv)
+    assert not out.exists()  # no record for a bad file
+    return err
+
+
 @needs_shared
+@pytest.mark.parametrize("command", ["data info", "train"])
 @pytest.mark.parametrize("part", ["graph", "allx", "ty"])
-def test_a_crafted_planetoid_pickle_runs_no_code(tmp_path, capsys, monkeypatch, part):
+def test_a_crafted_planetoid_pickle_runs_no_code(tmp_path, capsys, monkeypatch, part, command):
     monkeypatch.setenv("SCALEGNN_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "root"
     shutil.copytree(SHARED / "planetoid_cora", root / "planetoid_cora")
     marker = tmp_path / "pwned"
     bad = root / "planetoid_cora" / f"ind.cora.{part}"
     bad.write_bytes(pickle.dumps(RunsCode(marker), protocol=2))
-    err = one_line_error(capsys, ["data", "info", "cora", "--data-root", str(root)])
+    err = load_through_cli(capsys, tmp_path, command, "cora", root)
     assert not marker.exists(), "the crafted pickle ran code"
-    assert str(bad) in err and "posix.system" in err and "could run code" in err, err
+    assert str(bad) in err and SYSTEM in err and "could run code" in err, err
     assert "kimiyoung/planetoid" in err, err  # the fix: the original files
 
 
 @needs_shared
-def test_a_crafted_linkx_split_file_runs_no_code(tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", ["data info", "train"])
+def test_a_crafted_linkx_split_file_runs_no_code(tmp_path, capsys, monkeypatch, command):
     monkeypatch.setenv("SCALEGNN_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "root"
     shutil.copytree(SHARED / "twitch_musae" / "DE", root / "twitch_musae" / "DE")
@@ -107,28 +146,27 @@ def test_a_crafted_linkx_split_file_runs_no_code(tmp_path, monkeypatch):
     bad = root / "twitch_musae" / "linkx_splits" / "twitch-e-DE-splits.npy"
     bad.parent.mkdir(parents=True)
     np.save(bad, np.array([{"train": RunsCode(marker)}], dtype=object), allow_pickle=True)
-    with pytest.raises(DatasetError) as info:
-        load_dataset("twitch-de", data_root=root)
+    err = load_through_cli(capsys, tmp_path, command, "twitch-de", root)
     assert not marker.exists(), "the crafted .npy ran code"
-    msg = str(info.value)
-    assert "\n" not in msg and str(bad) in msg and "posix.system" in msg and "could run code" in msg, msg
+    assert str(bad) in err and SYSTEM in err and "could run code" in err, err
+    assert "Non-Homophily-Large-Scale" in err, err  # the fix: LINKX's original file
 
 
-def test_a_crafted_ogb_processed_file_runs_no_code(tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", ["data info", "train"])
+def test_a_crafted_ogb_processed_file_runs_no_code(tmp_path, capsys, monkeypatch, command):
     pytest.importorskip("ogb")
-    from tests.test_datasets import fake_ogbn_arxiv
+    from tests.files import fake_ogbn_arxiv
 
+    monkeypatch.setenv("SCALEGNN_CACHE_DIR", str(tmp_path / "cache"))
     fake_ogbn_arxiv(tmp_path)
     processed = tmp_path / "ogbn_arxiv" / "processed" / "data_processed"
     marker = tmp_path / "pwned"
     processed.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"graph": RunsCode(marker), "labels": None}, processed, pickle_protocol=4)  # as ogb saves it
-    with pytest.raises(DatasetError) as info:
-        load_dataset("ogbn-arxiv", data_root=tmp_path, cache=False)
+    err = load_through_cli(capsys, tmp_path, command, "ogbn-arxiv", tmp_path)
     assert not marker.exists(), "the crafted ogb file ran code"
-    msg = str(info.value)
-    assert "\n" not in msg and str(processed) in msg and "posix.system" in msg and "could run code" in msg, msg
-    assert "delete" in msg and "processed" in msg  # the fix: ogb rebuilds it from raw/
+    assert str(processed) in err and SYSTEM in err and "could run code" in err, err
+    assert "delete the processed folder" in err  # the fix: ogb rebuilds it from raw/
 
 
 def test_ogb_files_still_load_through_the_restricted_reader(tmp_path):
@@ -136,7 +174,7 @@ def test_ogb_files_still_load_through_the_restricted_reader(tmp_path):
     int scalars for num_nodes) and a split_dict.pt of tensors (torch's weights-only
     loader); a crafted split_dict.pt is refused like the processed file."""
     pytest.importorskip("ogb")
-    from tests.test_datasets import assert_same_graph, fake_ogbn_papers
+    from tests.files import assert_same_graph, fake_ogbn_papers
 
     fake_ogbn_papers(tmp_path)
     first = load_dataset("ogbn-papers100M", data_root=tmp_path, cache=False)  # parses raw/, writes processed/
@@ -248,7 +286,7 @@ def test_a_corrupt_newest_meta_json_warns_by_name_and_falls_back(tmp_path, capsy
 
     assert main(_train_argv(tmp_path)) == 0  # 10 steps: the checkpoints of steps 4 and 8 are kept
     capsys.readouterr()
-    (older, _, _), (newest, path, _) = ck.list_checkpoints(tmp_path / "ck")
+    (older, _, _), (_, path, _) = ck.list_checkpoints(tmp_path / "ck")
     meta = path / "meta.json"
     meta.write_text('{"format": 1, "st')
     with pytest.warns(UserWarning, match=rf"{meta}: .*not valid JSON.*ignored; resuming from the older"):
@@ -258,3 +296,188 @@ def test_a_corrupt_newest_meta_json_warns_by_name_and_falls_back(tmp_path, capsy
     assert cli.returncode == 0 and f"UserWarning: {meta}: not valid JSON" in cli.stderr, cli.stderr
     (rec,) = [json.loads(text) for text in _records(tmp_path).values()]
     assert rec["status"] == "ok" and rec["resumed"][-1]["step"] == older
+
+
+# ----------------------------------------------------------------------------- sweep parameters in batch scripts
+def _edited_profile(tmp_path, cluster: str, old: str, new: str) -> Path:
+    """A copy of a shipped profile with ``old`` (text that must be there) replaced."""
+    text = (REPO / "sweeps" / "profiles" / f"{cluster}.toml").read_text()
+    assert old in text, old
+    path = tmp_path / f"{cluster}-edited.toml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "submit"])
+@pytest.mark.parametrize("cluster, source", [("perlmutter", "flag"), ("tuolumne", "flag"),
+                                             ("perlmutter", "file"), ("tuolumne", "file")])
+def test_a_newline_in_an_account_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch, cluster,
+                                                                         source, dry_run):
+    """A newline in --account, or in a profile's slurm.account / flux.bank, ended the
+    ``#SBATCH --account=`` (``# flux: --bank=``) directive and put a shell line into the script."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-scheduler"))  # this machine has an sbatch: never reach it
+    marker = tmp_path / "injected"
+    value = f"m1234\ntouch {marker}"
+    out = tmp_path / "sweep"
+    argv = ["sweep", "fig7", "--out", str(out), "--python", "python3", *(["--dry-run"] if dry_run else [])]
+    if source == "flag":
+        argv += ["--cluster", cluster, "--account", value]
+        field, fix = "--account", "give the account alone, e.g. --account m1234"
+    else:
+        key = {"perlmutter": "account", "tuolumne": "bank"}[cluster]
+        placeholder = {"perlmutter": "<ACCOUNT>", "tuolumne": "<BANK>"}[cluster]
+        path = _edited_profile(tmp_path, cluster, f'{key} = "{placeholder}"', f'{key} = "m1234\\ntouch {marker}"')
+        argv += ["--cluster", str(path)]
+        field, fix = f"{'slurm' if cluster == 'perlmutter' else 'flux'}.{key}", f"correct it in {path}"
+    err = one_line_error(capsys, argv)
+    assert f"{field} {value!r}: '\\n' cannot go into a batch script line" in err and err.rstrip().endswith(fix), err
+    assert not out.exists() and not marker.exists()  # no manifest, no run folder, no script, nothing submitted
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"slurm": {"constraint": "gpu $(id)"}}, "slurm.constraint 'gpu $(id)': ' ' cannot"),
+    ({"slurm": {"extra": {"mail-user": "a;b"}}}, "slurm.extra.mail-user 'a;b': ';' cannot"),
+    ({"slurm": {"extra": {"x\nid": True}}}, "slurm.extra option 'x\\nid': '\\n' cannot"),
+    ({"slurm": {"srun_args": ("--cpu-bind=cores\nid",)}}, "slurm.srun_args '--cpu-bind=cores\\nid': '\\n' cannot"),
+    ({"env": {"X;id": "1"}}, "env name 'X;id' is not a shell variable name"),
+    ({"env": {"X": "1\nid"}}, "env.X '1\\nid': '\\n' cannot"),
+    ({"slurm": {"gpus_per_node": "4\nid"}}, "slurm.gpus_per_node must be a whole number, got '4\\nid'"),
+])
+def test_every_scheduler_value_is_checked_where_the_profile_is_built(change, message):
+    """The same check guards every value a batch script takes as data (dataclasses.replace
+    builds the profile again, as loading and with_overrides do)."""
+    import dataclasses
+    import re
+
+    from sweeps.profiles import ProfileError, load_profile
+
+    prof = load_profile("perlmutter")
+    slurm = change.get("slurm")
+    changes = {**change, **({"slurm": dataclasses.replace(prof.slurm, **slurm)} if slurm else {})}
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        dataclasses.replace(prof, **changes)
+    assert prof.with_overrides(constraint="gpu&hbm80g", qos="regular").slurm.constraint == "gpu&hbm80g"
+
+
+@pytest.mark.parametrize("cluster", ["perlmutter", "tuolumne"])
+def test_env_values_are_data_when_the_batch_script_exports_them(tmp_path, cluster):
+    """``$(...)`` and backticks in an [env] value ran when the batch script exported it;
+    a reference to another variable (``${HOME}``) still expands."""
+    from sweeps.launcher import sweep
+    from sweeps.profiles import load_profile
+
+    marker = tmp_path / "ran"
+    hostile = f'$(touch {marker}-1)`touch {marker}-2`; touch {marker}-3 "quoted" \\ $1 ${{HOME:-x}}'
+    path = _edited_profile(tmp_path, cluster, "\n[env]\n",
+                           f"\n[env]\nHOSTILE = '{hostile}'\nREFERENCE = '${{HOME}}/cache'\n")
+    result = sweep("fig7", str(path), tmp_path / "sweep", dry_run=True, python="python3", printer=lambda *a: None)
+    names = set(load_profile(path).env)
+    exports = [line for line in result.scripts[0].splitlines()
+               if line.startswith("export ") and line[len("export "):].split("=")[0] in names]
+    assert len(exports) == len(names)
+    shell = subprocess.run(["bash", "-c", "\n".join([*exports, 'printf "%s|%s" "$HOSTILE" "$REFERENCE"'])],
+                           cwd=tmp_path, env={"PATH": os.environ["PATH"], "HOME": "/home/someone"},
+                           capture_output=True, text=True, timeout=60)
+    assert not list(tmp_path.glob("ran*")), "an [env] value ran a command"
+    assert shell.returncode == 0 and shell.stdout == f"{hostile}|/home/someone/cache", (shell.stdout, shell.stderr)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_spec_name_that_is_not_a_job_name_is_one_line(tmp_path, capsys):
+    """A spec's name becomes ``--job-name`` in ``#SBATCH`` and ``# flux:`` lines."""
+    spec = tmp_path / "bad.toml"
+    spec.write_text('name = "x\\nid"\nsystems = ["scalegnn"]\n[[experiments]]\ncluster = "perlmutter"\n'
+                    'dataset = "ogbn-products"\ngpus = [4]\n')
+    out = tmp_path / "sweep"
+    err = one_line_error(capsys, ["sweep", str(spec), "--cluster", "perlmutter", "--dry-run", "--out", str(out)])
+    assert "name 'x\\nid': '\\n' cannot go into a batch script line" in err and f"rename the spec in {spec}" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("cluster", ["perlmutter", "tuolumne"])
+def test_a_sweep_folder_with_a_newline_is_one_line(tmp_path, capsys, cluster):
+    """The sweep's --out folder lands in the #SBATCH --output / # flux: --output lines:
+    a newline in it would end the directive and inject the rest as a script line."""
+    out = tmp_path / "sweep\necho injected"
+    err = one_line_error(capsys, ["sweep", "fig7", "--cluster", cluster, "--dry-run", "--out", str(out)])
+    assert "--out" in err and "'\\n' cannot go into a batch script line" in err and "no newline" in err, err
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- output locations
+TINY = "csbm:n=400,avg_degree=8,classes=3,feature_dim=8"
+
+
+def _refuse_work(monkeypatch):
+    """Loading data or spawning ranks fails the test: every output folder must be
+    checked before either (the bad path used to surface after training)."""
+    import scalegnn.datasets
+    import scalegnn.run
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the output folders were checked")
+
+    monkeypatch.setattr(scalegnn.datasets, "load_dataset", refuse)
+    monkeypatch.setattr(scalegnn.run, "spawn", refuse)
+
+
+def _bad_outputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """{case: (arguments, message)}; ``FILE`` is an existing file."""
+    file = tmp_path / "FILE"
+    return {
+        "--out file": (["--out", str(file)], f"--out {file} is an existing file, not a folder"),
+        "--out under a file": (["--out", str(file / "runs")],
+                               f"--out {file / 'runs'} cannot be created: {file} is a file, not a folder"),
+        "--out /proc": (["--out", "/proc/scalegnn-test/runs"],
+                        "--out /proc/scalegnn-test/runs cannot be created in /proc ("),
+        "--out /sys": (["--out", "/sys/scalegnn-test"], "--out /sys/scalegnn-test cannot be created in /sys ("),
+        "--checkpoint-dir file": (["--checkpoint-dir", str(file), "--checkpoint-every", "2"],
+                                  f"--checkpoint-dir {file} is an existing file, not a folder"),
+        "--profile file": (["--profile", str(file)], f"--profile {file} is an existing file, not a folder"),
+        "--nproc 2 --out file": (["--nproc", "2", "--grid", "1x2x1x1", "--out", str(file)],
+                                 f"--out {file} is an existing file, not a folder"),
+        "graphsage --out file": (["--system", "graphsage", "--out", str(file)],
+                                 f"--out {file} is an existing file, not a folder"),
+    }
+
+
+BAD_OUTPUTS = list(_bad_outputs(Path("/x")))
+
+
+@pytest.mark.parametrize("case", BAD_OUTPUTS)
+def test_an_unusable_output_folder_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, isolated_data, case):
+    """``--out`` at a file or at /proc or /sys, ``--checkpoint-dir`` and ``--profile`` at
+    a file were found only after training (the finished run lost, or a failed record
+    for a run that had trained); now one line naming the flag, the path, the problem
+    and the fix, before any data is loaded or any rank spawned, for one process,
+    ``--nproc`` and a compared system alike."""
+    if case.endswith("/sys") and not Path("/sys").is_dir():
+        pytest.skip("no /sys here")
+    argv, message = _bad_outputs(tmp_path)[case]
+    (tmp_path / "FILE").write_text("keep me")
+    _refuse_work(monkeypatch)
+    base = ["train", "--dataset", TINY, "--epochs", "1", "--quiet", "--out", str(tmp_path / "runs")]
+    err = one_line_error(capsys, base + argv)
+    assert message in err and "pass a folder you can write to" in err, err
+    assert (tmp_path / "FILE").read_text() == "keep me"
+    assert [p.name for p in tmp_path.iterdir()] == ["FILE"]  # no record, no folder, no data cache
+
+
+def test_data_shard_into_an_existing_file_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, isolated_data):
+    """``scalegnn data shard --out <existing file>`` gave a FileExistsError traceback."""
+    out = tmp_path / "FILE"
+    out.write_text("keep me")
+    _refuse_work(monkeypatch)
+    err = one_line_error(capsys, ["data", "shard", TINY, "--grid", "1x2x1x1", "--out", str(out)])
+    assert f"--out {out} is an existing file, not a folder; pass a folder you can write to" in err, err
+    assert out.read_text() == "keep me" and [p.name for p in tmp_path.iterdir()] == ["FILE"]  # nothing written
+
+
+def test_the_output_check_leaves_nothing_behind(tmp_path):
+    """A folder that does not exist yet is tried where it would be created; the probe
+    is removed and no folder is made (a run refused later leaves no empty folder)."""
+    from scalegnn.fileio import check_output_folder
+
+    check_output_folder(tmp_path / "new" / "deeper", "--out")
+    check_output_folder(tmp_path, "--out")
+    assert list(tmp_path.iterdir()) == []

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from scalegnn.model import ModelConfig, ScaleGNN, dropout_keep_mask, node_loss, rms_norm, spmm
-from tests.test_sampling import random_graph
+from tests.graphs import random_graph
 
 from scalegnn.sampling import UniformVertexSampler
 

@@ -33,8 +33,8 @@ from scalegnn.parallel.engine import COMPONENTS
 from scalegnn.perf import PerfConfig, Prefetcher, SpanTimer
 from tests.devices import needs_gpu
 from tests.reference import SerialReference
-from tests.test_parallel_pmm import parallel_graph
-from tests.test_sampling import random_graph
+from tests.graphs import parallel_graph
+from tests.graphs import random_graph
 
 needs_numba = pytest.mark.skipif(not _fastsample.available(), reason="numba not installed")
 
@@ -176,14 +176,15 @@ def test_prefetcher_order_errors_and_shutdown():
 
 
 def test_single_process_prefetch_gives_identical_training_and_leaves_no_thread(tmp_path):
-    from scalegnn.train import RunConfig, run_training
+    from scalegnn.config import make_config
+    from scalegnn.trainer import run_training
 
     before = {t.ident for t in threading.enumerate()}
     base = dict(dataset="csbm:n=400,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.3, epochs=2,
                 out_dir=str(tmp_path), progress=False, data_root=str(tmp_path / "data"),
                 model=ModelConfig(hidden=8, layers=2, dropout=0.3))
-    plain = run_training(RunConfig(**base))
-    pre = run_training(RunConfig(**base, perf=PerfConfig(prefetch=True)))
+    plain = run_training(make_config(**base))
+    pre = run_training(make_config(**base, perf=PerfConfig(prefetch=True)))
     assert [r["loss"] for r in pre["epochs"]] == [r["loss"] for r in plain["epochs"]]  # across the epoch boundary
     assert pre["epochs"][-1]["test_acc"] == plain["epochs"][-1]["test_acc"]
     assert pre["config"]["perf"]["prefetch"] is True and pre["compile_time_s"] == 0.0
@@ -316,13 +317,14 @@ def test_double_permutation_needs_no_residual():
 def test_compile_time_is_recorded_apart_and_profile_writes_a_trace(tmp_path):
     import json
 
-    from scalegnn.train import RunConfig, run_training
+    from scalegnn.config import make_config
+    from scalegnn.trainer import run_training
 
     base = dict(dataset="csbm:n=300,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.1, epochs=1,
                 out_dir=str(tmp_path), progress=False, data_root=str(tmp_path / "data"),
                 model=ModelConfig(hidden=8, layers=2, dropout=0.2))
-    plain = run_training(RunConfig(**base))
-    fused = run_training(RunConfig(**base, perf=PerfConfig(compile=True, compile_backend="aot_eager",
+    plain = run_training(make_config(**base))
+    fused = run_training(make_config(**base, perf=PerfConfig(compile=True, compile_backend="aot_eager",
                                                            profile=str(tmp_path / "prof"))))
     assert fused["compile_time_s"] > 0 and plain["compile_time_s"] == 0.0
     assert fused["epochs"][0]["loss"] == pytest.approx(plain["epochs"][0]["loss"], rel=1e-5)
@@ -332,14 +334,14 @@ def test_compile_time_is_recorded_apart_and_profile_writes_a_trace(tmp_path):
 
 
 def test_cli_flags_fill_perf_config():
-    from scalegnn.cli import _run_config, build_parser
+    from scalegnn.config import parse_train_args
 
-    args = build_parser().parse_args(
-        ["train", "--dataset", "cora", "--prefetch", "--comm-dtype", "bf16", "--compile", "--comm-overlap",
+    cfg, _ = parse_train_args(
+        ["--dataset", "cora", "--prefetch", "--comm-dtype", "bf16", "--compile", "--comm-overlap",
          "--profile", "/tmp/p", "--permute", "double", "--no-residual", "--sampler", "torch"])
-    perf = _run_config(args).perf
+    perf = cfg.perf
     assert (perf.prefetch, perf.comm_dtype, perf.compile, perf.comm_overlap, perf.profile, perf.permute,
             perf.sampler) == (True, "bf16", True, True, "/tmp/p", "double", "torch")
-    assert _run_config(build_parser().parse_args(["train", "--dataset", "cora"])).perf == PerfConfig()
+    assert parse_train_args(["--dataset", "cora"])[0].perf == PerfConfig()
     with pytest.raises(ValueError, match="comm_dtype"):
         PerfConfig(comm_dtype="fp8")

@@ -27,7 +27,7 @@ from scalegnn.parallel.launch import spawn
 from scalegnn.sampling import UniformVertexSampler, steps_per_epoch
 from tests.devices import DEVICES
 from tests.reference import SerialReference
-from tests.test_parallel_pmm import nprocs, parallel_graph
+from tests.graphs import nprocs, parallel_graph
 
 pytestmark = pytest.mark.distributed
 
@@ -198,16 +198,17 @@ def test_run_distributed_training_record_matches_serial_run(tmp_path):
     """The training loop on 4 spawned gloo ranks writes one record whose per-epoch
     losses equal the serial run's (tolerance as above), with 3D-PMM byte counts."""
     from scalegnn.run import run_distributed_training
-    from scalegnn.train import RunConfig, run_training
+    from scalegnn.config import make_config
+    from scalegnn.trainer import run_training
 
     base = dict(dataset="csbm:n=300,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.3, epochs=2,
                 out_dir=str(tmp_path / "runs"), progress=False, data_root=str(tmp_path / "data"),
                 model=ModelConfig(hidden=8, layers=2, dropout=0.2))
-    serial = run_training(RunConfig(**base))
-    par = run_distributed_training(RunConfig(grid=(1, 2, 1, 2), **base), nproc=4, timeout_s=180)
+    serial = run_training(make_config(**base))
+    par = run_distributed_training(make_config(grid=(1, 2, 1, 2), **base), nproc=4, timeout_s=180)
     assert par["status"] == "ok" and par["world_size"] == 4 and par["env"]["backend"] == "gloo"
     assert [r["loss"] for r in par["epochs"]] == pytest.approx([r["loss"] for r in serial["epochs"]], rel=RTOL)
     assert par["epochs"][-1]["test_acc"] == pytest.approx(serial["epochs"][-1]["test_acc"], abs=1e-12)
     assert par["epochs"][0]["comm_bytes"]["pmm_x"] > 0 and len(par["peak_memory_bytes_per_rank"]) == 4
     with pytest.raises(ValueError, match="--nproc 3 does not match the grid 1x2x1x2"):
-        run_distributed_training(RunConfig(grid=(1, 2, 1, 2), **base), nproc=3)
+        run_distributed_training(make_config(grid=(1, 2, 1, 2), **base), nproc=3)

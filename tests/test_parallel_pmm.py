@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from scalegnn.device import resolve_device
-from scalegnn.graph import Graph
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.dist_sampling import DistributedSampler
@@ -28,6 +27,7 @@ from scalegnn.parallel.pmm import ParallelContext, parallel_bce, parallel_cross_
 from scalegnn.parallel.sharding import build_rank_shard
 from scalegnn.sampling import UniformVertexSampler
 from tests.devices import DEVICES
+from tests.graphs import nprocs, parallel_graph
 
 pytestmark = pytest.mark.distributed
 
@@ -35,28 +35,6 @@ ATOL, RTOL = 1e-5, 1e-4
 
 
 # ----------------------------------------------------------------------------- helpers
-def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None, sparse=False) -> Graph:
-    """A small random normalized graph with awkward sizes (37 vertices, 7 features,
-    5 classes: divisible by none of the axis sizes), some unlabeled test vertices.
-    ``sparse``: 3 % dense multi-hot features, which the samplers keep as CSR."""
-    gen = torch.Generator().manual_seed(seed)
-    src, dst = torch.randint(0, n, (m,), generator=gen), torch.randint(0, n, (m,), generator=gen)
-    if multilabel:
-        y = (torch.rand(n, c, generator=gen) < 0.3).float()
-    else:
-        y = torch.randint(0, c, (n,), generator=gen)
-        y[n - 3:] = -1  # unlabeled (test split only)
-    train_idx = torch.arange(0, n // 2) if train is None else torch.as_tensor(train)
-    x = (torch.rand(n, f, generator=gen) < 0.03).float() if sparse else torch.randn(n, f, generator=gen)
-    base = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], x, y,
-                 train_idx, torch.arange(n // 2, 3 * n // 4), torch.arange(3 * n // 4, n), c)
-    return base.with_edges(src, dst).symmetrize().gcn_normalize()
-
-
-def nprocs(shape) -> int:
-    return shape[0] * shape[1] * shape[2] * shape[3]
-
-
 def serial_reference(graph, cfg, batch_size, sample_seed, step, model_seed, dropout_seed, dp_index=0):
     """Serial forward/backward on the sample of data-parallel group ``dp_index``."""
     s = UniformVertexSampler(graph, batch_size, seed=sample_seed, dp_index=dp_index).sample(step)

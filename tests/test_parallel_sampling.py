@@ -12,45 +12,15 @@ import torch.distributed as dist
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
 from scalegnn.parallel.launch import spawn
-from scalegnn.parallel.layout import PLANES
 from scalegnn.parallel.sharding import build_rank_shard, build_shard, load_shard, save_shards, shard_command
 from scalegnn.sampling import UniformVertexSampler
-from tests.test_parallel_pmm import parallel_graph
+from tests.graphs import parallel_graph, tile_rank_samples
 
 pytestmark = pytest.mark.distributed
 
 
 def _dense(csr) -> torch.Tensor:
     return csr.to_dense()
-
-
-def tile_rank_samples(graph, shape, batch, seed, step, dp):
-    """Sample on every rank of data-parallel group ``dp`` of a virtual grid of ``shape``
-    and place each rank's plane blocks at their offsets in three (B, B) planes.
-    Checked on the way: every rank draws the serial sample, each block sits at the row
-    partition's offsets, replicas of a block agree (the first one fills, NaN marks
-    never-filled). Returns (the serial batch, the planes, [(shard, rank batch)])."""
-    ref = UniformVertexSampler(graph, batch, seed=seed, dp_index=dp).sample(step)
-    b = ref.nodes.numel()
-    planes = [torch.full((b, b), float("nan")) for _ in range(3)]
-    ranks = []
-    for rank in range(shape[0] * shape[1] * shape[2] * shape[3]):
-        grid = ProcessGrid.virtual(*shape, rank)
-        if grid.axis_index("dp") != dp:
-            continue
-        shard = build_rank_shard(graph, grid)
-        sb = DistributedSampler(shard, grid, batch, seed=seed).sample(step)
-        assert torch.equal(sb.nodes, ref.nodes)  # same (seed, step, dp) -> same sample on every rank
-        for p, blk in enumerate(sb.adj):
-            r, c = PLANES[p]
-            assert (blk.row_offset, blk.col_offset) == (sb.rows.block(r)[0], sb.rows.block(c)[0])
-            rr, cc = blk.shape
-            region = planes[p][blk.row_offset: blk.row_offset + rr, blk.col_offset: blk.col_offset + cc]
-            block = _dense(blk.adj)
-            assert torch.isnan(region).all() or torch.equal(region, block)  # replicas agree
-            region.copy_(block)
-        ranks.append((shard, sb))
-    return ref, planes, ranks
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 3, 2, 1), (2, 1, 1, 3), (1, 1, 1, 1)],
@@ -153,6 +123,31 @@ def test_save_and_load_shards_round_trip(tmp_path):
         load_shard(tmp_path / "shards", 0, grid_shape=(1, 2, 1, 2))
     with pytest.raises(FileNotFoundError, match="scalegnn data shard"):
         load_shard(tmp_path / "nothing", 0)
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated", "missing", "not a shard", "bad manifest"])
+def test_a_damaged_shard_is_one_line_naming_the_file_and_the_fix(tmp_path, damage):
+    """A shard file that is damaged, missing, or not one scalegnn wrote: one line that
+    names the file and how to re-write it (torch's own message spans six lines and
+    suggests weights_only=False)."""
+    paths = save_shards(parallel_graph(n=37, m=160), (1, 1, 1, 2), tmp_path)
+    victim = paths[1]
+    if damage == "random bytes":
+        victim.write_bytes(bytes(range(256)) * 8)
+    elif damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[:200])
+    elif damage == "missing":
+        victim.unlink()
+    elif damage == "not a shard":
+        torch.save({"format": torch.load(victim, weights_only=True)["format"], "x": torch.zeros(2)}, victim)
+    else:
+        victim = paths[-1]
+        victim.write_text('{"grid_shape": [1, 1')
+    with pytest.raises((ValueError, FileNotFoundError)) as err:
+        load_shard(tmp_path, 1)
+    message = str(err.value)
+    assert "\n" not in message and str(victim) in message and "scalegnn data shard" in message
+    assert "weights_only=False" not in message
 
 
 def test_coinciding_planes_are_one_block_stored_and_extracted_once(tmp_path):

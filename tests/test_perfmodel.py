@@ -58,9 +58,9 @@ def test_predicted_bytes_match_a_recorded_run(tmp_path):
     """Bytes per step per collective kind of a real 4-rank run (2 x 1 x 2 x 1) vs the model."""
     from scalegnn.model import ModelConfig
     from scalegnn.run import run_distributed_training
-    from scalegnn.train import RunConfig
+    from scalegnn.config import make_config
 
-    cfg = RunConfig(dataset="csbm:n=1200,avg_degree=8,classes=4,feature_dim=16", data_root=str(tmp_path / "d"),
+    cfg = make_config(dataset="csbm:n=1200,avg_degree=8,classes=4,feature_dim=16", data_root=str(tmp_path / "d"),
                     batch_ratio=0.25, epochs=1, out_dir=str(tmp_path), progress=False, grid=(2, 1, 2, 1),
                     model=ModelConfig(hidden=16, layers=3, dropout=0.0))
     rec = run_distributed_training(cfg, nproc=4, timeout_s=180)

@@ -10,7 +10,7 @@ from scalegnn.ranges import split_range
 from scalegnn.parallel.sharding import RankShard, build_shard, double_permuted
 from scalegnn.permutation import (double_sigma, inverse_permutation, load_balance, power_law_graph,
                                   random_permutation, shard_nnz)
-from tests.test_sampling import random_graph
+from tests.graphs import random_graph
 
 
 def banded_graph(n=400, width=3) -> Graph:
@@ -82,12 +82,13 @@ def test_double_permuted_graphs_and_shards_round_trip():
 def test_single_permutation_run_trains_the_relabeled_graph(tmp_path):
     from scalegnn.model import ModelConfig
     from scalegnn.perf import PerfConfig
-    from scalegnn.train import RunConfig, prepare_graph, run_training
+    from scalegnn.config import make_config
+    from scalegnn.trainer import prepare_graph, run_training
 
-    cfg = RunConfig(dataset="csbm:n=300,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.2, epochs=1,
+    cfg = make_config(dataset="csbm:n=300,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.2, epochs=1,
                     out_dir=str(tmp_path), progress=False, data_root=str(tmp_path / "data"),
                     model=ModelConfig(hidden=8, layers=2), perf=PerfConfig(permute="single"))
-    plain = prepare_graph(RunConfig(dataset=cfg.dataset, data_root=cfg.data_root))
+    plain = prepare_graph(make_config(dataset=cfg.data.dataset, data_root=cfg.data.data_root))
     permuted = prepare_graph(cfg)
     perm = random_permutation(plain.num_nodes, cfg.seed)
     assert torch.equal(permuted.x, plain.x[perm]) and permuted.num_edges == plain.num_edges

@@ -117,9 +117,12 @@ def test_configure_logging_adds_one_handler_and_leaves_the_root_logger_alone(mon
     configure_logging("INFO")
 
 
-def test_baseline_epoch_loop_logs_one_line_per_epoch(logged):
-    """baselines/common.py's loop reports through the same logger (no --quiet blindness)."""
-    from baselines.common import CommonConfig, EpochStats, run_epochs
+def test_baseline_epoch_loop_logs_one_line_per_epoch(logged, tmp_path):
+    """The baselines' in-process runs go through the one loop and report through the
+    same logger (no --quiet blindness)."""
+    from baselines.common import train_in_process
+    from scalegnn.config import make_config
+    from scalegnn.loop import EpochStats
 
     class Trainer:
         steps_per_epoch, batch_size = 2, 10
@@ -131,10 +134,12 @@ def test_baseline_epoch_loop_logs_one_line_per_epoch(logged):
         def evaluate(self):
             return 0.5, 0.5, 0.5
 
-    record = {"epochs": []}
-    run_epochs(CommonConfig(system="graphsage", dataset="cora", epochs=3, eval_every=2, progress=False), Trainer(),
-               record)
+    tiny = "csbm:n=200,avg_degree=4,classes=2,feature_dim=4"
+    cfg = make_config("graphsage", dataset=tiny, epochs=3,
+                      eval_every=2, progress=False, data_root=str(tmp_path))
+    record = train_in_process(cfg, lambda cfg, data: Trainer(), write=False)
+    assert record["status"] == "ok"
     lines = logged.getvalue().strip().splitlines()
     assert len(record["epochs"]) == 3 and len(lines) == 3
-    assert "graphsage cora epoch 1/3: loss 1.0000, batch acc 0.5000" in lines[0]
+    assert f"graphsage {tiny} epoch 1/3: loss 1.0000, batch acc 0.5000" in lines[0]
     assert "test acc 0.5000" in lines[1] and "test acc" not in lines[0]

@@ -33,7 +33,7 @@ from scalegnn.datasets import DatasetError, load_dataset
 from scalegnn.graph import Graph, csr_from_edges
 from scalegnn.parallel.grid import PMM_AXES
 from scalegnn.sampling import UniformVertexSampler, inclusion_probability
-from tests.test_parallel_sampling import tile_rank_samples
+from tests.graphs import tile_rank_samples
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

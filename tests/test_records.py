@@ -7,23 +7,7 @@ import pytest
 
 from analysis import load_epochs, load_runs
 from scalegnn import records
-
-
-def minimal_record(**over):
-    rec = {
-        "schema_version": records.SCHEMA_VERSION, "run_id": records.new_run_id("scalegnn", "toy"),
-        "system": "scalegnn", "dataset": "toy", "config": {"epochs": 2, "model": {"hidden": 8}},
-        "grid": {"dp": 1, "x": 1, "y": 1, "z": 1}, "world_size": 1, "seed": 0,
-        "env": records.environment_info(), "target_acc": 0.5, "time_to_target_s": None,
-        "peak_memory_bytes": 1, "status": "ok", "error": None,
-        "epochs": [
-            {"epoch": e, "train_time_s": 0.5 * e, "loss": 1.0 / e, "train_acc": 0.4 * e, "val_acc": 0.3 * e,
-             "test_acc": 0.3 * e, "eval_time_s": 0.1, "components": {"sampling": 0.1}, "comm_bytes": {"dp": 8}}
-            for e in (1, 2)
-        ],
-    }
-    rec.update(over)
-    return rec
+from tests.files import minimal_record
 
 
 def test_write_then_read_round_trip(tmp_path):
@@ -95,6 +79,11 @@ def test_a_cancelled_run_is_a_valid_status():
     assert records.validate_record(minimal_record(status="cancelled", error="SLURM job 7 was cancelled"))
 
 
+def test_an_interrupted_run_is_a_valid_status():
+    assert records.validate_record(minimal_record(status="interrupted",
+                                                  error="interrupted by SIGTERM after epoch 3 of 50; ..."))
+
+
 def test_a_sweep_folders_bookkeeping_is_not_read_as_records(tmp_path):
     """Checkpoint meta.json, staged shards' manifest.json, Flux task files and
     submitted.json sit next to the records of a sweep: they are neither records nor
@@ -109,3 +98,55 @@ def test_a_sweep_folders_bookkeeping_is_not_read_as_records(tmp_path):
     with pytest.warns(UserWarning, match="broken.json"):
         runs = load_runs(tmp_path)
     assert len(runs) == 1 and [p for p, _ in runs.attrs["skipped"]] == [str(run / "broken.json")]
+
+
+def test_every_committed_record_loads_into_a_run_configuration():
+    """Records written before the typed configuration (schema 1: a flat config) and
+    after it (schema 2: nested sections) both load, and their configuration rebuilds
+    the RunConfig that ran them; schema 1's flat values land in their sections."""
+    import glob
+    from pathlib import Path
+
+    from scalegnn.config import RunConfig
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    versions = {}
+    for path in sorted(glob.glob(str(root / "**" / "*.json"), recursive=True)):
+        raw = json.loads(Path(path).read_text())
+        if not isinstance(raw, dict) or "run_id" not in raw:
+            continue  # manifests, sweep notes, benchmark outputs
+        flat = dict(raw["config"]) if raw["schema_version"] == 1 else None
+        rec = records.read_record(path)
+        cfg = RunConfig.from_dict(rec["config"])
+        assert (cfg.system, cfg.data.dataset, cfg.seed) == (rec["system"], rec["dataset"], rec["seed"]), path
+        if flat is not None:
+            assert (cfg.loop.epochs, cfg.optim.lr, cfg.model.hidden) == \
+                (flat["epochs"], flat["optim"]["lr"], flat["model"]["hidden"]), path
+        versions[raw["schema_version"]] = versions.get(raw["schema_version"], 0) + 1
+    assert versions.get(1, 0) >= 100, versions  # the committed results of earlier sessions are schema 1
+
+
+def test_the_documented_settings_table_is_the_generated_one():
+    """results/README.md lists every flag with its setting path: the table is
+    generated from the configuration dataclasses and the registry, so it cannot drift."""
+    from pathlib import Path
+
+    from scalegnn.config import flag_table_markdown
+
+    readme = (Path(__file__).resolve().parents[1] / "results" / "README.md").read_text()
+    assert flag_table_markdown() in readme
+
+
+def test_records_are_readable_as_the_umask_allows(tmp_path):
+    """A record gets 0666 less the umask, as open() would give it (a temporary file's
+    private 0600 hid records from a project group on shared storage)."""
+    import stat
+    import subprocess
+    import sys
+
+    for umask in (0o022, 0o002, 0o077):
+        code = (f"import os; os.umask({umask}); from scalegnn import records; from tests.files import minimal_record; "
+                f"print(records.write_record(minimal_record(), {str(tmp_path / oct(umask))!r}))")
+        path = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.dirname(__file__))).stdout.strip()
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask, oct(umask)

@@ -82,8 +82,9 @@ from scalegnn.cli import main
 from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import ParallelEngine
-from scalegnn.train import RunConfig, run_training
-from tests.test_records import minimal_record
+from scalegnn.config import RunConfig, make_config
+from scalegnn.trainer import run_training
+from tests.files import minimal_record
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
@@ -249,7 +250,7 @@ def _oom_worker(rank, world, cfg, run_id):
 def test_a_rank_that_raises_fails_the_run_with_its_error_and_an_oom_hint(tmp_path):
     from scalegnn.run import run_distributed_training
 
-    cfg = RunConfig(dataset=SMALL, data_root=str(tmp_path / "data"), out_dir=str(tmp_path / "runs"),
+    cfg = make_config(dataset=SMALL, data_root=str(tmp_path / "data"), out_dir=str(tmp_path / "runs"),
                     batch_ratio=0.1, epochs=3, grid=(1, 2, 1, 1), progress=False,
                     model=ModelConfig(hidden=16, layers=2))
     t0 = time.monotonic()
@@ -267,12 +268,143 @@ def test_a_rank_that_raises_fails_the_run_with_its_error_and_an_oom_hint(tmp_pat
 def test_divergence_in_a_distributed_run_is_recorded_as_diverged(tmp_path):
     from scalegnn.run import run_distributed_training
 
-    cfg = RunConfig(dataset=SMALL, data_root=str(tmp_path / "data"), out_dir=str(tmp_path / "runs"),
+    cfg = make_config(dataset=SMALL, data_root=str(tmp_path / "data"), out_dir=str(tmp_path / "runs"),
                     batch_ratio=0.2, epochs=5, grid=(1, 1, 1, 2), progress=False,
                     model=ModelConfig(hidden=16, layers=2), optim=OptimConfig(lr=1e30))
     rec = run_distributed_training(cfg, nproc=2, timeout_s=120)
     assert rec["status"] == "diverged" and "loss became" in rec["error"], rec["error"]
     assert records.read_record(rec["path"])["status"] == "diverged"
+
+
+# ----------------------------------------------------------------------------- stop signals
+TINY = "csbm:n=400,avg_degree=8,classes=3,feature_dim=8"
+LAUNCHES = {"one process": [], "--nproc 2": ["--nproc", "2", "--grid", "1x2x1x1"]}
+
+
+def tiny_train(tmp_path: Path, launch: str, *extra: str, epochs: int = 8) -> list[str]:
+    """``scalegnn train`` arguments of a run of a few seconds (4 steps per epoch)."""
+    return ["train", "--dataset", TINY, "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
+            "--batch-size", "100", "--hidden", "16", "--layers", "2", "--epochs", str(epochs), "--quiet",
+            *LAUNCHES[launch], *extra]
+
+
+class SignalledRun(CliRun):
+    """``python -m scalegnn <argv>`` in a subprocess of its own (tagged for /proc), its
+    output read as it comes, so that it can be signalled at a given line."""
+
+    def __init__(self, tmp_path: Path, argv: list[str]):
+        import threading
+
+        self.tmp, self.tag, self.ck = tmp_path, uuid.uuid4().hex, tmp_path / "ck"
+        env = {**os.environ, "SCALEGNN_TEST_TAG": self.tag, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "scalegnn", *argv], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=lambda f=f, to=to: to.extend(f), daemon=True)
+                        for f, to in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for t in self.readers:
+            t.start()
+        self.t0 = time.monotonic()
+
+    def wait_for_line(self, text: str, timeout_s: float = 90.0) -> None:
+        while not any(text in line for line in list(self.out)):
+            if self.proc.poll() is not None or time.monotonic() - self.t0 > timeout_s:
+                self.kill_all()
+                raise AssertionError(f"no line with {text!r}: {''.join(self.out)[-2000:]} {''.join(self.err)[-2000:]}")
+            time.sleep(0.02)
+
+    def finish(self, timeout_s: float) -> tuple[float, str]:
+        """Wait for the process to exit: (seconds waited, its stderr)."""
+        t0 = time.monotonic()
+        self.proc.wait(timeout_s)
+        for t in self.readers:
+            t.join(5)
+        return time.monotonic() - t0, "".join(self.err)
+
+
+def _rows(record: dict) -> list[dict]:
+    keys = ("epoch", "loss", "batch_train_acc", "train_acc", "val_acc", "test_acc")
+    return [{k: row[k] for k in keys} for row in record["epochs"]]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted record of :func:`tiny_train` per launch (computed once, in this
+    process with one thread, as the signalled subprocesses and their workers run)."""
+    done = {}
+
+    def record(launch: str) -> dict:
+        if launch not in done:
+            tmp = tmp_path_factory.mktemp("uninterrupted")
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                assert main(tiny_train(tmp, launch)) == 0
+            finally:
+                torch.set_num_threads(threads)
+            (path,) = (tmp / "runs").glob("*.json")
+            done[launch] = records.read_record(path)
+        return done[launch]
+
+    return record
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("launch", list(LAUNCHES))
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly(tmp_path, uninterrupted, launch, sig):
+    """SIGINT or SIGTERM to one process, or to the ``--nproc`` launcher, after the first
+    epoch: the run exits within seconds with 128 + the signal's number and one line on
+    stderr (no traceback), every rank is gone, and the record says ``interrupted``
+    with the epochs done, the signal and the checkpoint to resume from; ``--resume``
+    then finishes the run with exactly (==) the uninterrupted run's epoch rows.
+
+    Before: SIGTERM left no record at all; SIGINT a KeyboardInterrupt traceback and a
+    ``running`` record without an error (one process) or no record (``--nproc``)."""
+    argv = tiny_train(tmp_path, launch, "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "1")
+    run = SignalledRun(tmp_path, argv)
+    try:
+        run.wait_for_line("epoch 1/8")
+        run.proc.send_signal(sig)
+        waited, err = run.finish(timeout_s=30)
+        run.wait_no_processes(timeout_s=10)
+    finally:
+        run.kill_all()
+    name = signal.Signals(sig).name
+    assert run.proc.returncode == 128 + sig and waited < 30, (run.proc.returncode, err)
+    assert err.count("\n") == 1 and err.startswith(f"scalegnn: interrupted by {name}"), err
+    rec = run.record()
+    done = len(rec["epochs"])
+    assert rec["status"] == "interrupted" and 1 <= done < 8, (rec["status"], done)
+    assert rec["error"].startswith(f"interrupted by {name}{' (Ctrl-C)' if name == 'SIGINT' else ''} after epoch "
+                                   f"{done} of 8; nothing was saved at the interruption, the newest checkpoint is "
+                                   f"{tmp_path / 'ck'}/step-"), rec["error"]
+    assert rec["error"].endswith(f"resume with --checkpoint-dir {tmp_path / 'ck'} --resume"), rec["error"]
+    assert err.strip() == f"scalegnn: {rec['error']}"
+    assert rec["world_size"] == (2 if launch == "--nproc 2" else 1)
+
+    assert main(argv + ["--resume"]) == 0
+    resumed = run.record()
+    assert resumed["status"] == "ok" and resumed["run_id"] == rec["run_id"] and resumed["resumed"]
+    assert _rows(resumed) == _rows(uninterrupted(launch))  # float ==
+
+
+def test_a_stop_while_loading_the_data_still_leaves_a_record(tmp_path, monkeypatch, capsys):
+    """Before the trainer has a record (loading, spawning), run() writes a minimal one."""
+    import scalegnn.trainer as trainer
+    from scalegnn.signals import Interrupted
+
+    def stopped(cfg):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(trainer, "prepare_graph", stopped)
+    assert main(tiny_train(tmp_path, "one process")) == 143
+    (path,) = (tmp_path / "runs").glob("*.json")
+    rec = records.read_record(path)
+    assert rec["status"] == "interrupted" and rec["epochs"] == [] and rec["graph"] is None
+    assert rec["error"].startswith("interrupted by SIGTERM after epoch 0 of 8; no checkpoints")
+    assert capsys.readouterr().err == f"scalegnn: {rec['error']}\n"
 
 
 # ----------------------------------------------------------------------------- out of memory (serial)
@@ -290,7 +422,7 @@ def test_out_of_memory_names_the_rank_the_stage_and_a_fix(tmp_path, monkeypatch,
         return real(engine, *args)
 
     monkeypatch.setattr(ParallelEngine, where, boom)
-    rec = run_training(RunConfig(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
+    rec = run_training(make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
                                  epochs=2, progress=False, model=ModelConfig(hidden=16, layers=2)))
     assert rec["status"] == "failed"
     assert f"OutOfMemory: rank 0 ran out of memory during {stage} (grid 1x1x1x1, B=60, hidden 16)" in rec["error"]
@@ -298,7 +430,7 @@ def test_out_of_memory_names_the_rank_the_stage_and_a_fix(tmp_path, monkeypatch,
 
 
 def test_out_of_memory_while_loading_is_one_clear_line(tmp_path, monkeypatch, capsys):
-    import scalegnn.train as train
+    import scalegnn.trainer as train
 
     def no_memory(cfg):
         raise MemoryError()
@@ -423,10 +555,10 @@ def test_a_resumed_run_keeps_its_run_id_and_the_record_says_so(tmp_path):
     from scalegnn.checkpoint import CheckpointConfig
 
     ck = CheckpointConfig(dir=str(tmp_path / "ck"), every="4", resume=True)
-    cfg = RunConfig(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"), epochs=1,
+    cfg = make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"), epochs=1,
                     progress=False, model=ModelConfig(hidden=16, layers=2), checkpoint=ck)
     first = run_training(cfg)
-    again = run_training(RunConfig(**{**cfg.to_dict(), "epochs": 1}))
+    again = run_training(RunConfig.from_dict(cfg.to_dict()))
     assert again["run_id"] == first["run_id"] and again["resumed"][0]["step"] == 8
     assert [p.name for p in (tmp_path / "r").iterdir()] == [f"{first['run_id']}.json"]
 
@@ -597,3 +729,52 @@ def _env_of(pid: int) -> dict:
     except OSError:
         return {}
     return dict(item.decode(errors="replace").split("=", 1) for item in items if b"=" in item)
+
+
+# ----------------------------------------------------------------------------- rendezvous
+def _listening(pids: list[int]) -> list[tuple[int, str]]:
+    """(pid, local address) of every listening TCP socket the processes hold, read from
+    /proc (the socket inodes of their fds, matched in /proc/net/tcp and tcp6)."""
+    inodes = {}
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes[target[8:-1]] = pid
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                found.append((inodes[cols[9]], cols[1].rsplit(":", 1)[0]))
+    return found
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc/net writes them
+
+
+def _report_listeners(rank, world, parent):
+    import torch.distributed as dist
+
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid())  # every rank is connected: its listeners are open
+    found = _listening([parent, *pids]) if rank == 0 else None
+    dist.barrier()  # nobody leaves (closing its sockets) before rank 0 has looked
+    return found
+
+
+@pytest.mark.distributed
+def test_a_local_run_listens_on_loopback_only():
+    """The --nproc spawner's rendezvous store listened on every interface (anyone on
+    the network could join or poison a local run): now the ranks meet in a file of a
+    private folder, and every TCP listener of the parent and its workers (gloo's) is
+    bound to the loopback address."""
+    from scalegnn.parallel.launch import spawn
+
+    found = spawn(_report_listeners, 2, os.getpid(), timeout_s=60)[0]
+    assert found, "no listener seen: the check itself is broken"
+    assert all(addr in LOOPBACK for _, addr in found), found
+    assert os.getpid() not in {pid for pid, _ in found}  # the spawner itself opens no port

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from scalegnn.graph import Graph
 from scalegnn.sampling import (
     CSRBlock,
     UniformVertexSampler,
@@ -15,15 +14,7 @@ from scalegnn.sampling import (
     sample_vertices,
     steps_per_epoch,
 )
-
-
-def random_graph(n=200, m=1200, seed=0, features=8):
-    gen = torch.Generator().manual_seed(seed)
-    src, dst = torch.randint(0, n, (m,), generator=gen), torch.randint(0, n, (m,), generator=gen)
-    base = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], torch.randn(n, features, generator=gen),
-                 torch.randint(0, 3, (n,), generator=gen), torch.arange(0, n // 2), torch.arange(n // 2, 3 * n // 4),
-                 torch.arange(3 * n // 4, n), 3)
-    return base.with_edges(src, dst).symmetrize().gcn_normalize()
+from tests.graphs import random_graph
 
 
 def test_batch_size_resolution_and_steps():

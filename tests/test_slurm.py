@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from scalegnn import records
-from sweeps.launcher import run_dir, run_state, submitted_job, sweep
+from sweeps.folders import run_dir, run_state, submitted_job
+from sweeps.launcher import sweep
 
 pytestmark = pytest.mark.slurm
 
@@ -202,8 +203,8 @@ def test_job_array_of_multi_rank_runs_staged_then_resubmission_skips_queued_and_
         rec = records.read_record(_ok(out, run))
         assert rec["world_size"] == 2 and len(rec["peak_memory_bytes_per_rank"]) == 2
         stage = first.stages[run.key]
-        assert rec["config"]["shard_dir"] == stage.folder and stage.done()  # read only its shard
-        assert rec["config"]["data_root"] == str(Path(data).resolve())
+        assert rec["config"]["data"]["shard_dir"] == stage.folder and stage.done()  # read only its shard
+        assert rec["config"]["data"]["data_root"] == str(Path(data).resolve())
         assert rec["env"]["git_commit"] == (head or None)  # the jobs ran this checkout's code
     assert f"scalegnn from {REPO / 'scalegnn'}" in _logs(out)
     done = _run(spec, out, data)

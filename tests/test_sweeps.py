@@ -1,5 +1,6 @@
 """Sweeps: profiles and specs as data, expansion, batch scripts, the local end-to-end sweep."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -8,11 +9,14 @@ import pytest
 
 from scalegnn import records
 from scalegnn.cli import main
+from scalegnn.config import parse_train_args
 from sweeps import expand, list_profiles, list_specs, load_profile, load_spec
 from scalegnn.parallel.grid import cube_3d
 from sweeps.grids import grids_for
-from sweeps.launcher import (SweepTask, checkpoint_args, collective_timeout_s, group_runs, run_dir, run_state,
-                             submitted_job, supported_systems, sweep)
+from sweeps.folders import mark_submitted, run_dir, run_state, submitted_job
+from sweeps.jobs import group_runs, supported_systems, with_checkpoints
+from sweeps.launcher import sweep
+from sweeps.task import SweepTask
 from sweeps.profiles import ProfileError
 from sweeps.spec import SpecError
 
@@ -173,7 +177,7 @@ def test_distdgl_runs_in_one_task_on_one_node_and_is_refused_across_nodes(tmp_pa
     one task per rank would start one DistDGL cluster per rank, and a multi-node job
     would leave every node but the first idle. The sweep gives it one task with the
     CPUs of all its trainers, and refuses (with the reason) runs that need two nodes."""
-    from sweeps.launcher import job_shape, multi_node_refusal
+    from sweeps.jobs import job_shape, multi_node_refusal
 
     per = load_profile("perlmutter")
     lines = []
@@ -194,37 +198,44 @@ def test_distdgl_runs_in_one_task_on_one_node_and_is_refused_across_nodes(tmp_pa
 def test_staging_covers_multi_rank_scalegnn_runs_once(tmp_path):
     """Each (dataset, grid, permutation, seed) is sharded once; fullgraph-3d's implied
     --permute double is seen; baselines and one-rank runs load the graph themselves."""
-    from sweeps.staging import data_args, stage_for
+    from sweeps.staging import stage_for, with_data
 
     root = str(tmp_path / "data")
     out = sweep("demo", "local", tmp_path / "o", dry_run=True, data_root=root, printer=lambda *a: None)
     staged = {r.system: st for r in out.todo if (st := out.stages.get(r.key))}
     assert set(staged) == {"scalegnn"} and len(out.stages) == 2  # grids 1x2x1x1 and 2x2x1x1; the rest have 1 rank
     assert len(out.stage_scripts) == 2 and all("scalegnn data shard" in s for s in out.stage_scripts)
-    fg = stage_for(["train", "--dataset", "cora", "--grid", "1x2x1x1", "--system", "fullgraph-3d", "--seed", "3"],
+    def cfg(*argv):
+        return parse_train_args(list(argv))[0]
+
+    fg = stage_for(cfg("--dataset", "cora", "--grid", "1x2x1x1", "--system", "fullgraph-3d", "--seed", "3"),
                    tmp_path, root)
     assert (fg.permute, fg.seed, fg.grid) == ("double", 3, (1, 2, 1, 1)) and "-double-s3-" in fg.folder
-    assert stage_for(["train", "--dataset", "cora", "--grid", "2x1x1x1", "--system", "graphsage"], tmp_path, root) \
-        is None
-    assert stage_for(["train", "--dataset", "cora"], tmp_path, root) is None
-    same = stage_for(["train", "--dataset", "cora", "--grid", "1x2x1x1", "--seed", "3", "--system", "fullgraph-3d",
-                      "--epochs", "9"], tmp_path, root)
+    assert stage_for(cfg("--dataset", "cora", "--grid", "2x1x1x1", "--system", "graphsage"), tmp_path, root) is None
+    assert stage_for(cfg("--dataset", "cora"), tmp_path, root) is None
+    same = stage_for(cfg("--dataset", "cora", "--grid", "1x2x1x1", "--seed", "3", "--system", "fullgraph-3d",
+                         "--epochs", "9"), tmp_path, root)
     assert same == fg  # other options, same shards
-    assert data_args(["train"], root, fg) == ["--data-root", root, "--shard-dir", fg.folder]
-    assert data_args(["train", "--data-root", "/d"], root, None) == []  # the spec's own root stays
+    given = with_data(cfg("--dataset", "cora"), root, fg).data
+    assert (given.data_root, given.shard_dir) == (root, fg.folder)
+    assert with_data(cfg("--dataset", "cora", "--data-root", "/d"), root, None).data.data_root == "/d"  # the spec's
     for r in out.todo:
         argv = next(line for line in out.scripts if r.key in line)
         assert f"--data-root {root}" in argv and "--quiet" not in argv
-    with pytest.raises(SpecError, match="rejects the run's options"):
-        stage_for(["train", "--dataset", "cora", "--no-such-flag"], tmp_path, root)
+    bad = dataclasses.replace(out.todo[0], options=(*out.todo[0].options, ("no-such-flag", True)))
+    with pytest.raises(SpecError, match="rejects the options of run"):
+        bad.config(str(tmp_path))
 
 
 # ---------------------------------------------------------------------------- the task
 def test_task_checkpoint_requeues_the_same_run_with_resume(tmp_path):
-    args = checkpoint_args(tmp_path, "20m")
-    assert args[:2] == ["--checkpoint-dir", str(tmp_path / "checkpoint")] and "--resume" in args
-    assert args[-2:] == ["--checkpoint-every", "20m"]
-    task = SweepTask({"argv": ["train"], "key": "k", "world_size": 2, "system": "scalegnn"}, str(tmp_path), "gloo")
+    cfg = with_checkpoints(parse_train_args(["--dataset", "cora"])[0], tmp_path, "20m")
+    assert (cfg.checkpoint.dir, cfg.checkpoint.resume, cfg.checkpoint.every) == \
+        (str(tmp_path / "checkpoint"), True, "20m")
+    baseline = parse_train_args(["--system", "graphsage", "--dataset", "cora"])[0]
+    assert with_checkpoints(baseline, tmp_path, "20m") == baseline  # the compared systems have no checkpoints
+    task = SweepTask({"config": cfg.to_dict(), "argv": ["train"], "key": "k", "world_size": 2, "system": "scalegnn"},
+                     str(tmp_path), "gloo")
     delayed = task.checkpoint()
     assert delayed.function.requeued == 1 and delayed.function.run == task.run
 
@@ -247,7 +258,7 @@ def _fake_scontrol(tmp_path, monkeypatch, text: str) -> None:
 def test_slurm_job_verdict_reads_why_sigterm_came(tmp_path, monkeypatch, fields, restart_count, want):
     """What `scontrol show job` says while SIGTERM is delivered (checked on a real SLURM,
     tests/test_slurm.py): scancel, the time limit and a requeue all read COMPLETING."""
-    from sweeps.launcher import slurm_job_verdict
+    from sweeps.task import slurm_job_verdict
 
     _fake_scontrol(tmp_path, monkeypatch, f"JobId=42 JobName=x\n   {fields}")
     monkeypatch.setenv("SLURM_JOB_ID", "42")
@@ -266,13 +277,14 @@ def test_slurm_job_verdict_reads_why_sigterm_came(tmp_path, monkeypatch, fields,
 def test_an_ended_run_is_recorded_under_its_own_run_id(tmp_path):
     """_end_record rewrites the attempt's failed record (same run id) as cancelled; without
     one it writes a minimal record; run_state reads it (submitted.json is not a record)."""
-    from sweeps.launcher import JobEnded, _end_record, _mark_submitted
+    from sweeps.task import JobEnded, _end_record
 
     folder = tmp_path / "run"
     run = {"system": "scalegnn", "dataset": "cora", "grid": "1x2x1x1", "world_size": 2, "seed": 0,
-           "argv": ["train"], "target_acc": None}
+           "config": parse_train_args(["--dataset", "cora", "--grid", "1x2x1x1"])[0].to_dict(), "argv": ["train"],
+           "target_acc": None}
     folder.mkdir()
-    _mark_submitted(folder, "7_0", "localslurm")
+    mark_submitted(folder, "7_0", "localslurm")
     path = _end_record(folder, run, 0.0, "cancelled", "SLURM job 7_0 was cancelled", None)
     assert run_state(folder)[:1] == ("cancelled",) and run_state(folder)[2] == "SLURM job 7_0 was cancelled"
     rec = records.read_record(path)
@@ -340,10 +352,10 @@ def test_local_sweep_end_to_end_then_resubmission_submits_nothing(tmp_path, monk
     assert two["env"]["backend"] == "gloo" and len(two["peak_memory_bytes_per_rank"]) == 2  # a 2-task job
     assert list((out / ".submitit").rglob("*_1_log.out"))  # submitit ran task 1 of that job
     # data staged once for the 2-rank run, which read only its shard; both got the data root
-    assert len(first.staged) == 1 and two["config"]["shard_dir"] == first.stages[first.runs[1].key].folder
-    assert (Path(two["config"]["shard_dir"]) / "manifest.json").is_file()
+    assert len(first.staged) == 1 and two["config"]["data"]["shard_dir"] == first.stages[first.runs[1].key].folder
+    assert (Path(two["config"]["data"]["shard_dir"]) / "manifest.json").is_file()
     one = records.read_record(run_state(out / "runs" / first.runs[0].key)[1])
-    assert one["config"]["shard_dir"] is None and one["config"]["data_root"] == two["config"]["data_root"] \
+    assert one["config"]["data"]["shard_dir"] is None and one["config"]["data"]["data_root"] == two["config"]["data"]["data_root"] \
         == str((tmp_path / "data").resolve())
     assert two["checkpoint"]["every"] == "10m"  # every profile checkpoints (USR2 is heard)
     again = sweep(spec, "local", out, printer=lambda *a: None)
@@ -355,10 +367,21 @@ def test_local_sweep_end_to_end_then_resubmission_submits_nothing(tmp_path, monk
     assert "## Provenance of every run" in report and "every run of every sweep manifest has an ok record" in report
 
 
-def test_collective_timeout_reaches_the_sweep_tasks_process_group():
-    assert collective_timeout_s(["train", "--collective-timeout", "90"]) == 90.0
-    assert collective_timeout_s(["train", "--collective-timeout=45.5"]) == 45.5
-    assert collective_timeout_s(["train", "--epochs", "3"]) == 600.0  # scalegnn train's default
+def test_collective_timeout_reaches_the_sweep_tasks_process_group(monkeypatch):
+    import scalegnn.parallel.launch as launch
+    from sweeps.task import join_job
+
+    seen = []
+    monkeypatch.setattr(launch, "detect_env", lambda: launch.DistEnv(1, 2, 1, "auto", "h", 29500, "slurm"))
+    monkeypatch.setattr(launch, "init_from_env", lambda timeout, backend: seen.append((timeout.total_seconds(),
+                                                                                       backend)))
+    # what join_job exports is undone after the test (conftest.py starts every test outside a job)
+    join_job(parse_train_args(["--dataset", "cora", "--collective-timeout", "90"])[0], "gloo")
+    join_job(parse_train_args(["--dataset", "cora", "--collective-timeout=45.5"])[0], "nccl")
+    join_job(parse_train_args(["--dataset", "cora"])[0], "gloo")
+    join_job(parse_train_args(["--system", "graphsage", "--dataset", "cora"])[0], "gloo")  # sets up its own groups
+    assert seen == [(90.0, "gloo"), (45.5, "nccl"), (600.0, "gloo")]  # 600 s: scalegnn train's default
+    assert os.environ["RANK"] == "1" and os.environ["WORLD_SIZE"] == "2" and os.environ["MASTER_PORT"] == "29500"
 
 
 def test_resubmission_skips_runs_whose_slurm_job_is_still_queued(tmp_path, monkeypatch):
@@ -369,7 +392,7 @@ def test_resubmission_skips_runs_whose_slurm_job_is_still_queued(tmp_path, monke
     first = sweep("fig8", "perlmutter", tmp_path, dry_run=True, python="python3", printer=lambda *a: None)
     runs = first.todo
     for i, run in enumerate(runs):
-        launcher._mark_submitted(run_dir(tmp_path, run), f"777_{i}", "perlmutter")
+        mark_submitted(run_dir(tmp_path, run), f"777_{i}", "perlmutter")
     assert submitted_job(run_dir(tmp_path, runs[0])) == "777_0"
     monkeypatch.setattr(launcher, "active_slurm_jobs", lambda: {f"777_{i}" for i in range(len(runs))})
     lines = []

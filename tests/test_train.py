@@ -8,19 +8,18 @@ import pytest
 
 from scalegnn import records
 from scalegnn.cli import main
-from scalegnn.engine import OptimConfig
-from scalegnn.model import ModelConfig
+from scalegnn.config import make_config
 from scalegnn.parallel.engine import COMPONENTS
-from scalegnn.train import RunConfig, run_training
+from scalegnn.trainer import run_training
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 
 
 def small_config(tmp_path, **over):
     fields = dict(dataset=SMALL, batch_ratio=0.2, epochs=3, out_dir=str(tmp_path), progress=False,
-                  model=ModelConfig(hidden=16, layers=2, dropout=0.2), data_root=str(tmp_path / "data"))
+                  hidden=16, layers=2, dropout=0.2, data_root=str(tmp_path / "data"))
     fields.update(over)
-    return RunConfig(**fields)
+    return make_config(**fields)
 
 
 def test_same_seed_gives_the_same_loss_curve(tmp_path):
@@ -60,7 +59,7 @@ def test_stop_at_target_and_full_graph_label(tmp_path):
 
 
 def test_divergence_is_recorded(tmp_path):
-    rec = run_training(small_config(tmp_path, optim=OptimConfig(lr=1e30), epochs=5))
+    rec = run_training(small_config(tmp_path, lr=1e30, epochs=5))
     assert rec["status"] == "diverged" and "loss became" in rec["error"]
     assert records.read_record(rec["path"])["status"] == "diverged"
 
@@ -72,7 +71,7 @@ def test_cli_train_writes_record_and_prints_summary(tmp_path, capsys):
     assert code == 0
     assert "status ok" in out and "record:" in out
     path = out.strip().splitlines()[-1].split("record: ")[1]
-    assert json.loads(open(path).read())["config"]["batch_ratio"] == 0.25
+    assert json.loads(open(path).read())["config"]["sampling"]["batch_ratio"] == 0.25
 
 
 @pytest.mark.parametrize(

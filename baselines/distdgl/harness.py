@@ -39,7 +39,10 @@ import numpy as np
 
 from scalegnn import records
 
-from ..common import CommonConfig, finalize, new_record
+from scalegnn.settings import int_tuple, setting
+from scalegnn.signals import Interrupted
+
+from ..common import finalize, new_record
 
 __all__ = ["DistDGLOptions", "run", "dgl_python", "DistDGLUnavailable"]
 
@@ -56,19 +59,25 @@ class DistDGLUnavailable(ValueError):
     """The DGL environment is missing; the message says how to build it."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DistDGLOptions:
-    fanouts: tuple = (10, 25)           # DGL's examples/distributed/graphsage (layers = len(fanouts))
-    eval_fanouts: tuple | None = None   # default: the training fanouts
-    batch_size: int = 1000              # DGL example default
-    eval_batch_size: int = 4096
-    num_parts: int = 1                  # partitions = simulated machines
-    partition: str = "metis"
-    balance_train: bool = True
-    balance_edges: bool = True
+    fanouts: tuple = setting((10, 25), type=int_tuple, metavar="F1,F2,...",
+                             help="neighbor-sampling fanouts, seeds' hop first; their number is the model's depth "
+                             "(DGL's examples/distributed/graphsage)")
+    eval_fanouts: tuple | None = setting(None, type=int_tuple, metavar="F1,F2,...",
+                                         help="fanouts of sampled evaluation (default: the training fanouts)")
+    batch_size: int = setting(1000, help="seed vertices per step (per trainer; DGL's example default)")
+    eval_batch_size: int = setting(4096, help="seeds per batch of sampled evaluation")
+    num_parts: int | None = setting(None, flag="--dgl-parts",
+                                    help="graph partitions = simulated machines (default: --nproc)")
+    partition: str = setting("metis", choices=("metis", "random"), help="vertex partitioning")
+    balance_train: bool = setting(True, help="partition with DGL's balance_train")
+    balance_edges: bool = setting(True, help="partition with DGL's balance_edges")
     num_servers: int = 1                # servers per machine
-    timeout_s: float = 1800.0           # the whole job
-    python: str | None = None
+    timeout_s: float = setting(1800.0, flag="--dgl-timeout", help="seconds before the whole DistDGL job is killed")
+    python: str | None = setting(None, flag="--dgl-python",
+                                 help="python of the DGL environment (default: $SCALEGNN_DGL_PYTHON or "
+                                 ".venv-dgl/bin/python; `make dgl-env` builds it)")
     fail_at_epoch: int | None = None    # test hook: trainers raise at this epoch
     keep_workdir: bool = False
     pids: list = field(default_factory=list)  # filled by run(): every process it started
@@ -79,7 +88,7 @@ class DistDGLOptions:
             self.eval_fanouts = tuple(int(f) for f in self.eval_fanouts)
         if self.partition not in ("metis", "random"):
             raise ValueError(f"--partition must be metis or random, got {self.partition!r}")
-        if self.num_parts < 1:
+        if self.num_parts is not None and self.num_parts < 1:
             raise ValueError(f"--dgl-parts must be >= 1, got {self.num_parts}")
 
 
@@ -184,26 +193,27 @@ def _tail(path: Path, n: int = 3000) -> str:
         return ""
 
 
-def run(cfg: CommonConfig, opts: DistDGLOptions, graph=None) -> dict:
+def run(cfg, graph=None) -> dict:
     """Partition, launch servers and trainers on localhost, wait, convert, clean up."""
     from scalegnn.datasets import load_dataset
 
-    if cfg.device.startswith("cuda"):
+    if cfg.parallel.device.startswith("cuda"):
         raise ValueError("--system distdgl runs on the CPU only (PyPI's DGL wheels, <= 2.1, are CPU builds); "
                          "use --device cpu or auto")
+    opts: DistDGLOptions = cfg.options
     py = dgl_python(opts.python)
     if graph is None:
-        graph = load_dataset(cfg.dataset, data_root=cfg.data_root, seed=cfg.seed)
+        graph = load_dataset(cfg.data.dataset, data_root=cfg.data.data_root, seed=cfg.seed)
     if graph.multilabel:
         raise ValueError("the distdgl adapter trains single-label node classification only")
-    parts = opts.num_parts
-    world = cfg.nproc
+    parts = opts.num_parts or cfg.parallel.nproc
+    world = cfg.parallel.nproc
     if world % parts:
         raise ValueError(f"--nproc {world} trainers cannot be spread evenly over --dgl-parts {parts} machines")
     per_machine = world // parts
     opts.eval_fanouts = opts.eval_fanouts or opts.fanouts
     layers = len(opts.fanouts)
-    record = new_record(cfg, opts, graph, world, opts.batch_size, 0, "gloo")  # device: the CPU (below)
+    record = new_record(cfg, graph, world, opts.batch_size, 0, "gloo")  # device: the CPU (below)
     record["device_note"] = CPU_ONLY
     record["config"]["model"]["layers"] = layers  # DistDGL's model depth is its number of fanouts
     record["config"]["options"].pop("pids", None)
@@ -259,10 +269,10 @@ def run(cfg: CommonConfig, opts: DistDGLOptions, graph=None) -> dict:
                 spec = {"machine": m, "seed": cfg.seed + rank, "ip_config": str(ip_config),
                         "graph_name": "graph", "part_config": part_config, "fanouts": list(opts.fanouts),
                         "eval_fanouts": list(opts.eval_fanouts), "batch_size": opts.batch_size,
-                        "eval_batch_size": opts.eval_batch_size, "hidden": cfg.hidden, "dropout": cfg.dropout,
-                        "lr": cfg.lr, "weight_decay": cfg.weight_decay, "epochs": cfg.epochs,
-                        "eval_every": cfg.eval_every, "target_acc": cfg.target_acc,
-                        "stop_at_target": cfg.stop_at_target, "num_classes": graph.num_classes,
+                        "eval_batch_size": opts.eval_batch_size, "hidden": cfg.model.hidden, "dropout": cfg.model.dropout,
+                        "lr": cfg.optim.lr, "weight_decay": cfg.optim.weight_decay, "epochs": cfg.loop.epochs,
+                        "eval_every": cfg.loop.eval_every, "target_acc": cfg.loop.target_acc,
+                        "stop_at_target": cfg.loop.stop_at_target, "num_classes": graph.num_classes,
                         "out_dir": str(work), "fail_at_epoch": opts.fail_at_epoch, "threads": threads,
                         "collective_timeout_s": max(60.0, min(opts.timeout_s, 600.0))}
                 spec_path = work / f"trainer-{rank}.json"
@@ -301,10 +311,12 @@ def run(cfg: CommonConfig, opts: DistDGLOptions, graph=None) -> dict:
         finalize(record, cfg, peaks)
     except BaseException as exc:
         if record["status"] in ("running", "ok"):
-            record["status"] = "failed"
+            record["status"] = "interrupted" if isinstance(exc, Interrupted) else "failed"
         record["error"] = f"{type(exc).__name__}: {exc}"
         finalize(record, cfg, [])
-        if isinstance(exc, (KeyboardInterrupt, DistDGLUnavailable)):
+        if isinstance(exc, Interrupted):
+            exc.run_record = record  # scalegnn.run.run writes it, naming the signal
+        if isinstance(exc, (KeyboardInterrupt, Interrupted, DistDGLUnavailable)):
             raise
     finally:
         procs.stop_all()
@@ -317,7 +329,7 @@ def run(cfg: CommonConfig, opts: DistDGLOptions, graph=None) -> dict:
             shutil.rmtree(work, ignore_errors=True)
         else:
             record["distdgl_workdir"] = str(work)
-    record["path"] = str(records.write_record(record, cfg.out_dir))
+    record["path"] = str(records.write_record(record, cfg.loop.out_dir))
     return record
 
 

@@ -4,6 +4,7 @@ Public API::
 
     load_dataset(name, data_root=None, seed=0, cache=True) -> Graph
     list_datasets() -> list[str]
+    file_forms() -> list[str]          # the <kind>:<path> forms of your own files
     describe(graph) -> dict            # Graph.stats() + isolated, edge homophily, source
     DatasetError(ValueError)           # names the bad name / file and the fix
 
@@ -59,14 +60,16 @@ source file changes or the file is corrupt.
 
 from ._core import DatasetError
 from .cache import CACHE_FORMAT_VERSION
-from .registry import default_data_root, describe, edge_homophily, list_datasets, load_dataset
+from .registry import DataConfig, default_data_root, describe, edge_homophily, file_forms, list_datasets, load_dataset
 
 __all__ = [
+    "DataConfig",
     "CACHE_FORMAT_VERSION",
     "DatasetError",
     "default_data_root",
     "describe",
     "edge_homophily",
+    "file_forms",
     "list_datasets",
     "load_dataset",
 ]

@@ -19,6 +19,7 @@ from scalegnn.graph import Graph, GraphValidationError, random_split
 
 __all__ = [
     "DatasetError",
+    "vertex_ids",
     "FEATURELESS_CLASSES",
     "FEATURELESS_FEATURE_DIM",
     "degree_classes",
@@ -50,6 +51,22 @@ class DatasetError(ValueError):
 def rng_for(seed: int, stream: str) -> np.random.Generator:
     """A numpy Generator for one purpose ('graph', 'features', 'labels', 'perm')."""
     return np.random.default_rng(np.random.SeedSequence([int(seed), _STREAMS[stream]]))
+
+
+def vertex_ids(where: str, key: str, v) -> np.ndarray:
+    """Vertex ids (or CSR offsets) as int64. Floats are accepted when every value is a
+    whole number (arrays saved from float tensors); a fractional or NaN id is refused
+    instead of being truncated to another vertex."""
+    v = np.asarray(v)
+    if v.dtype == np.bool_ or not (np.issubdtype(v.dtype, np.integer) or np.issubdtype(v.dtype, np.floating)):
+        raise DatasetError(f"{where}: '{key}' must hold integer vertex ids, got dtype {v.dtype}; "
+                           f"save it as an int64 array")
+    if np.issubdtype(v.dtype, np.floating):
+        bad = ~np.isfinite(v) | (v != np.round(v))
+        if bad.any():
+            raise DatasetError(f"{where}: '{key}' holds non-integer vertex ids (first: {v[bad].flat[0]}); "
+                               f"save it as an int64 array of the intended ids")
+    return v.astype(np.int64)
 
 
 @contextmanager

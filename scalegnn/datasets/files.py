@@ -32,6 +32,8 @@ num_classes    () int           optional; default max(y)+1, or C for multi-hot y
 undirected     () bool          optional, default true: symmetrize, unit weights
 =============  ===============  =========================================================
 
+The three splits are given together or not at all: without any, the labeled vertices
+get the seeded random 50/25/25 split of ``--seed`` (``meta["split"]`` says so).
 Self loops are dropped in both cases (the trainer adds I); duplicates are merged
 (weights summed when directed and weighted). Arrays are read with
 ``allow_pickle=False``.
@@ -45,9 +47,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scalegnn.graph import csr_from_edges
+from scalegnn.graph import csr_from_edges, random_split
 
-from ._core import DATA_ROOT_HINT, DatasetError, featureless_graph, make_graph, reading, undirected_csr
+from ._core import (DATA_ROOT_HINT, SPLIT_FRACTIONS, DatasetError, featureless_graph, make_graph, reading,
+                    undirected_csr, vertex_ids)
 
 __all__ = [
     "BYO_KEYS", "FEATURELESS_NAMED", "byo_sources", "compact_ids", "featureless_from_file",
@@ -214,6 +217,24 @@ def byo_sources(kind: str, path: Path) -> list[Path]:
     return found
 
 
+_SPLIT_KEYS = {"train": ("train_idx", "train_mask"), "val": ("val_idx", "val_mask", "valid_idx", "valid_mask"),
+               "test": ("test_idx", "test_mask")}
+
+
+def byo_has_split(kind: str, path: Path, files: list[Path]) -> bool:
+    """Whether a bring-your-own graph carries any split key (else it gets the seeded
+    random split, and its cache entry depends on the seed)."""
+    if kind == "npz":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                keys = set(z.files)
+        except Exception:  # noqa: BLE001 - a damaged file is reported by the loader itself
+            return True
+    else:
+        keys = {f.stem for f in files}
+    return any(k in keys for names in _SPLIT_KEYS.values() for k in names)
+
+
 def _read_byo(kind: str, path: Path, files: list[Path]) -> dict:
     if kind == "npz":
         with reading(path), np.load(path, allow_pickle=False) as z:
@@ -225,23 +246,23 @@ def _read_byo(kind: str, path: Path, files: list[Path]) -> dict:
     return arrays
 
 
-def _ids(where: str, key: str, v) -> np.ndarray:
-    """Vertex ids (or CSR offsets) as int64. Floats are accepted when every value is a
-    whole number (arrays saved from float tensors); a fractional or NaN id is refused
-    instead of being truncated to another vertex."""
-    v = np.asarray(v)
-    if v.dtype == np.bool_ or not (np.issubdtype(v.dtype, np.integer) or np.issubdtype(v.dtype, np.floating)):
-        raise DatasetError(f"{where}: '{key}' must hold integer vertex ids, got dtype {v.dtype}; "
-                           f"save it as an int64 array")
-    if np.issubdtype(v.dtype, np.floating):
-        bad = ~np.isfinite(v) | (v != np.round(v))
-        if bad.any():
-            raise DatasetError(f"{where}: '{key}' holds non-integer vertex ids (first: {v[bad].flat[0]}); "
-                               f"save it as an int64 array of the intended ids")
-    return v.astype(np.int64)
+def _byo_split(a: dict, where: str, n: int, split: str, keys: tuple[str, ...]) -> torch.Tensor:
+    """One split of a bring-your-own graph: its ids, or its boolean mask, under any of ``keys``."""
+    key = next((k for k in keys if k in a), None)
+    if key is None:
+        raise DatasetError(
+            f"{where}: missing key '{split}_idx' (expected a 1-D int array of vertex ids) or '{split}_mask' "
+            f"(expected a ({n},) bool array); give all three splits, or none for a seeded random 50/25/25 split"
+        )
+    v = np.asarray(a[key])
+    if key.endswith("_mask"):
+        if v.shape != (n,):
+            raise DatasetError(f"{where}: '{key}' must be a ({n},) bool array, got shape {v.shape}")
+        v = np.flatnonzero(v.astype(bool))
+    return torch.from_numpy(np.sort(vertex_ids(where, key, v).reshape(-1)))
 
 
-def load_byo(name: str, kind: str, path: Path, files: list[Path]):
+def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0):
     a = _read_byo(kind, path, files)
     where = f"{path}" if kind == "npz" else f"{path}/<key>.npy"
 
@@ -278,13 +299,13 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path]):
             ei = ei.T
         if ei.ndim != 2 or ei.shape[0] != 2:
             raise DatasetError(f"{where}: 'edge_index' must be (2, E), got shape {ei.shape}")
-        ei = _ids(where, "edge_index", ei)
+        ei = vertex_ids(where, "edge_index", ei)
         src, dst = ei[0], ei[1]
     elif "indptr" in a and "indices" in a:
-        indptr = _ids(where, "indptr", a["indptr"])
+        indptr = vertex_ids(where, "indptr", a["indptr"])
         if indptr.shape != (n + 1,):
             raise DatasetError(f"{where}: 'indptr' must be ({n + 1},) for N={n} rows of x, got shape {indptr.shape}")
-        dst = _ids(where, "indices", a["indices"])
+        dst = vertex_ids(where, "indices", a["indices"])
         if indptr[-1] != dst.shape[0]:
             raise DatasetError(f"{where}: indptr[-1]={indptr[-1]} but 'indices' has {dst.shape[0]} entries")
         src = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
@@ -304,21 +325,14 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path]):
         indptr_t, indices_t, values_t = csr_from_edges(src[keep], dst[keep], n, w)
         counts = {"input_edge_pairs": int(src.size), "self_loops_dropped": int((~keep).sum())}
 
-    splits = []
-    for split, alias in (("train", None), ("val", "valid"), ("test", None)):
-        keys = [f"{split}_idx", f"{split}_mask"] + ([f"{alias}_idx", f"{alias}_mask"] if alias else [])
-        key = next((k for k in keys if k in a), None)
-        if key is None:
-            raise DatasetError(
-                f"{where}: missing key '{split}_idx' (expected a 1-D int array of vertex ids) "
-                f"or '{split}_mask' (expected a ({n},) bool array)"
-            )
-        v = np.asarray(a[key])
-        if key.endswith("_mask"):
-            if v.shape != (n,):
-                raise DatasetError(f"{where}: '{key}' must be a ({n},) bool array, got shape {v.shape}")
-            v = np.flatnonzero(v.astype(bool))
-        splits.append(torch.from_numpy(np.sort(_ids(where, key, v).reshape(-1))))
+    if any(k in a for names in _SPLIT_KEYS.values() for k in names):
+        splits, split_note = [_byo_split(a, where, n, split, keys) for split, keys in _SPLIT_KEYS.items()], {}
+    else:
+        # No split in the file: the seeded random 50/25/25 split of the labeled vertices
+        # (the run's --seed), as for the built-in graphs without one; the record says so.
+        labeled = np.flatnonzero(y >= 0) if y.ndim == 1 else None
+        splits = random_split(n, SPLIT_FRACTIONS, seed=seed, labeled=labeled)
+        split_note = {"split": f"random 50/25/25 seed {seed} (the file has no split)"}
 
     return make_graph(
         str(path),
@@ -332,5 +346,5 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path]):
         test_idx=splits[2],
         num_classes=num_classes,
         name=name,
-        meta={"source": str(path), "format": kind, "undirected": undirected, **counts},
+        meta={"source": str(path), "format": kind, "undirected": undirected, **counts, **split_note},
     )

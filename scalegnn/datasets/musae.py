@@ -33,7 +33,8 @@ import torch
 
 from scalegnn.graph import random_split
 
-from ._core import SPLIT_FRACTIONS, DatasetError, find_dir, make_graph, missing_files_error, reading, undirected_csr
+from ._core import (SPLIT_FRACTIONS, DatasetError, find_dir, make_graph, missing_files_error, reading, undirected_csr,
+                    vertex_ids)
 from .safe_pickle import LINKX_TYPES, load_object_npy
 
 FACEBOOK_CLASSES = {"company": 0, "tvshow": 1, "politician": 2, "government": 3}
@@ -190,9 +191,8 @@ def load_twitch(name: str, country: str, files: list[Path], seed: int, split: in
         with reading(linkx, fix):
             if not 0 <= k < len(splits):
                 raise DatasetError(f"twitch-de: split={k} is out of range; {linkx} has splits 0..{len(splits) - 1}")
-            parts = tuple(
-                torch.as_tensor(np.sort(np.asarray(splits[k][s], dtype=np.int64))) for s in ("train", "valid", "test")
-            )
+            parts = tuple(torch.as_tensor(np.sort(vertex_ids(f"{linkx} split {k}", s, splits[k][s]).reshape(-1)))
+                          for s in ("train", "valid", "test"))
         split_meta = f"linkx {k}"
     else:
         parts = random_split(n, SPLIT_FRACTIONS, seed=seed)

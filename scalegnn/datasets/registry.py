@@ -23,10 +23,42 @@ from . import planetoid as _planetoid
 from . import reddit as _reddit
 from ._core import DatasetError
 from .cache import cache_dir, cache_path, load_cached, save_cached, source_signature
+from ..settings import setting
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where a run's graph comes from: a dataset name (``list_datasets``; generator
+    parameters in the name), the folder holding dataset files, and, for ScaleGNN,
+    per-rank shard files written once by ``scalegnn data shard``."""
+
+    dataset: str = setting("csbm", required=True, help="dataset name (see `scalegnn data list`), e.g. facebook, "
+                           "twitch-de, cora, ogbn-products, csbm:n=100000,avg_degree=20, rmat:scale=18, "
+                           "npz:/path/graph.npz")
+    data_root: str | None = setting(None, help="folder holding dataset files (default: $SCALEGNN_DATA_ROOT or "
+                                    "~/.cache/scalegnn/data)")
+    shard_dir: str | None = setting(None, scope="scalegnn",
+                                    help="read this rank's graph shard from files written by `scalegnn data shard` "
+                                    "instead of loading the whole graph on every rank")
+
+    def __post_init__(self):
+        if not isinstance(self.dataset, str) or not self.dataset.strip():
+            raise ValueError(f"--dataset must name a dataset (see `scalegnn data list`), got {self.dataset!r}")
+
 
 __all__ = ["default_data_root", "describe", "edge_homophily", "list_datasets", "load_dataset", "parse_name"]
 
 PATH_KINDS = ("edgelist", "mtx", "npz", "dir")
+# What each file form holds (``scalegnn data list``; the format: scalegnn/datasets/README.md).
+FILE_FORMS = {
+    "edgelist": "a text edge list (src dst per line, # or % comments): no features or labels, so degree "
+                "classes and seeded random features stand in",
+    "mtx": "a Matrix Market adjacency: no features or labels, as edgelist",
+    "npz": "one .npz of arrays: edge_index (or indptr/indices), x, y, and train/val/test ids or masks "
+           "(none: a seeded random 50/25/25 split)",
+    "dir": "a folder of .npy files with the npz keys as names",
+}
+assert set(FILE_FORMS) == set(PATH_KINDS)
 
 
 @dataclass(frozen=True)
@@ -178,8 +210,8 @@ def _registry() -> list[Spec]:
             Spec(
                 kind,
                 sources=lambda req, k=kind: _files.byo_sources(k, req.path),
-                build=lambda req, files, k=kind: _files.load_byo(req.name, k, req.path, files),
-                seeded=_NEVER,
+                build=lambda req, files, k=kind: _files.load_byo(req.name, k, req.path, files, req.seed),
+                seeded=lambda req, files, k=kind: not _files.byo_has_split(k, req.path, files),
                 takes_path=True,
             )
         )
@@ -197,6 +229,11 @@ _BY_KEY: dict[str, Spec] = {}
 for _s in _SPECS:
     for _k in (_s.name, *_s.aliases):
         _BY_KEY[_k.lower().replace("_", "-")] = _s
+
+
+def file_forms() -> list[str]:
+    """``<kind>:<path>  what it holds``, one per file form a dataset name may take."""
+    return [f"{kind + ':<path>':<16}{FILE_FORMS[kind]}" for kind in PATH_KINDS]
 
 
 def list_datasets() -> list[str]:

@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ..device import BACKENDS, check_device_spec
+from ..settings import setting
 
-__all__ = ["AXES", "PMM_AXES", "ProcessGrid", "parse_grid", "format_grid", "cube_3d", "factorizations_3d",
+
+__all__ = ["AXES", "PMM_AXES", "ProcessGrid", "ParallelConfig", "DEFAULT_COLLECTIVE_TIMEOUT_S", "parse_grid",
+           "grid_flag", "format_grid", "cube_3d", "factorizations_3d",
            "third_axis"]
 
 AXES = ("dp", "x", "y", "z")
@@ -85,6 +90,59 @@ def cube_3d(g: int) -> tuple[int, int, int]:
     best = min({tuple(sorted(f, reverse=True)) for f in factorizations_3d(g)},
                key=lambda f: (max(f) / min(f), sum(v * v for v in f)))
     return best
+
+
+def grid_flag(text: str) -> tuple[int, int, int, int]:
+    """``--grid``'s parser: :func:`parse_grid` with the flag's own message."""
+    try:
+        return parse_grid(text)
+    except ValueError:
+        raise ValueError(f"--grid must be GdxGxxGyxGz with four positive integers, e.g. 1x2x2x2; got {text!r}") \
+            from None
+
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """Where and how many: the 4D grid, local worker processes, the device, the
+    collective backend, and the time after which a silent peer fails the run."""
+
+    grid: tuple[int, int, int, int] = setting((1, 1, 1, 1), type=grid_flag, render=format_grid,
+                                              metavar="GdxGxxGyxGz",
+                                              help="4D process grid GdxGxxGyxGz (data parallel x 3D PMM; the "
+                                              "compared systems: Gdx1x1x1, data parallel only)")
+    nproc: int | None = setting(None, help="spawn this many local worker processes; without it, a multi-rank grid "
+                                "expects to be started by torchrun, srun or submitit")
+    device: str = setting("auto", metavar="{auto,cpu,cuda,cuda:N}",
+                          help="where to compute: auto takes the local rank's GPU when CUDA or ROCm is visible, "
+                          "else the CPU")
+    backend: str = setting("auto", choices=BACKENDS,
+                           help="torch.distributed backend: auto follows the device (NCCL/RCCL for GPUs, gloo for "
+                           "CPU); gloo with GPUs lets several ranks share one GPU (tests)")
+    collective_timeout_s: float = setting(DEFAULT_COLLECTIVE_TIMEOUT_S, flag="--collective-timeout",
+                                          metavar="SECONDS", help="a collective that waits longer (a rank died or "
+                                          "hangs) fails the run")
+
+    def __post_init__(self):
+        self.grid = parse_grid(self.grid) if isinstance(self.grid, str) else tuple(int(g) for g in self.grid)
+        if len(self.grid) != 4 or min(self.grid) < 1:
+            raise ValueError(f"grid must be four positive sizes (Gd, Gx, Gy, Gz), got {self.grid}")
+        if self.nproc is not None and self.nproc < 1:
+            raise ValueError(f"--nproc must be >= 1, got {self.nproc}")
+        self.device = check_device_spec(self.device)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "nccl" and self.device == "cpu":
+            raise ValueError("--backend nccl needs GPU tensors but --device is cpu; use --backend gloo or "
+                             "--device cuda")
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"--collective-timeout must be > 0 seconds, got {self.collective_timeout_s}")
+
+    @property
+    def world_size(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2] * self.grid[3]
 
 
 def _world_timeout():

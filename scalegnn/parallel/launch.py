@@ -34,13 +34,17 @@ import multiprocessing.connection
 import os
 import pickle
 import re
+import shutil
 import socket
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from ..signals import Interrupted, held, stop_on_signals
 
 __all__ = ["DistEnv", "init_from_env", "init_process_group", "first_host", "spawn", "local_backend", "WorkerError",
            "SpawnTimeout", "free_port"]
@@ -272,38 +276,52 @@ def _name_process(rank: int) -> None:
         pass
 
 
-def _worker(rank, world, port, timeout_s, threads, conn, fn, args, parent_pid=None, backend="gloo"):
+def _worker(rank, world, rendezvous, timeout_s, threads, conn, fn, args, parent_pid=None, backend="gloo"):
     _name_process(rank)
     if parent_pid is not None:
         _watch_parent(parent_pid)
+    # SIGINT/SIGTERM (forwarded by the spawner, or Ctrl-C reaching the whole process
+    # group) stops this rank like any failure: it reports (rank 0 its partial record) and exits.
+    with stop_on_signals():
+        payload = _run_rank(rank, world, rendezvous, timeout_s, threads, fn, args, backend)
+        with held():  # a report cut short would read as a crash
+            try:
+                conn.send_bytes(payload)
+                conn.close()
+            except OSError:
+                pass  # the spawner no longer listens (it is stopping every rank): nothing left to tell
+            finally:
+                if dist.is_initialized():
+                    try:
+                        dist.destroy_process_group()
+                    except Exception:  # noqa: BLE001 - exiting anyway
+                        pass
+
+
+def _run_rank(rank, world, rendezvous, timeout_s, threads, fn, args, backend) -> bytes:
+    """Join the spawner's group, run ``fn``; its result or failure, pickled for the spawner."""
     try:
         torch.set_num_threads(threads)
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False, timeout=timeout)
+        # The ranks meet in a file of the spawner's private folder (no TCP listener anyone
+        # could join or poison), and gloo's own connections stay on the loopback device.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+        store = dist.FileStore(rendezvous, world)
         # A local worker's local rank is its rank (whatever a surrounding job's variables say,
         # e.g. SLURM_LOCALID of a one-task allocation): NCCL ranks take one GPU each.
         os.environ["LOCAL_RANK"] = str(rank)
         device = torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else None
         init_process_group(backend, device, store=store, rank=rank, world_size=world, timeout=timeout)
         result = fn(rank, world, *args)
-        payload = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
         record = getattr(exc, "run_record", None)
         info = {"user_error": isinstance(exc, (ValueError, FileNotFoundError)) and record is None,
                 "message": f"{exc}", "run_record": record}
         try:
-            payload = pickle.dumps(("err", traceback.format_exc(), info))
+            return pickle.dumps(("err", traceback.format_exc(), info))
         except Exception:  # noqa: BLE001 - an unpicklable record: send the text alone
-            payload = pickle.dumps(("err", traceback.format_exc(), {**info, "run_record": None}))
-    try:
-        conn.send_bytes(payload)
-        conn.close()
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - exiting anyway
-                pass
+            return pickle.dumps(("err", traceback.format_exc(), {**info, "run_record": None}))
 
 
 def _stop(procs, grace_s: float = 2.0) -> None:
@@ -343,15 +361,19 @@ def _secondary(text: str) -> bool:
 
 
 def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_worker: int = 1,
-          collective_timeout_s: float | None = None, report_grace_s: float = 3.0, backend: str = "gloo") -> list:
+          collective_timeout_s: float | None = None, report_grace_s: float = 3.0, backend: str = "gloo",
+          stop_grace_s: float = 10.0) -> list:
     """Run ``fn(rank, nprocs, *args)`` in ``nprocs`` local workers; return their results.
 
     ``backend`` is "gloo" (CPU tensors, and GPU tensors staged through the host: how
     several ranks share one GPU) or "nccl" (rank r on GPU r, one rank per GPU).
 
     ``fn`` must be importable (a module-level function) and its results picklable.
-    The parent hosts the rendezvous store on a free port (bound by the OS, so no
-    race) and waits on every worker's pipe and process sentinel. On the first error
+    The workers meet in a file store in a private folder of this user (mode 0700,
+    removed afterwards): a local run opens no rendezvous port that another machine
+    or user could join, and gloo's connections use the loopback device (unless
+    ``GLOO_SOCKET_IFNAME`` says otherwise). The parent waits on every worker's pipe
+    and process sentinel. On the first error
     or unexpected exit it waits at most ``report_grace_s`` for the other ranks to
     report (ranks blocked on the lost peer fail at once; their reports, and rank 0's
     partial run record, make the error message), then terminates the rest (SIGTERM,
@@ -363,6 +385,12 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
     hangs makes its peers' collectives fail after ``collective_timeout_s`` (default:
     ``timeout_s``, or 30 minutes without one). Workers exit by themselves within a
     second or two when this process dies, so none is left orphaned.
+
+    Stopping: when :class:`scalegnn.signals.Interrupted` reaches this process (SIGINT
+    or SIGTERM under :func:`scalegnn.signals.stop_on_signals`), the signal is
+    forwarded to every worker, which stops and reports; after at most
+    ``stop_grace_s`` the rest are terminated and the exception is re-raised with
+    ``run_record`` (rank 0's partial record, if it sent one) and ``results``.
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
@@ -370,38 +398,53 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
     if collective_timeout_s is None:
         collective_timeout_s = 1800.0 if timeout_s is None else timeout_s
     pg_timeout = float(collective_timeout_s)
-    store = dist.TCPStore("127.0.0.1", 0, world_size=nprocs + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=pg_timeout))
-    port = store.port
+    private = tempfile.mkdtemp(prefix="scalegnn-rendezvous-")  # mode 0700: only this user reaches the store
+    rendezvous = os.path.join(private, "store")
     deadline = float("inf") if timeout_s is None else time.monotonic() + timeout_s
     procs, conns = [], []
+    results: list = [None] * nprocs
+    pending: set[int] = set()  # started ranks that have neither reported nor died
+    failures: list[tuple[int, str, dict]] = []  # (rank, text, info) in arrival order
+
+    def take(rank: int) -> None:
+        pending.discard(rank)
+        try:
+            msg = pickle.loads(conns[rank].recv_bytes())
+        except (EOFError, OSError):
+            procs[rank].join(1.0)
+            failures.append((rank, _exit_text(procs[rank].exitcode), {}))
+            return
+        if msg[0] == "err":
+            failures.append((rank, msg[1], msg[2] if len(msg) > 2 else {}))
+        else:
+            results[rank] = msg[1]
+
+    def receive(wait_s: float | None) -> None:
+        """Take what pending ranks sent, and note those that died, waiting at most ``wait_s``."""
+        waitables = {conns[r]: r for r in pending}
+        waitables.update({procs[r].sentinel: r for r in pending})
+        for obj in multiprocessing.connection.wait(list(waitables), timeout=wait_s):
+            r = waitables[obj]
+            if r not in pending:
+                continue
+            if obj is conns[r] or conns[r].poll():
+                take(r)
+            else:  # died without writing: a crash, a signal or os._exit
+                procs[r].join(1.0)
+                pending.discard(r)
+                failures.append((r, _exit_text(procs[r].exitcode), {}))
+
     try:
         for rank in range(nprocs):
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(rank, nprocs, port, pg_timeout, threads_per_worker, send, fn, args,
+            p = ctx.Process(target=_worker, args=(rank, nprocs, rendezvous, pg_timeout, threads_per_worker, send, fn, args,
                                                   os.getpid(), backend),
                             name=f"scalegnn-worker-{rank}", daemon=True)
             p.start()
             send.close()
             procs.append(p)
             conns.append(recv)
-        results: list = [None] * nprocs
-        pending = set(range(nprocs))
-        failures: list[tuple[int, str, dict]] = []  # (rank, text, info) in arrival order
-
-        def take(rank: int) -> None:
-            pending.discard(rank)
-            try:
-                msg = pickle.loads(conns[rank].recv_bytes())
-            except (EOFError, OSError):
-                procs[rank].join(1.0)
-                failures.append((rank, _exit_text(procs[rank].exitcode), {}))
-                return
-            if msg[0] == "err":
-                failures.append((rank, msg[1], msg[2] if len(msg) > 2 else {}))
-            else:
-                results[rank] = msg[1]
-
+            pending.add(rank)
         first_failure_at = None
         while pending:
             now = time.monotonic()
@@ -418,18 +461,7 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
             if first_failure_at is not None:
                 wait_s = max(0.0, min(wait_s if wait_s is not None else report_grace_s,
                                       first_failure_at + report_grace_s - now))
-            waitables = {conns[r]: r for r in pending}
-            waitables.update({procs[r].sentinel: r for r in pending})
-            for obj in multiprocessing.connection.wait(list(waitables), timeout=wait_s):
-                r = waitables[obj]
-                if r not in pending:
-                    continue
-                if obj is conns[r] or conns[r].poll():
-                    take(r)
-                else:  # died without writing: a crash, a signal or os._exit
-                    procs[r].join(1.0)
-                    pending.discard(r)
-                    failures.append((r, _exit_text(procs[r].exitcode), {}))
+            receive(wait_s)
         if failures:
             primary = next((f for f in failures if not _secondary(f[1])), failures[0])
             rank, text, info = primary
@@ -446,11 +478,34 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
         for p in procs:
             p.join(5.0)
         return results
+    except Interrupted as stop:
+        # SIGINT/SIGTERM reached this process (scalegnn.run.run listens for them): pass
+        # it on, so that every rank stops and reports, rank 0 with its partial record.
+        for p in procs:
+            if p.is_alive():
+                try:
+                    os.kill(p.pid, stop.signum)
+                except ProcessLookupError:
+                    pass
+        end = time.monotonic() + stop_grace_s
+        while pending and time.monotonic() < end:
+            receive(max(0.0, end - time.monotonic()))
+        stop.results = results  # rank 0's record, if it had finished
+        stop.run_record = next((i.get("run_record") for r, _, i in failures if r == 0 and i.get("run_record")), None)
+        raise
     finally:
         _stop(procs)
         for c in conns:
             c.close()
-        del store
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _loopback_interface() -> str:
+    """The name of the loopback network device (``lo`` on Linux)."""
+    try:
+        return next(name for _, name in socket.if_nameindex() if name.startswith("lo"))
+    except (OSError, StopIteration):
+        return "lo"
 
 
 def free_port() -> int:
@@ -460,15 +515,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def local_backend(cfg, nproc: int) -> str:
-    """The backend of ``nproc`` local workers of ``cfg`` (rank r on GPU r % count). NCCL
+def local_backend(parallel, nproc: int) -> str:
+    """The backend of ``nproc`` local workers of a run (``parallel``: its
+    :class:`~scalegnn.parallel.grid.ParallelConfig`; rank r on GPU r % count). NCCL
     refuses two ranks on one GPU, so more GPU ranks than GPUs need ``--backend gloo``."""
     from ..device import resolve_backend, resolve_device
 
-    device = resolve_device(cfg.device, local_rank=0)
-    backend = resolve_backend(cfg.backend, device)
-    if backend == "nccl" and nproc > 1 and ":" in cfg.device:
-        raise ValueError(f"--device {cfg.device} with --nproc {nproc}: NCCL runs one rank per GPU, so the ranks "
+    device = resolve_device(parallel.device, local_rank=0)
+    backend = resolve_backend(parallel.backend, device)
+    if backend == "nccl" and nproc > 1 and ":" in parallel.device:
+        raise ValueError(f"--device {parallel.device} with --nproc {nproc}: NCCL runs one rank per GPU, so the ranks "
                          "take GPUs 0..N-1; use --device cuda (or auto), or --backend gloo to share one GPU")
     if backend == "nccl" and nproc > torch.cuda.device_count():
         raise ValueError(f"--nproc {nproc} on {torch.cuda.device_count()} GPU(s): NCCL runs one rank per GPU; "

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..fileio import atomic_write
+from ..fileio import atomic_write, load_error
 from ..graph import Graph
 from ..sampling import CSRBlock, train_mask_of
 from ..ranges import split_range
@@ -317,23 +317,37 @@ def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
     mpath = out / "manifest.json"
     if not mpath.exists():
         raise FileNotFoundError(f"{mpath} not found; write the shards first with `scalegnn data shard`")
-    manifest = json.loads(mpath.read_text())
-    shape = tuple(manifest["grid_shape"])
+    redo = f"re-write them with `scalegnn data shard DATASET --grid GRID --out {out}`"
+    try:
+        manifest = json.loads(mpath.read_text())
+        shape = tuple(int(g) for g in manifest["grid_shape"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"shard manifest {mpath} is unreadable ({type(exc).__name__}: {str(exc)[:120]}); "
+                         f"{redo}") from None
     if grid_shape is not None and tuple(grid_shape) != shape:
         raise ValueError(f"shards in {out} were written for grid {shape}, not {tuple(grid_shape)}; re-shard")
     mp = shape[1] * shape[2] * shape[3]
     if not 0 <= rank < shape[0] * mp:
         raise ValueError(f"rank {rank} is outside the grid {shape} ({shape[0] * mp} ranks)")
-    coords = _mp_coords(shape)[rank % mp]
-    state = torch.load(out / _shard_name(coords), weights_only=True)
-    return RankShard.from_state(state)
+    path = out / _shard_name(_mp_coords(shape)[rank % mp])
+    if not path.exists():
+        raise FileNotFoundError(f"shard file {path} is missing (the manifest lists grid {shape}); {redo}")
+    try:  # a damaged or foreign file: one line naming it, never torch's advice to load it unsafely
+        state = torch.load(path, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad file
+        raise ValueError(f"shard file {path} is unreadable ({load_error(exc)}); {redo}") from None
+    try:
+        return RankShard.from_state(state)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"shard file {path} lacks {type(exc).__name__}: {str(exc)[:120]} (not a shard scalegnn "
+                         f"wrote); {redo}") from None
 
 
 def shard_command(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0) -> list[Path]:
     """``scalegnn data shard``: write per-rank shards of the graph once.
 
     Takes the raw graph as loaded and prepares it exactly as ``scalegnn train`` does
-    (:func:`scalegnn.train.prepare_graph`: the seed's relabeling P_c when ``permute``
+    (:func:`scalegnn.trainer.prepare_graph`: the seed's relabeling P_c when ``permute``
     is single or double, then GCN normalization); returns the written paths.
     """
     if graph.meta.get("normalized") == "gcn":

@@ -1,0 +1,363 @@
+"""The run configuration: one typed tree of settings, from flag to record.
+
+A run is a :class:`RunConfig`: the system, the seed, and one kw-only dataclass per
+component, each owned by its component's module::
+
+    data        DataConfig        scalegnn.datasets       dataset, data_root, shard_dir
+    sampling    SamplingConfig    scalegnn.sampling       batch_size, batch_ratio
+    model       ModelConfig       scalegnn.model          hidden, layers, dropout, norm, residual
+    optim       OptimConfig       scalegnn.engine         lr, weight_decay, schedule, grad_clip
+    loop        LoopConfig        scalegnn.loop           epochs, eval_every, target_acc, ...
+    parallel    ParallelConfig    scalegnn.parallel.grid  grid, nproc, device, backend, collective timeout
+    checkpoint  CheckpointConfig  scalegnn.checkpoint     dir, every, resume, keep
+    perf        PerfConfig        scalegnn.perf           the paper's section V switches
+    options     the system's own options dataclass (scalegnn.systems; None for ScaleGNN)
+
+A setting has one name: its field. The run record stores ``config.<section>.<field>``
+(:meth:`RunConfig.to_dict`, read back by :meth:`RunConfig.from_dict`), and the
+``scalegnn train`` parser is built from the fields (:func:`add_train_arguments`): the
+flag is ``--<field>`` unless the field names another (:func:`flag_table` lists
+every flag with its setting). The CLI parses flags into a RunConfig
+(:func:`parse_train_args`), sweeps parse their runs' options (flags) into RunConfigs
+at submission and hand them to their tasks, and the launcher hands RunConfigs to its
+workers. :func:`make_config` is the same in Python (settings by field name), and
+:func:`command_line` writes a RunConfig back as the flags that give it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import systems as registry
+from .checkpoint import CheckpointConfig
+from .datasets import DataConfig
+from .engine import OptimConfig
+from .loop import LoopConfig
+from .model import ModelConfig
+from .parallel.grid import PMM_AXES, ParallelConfig, cube_3d
+from .perf import PerfConfig
+from .sampling import SamplingConfig
+from .settings import flag_of, is_setting, render_of, setting
+from .systems import SCALEGNN_SYSTEMS
+
+__all__ = ["RunConfig", "SECTIONS", "SCALEGNN_SYSTEMS", "add_train_arguments", "parse_train_args",
+           "config_from_given", "make_config", "command_line", "flag_table", "flag_table_markdown", "train_flags"]
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "sampling": SamplingConfig, "model": ModelConfig,
+                             "optim": OptimConfig, "loop": LoopConfig, "parallel": ParallelConfig,
+                             "checkpoint": CheckpointConfig, "perf": PerfConfig}
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything that defines a run; serialized whole into its record."""
+
+    system: str = setting("scalegnn", help="which system trains: scalegnn, fullgraph-3d (batch ratio 1.0, Plexus) "
+                          "or a compared system (scalegnn.systems); its own flags: --system NAME --help")
+    seed: int = setting(0, help="seed for the split, the weights and the samples")
+    data: DataConfig = field(default_factory=DataConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    options: Any = None
+
+    def __post_init__(self):
+        for name, cls in SECTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, _build(cls, value, name))
+            elif not isinstance(value, cls):
+                raise ValueError(f"config.{name} must be a {cls.__name__} or a dict, got {type(value).__name__}")
+        entry = registry.get(self.system)
+        if not entry.available:
+            raise ValueError(f"--system {self.system} cannot run here: {entry.unavailable}")
+        options_cls = registry.resolve(entry.options) if entry.options else None
+        if options_cls is None:
+            if self.options not in (None, {}):
+                raise ValueError(f"--system {self.system} has no options of its own, got {self.options!r}")
+            self.options = None
+        elif self.options is None:
+            self.options = options_cls()
+        elif isinstance(self.options, dict):
+            self.options = _build(options_cls, self.options, f"{self.system} options")
+        p = self.parallel
+        if self.system in SCALEGNN_SYSTEMS:
+            if self.system == "scalegnn" and self.sampling.batch_ratio == 1.0:
+                self.system = "fullgraph-3d"  # B = N: full-graph training, recorded as the Plexus baseline
+            if self.system == "fullgraph-3d" and p.nproc and p.nproc > 1 and p.grid == (1, 1, 1, 1):
+                p.grid = (1, *cube_3d(p.nproc))  # --nproc N alone: the most cube-like 3D grid
+            widest = max(zip(p.grid[1:], PMM_AXES))
+            if self.model.hidden < widest[0]:
+                raise ValueError(
+                    f"hidden size {self.model.hidden} is smaller than grid axis {widest[1]} = {widest[0]}: every 3D "
+                    f"axis splits the hidden dimension, so some ranks would hold no weights; use --hidden >= "
+                    f"{widest[0]} or a grid with at most {self.model.hidden} ranks per axis")
+        else:  # the compared systems are data parallel only: their world is --nproc or Gd
+            if p.grid[1] * p.grid[2] * p.grid[3] != 1:
+                raise ValueError(f"--system {self.system} is data parallel only: use --grid Gx1x1x1 or --nproc N, "
+                                 f"got --grid {'x'.join(map(str, p.grid))}")
+            if p.nproc is not None and p.grid[0] != 1 and p.nproc != p.grid[0]:
+                raise ValueError(f"--nproc {p.nproc} does not match --grid {'x'.join(map(str, p.grid))}")
+            p.nproc = p.nproc if p.nproc is not None else p.grid[0]
+            p.grid = (p.nproc, 1, 1, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    def output_folders(self) -> list[tuple[str, str]]:
+        """(flag, folder) of every folder this run writes to: the settings declared with
+        ``output=True`` (``--out``, ``--checkpoint-dir``, ``--profile``, a compared
+        system's own) that are set. :func:`scalegnn.run.run` checks them before any work."""
+        sections = [getattr(self, name) for name in SECTIONS] + ([self.options] if self.options is not None else [])
+        return [(flag_of(f), str(getattr(section, f.name))) for section in sections for f in _settings(type(section))
+                if f.metadata.get("output") and getattr(section, f.name) is not None]
+
+    def to_dict(self) -> dict:
+        """The whole configuration as plain data (the record's ``config``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        """A configuration back from :meth:`to_dict` (a record's or checkpoint's ``config``)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"config has unknown fields {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def _build(cls, values: dict, where: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown settings {unknown}; known: {sorted(known)}")
+    return cls(**values)
+
+
+# ---------------------------------------------------------------------------- flags
+def _value_type(cls, f: dataclasses.Field):
+    """The parse type of a setting from its annotation (``X | None`` parses as X)."""
+    hint = typing.get_type_hints(cls)[f.name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0] if len(args) == 1 else str
+    return hint
+
+
+def _checked(parse):
+    """A flag's parse function whose ValueError is argparse's one-line usage error."""
+    def wrapper(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    wrapper.__name__ = getattr(parse, "__name__", "value")
+    return wrapper
+
+
+def _add(group, cls, f: dataclasses.Field, dest: str, **extra) -> None:
+    kw = {**f.metadata["argparse"], **extra}
+    default = f.default if f.default is not dataclasses.MISSING else \
+        (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    help_text = f.metadata["help"]
+    if kw.get("action") not in ("store_true", "store_const") and default not in (None, False) \
+            and not kw.get("required"):
+        shown = "x".join(map(str, default)) if isinstance(default, tuple) else default
+        help_text += f" (default: {shown})"
+    kw.setdefault("help", help_text)
+    if "action" not in kw:
+        kind = _value_type(cls, f)
+        if kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif "type" not in kw and kind in (int, float, str) and "choices" not in kw:
+            kw["type"] = kind
+    if "type" in kw:
+        kw["type"] = _checked(kw["type"])
+    if "choices" not in kw and kw.get("action") in (None, "store"):
+        kw.setdefault("metavar", f.name.upper())
+    group.add_argument(flag_of(f), dest=dest, default=argparse.SUPPRESS, **kw)
+
+
+def _settings(cls):
+    return [f for f in dataclasses.fields(cls) if is_setting(f)]
+
+
+def _options_class(system: str):
+    entry = registry.get(system)
+    return registry.resolve(entry.options) if entry.options else None
+
+
+def add_train_arguments(parser: argparse.ArgumentParser, system: str = "scalegnn") -> None:
+    """The flags of ``scalegnn train --system SYSTEM``: the common settings (every
+    system reads them), then the system's own (ScaleGNN's sections, or the fields of
+    the system's options dataclass). Flags default to "not given": a configuration
+    starts from the dataclasses' defaults and takes only what the flags set."""
+    common = parser.add_argument_group("common settings (every system)")
+    own_title = f"{registry.get(system).display} settings"
+    own = parser.add_argument_group(own_title if system in SCALEGNN_SYSTEMS else
+                                    f"{own_title} (--system {system})")
+    for f in _settings(RunConfig):
+        _add(common, RunConfig, f, f.name, **({"choices": registry.names(available=True)} if f.name == "system"
+                                              else {}))
+    for section, cls in SECTIONS.items():
+        for f in _settings(cls):
+            scope = f.metadata["scope"]
+            if scope == "scalegnn" and system not in SCALEGNN_SYSTEMS:
+                continue
+            _add(common if scope == "common" else own, cls, f, f"{section}.{f.name}")
+    options_cls = _options_class(system)
+    if options_cls is not None:
+        for f in _settings(options_cls):
+            _add(own, options_cls, f, f"options.{f.name}")
+
+
+def train_flags(system: str) -> set[str]:
+    """Every flag ``scalegnn train --system SYSTEM`` accepts."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_train_arguments(parser, system)
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+def config_from_given(given: dict) -> RunConfig:
+    """A RunConfig from the settings a parser saw given (``{"section.field": value}``,
+    ``"system"``, ``"seed"``, ``"options.field"``); everything else keeps its default.
+    ``--system fullgraph-3d`` is ScaleGNN with B = N and, unless ``--permute`` says
+    otherwise, Plexus' double vertex permutation (whose shards need the residual off)."""
+    if given.get("system") == "fullgraph-3d":
+        if "sampling.batch_size" in given:
+            raise ValueError("--system fullgraph-3d trains on the whole graph: drop --batch-size")
+        defaults = {"sampling.batch_ratio": 1.0}
+        if "perf.permute" not in given:  # Plexus' double permutation, whose shards need the residual off
+            defaults.update({"perf.permute": "double", "model.residual": False})
+        given = {**defaults, **given}
+    if "sampling.batch_size" in given and "sampling.batch_ratio" in given:
+        raise ValueError("give exactly one of --batch-size (a vertex count) and --batch-ratio (a fraction of N)")
+    sections: dict[str, dict] = {name: {} for name in (*SECTIONS, "options")}
+    top = {}
+    for key, value in given.items():
+        if "." in key:
+            section, name = key.split(".", 1)
+            sections[section][name] = value
+        else:
+            top[key] = value
+    options = sections.pop("options") or None
+    return RunConfig(**top, **{name: _build(cls, sections[name], f"--{name} settings")
+                               for name, cls in SECTIONS.items()}, options=options)
+
+
+def parse_train_args(argv: list[str], prog: str = "scalegnn train") -> tuple[RunConfig, argparse.Namespace]:
+    """Parse ``scalegnn train`` flags into a RunConfig (two passes: ``--system`` first,
+    since it decides which flags exist). Returns the configuration and the namespace
+    (for the CLI's own flags, such as ``--log-level``)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--system", default="scalegnn")
+    known, _ = pre.parse_known_args(argv)
+    parser = argparse.ArgumentParser(prog=prog)
+    add_train_arguments(parser, known.system if known.system in registry.names() else "scalegnn")
+    ns = parser.parse_args(argv)
+    return config_from_given(vars(ns)), ns
+
+
+def _system_settings(system: str):
+    """(dest, class, field) of every setting ``scalegnn train --system SYSTEM`` has, in --help order."""
+    out = [(f.name, RunConfig, f) for f in _settings(RunConfig)]
+    for section, cls in SECTIONS.items():
+        out += [(f"{section}.{f.name}", cls, f) for f in _settings(cls)
+                if f.metadata["scope"] == "common" or system in SCALEGNN_SYSTEMS]
+    options_cls = _options_class(system)
+    if options_cls is not None:
+        out += [(f"options.{f.name}", options_cls, f) for f in _settings(options_cls)]
+    return out
+
+
+def make_config(system: str = "scalegnn", **settings) -> RunConfig:
+    """The Python form of ``scalegnn train --system SYSTEM --flag value ...``: settings
+    named by their field, each looked up among the system's settings (names are unique
+    there), so the sections need not be spelled out; a whole section may be given as
+    its dataclass instead (then none of its fields one by one)::
+
+        make_config(dataset="cora", epochs=3, grid=(1, 2, 2, 1), hidden=64)
+        make_config("graphsage", dataset="facebook", fanouts=(10, 5), batch_size=512)
+        make_config(dataset="cora", checkpoint=CheckpointConfig(dir="ck", every="30m"))
+    """
+    whole = {name: settings.pop(name) for name in (*SECTIONS, "options") if name in settings}
+    dests = {dest.rsplit(".", 1)[-1]: dest for dest, _, _ in _system_settings(system)}
+    unknown = sorted(set(settings) - set(dests))
+    if unknown:
+        raise ValueError(f"--system {system} has no settings {unknown}; its settings: {sorted(dests)}")
+    given = {"system": system, **{dests[name]: value for name, value in settings.items()}}
+    twice = sorted({key.split(".")[0] for key in given if "." in key} & set(whole))
+    if twice:
+        raise ValueError(f"give section {twice[0]} either whole or setting by setting, not both")
+    cfg = config_from_given(given)
+    return dataclasses.replace(cfg, **whole) if whole else cfg
+
+
+def command_line(cfg: RunConfig) -> list[str]:
+    """The ``scalegnn train`` flags that give ``cfg`` (``parse_train_args`` of them returns
+    an equal configuration): every setting that differs from what the system's
+    command line starts from. What a sweep shows for each run, and what a user can
+    paste to rerun one."""
+    def value_at(config, dest):
+        *sections, name = dest.split(".")
+        for part in sections:
+            config = getattr(config, part)
+        return getattr(config, name)
+
+    start = config_from_given({"system": cfg.system, "data.dataset": cfg.data.dataset})
+    argv = []
+    for dest, _, f in _system_settings(cfg.system):
+        value = value_at(cfg, dest)
+        flag, kw = flag_of(f), f.metadata["argparse"]
+        if value == value_at(start, dest) and dest != "system" and not kw.get("required"):
+            continue
+        action = kw.get("action")
+        if action == "store_true":
+            argv += [flag] if value else []
+        elif action == "store_const":
+            argv += [flag] if value == kw.get("const") else []
+        elif isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            argv += [flag, render_of(f)(value)]
+    return argv
+
+
+def flag_table() -> list[tuple[str, str, str]]:
+    """(flag, setting path in the config and the record, who reads it) for every flag."""
+    rows = [(flag_of(f), f.name, f.metadata["scope"]) for f in _settings(RunConfig)]
+    for section, cls in SECTIONS.items():
+        rows += [(flag_of(f), f"{section}.{f.name}", f.metadata["scope"]) for f in _settings(cls)]
+    for entry in registry.systems(available=True):
+        cls = _options_class(entry.name)
+        if cls is not None:
+            rows += [(flag_of(f), f"options.{f.name}", entry.name) for f in _settings(cls)]
+    return rows
+
+
+def flag_table_markdown() -> str:
+    """:func:`flag_table` as the Markdown table of ``results/README.md`` (a test keeps
+    the two equal): one row per setting, the systems that read it."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    for flag, path, scope in flag_table():
+        rows.setdefault((flag, path), []).append(scope)
+    lines = ["| flag | setting (`config.` in the record) | read by |", "|---|---|---|"]
+    for (flag, path), scopes in rows.items():
+        who = {"common": "every system", "scalegnn": "scalegnn, fullgraph-3d"}.get(scopes[0], ", ".join(scopes))
+        lines.append(f"| `{flag}` | `{path}` | {who} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m scalegnn.config: the table of results/README.md
+    print(flag_table_markdown())

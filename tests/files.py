@@ -1,0 +1,96 @@
+"""Files the tests write: a minimal valid run record, ogb datasets in ogb's own layouts,
+and the shared real data next to the repository (``../shared/data``)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scalegnn import records
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def minimal_record(**over) -> dict:
+    """A valid two-epoch ok record of the current schema; ``over`` replaces fields."""
+    rec = {
+        "schema_version": records.SCHEMA_VERSION, "run_id": records.new_run_id("scalegnn", "toy"),
+        "system": "scalegnn", "dataset": "toy", "config": {"epochs": 2, "model": {"hidden": 8}},
+        "grid": {"dp": 1, "x": 1, "y": 1, "z": 1}, "world_size": 1, "seed": 0,
+        "env": records.environment_info(), "target_acc": 0.5, "time_to_target_s": None,
+        "peak_memory_bytes": 1, "status": "ok", "error": None,
+        "epochs": [
+            {"epoch": e, "train_time_s": 0.5 * e, "loss": 1.0 / e, "train_acc": 0.4 * e, "val_acc": 0.3 * e,
+             "test_acc": 0.3 * e, "eval_time_s": 0.1, "components": {"sampling": 0.1}, "comm_bytes": {"dp": 8}}
+            for e in (1, 2)
+        ],
+    }
+    rec.update(over)
+    return rec
+
+
+def assert_same_graph(a, b) -> None:
+    """Two loaded graphs are the same graph: name, classes, every array."""
+    assert a.name == b.name and a.num_classes == b.num_classes
+    for f in ("indptr", "indices", "values", "x", "y", "train_idx", "val_idx", "test_idx"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+def csv_gz(path, arr) -> None:
+    """``arr`` (one row per item) as ogb's gzipped CSV."""
+    with gzip.open(path, "wt") as f:
+        np.savetxt(f, np.asarray(arr).reshape(len(arr), -1), delimiter=",", fmt="%s")
+
+
+def fake_ogb_splits(d, n, rng):
+    (d / "split" / "time").mkdir(parents=True)
+    for s, idx in zip(("train", "valid", "test"), np.split(rng.permutation(n), [n // 2, 3 * n // 4]), strict=True):
+        csv_gz(d / "split" / "time" / f"{s}.csv.gz", idx)
+
+
+def ogb_folder(root, name: str) -> Path:
+    """``root/<name>`` with ogb's ``raw/`` folder and the release file ogb checks offline."""
+    d = Path(root) / name
+    (d / "raw").mkdir(parents=True)
+    (d / "RELEASE_v1.txt").write_text("fake\n")
+    return d
+
+
+def fake_ogbn_arxiv(root, n=30):
+    """ogbn-arxiv in the exact layout ogb reads (csv.gz raw files, RELEASE_v1.txt)."""
+    rng = np.random.default_rng(0)
+    d = ogb_folder(root, "ogbn_arxiv")
+    edges = rng.integers(0, n, (40, 2))
+    csv_gz(d / "raw" / "edge.csv.gz", edges)
+    csv_gz(d / "raw" / "num-node-list.csv.gz", [n])
+    csv_gz(d / "raw" / "num-edge-list.csv.gz", [len(edges)])
+    csv_gz(d / "raw" / "node-feat.csv.gz", rng.standard_normal((n, 4)).round(4))
+    csv_gz(d / "raw" / "node_year.csv.gz", rng.integers(2000, 2020, n))
+    csv_gz(d / "raw" / "node-label.csv.gz", rng.integers(0, 40, n))
+    fake_ogb_splits(d, n, rng)
+    return edges
+
+
+def fake_ogbn_papers(root, n=20):
+    """ogbn-papers100M in ogb's binary layout, with NaN labels for unlabeled papers."""
+    rng = np.random.default_rng(1)
+    d = ogb_folder(root, "ogbn_papers100M")
+    edges = rng.integers(0, n, (2, 30))
+    np.savez(
+        d / "raw" / "data.npz",
+        edge_index=edges,
+        num_nodes_list=np.array([n]),
+        num_edges_list=np.array([edges.shape[1]]),
+        node_feat=rng.standard_normal((n, 3)).astype(np.float32),
+        node_year=rng.integers(2000, 2020, (n, 1)),
+    )
+    labels = rng.integers(0, 172, n).astype(np.float32)
+    labels[n // 2 :] = np.nan
+    np.savez(d / "raw" / "node-label.npz", node_label=labels.reshape(n, 1))
+    (d / "split" / "time").mkdir(parents=True)
+    for s, idx in zip(("train", "valid", "test"), np.split(np.arange(n // 2), [4, 7]), strict=True):
+        csv_gz(d / "split" / "time" / f"{s}.csv.gz", idx)
+    return edges, labels

@@ -1,0 +1,73 @@
+"""Small graphs the tests build, and the serial-vs-rank sample tiling several test files check."""
+
+from __future__ import annotations
+
+import torch
+
+from scalegnn.graph import Graph
+from scalegnn.parallel.dist_sampling import DistributedSampler
+from scalegnn.parallel.grid import ProcessGrid
+from scalegnn.parallel.layout import PLANES
+from scalegnn.parallel.sharding import build_rank_shard
+from scalegnn.sampling import UniformVertexSampler
+
+
+def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None, sparse=False) -> Graph:
+    """A small random normalized graph with awkward sizes (37 vertices, 7 features,
+    5 classes: divisible by none of the axis sizes), some unlabeled test vertices.
+    ``sparse``: 3 % dense multi-hot features, which the samplers keep as CSR."""
+    gen = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, n, (m,), generator=gen), torch.randint(0, n, (m,), generator=gen)
+    if multilabel:
+        y = (torch.rand(n, c, generator=gen) < 0.3).float()
+    else:
+        y = torch.randint(0, c, (n,), generator=gen)
+        y[n - 3:] = -1  # unlabeled (test split only)
+    train_idx = torch.arange(0, n // 2) if train is None else torch.as_tensor(train)
+    x = (torch.rand(n, f, generator=gen) < 0.03).float() if sparse else torch.randn(n, f, generator=gen)
+    base = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], x, y,
+                 train_idx, torch.arange(n // 2, 3 * n // 4), torch.arange(3 * n // 4, n), c)
+    return base.with_edges(src, dst).symmetrize().gcn_normalize()
+
+
+def nprocs(shape) -> int:
+    return shape[0] * shape[1] * shape[2] * shape[3]
+
+
+def random_graph(n=200, m=1200, seed=0, features=8) -> Graph:
+    """A random normalized graph of ``n`` vertices, 3 classes, half of them training vertices."""
+    gen = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, n, (m,), generator=gen), torch.randint(0, n, (m,), generator=gen)
+    base = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], torch.randn(n, features, generator=gen),
+                 torch.randint(0, 3, (n,), generator=gen), torch.arange(0, n // 2), torch.arange(n // 2, 3 * n // 4),
+                 torch.arange(3 * n // 4, n), 3)
+    return base.with_edges(src, dst).symmetrize().gcn_normalize()
+
+
+def tile_rank_samples(graph, shape, batch, seed, step, dp):
+    """Sample on every rank of data-parallel group ``dp`` of a virtual grid of ``shape``
+    and place each rank's plane blocks at their offsets in three (B, B) planes.
+    Checked on the way: every rank draws the serial sample, each block sits at the row
+    partition's offsets, replicas of a block agree (the first one fills, NaN marks
+    never-filled). Returns (the serial batch, the planes, [(shard, rank batch)])."""
+    ref = UniformVertexSampler(graph, batch, seed=seed, dp_index=dp).sample(step)
+    b = ref.nodes.numel()
+    planes = [torch.full((b, b), float("nan")) for _ in range(3)]
+    ranks = []
+    for rank in range(shape[0] * shape[1] * shape[2] * shape[3]):
+        grid = ProcessGrid.virtual(*shape, rank)
+        if grid.axis_index("dp") != dp:
+            continue
+        shard = build_rank_shard(graph, grid)
+        sb = DistributedSampler(shard, grid, batch, seed=seed).sample(step)
+        assert torch.equal(sb.nodes, ref.nodes)  # same (seed, step, dp) -> same sample on every rank
+        for p, blk in enumerate(sb.adj):
+            r, c = PLANES[p]
+            assert (blk.row_offset, blk.col_offset) == (sb.rows.block(r)[0], sb.rows.block(c)[0])
+            rr, cc = blk.shape
+            region = planes[p][blk.row_offset: blk.row_offset + rr, blk.col_offset: blk.col_offset + cc]
+            block = blk.adj.to_dense()
+            assert torch.isnan(region).all() or torch.equal(region, block)  # replicas agree
+            region.copy_(block)
+        ranks.append((shard, sb))
+    return ref, planes, ranks

@@ -1,0 +1,121 @@
+"""The Python API: ``scalegnn.trainer`` on a PyG ``Data`` trains exactly what the
+command line trains on the same graph; ``Graph.from_pyg`` / ``to_pyg`` convert both
+ways; the README's example runs as written."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import scalegnn
+from scalegnn.config import make_config
+from scalegnn.graph import Graph
+from scalegnn.run import run
+from tests.files import SHARED_DATA, assert_same_graph
+from tests.graphs import random_graph
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _pyg_cora(root: Path):
+    """Cora as PyG's own Planetoid dataset object reads it (raw files copied from the
+    shared data, so nothing downloads)."""
+    from torch_geometric.datasets import Planetoid
+
+    raw = root / "Cora" / "raw"
+    raw.mkdir(parents=True)
+    for f in (SHARED_DATA / "planetoid_cora").glob("ind.cora.*"):
+        shutil.copy(f, raw / f.name)
+    return Planetoid(str(root), "Cora")[0]
+
+
+def test_a_pyg_cora_is_the_loaders_cora_and_trains_the_same(tmp_path, shared_data):
+    data = _pyg_cora(tmp_path / "pyg")
+    graph = Graph.from_pyg(data, name="cora")
+    assert graph.meta["split"] == "masks of the PyG object"
+    assert_same_graph(graph, scalegnn.load_dataset("cora", data_root=shared_data))
+    settings = dict(batch_ratio=0.5, layers=2, hidden=32, epochs=4, eval_every=2, seed=3)
+    ours = scalegnn.train(data, dataset="cora", out_dir=str(tmp_path / "api"), **settings)
+    cli = run(make_config(dataset="cora", data_root=str(shared_data), out_dir=str(tmp_path / "cli"), **settings))
+    assert ours["status"] == "ok" and ours["dataset"] == "cora" and Path(ours["path"]).parent == tmp_path / "api"
+    assert [e["loss"] for e in ours["epochs"]] == [e["loss"] for e in cli["epochs"]]
+    assert ours["summary"]["test_acc_at_best_val"] == cli["summary"]["test_acc_at_best_val"]
+
+
+def test_from_pyg_without_masks_splits_the_labeled_vertices_and_says_so():
+    from torch_geometric.data import Data
+
+    g = random_graph(n=60, m=200, seed=1)
+    y = g.y.clone()
+    y[:6] = -1  # unlabeled vertices belong to no split
+    data = Data(x=g.x, y=y, edge_index=torch.stack([g.row_ids(), g.indices]))
+    got = Graph.from_pyg(data, seed=5)
+    assert got.meta["split"] == "random 50/25/25 seed 5 (the PyG object has no masks)"
+    from scalegnn.api import as_graph
+
+    assert as_graph(data, seed=5).meta["split"] == got.meta["split"]
+    parts = torch.cat([got.train_idx, got.val_idx, got.test_idx])
+    assert sorted(parts.tolist()) == list(range(6, 60))
+    assert [len(p) for p in (got.train_idx, got.val_idx, got.test_idx)] == [27, 14, 13]
+    assert bool((got.values == 1).all()) and not bool((got.row_ids() == got.indices).any())  # raw: no self loops
+
+
+def test_to_pyg_and_back_is_the_same_graph():
+    g = random_graph(n=50, m=180, seed=2)
+    raw = g.replace(meta={})  # random_graph is normalized: take its pattern as a raw graph
+    raw = Graph.from_pyg(raw.to_pyg(), name=g.name)
+    back = Graph.from_pyg(raw.to_pyg(), name=g.name)
+    assert_same_graph(raw, back)
+    normalized = g.to_pyg()
+    assert torch.equal(normalized.edge_weight, g.values)  # a normalized graph hands its weights over
+
+
+def test_a_bad_object_is_one_line():
+    with pytest.raises(TypeError, match="pass a scalegnn Graph, a PyG Data, or a dataset name"):
+        scalegnn.train([1, 2, 3], epochs=1)
+    from torch_geometric.data import Data
+
+    with pytest.raises(ValueError, match="no y; scalegnn trains node classification"):
+        scalegnn.train(Data(x=torch.zeros(3, 2), edge_index=torch.zeros(2, 0, dtype=torch.long)), epochs=1)
+
+
+def test_the_readme_example_runs_as_written(tmp_path, shared_data):
+    """The README's Python example, verbatim, in a fresh folder whose data/pyg holds
+    Cora's raw files (PyG would download them otherwise)."""
+    text = README.read_text()
+    block = re.search(r"<!-- example: python-api -->\s*```python\n(.*?)```", text, re.S)
+    assert block, "README.md lost its Python example"
+    code = block.group(1)
+    raw = tmp_path / "data" / "pyg" / "Cora" / "raw"
+    raw.mkdir(parents=True)
+    for f in (shared_data / "planetoid_cora").glob("ind.cora.*"):
+        shutil.copy(f, raw / f.name)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    accuracy = float(out.stdout.strip().splitlines()[-1])
+    assert 0.0 <= accuracy <= 1.0
+    assert len(list((tmp_path / "results" / "runs").glob("*.json"))) == 1
+
+
+def test_a_graph_without_masks_is_split_by_the_runs_seed_either_way(tmp_path, monkeypatch):
+    """settings (seed=...) or a config (config.seed): the same seed splits the graph."""
+    from torch_geometric.data import Data
+
+    import scalegnn.api as api
+
+    seen = []
+    monkeypatch.setattr(api, "as_graph", lambda graph, name=None, seed=0: seen.append(seed) or Graph.from_pyg(
+        graph, name=name or "pyg", seed=seed))
+    g = random_graph(n=40, m=120, seed=3)
+    data = Data(x=g.x, y=g.y, edge_index=torch.stack([g.row_ids(), g.indices]))
+    common = dict(batch_ratio=0.5, layers=2, hidden=8, epochs=1, out_dir=str(tmp_path))
+    scalegnn.train(data, seed=7, **common)
+    scalegnn.train(data, config=make_config(dataset="pyg", seed=7, **common))
+    assert seen == [7, 7]

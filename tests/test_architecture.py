@@ -1,0 +1,158 @@
+"""The house's floors, read from the source: no import runs back up, and no circle.
+
+Every ``import`` and ``from ... import`` statement in the packages (function-local
+ones too: a lazy import is still a dependency) is resolved to the module it names.
+Each module sits on a floor; a module may import its own floor or lower ones only,
+and the module graph has no cycle. A new module must be given a floor here, so the
+layering is decided when the module is added, not discovered later.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")
+
+# Lowest first. The longest matching prefix decides a module's floor.
+FLOORS = [
+    ("foundations", ["scalegnn.fileio", "scalegnn.device", "scalegnn.ranges", "scalegnn.settings",
+                     "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
+                     "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals"]),
+    ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.engine",
+                    "scalegnn.checkpoint", "scalegnn.loop"]),
+    ("parallel", ["scalegnn.parallel"]),
+    ("trainers", ["scalegnn.config", "scalegnn.trainer", "scalegnn.run", "scalegnn.perfmodel", "baselines"]),
+    ("analysis", ["analysis"]),
+    ("harness", ["sweeps", "benchmarks"]),
+    # The package itself re-exports the API (scalegnn.train, scalegnn.Graph, ...): it is the top.
+    ("front", ["scalegnn", "scalegnn.api", "scalegnn.cli", "scalegnn.demo", "scalegnn.__main__"]),
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The project module ``name`` refers to: itself, or its closest enclosing module
+    (``scalegnn.parallel.grid.cube_3d`` -> ``scalegnn.parallel.grid``)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module
+            names = [f"{base}.{alias.name}" for alias in node.names]  # a name may be a submodule
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in PACKAGES:
+                target = _resolve(name)
+                if target is not None and target != module:
+                    found.add(target)
+    return found
+
+
+GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+
+
+def floor_of(module: str) -> int | None:
+    best = None
+    for level, (_, prefixes) in enumerate(FLOORS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (level, len(prefix))
+    return None if best is None else best[0]
+
+
+def test_every_module_has_a_floor():
+    assert not [m for m in MODULES if floor_of(m) is None], "give these modules a floor in FLOORS"
+
+
+def test_no_import_runs_back_up():
+    upward = [f"{m} ({FLOORS[floor_of(m)][0]}) imports {d} ({FLOORS[floor_of(d)][0]})"
+              for m, deps in sorted(GRAPH.items()) for d in sorted(deps) if floor_of(d) > floor_of(m)]
+    assert not upward, "\n".join(upward)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_circle_between_modules():
+    """A package's ``__init__`` re-exporting its own submodules is not a circle of the
+    house: those edges (package -> its submodule) are left out."""
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in GRAPH.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_checks_can_fail():
+    """The two checks catch what they are for, on a made-up graph."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert floor_of("scalegnn.cli") > floor_of("sweeps.launcher") > floor_of("scalegnn.trainer") \
+        > floor_of("scalegnn.parallel.engine") > floor_of("scalegnn.model") > floor_of("scalegnn.graph")
+    assert "scalegnn.parallel.grid" in GRAPH["scalegnn.config"]  # imports are really read
+    assert _resolve("scalegnn.parallel.grid.cube_3d") == "scalegnn.parallel.grid"
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/graphs.py, tests/files.py and friends, and shared
+    fixtures in tests/conftest.py: a test module imported by another would run its
+    tests twice and tie the two files together."""
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.name} imports {n}" for n in names if n.startswith("tests.test_")]
+    assert not offenders, "\n".join(offenders)
