@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .parallel.launch import WorkerError, init_from_env, local_backend, spawn
-from .signals import Interrupted, held, signal_text, stop_on_signals
+from .signals import Interrupted, held, signal_text, stop_on_signals, stop_under_way
 
 __all__ = ["run", "run_scalegnn", "run_distributed_training", "failed_record", "Terminated"]
 
@@ -55,6 +55,13 @@ def run(cfg, graph=None) -> dict | None:
         except Interrupted as stop:
             _record_interruption(cfg, stop)
             raise
+        except Exception as exc:
+            if (signum := stop_under_way()) is None:
+                raise
+            stop = Interrupted(signum)  # a stop that a C++ call wrapped in its own error (stop_under_way)
+            stop.run_record = getattr(exc, "run_record", None)
+            _record_interruption(cfg, stop)
+            raise stop from exc
 
 
 def _launched() -> bool:

@@ -23,7 +23,7 @@ import contextlib
 import signal
 import threading
 
-__all__ = ["Interrupted", "STOP_SIGNALS", "stop_on_signals", "held", "signal_text"]
+__all__ = ["Interrupted", "STOP_SIGNALS", "stop_on_signals", "held", "signal_text", "stop_under_way"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -50,7 +50,7 @@ def signal_text(signum: int) -> str:
 
 
 class _State:
-    stopping = False  # an Interrupted was raised: later signals are ignored
+    stopping: int | None = None  # the signal of the Interrupted raised: later signals are ignored
     held = 0  # inside held(): signals are ignored
 
 
@@ -60,8 +60,18 @@ _STATE = _State()
 def _raise_once(signum, frame):
     if _STATE.stopping or _STATE.held:
         return
-    _STATE.stopping = True
+    _STATE.stopping = int(signum)
     raise Interrupted(signum)
+
+
+def stop_under_way() -> int | None:
+    """The signal whose :class:`Interrupted` was raised in this process, else None.
+
+    A handler's exception raised inside a C++ call that calls back into Python comes
+    out as that call's own error: ``torch.save`` to a file object, stopped in its
+    ``write``, raises ``RuntimeError: [enforce fail at inline_container.cc] unexpected
+    pos``. Code that catches every error asks this to tell such a stop from a failure."""
+    return _STATE.stopping
 
 
 @contextlib.contextmanager
@@ -80,7 +90,7 @@ def stop_on_signals():
         for sig, previous in installed.items():
             signal.signal(sig, previous)
         if installed:
-            _STATE.stopping = False
+            _STATE.stopping = None
 
 
 @contextlib.contextmanager

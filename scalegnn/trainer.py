@@ -33,7 +33,7 @@ from .engine import EpochSums
 from .graph import Graph
 from .loop import Callback, DivergedError, EpochStats, Progress, reached_target, train_epochs
 from .sampling import resolve_batch_size
-from .signals import Interrupted, held
+from .signals import Interrupted, held, stop_under_way
 
 __all__ = ["prepare_graph", "run_training", "make_engine", "out_of_memory", "OutOfMemory"]
 
@@ -148,6 +148,11 @@ def run_training(cfg, graph: Graph | None = None, grid=None, write: bool = True,
         exc.run_record = record
         raise
     except Exception as exc:
+        if (signum := stop_under_way()) is not None:  # a stop that a C++ call (torch.save) wrapped in its own error
+            record["status"] = "interrupted"
+            stop = Interrupted(signum)
+            stop.run_record = record
+            raise stop from exc
         err = out_of_memory(exc, cfg, rank, where.stage, batch_size) or exc
         record["status"] = "failed"
         record["error"] = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=8)}"
