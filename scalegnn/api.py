@@ -18,21 +18,24 @@ __all__ = ["train", "as_graph"]
 
 
 def as_graph(graph, *, name: str | None = None, seed: int = 0) -> Graph:
-    """A scalegnn :class:`~scalegnn.graph.Graph` from a Graph (as is) or a PyTorch
-    Geometric ``Data`` (:meth:`Graph.from_pyg`: its masks, else a seeded random split)."""
+    """A scalegnn :class:`~scalegnn.graph.Graph` from a Graph (as is), a PyTorch
+    Geometric ``Data`` (:meth:`Graph.from_pyg`) or a DGL graph (:meth:`Graph.from_dgl`):
+    their masks, else a seeded random split."""
     if isinstance(graph, Graph):
         return graph
     if hasattr(graph, "edge_index"):  # torch_geometric.data.Data or anything shaped like it
         return Graph.from_pyg(graph, name=name or "pyg", seed=seed)
-    raise TypeError(f"cannot train on a {type(graph).__name__}: pass a scalegnn Graph, a PyG Data, or a dataset "
-                    "name (dataset=...)")
+    if hasattr(graph, "ndata") and hasattr(graph, "edges"):  # a dgl.DGLGraph (features ndata["feat"], labels ["label"])
+        return Graph.from_dgl(graph, name=name or "dgl", seed=seed)
+    raise TypeError(f"cannot train on a {type(graph).__name__}: pass a scalegnn Graph, a PyG Data, a DGL graph, or "
+                    "a dataset name (dataset=...)")
 
 
 def train(graph=None, *, config: RunConfig | None = None, **settings) -> dict | None:
     """Train one configuration and return its run record (also written under
     ``out_dir``, default ``results/runs``).
 
-    ``graph``: a :class:`Graph`, a PyG ``Data``, or None to load ``dataset``
+    ``graph``: a :class:`Graph`, a PyG ``Data``, a DGL graph, or None to load ``dataset``
     (``dataset="facebook", data_root=...``; generators such as ``"csbm:n=10000"``).
     The configuration is ``config``, or ``settings`` by field name
     (:func:`scalegnn.config.make_config`: ``epochs=50, batch_ratio=0.1,

@@ -273,6 +273,37 @@ class Graph:
         weight = {"edge_weight": self.values.clone()} if self.meta.get("normalized") else {}
         return Data(x=self.x, y=self.y, edge_index=edge_index, num_nodes=self.num_nodes, **weight, **masks)
 
+    @classmethod
+    def from_dgl(cls, g, *, feature: str = "feat", label="label", name: str = "dgl", seed: int = 0) -> "Graph":
+        """A raw graph from a DGL graph, as :meth:`from_pyg` makes one from a PyG ``Data``
+        (the same conversion: unit weights, both directions, no self loops).
+
+        ``g.ndata[feature]`` are the features; ``label`` is the ``ndata`` key of the
+        labels or the label tensor itself (OGB's DGL loaders return labels apart).
+        The split is ``ndata``'s ``train_mask``/``val_mask``/``test_mask`` when it has
+        all three (DGL's built-in datasets do), else a seeded random 50/25/25 split;
+        ``meta["split"]`` says which. A heterogeneous graph is refused: convert it
+        with ``dgl.to_homogeneous`` first."""
+        from types import SimpleNamespace
+
+        ntypes, etypes = getattr(g, "ntypes", ["_N"]), getattr(g, "canonical_etypes", [None])
+        if len(ntypes) != 1 or len(etypes) != 1:
+            raise GraphValidationError(f"the DGL graph has {len(ntypes)} node and {len(etypes)} edge types; scalegnn "
+                                       "trains homogeneous graphs: convert it with dgl.to_homogeneous(g, ndata=[...])")
+        for key in [feature] + ([label] if isinstance(label, str) else []):
+            if key not in g.ndata:
+                raise GraphValidationError(f"the DGL graph has no ndata[{key!r}] (it has {sorted(g.ndata.keys())}); "
+                                           "name the features and labels with feature=... and label=...")
+        y = g.ndata[label] if isinstance(label, str) else torch.as_tensor(label)
+        src, dst = g.edges()
+        masks = {f"{s}_mask": g.ndata[f"{s}_mask"] for s in ("train", "val", "test")
+                 if all(f"{m}_mask" in g.ndata for m in ("train", "val", "test"))}
+        view = SimpleNamespace(edge_index=torch.stack([src, dst]), x=g.ndata[feature], y=y, **masks)
+        graph = cls.from_pyg(view, name=name, seed=seed)
+        split = graph.meta["split"].replace("masks of the PyG object", "masks in the DGL graph's ndata") \
+            .replace("the PyG object has no masks", "the DGL graph has no masks")
+        return graph.replace(meta={**graph.meta, "source": type(g).__name__, "split": split})
+
     # --------------------------------------------------------- operations
     def symmetrize(self) -> "Graph":
         """A + A^T pattern with unit weights: every edge in both directions, once."""

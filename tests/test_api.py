@@ -66,6 +66,72 @@ def test_from_pyg_without_masks_splits_the_labeled_vertices_and_says_so():
     assert bool((got.values == 1).all()) and not bool((got.row_ids() == got.indices).any())  # raw: no self loops
 
 
+def _dgl_python() -> str:
+    import os
+
+    dgl = os.environ.get("SCALEGNN_DGL_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-dgl" / "bin" / "python")
+    if not Path(dgl).exists():
+        pytest.skip(f"no DGL environment ({dgl}); build it with `make dgl-env` (part of `make test`)")
+    return dgl
+
+
+def test_from_dgl_converts_a_real_dgl_cora_like_from_pyg(tmp_path, shared_data):
+    """DGL's own graph object (dgl 2.1 in the DGL environment) built from PyG's Cora:
+    Graph.from_dgl gives the loader's Cora with DGL's masks, a seeded random split
+    without them, the labels given apart, and a one-line refusal of a heterograph."""
+    import numpy as np
+
+    data = _pyg_cora(tmp_path / "pyg")
+    src, dst = data.edge_index
+    np.savez(tmp_path / "cora.npz", src=src.numpy(), dst=dst.numpy(), n=data.num_nodes, x=data.x.numpy(),
+             y=data.y.numpy(), train=data.train_mask.numpy(), val=data.val_mask.numpy(), test=data.test_mask.numpy())
+    script = tmp_path / "from_dgl.py"
+    script.write_text(
+        "import sys, numpy as np, torch, dgl\n"
+        "from scalegnn.graph import Graph, GraphValidationError\n"
+        "a = np.load(sys.argv[1])\n"
+        "g = dgl.graph((torch.from_numpy(a['src']), torch.from_numpy(a['dst'])), num_nodes=int(a['n']))\n"
+        "g.ndata['feat'] = torch.from_numpy(a['x'])\n"
+        "bare = dgl.graph(g.edges(), num_nodes=g.num_nodes())\n"
+        "bare.ndata['feat'] = g.ndata['feat']\n"
+        "g.ndata['label'] = torch.from_numpy(a['y'])\n"
+        "for s in ('train', 'val', 'test'):\n"
+        "    g.ndata[s + '_mask'] = torch.from_numpy(a[s])\n"
+        "out = {}\n"
+        "for tag, graph in (('masks', Graph.from_dgl(g, name='cora')),\n"
+        "                   ('bare', Graph.from_dgl(bare, label=torch.from_numpy(a['y']), seed=4))):\n"
+        "    for k in ('indptr', 'indices', 'values', 'x', 'y', 'train_idx', 'val_idx', 'test_idx'):\n"
+        "        out[f'{tag}_{k}'] = getattr(graph, k).numpy()\n"
+        "    out[f'{tag}_split'] = np.array(graph.meta['split'])\n"
+        "    out[f'{tag}_source'] = np.array(graph.meta['source'])\n"
+        "hetero = dgl.heterograph({('a', 'x', 'b'): ([0], [1])})\n"
+        "try:\n"
+        "    Graph.from_dgl(hetero)\n"
+        "except GraphValidationError as e:\n"
+        "    out['hetero'] = np.array(str(e))\n"
+        "np.savez(sys.argv[2], **out)\n")
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([_dgl_python(), str(script), str(tmp_path / "cora.npz"), str(tmp_path / "out.npz")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = np.load(tmp_path / "out.npz")
+
+    def graph(tag: str) -> Graph:
+        arrays = {k: torch.from_numpy(got[f"{tag}_{k}"]) for k in
+                  ("indptr", "indices", "values", "x", "y", "train_idx", "val_idx", "test_idx")}
+        return Graph(**arrays, num_classes=7, name="cora")
+
+    assert str(got["masks_split"]) == "masks in the DGL graph's ndata" and str(got["masks_source"]) == "DGLGraph"
+    assert_same_graph(graph("masks"), scalegnn.load_dataset("cora", data_root=shared_data))
+    bare, pyg = graph("bare"), Graph.from_pyg(data.__class__(x=data.x, y=data.y, edge_index=data.edge_index), seed=4)
+    assert str(got["bare_split"]) == "random 50/25/25 seed 4 (the DGL graph has no masks)"
+    for k in ("indptr", "indices", "x", "y", "train_idx", "val_idx", "test_idx"):
+        assert torch.equal(getattr(bare, k), getattr(pyg, k)), k  # one conversion: from_dgl is from_pyg's
+    assert "convert it with dgl.to_homogeneous" in str(got["hetero"])
+
+
 def test_to_pyg_and_back_is_the_same_graph():
     g = random_graph(n=50, m=180, seed=2)
     raw = g.replace(meta={})  # random_graph is normalized: take its pattern as a raw graph
@@ -77,7 +143,7 @@ def test_to_pyg_and_back_is_the_same_graph():
 
 
 def test_a_bad_object_is_one_line():
-    with pytest.raises(TypeError, match="pass a scalegnn Graph, a PyG Data, or a dataset name"):
+    with pytest.raises(TypeError, match="pass a scalegnn Graph, a PyG Data, a DGL graph, or a dataset name"):
         scalegnn.train([1, 2, 3], epochs=1)
     from torch_geometric.data import Data
 
