@@ -33,7 +33,13 @@ GPU_PYTHON ?= python3
 GPU_TESTS  ?= tests/test_device.py tests/test_parallel_engine.py tests/test_parallel_pmm.py \
               tests/test_parallel_grid.py tests/test_optimizations.py tests/test_baselines_device.py
 
-.PHONY: demo test test-slurm test-gpu bench-gpu env bench clean-env dgl-env
+# The documentation site (mkdocs.yml, docs/): `make docs` installs the `docs` extra of
+# pyproject.toml (MkDocs alone: not the package, not torch) into $(VENV) and builds the
+# site into $(DOCS_OUT) with --strict (a warning, e.g. a link that does not resolve, fails).
+DOCS_OUT   ?= build/docs
+DOCS_STAMP := $(VENV)/.docs-installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+
+.PHONY: demo test test-slurm test-gpu bench-gpu env bench clean-env dgl-env docs
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -53,6 +59,15 @@ $(DGL_STAMP):
 	@touch $@
 
 dgl-env: $(DGL_STAMP)
+
+$(DOCS_STAMP):
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	@rm -f $(VENV)/.docs-installed-*
+	$(PY) -c 'import subprocess, sys, tomllib; docs = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]; subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *docs], check=True)'
+	@touch $@
+
+docs: $(DOCS_STAMP)
+	$(PY) -m mkdocs build --strict --clean --site-dir $(DOCS_OUT)
 
 env: $(STAMP)
 

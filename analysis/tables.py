@@ -359,7 +359,7 @@ def markdown(frame: pd.DataFrame, formats: dict | None = None, columns: dict | N
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------------- seed tables (README "Baselines")
+# ------------------------------------------------ seed tables (docs/results.md, "Baselines measured on 2 CPU cores")
 def _records(folder) -> list[dict]:
     from .load import read_records
 

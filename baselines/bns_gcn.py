@@ -16,7 +16,7 @@ n_in inner vertices of this rank, n_b sampled boundary vertices, d layer width.
   Each layer exchanges the boundary rows with ``all_to_all`` forward, and their
   gradients backward (:class:`BoundaryExchange`). The rows sent are ``h_u W_n^T``
   (projected first: the same function, width d_out; for sparse input features this
-  also avoids sending F-wide rows, see README "Baselines").
+  also avoids sending F-wide rows, see docs/systems.md).
 * The loss is the sum of cross-entropy over the rank's training vertices divided
   by the global number of training vertices; weight gradients are summed over the
   ranks (all_reduce), so every step is one full-graph gradient step.

@@ -1,7 +1,7 @@
 """Shared fixtures of the micro-benchmarks (``make bench``: pytest benchmarks --benchmark-only).
 
 Sizes are moderate so one run takes a few minutes on a 2-core box; the end-to-end
-comparisons at full size are ``scalegnn bench ...`` (see README, Benchmarks).
+comparisons at full size are ``scalegnn bench ...`` (docs/benchmarks.md).
 """
 
 import warnings

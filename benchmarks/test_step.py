@@ -1,7 +1,7 @@
 """One training step (sample + forward + backward + AdamW) in one process: the engine
 on the 1x1x1x1 grid, plain and with every paper-V switch that applies to one
 process. Multi-rank grids: ``scalegnn bench steps`` and ``scalegnn bench ablation``
-(gloo processes; see README)."""
+(gloo processes; docs/benchmarks.md)."""
 
 import itertools
 

@@ -51,7 +51,7 @@ def test_scaling_and_permutation_tables():
 
 def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path):
     """``python -m benchmarks.gpu`` at toy sizes on the CPU (the real run is on a GPU: see
-    README): every section runs, identical sampler blocks, the JSON and Markdown land,
+    docs/gpu.md): every section runs, identical sampler blocks, the JSON and Markdown land,
     and both systems are compared on the same target. Times are not asserted."""
     from benchmarks import gpu
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measurements behind README "Baselines". Usage (from the repository root):
+# Measurements behind docs/results.md ("Baselines measured on 2 CPU cores"). Usage (from the repository root):
 #   bash results/baselines/run.sh fig6  [NPROCS...]   # time to 0.92 test accuracy on Facebook, every system
 #   bash results/baselines/run.sh table1 [SEEDS...]   # best test accuracy, 3 datasets, 5 systems
 #   .venv/bin/python -m analysis.tables results/baselines    # print the tables
@@ -35,7 +35,7 @@ case $what in
   table1)
     # Epochs per system: enough for each to converge here (the paper trains every
     # system to convergence); evaluation every 2 epochs. csbm:avg_degree=50 is a CSBM
-    # graph with ogbn-products' average degree (see README "Measured here").
+    # graph with ogbn-products' average degree (see docs/results.md).
     seeds=("$@"); [ ${#seeds[@]} -eq 0 ] && seeds=(0 1 2)
     for seed in "${seeds[@]}"; do
       for d in ${DATASETS:-facebook twitch-de csbm:avg_degree=50}; do
