@@ -52,6 +52,11 @@ nnz(A)/P^(2/3) of the sparse matrix per SpMM, Plexus none), so ``fullgraph-3d``'
 numbers cannot stand for CAGNET-3D; the paper did not evaluate its 3D algorithm
 either (section IV-D is analysis only). It is not built here.
 
+Components of an epoch (one step): ``compute`` (forward and backward less their
+collectives), ``comm`` (the collectives of the SpMMs, GEMMs and norms), ``grad_allreduce``
+and ``optimizer``. The record's ``grid`` is the harness's data-parallel field of every
+baseline ({dp: P}); CAGNET's own process grid is ``cagnet.process_grid`` ([R, C]).
+
 Evaluation: one distributed forward (eval mode) over the whole graph with the same
 algorithm; the accuracy counts are summed over one replica of each block row.
 """
@@ -250,9 +255,9 @@ class CagnetTrainer:
         synchronize(self.device)
         t3 = time.perf_counter()
         snap = self.stats.snapshot()
-        comm_s = sum(snap["seconds"].values())
-        components = {"forward_backward": t1 - t0, "grad_allreduce": t2 - t1, "optimizer": t3 - t2,
-                      "comm": comm_s}
+        comm_s = sum(v for k, v in snap["seconds"].items() if k != "grad")  # the SpMMs' and GEMMs' collectives
+        components = {"compute": max(t1 - t0 - comm_s, 0.0), "comm": comm_s, "grad_allreduce": t2 - t1,
+                      "optimizer": t3 - t2}
         if self.bytes_per_rank is None:  # the step's bytes of every rank (once: every step moves the same)
             mine = dict(snap["bytes"])
             self.bytes_per_rank = self._gather(mine)

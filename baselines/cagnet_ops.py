@@ -450,9 +450,10 @@ def analytic_comm_bytes(algorithm: str, rank: int, *, n: int, widths: list[int],
     1.5D n f / c of broadcasts + (n c / P) f of all-reduce (beta (nf/c + nfc/P)) when c^2
         divides P; otherwise the process columns own unequal chunks of block rows
         (``CagnetPlan.chunk``) and each moves its own chunk's rows;
-    2D  n f / pc of H broadcasts + the nonzeros of the process row's A blocks (CSR:
-        8 bytes per index and per row pointer, 4 per value) + n f / pr of partial SUMMA
-        (the rectangular-grid formula beta (nnz/pr + nf/pc + nf/pr)).
+    2D  n f / pc of H broadcasts + the process row's block of A cut at the stage
+        boundaries, each piece as CSR ((n_i + 1) row pointers and nnz column indices at
+        8 bytes, nnz values at 4) + n f / pr of partial SUMMA (the rectangular-grid
+        formula beta (nnz/pr + nf/pc + nf/pr)); the backward moves A^T's pieces.
     Terms the paper leaves out and that are counted here: the 2D output head's gather
     (n f / pr), RMSNorm's two row-sum all-reduces (2D), and the gradient all-reduce of
     every parameter (the paper's f^2 per layer, plus the input and output projections
