@@ -130,7 +130,13 @@ class CagnetGCN:
         self.plan = ops.CagnetPlan.of(algorithm, graph.num_nodes, config.hidden, grid)
         self.module = ScaleGNN(graph.num_features, graph.num_classes, config, seed=seed).to(device)
         adj = graph.to_scipy().tocsr()
-        self.blocks = ops.local_blocks(adj, adj.T.tocsr(), self.plan, device)
+        adj_t = adj.T.tocsr()
+        self.blocks = ops.local_blocks(adj, adj_t, self.plan, device)
+        self._row_nnz = {}  # 2D: per process row, the stage nonzeros of A and A^T (the analytic volume of any rank)
+        if algorithm == "2d":
+            for i in range(self.plan.R):
+                p = ops.CagnetPlan(algorithm, self.plan.n, self.plan.hidden, self.plan.R, self.plan.C, i, 0)
+                self._row_nnz[i] = (ops.stage_nnz(adj, p), ops.stage_nnz(adj_t, p))
         r0, r1 = self.plan.rows
         self.row_ids = torch.arange(r0, r1, device=device)
         x = features if features is not None else graph.x
@@ -192,24 +198,13 @@ class CagnetGCN:
         kw = {}
         if self.algorithm == "2d":
             kw = dict(nnz_fwd=self._nnz_of(rank, 0), nnz_bwd=self._nnz_of(rank, 1), grid2d=(self.plan.R, self.plan.C))
-        return ops.analytic_comm_bytes(self.algorithm, rank, n=self.plan.n, widths=[self.config.hidden] * self.config.layers,
+        return ops.analytic_comm_bytes(self.algorithm, rank, n=self.plan.n,
+                                       widths=[self.config.hidden] * self.config.layers,
                                        num_params=sum(p.numel() for p in self.parameters()),
                                        P=self.plan.R * self.plan.C, c=self.plan.C, norm=self.config.norm, **kw)
 
     def _nnz_of(self, rank: int, which: int) -> list[int]:
-        i = rank // self.plan.C
-        return self._row_nnz[i][which]
-
-    def prepare_analytic(self, graph) -> None:
-        """The 2D stage nonzeros of every process row (for the analytic volume of any rank)."""
-        self._row_nnz = {}
-        if self.algorithm != "2d":
-            return
-        adj = graph.to_scipy().tocsr()
-        adj_t = adj.T.tocsr()
-        for i in range(self.plan.R):
-            p = ops.CagnetPlan(self.algorithm, self.plan.n, self.plan.hidden, self.plan.R, self.plan.C, i, 0)
-            self._row_nnz[i] = (ops.stage_nnz(adj, p), ops.stage_nnz(adj_t, p))
+        return self._row_nnz[rank // self.plan.C][which]
 
 
 class CagnetTrainer:
@@ -230,7 +225,6 @@ class CagnetTrainer:
         self.stats = CommStats(device=self.device)
         self.model = CagnetGCN(graph, self.algorithm, grid, cfg.model, cfg.seed, self.device, self.stats,
                                features=data.features)
-        self.model.prepare_analytic(graph)
         self.optimizer, self.scheduler = make_optimizer(self.model.parameters(), cfg.optim, cfg.loop.epochs)
         self.batch_size, self.steps_per_epoch = graph.num_nodes, 1
         self.process_grid = (R, C)

@@ -2,7 +2,7 @@
 serial full-graph model (scalegnn.model.ScaleGNN with B = N): logits of every rank's
 block rows and the all-reduced weight gradients of one training step (dropout on,
 the same masks), on 1, 2, 4 and 6 processes, with n = 37 vertices (no grid divides it)
-and hidden widths 10 and 7 (uneven over pc = 3 and 4). The graph is *directed* (A is
+and hidden widths 10 and 7 (uneven over pc = 3 and 4), and n = 5, hidden 4 (empty blocks). The graph is *directed* (A is
 not A^T), so a backward that used A where A^T belongs fails. The bytes each rank
 records in the step equal :func:`baselines.cagnet_ops.analytic_comm_bytes` exactly.
 
@@ -32,6 +32,8 @@ MODELS = {
     "full": dict(graph=dict(seed=0), model=ModelConfig(hidden=10, layers=3, dropout=0.3)),
     "plain-multilabel-sparse": dict(graph=dict(seed=3, multilabel=True, sparse=True, f=40),
                                     model=ModelConfig(hidden=7, layers=2, dropout=0.0, norm=False, residual=False)),
+    "fewer-vertices-than-processes": dict(graph=dict(n=5, m=8, f=3, c=2),  # empty block rows and hidden blocks
+                                          model=ModelConfig(hidden=4, layers=2, dropout=0.2)),
 }
 
 # (algorithm, replication c, 2D grid) per world size: every 1.5D c dividing 6 up to 3, 2D in both orientations
@@ -76,7 +78,6 @@ def _step(world, rank, alg, c, g2):
         logits = m.forward(True, DROPOUT_SEED, STEP)
         m.loss(logits).backward()
         m.sync_grads()
-        m.prepare_analytic(graph)
         out.append(dict(model=name, key=(alg, c, g2), rows=m.plan.rows, logits=logits.detach(),
                         grads={n: p.grad.clone() for n, p in m.module.named_parameters()},
                         bytes=dict(stats.bytes), analytic=m.analytic_bytes(rank)))
