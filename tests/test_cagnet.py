@@ -19,11 +19,13 @@ from baselines import cagnet_ops as ops
 from baselines.cagnet import CagnetGCN
 from scalegnn import records
 from scalegnn.cli import main
+from scalegnn.device import resolve_device
 from scalegnn.graph import Graph
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.sampling import train_mask_of, training_features
+from tests.devices import needs_gpu
 
 ATOL, RTOL = 1e-5, 1e-4
 SEED, DROPOUT_SEED, STEP = 1, 5, 2
@@ -65,27 +67,27 @@ def _grid(shape):
     return ProcessGrid(1, r, c, 1) if r * c > 1 else ProcessGrid.single()
 
 
-def _step(world, rank, alg, c, g2):
+def _step(world, rank, alg, c, g2, device="cpu"):
     """One training step of every model case on this rank: logits, gradients, bytes."""
+    device = resolve_device(device, rank)
     out = []
     shape = ops.process_grid_shape(alg, world, c, g2)
     grid = _grid(shape)
     for name, case in MODELS.items():
         graph = directed_graph(**case["graph"])
         stats = CommStats(timing=False)
-        m = CagnetGCN(graph, alg, grid, case["model"], SEED, torch.device("cpu"), stats,
-                      features=training_features(graph.x))
+        m = CagnetGCN(graph, alg, grid, case["model"], SEED, device, stats, features=training_features(graph.x))
         logits = m.forward(True, DROPOUT_SEED, STEP)
         m.loss(logits).backward()
         m.sync_grads()
-        out.append(dict(model=name, key=(alg, c, g2), rows=m.plan.rows, logits=logits.detach(),
-                        grads={n: p.grad.clone() for n, p in m.module.named_parameters()},
+        out.append(dict(model=name, key=(alg, c, g2), rows=m.plan.rows, logits=logits.detach().cpu(),
+                        grads={n: p.grad.cpu() for n, p in m.module.named_parameters()}, device=str(logits.device),
                         bytes=dict(stats.bytes), analytic=m.analytic_bytes(rank)))
     return out
 
 
-def _worker(rank, world):
-    return [r for alg, c, g2 in GRIDS[world] for r in _step(world, rank, alg, c, g2)]
+def _worker(rank, world, device="cpu"):
+    return [r for alg, c, g2 in GRIDS[world] for r in _step(world, rank, alg, c, g2, device)]
 
 
 def _serial(name):
@@ -116,11 +118,9 @@ def serial():
     return {name: _serial(name) for name in MODELS}
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("world", [1, 2, 4, 6])
-def test_logits_and_weight_gradients_equal_the_serial_model(world, runs, serial):
+def _check_parity(world, per_rank, serial):
     checked = set()
-    for rank, results in enumerate(runs[world]):
+    for rank, results in enumerate(per_rank):
         for res in results:
             ref_logits, ref_grads = serial[res["model"]]
             r0, r1 = res["rows"]
@@ -132,6 +132,25 @@ def test_logits_and_weight_gradients_equal_the_serial_model(world, runs, serial)
                                            msg=lambda m: f"{where} grad {name}: {m}")
             checked.add((res["key"], res["model"]))
     assert len(checked) == len(GRIDS[world]) * len(MODELS)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [1, 2, 4, 6])
+def test_logits_and_weight_gradients_equal_the_serial_model(world, runs, serial):
+    _check_parity(world, runs[world], serial)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.distributed
+def test_on_the_gpu_too(serial):
+    """The same steps with the blocks, activations and collectives on a GPU (4 ranks
+    sharing it through gloo), against the serial model on the CPU."""
+    from scalegnn.parallel.launch import spawn
+
+    per_rank = spawn(_worker, 4, "cuda", timeout_s=240)
+    assert all(res["device"].startswith("cuda") for rank in per_rank for res in rank)
+    _check_parity(4, per_rank, serial)
 
 
 @pytest.mark.distributed
