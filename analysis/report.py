@@ -21,6 +21,7 @@ from . import figures as F
 from . import tables as T
 from .load import read_manifests, read_records, runs_from_records
 from .paper import paper_numbers
+from .verdict import result_lines
 
 __all__ = ["write_report"]
 
@@ -104,6 +105,10 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     add = md.append
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     add(f"# {title or 'ScaleGNN harness report'}\n")
+    # the result first, in one line per graph (analysis.verdict): ScaleGNN against every
+    # system at the same process count, densest graph first, then where it does not hold
+    for i, text in enumerate(result_lines(runs) if not runs.empty else []):
+        add(f"{'**Result:** ' if i == 0 else ''}{text}\n")
     add(f"Generated {now} by `scalegnn report {results_dir}` (scalegnn commit `{_commit()}`).\n")
     add(f"- {len(records)} run records ({ok} ok, {len(records) - ok} not ok), "
         f"{len(skipped)} unreadable files skipped")
@@ -131,6 +136,7 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
         if fig is not None:
             png, pdf = _save(fig, out, stem)
             add(f"![{heading}]({png})\n\n[PDF]({pdf})\n")
+            _paper_vs_here(kind, runs, manifests, paper, out, add)
         if kind == "fig5":
             tab = T.fig5_reductions(runs, paper) if not runs.empty else pd.DataFrame()
             if not tab.empty:
@@ -218,6 +224,23 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def _paper_vs_here(kind: str, runs: pd.DataFrame, manifests: list[dict], paper: dict, out: Path, add) -> None:
+    """Where no run here is the paper's experiment, the paper's figure and ours side by
+    side, each on its own axes (where one is, the paper's points are on the figure itself)."""
+    fn = {"fig6": lambda: F.fig6_paper_vs_here(runs, _references(manifests), paper),
+          "fig7": lambda: F.fig7_paper_vs_here(runs, paper)}.get(kind)
+    if fn is None:
+        return
+    try:
+        fig = fn()
+    except F.NoData:
+        return
+    stem = f"{kind}_paper_vs_here"
+    png, pdf = _save(fig, out, stem)
+    add(f"Paper vs here (no experiment here is the paper's: same cluster, dataset and GPU count):\n\n"
+        f"![{kind} paper vs here]({png})\n\n[PDF]({pdf})\n")
 
 
 def _references(manifests: list[dict]) -> dict:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from scalegnn import systems as registry
 
-from .figures import _cluster, _variant, select
+from .figures import _cluster, _variant, select, short_dataset
 from .paper import canonical_dataset, paper_numbers
 
 __all__ = ["table1_accuracy", "table2_eval_time", "fig6_times", "fig7_speedups", "fig5_reductions", "mixed_devices",
@@ -66,11 +66,8 @@ def mixed_devices(runs: pd.DataFrame, figure: str) -> list[str]:
 
 
 def _short(ds: str) -> str:
-    """``csbm:n=20000,avg_degree=12,...`` -> ``csbm n=20000``; other names unchanged."""
-    if ":" in ds and len(ds) > 24:
-        name, params = ds.split(":", 1)
-        return f"{name} {params.split(',')[0]}"
-    return ds
+    """``csbm:n=20000,avg_degree=12,...`` -> ``csbm n=20000 avg_degree=12``; other names unchanged."""
+    return short_dataset(ds)
 
 
 # ---------------------------------------------------------------------------- Table I
