@@ -239,6 +239,16 @@ def _fig6_frame(runs: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
 
 
+def _panel_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """(cluster, dataset label) panels: by cluster, the densest graph first (entries per vertex)."""
+    if "graph.num_edges" in frame and "graph.num_nodes" in frame:
+        density = (frame["graph.num_edges"] / frame["graph.num_nodes"]).groupby([frame["_cluster"], frame["_ds"]]).max()
+    else:
+        density = pd.Series(dtype=float)
+    return sorted(frame.groupby(["_cluster", "_ds"]).groups,
+                  key=lambda k: (k[0], -float(density.get(k, 0.0) or 0.0), k[1]))
+
+
 def paper_points_fig6(runs: pd.DataFrame | None, paper: dict | None = None) -> pd.DataFrame:
     """The paper's Fig. 6 times (``analysis/paper_numbers.toml``), one row per (cluster,
     dataset, system, GPUs), with ``matched``: a run here is the same experiment (same
@@ -368,7 +378,7 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper
     frame = _fig6_frame(runs)
     pp = paper_points_fig6(runs, paper)
     pp = pp[pp["matched"]]
-    keys = sorted(frame.groupby(["_cluster", "_ds"]).groups)
+    keys = _panel_order(frame)
     fig, axes = _figure(len(keys), 5.0, 4.8)
     systems_seen, label_of = [], {}
     for ax, (cluster, ds) in zip(axes, keys):
@@ -408,7 +418,7 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
         raise NoData("the paper's Fig. 6 points are drawn on the measured axes (same experiment)")
     targets = paper.get("fig6", {}).get("targets", {})
     paper_keys = sorted(pp.groupby(["cluster", "dataset"]).groups, key=lambda k: (k[0] != "perlmutter", k))
-    here_keys = sorted(frame.groupby(["_cluster", "_ds"]).groups)
+    here_keys = _panel_order(frame)
     # the paper's panels in a block of two rows on the left, ours on the right at full height
     pcols = -(-len(paper_keys) // 2)
     fig = plt.figure(figsize=(3.3 * pcols + 4.6 * len(here_keys), 7.4))

@@ -119,7 +119,9 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
         add("- machines: " + "; ".join(f"{h} ({d}): {n} runs" for (h, d), n in hosts.items()))
     add("\nPaper numbers come from `analysis/paper_numbers.toml` (the papers' tables and text). "
         "They sit next to a measured number only for the same experiment: same system and dataset "
-        "(never a generated stand-in), and for timings the same cluster and GPU count.\n")
+        "(never a generated stand-in), and for timings the same cluster and GPU count. In the figures the "
+        "paper's points are drawn on the measured axes (hollow markers, dashed lines) only for such an "
+        "experiment; where there is none, a \"paper vs here\" figure shows both, each on its own axes.\n")
 
     # ------------------------------------------------------------------ figures
     for stem, heading, kind, sweep in FIGURES:
