@@ -156,13 +156,14 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
                 f"communication overlap -3%/-2%.\n")
         if kind == "fig6":
             tab = T.fig6_times(runs, paper)
-            add("Time to target (s), paper (ScaleGNN Section VII-B) and measured here; for runs that did not "
-                "reach the target, the time to their best accuracy (`best acc`).\n")
+            add("Time to target (s), paper (ScaleGNN Section VII-B) and measured here (where several grids ran "
+                "at one GPU count, the fastest); for runs that did not reach the target, the time to their best "
+                "accuracy (`best acc`).\n")
             for line in T.mixed_devices(runs, "fig6") if not runs.empty else []:
                 add(line + "\n")
             add(T.markdown(tab, {"paper": ".2f", "measured": ".2f", "target": ".0f", "best_acc": ".1f"},
                            {"cluster": "cluster", "dataset": "dataset", "system": "system", "gpus": "GPUs",
-                            "paper": "paper (s)", "measured": "measured (s)", "reached": "reached",
+                            "paper": "paper (s)", "measured": "measured (s)", "grid": "grid", "reached": "reached",
                             "target": "target (%)", "best_acc": "best acc (%)", "device": "device",
                             "note": "note"}))
         if kind == "fig7":
