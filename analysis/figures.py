@@ -356,6 +356,9 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
                              f"{device.get(other)})")
                 continue
             ratio = t_other / sg[g_at][0]
+            if ok_other and ratio * 1.05 <= 1.0:  # slower: say so, never "0.6x vs"
+                lines.append(f"{1 / ratio:.1f}x slower than {_style(other)[2]}{at}")
+                continue
             lines.append(f"{ratio:.1f}x vs {_style(other)[2]}{at}"
                          + ("" if ok_other else f" or more ({_style(other)[2]} did not reach the target)"))
         gmax = max(sg)
@@ -628,7 +631,7 @@ def fig8_epoch_breakdown(runs: pd.DataFrame) -> plt.Figure:
         totals, used = _stacked_bars(ax, x, comps)
         handles.update(used)
         worlds = sub.groupby("grid.dp")["world_size"].first().sort_index()
-        ax.set_xticks(x, [f"Gd={gd}\n{int(w)} ranks" for gd, w in worlds.items()])
+        ax.set_xticks(x, [f"Gd={gd}\n{int(w)} rank{'s' if int(w) != 1 else ''}" for gd, w in worlds.items()])
         for xi, tot in zip(x, totals):
             ax.text(xi, tot, f"{tot:.0f}", ha="center", va="bottom", fontsize=8)
         ax.set_ylabel("epoch time (ms)")

@@ -102,6 +102,9 @@ def test_fig6_compares_equal_rank_counts_only():
     recs.append(make_record("graphsage", grid=(2, 1, 1, 1), epoch_s=[3.0, 3.0], test=[0.9, 0.96], target=0.95))
     runs = runs_from_records(recs, [manifest("fig6", "local", [(r, "") for r in recs])])
     assert "3.0x vs GraphSAGE at 2 GPUs" in texts(F.fig6_time_to_target(runs))
+    recs[-1] = make_record("graphsage", grid=(2, 1, 1, 1), epoch_s=[0.25, 0.25], test=[0.9, 0.96], target=0.95)
+    runs = runs_from_records(recs, [manifest("fig6", "local", [(r, "") for r in recs])])
+    assert "4.0x slower than GraphSAGE at 2 GPUs" in texts(F.fig6_time_to_target(runs))  # never "0.2x vs"
 
 
 def test_mixed_devices_are_flagged_and_never_turned_into_a_speedup():
