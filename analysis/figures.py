@@ -371,6 +371,8 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
 def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True):
     _log2_ticks(ax, counts)
     ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo / 1.25, hi * 1.1)  # room for the "best x%" labels under the lowest point
     _log_axis(ax.yaxis)
     ax.set_xlabel("GPUs (ranks)")
     if ylabel:
