@@ -88,6 +88,9 @@ def table1_accuracy(runs: pd.DataFrame, paper: dict | None = None) -> pd.DataFra
             acc = 100 * sub["best_test_acc"].astype(float)
             row = rows.setdefault(key, {"dataset": _short(key[0] if real else ds), "system": system,
                                         "paper": np.nan})
+            stopped = "config.loop.stop_at_target" in sub and sub["config.loop.stop_at_target"].eq(True).any()
+            if stopped and sub["time_to_target_s"].notna().any():  # training ended at the target, not at its best
+                note = "; ".join(n for n in (note, "stopped at the target accuracy: a lower bound") if n)
             row.update(measured=acc.mean(), spread=acc.std(ddof=0) if len(acc) > 1 else 0.0, runs=len(acc),
                        gpus=",".join(str(int(g)) for g in sorted(sub["world_size"].unique())), note=note)
     out = pd.DataFrame(list(rows.values()))

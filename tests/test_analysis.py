@@ -224,6 +224,12 @@ def test_table1_paper_next_to_measured_only_for_the_same_experiment():
     sage = tab[(tab["dataset"] == "reddit") & (tab["system"] == "graphsage")].iloc[0]
     assert sage["paper"] == 95.4 and pd.isna(sage["measured"])  # the stand-in is not reddit
     stand = tab[tab["note"] == "stand-in for reddit"].iloc[0]
+    # a run that stopped once it reached its target: its best accuracy is a lower bound, and the table says so
+    stopped = make_record("graphsaint", "reddit", test=[0.9, 0.951], epoch_s=[1, 1], target=0.95)
+    stopped["config"]["loop"] = {"stop_at_target": True}
+    tab = T.table1_accuracy(runs_from_records([stopped], [manifest("table1", "local", [(stopped, "")])]))
+    row = tab[(tab["dataset"] == "reddit") & (tab["system"] == "graphsaint")].iloc[0]
+    assert row["measured"] == pytest.approx(95.1) and row["note"] == "stopped at the target accuracy: a lower bound"
     assert stand["dataset"] == "csbm n=20000 avg_degree=12" and pd.isna(stand["paper"])
     assert stand["measured"] == pytest.approx(80)
 
