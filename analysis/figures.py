@@ -28,8 +28,12 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from scalegnn import systems as registry  # noqa: E402
 
+from .paper import canonical_dataset, paper_numbers  # noqa: E402
+
 __all__ = ["NoData", "fig5_ablation", "fig6_time_to_target", "fig7_strong_scaling", "fig8_epoch_breakdown",
-           "plexus_fig5_model", "select", "COMPONENTS", "FIGURE_SPECS", "component_table"]
+           "plexus_fig5_model", "select", "COMPONENTS", "FIGURE_SPECS", "component_table", "paper_points_fig6",
+           "paper_points_fig7", "fig6_paper_vs_here", "fig7_paper_vs_here", "fastest_grid_time",
+           "short_dataset"]
 
 
 class NoData(LookupError):
@@ -119,10 +123,22 @@ def _cluster(frame: pd.DataFrame) -> pd.Series:
     return frame.get("env.hostname", pd.Series(["unknown"] * len(frame), index=frame.index))
 
 
+def short_dataset(ds: str) -> str:
+    """A long generated-graph name shortened to what tells two apart in a demo:
+    ``csbm:n=20000,avg_degree=12,classes=8,...`` -> ``csbm n=20000 avg_degree=12`` (the
+    first parameter, and the average degree where given); other names unchanged."""
+    if not isinstance(ds, str) or ":" not in ds or len(ds) <= 24:
+        return ds
+    name, params = ds.split(":", 1)
+    parts = params.split(",")
+    keep = [parts[0]] + [p for p in parts[1:] if p.startswith("avg_degree=")]
+    return f"{name} {' '.join(keep)}"
+
+
 def _dataset_label(row) -> str:
     ds = row["dataset"]
     paper = row.get("sweep.paper_dataset")
-    short = f"{ds.split(':', 1)[0]} {ds.split(':', 1)[1].split(',')[0]}" if ":" in ds and len(ds) > 24 else ds
+    short = short_dataset(ds)
     if isinstance(paper, str) and paper and paper != ds:
         return f"{short} (stand-in for {paper})"
     return short
@@ -210,102 +226,243 @@ def _log2_ticks(ax, counts):
         ax.set_xlim(counts[0] / 1.6, counts[0] * 1.6)
 
 
-def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None) -> plt.Figure:
+def _real_dataset(frame: pd.DataFrame) -> pd.Series:
+    """True where a run is on the dataset itself, not on a generated stand-in for another."""
+    paper = frame["sweep.paper_dataset"] if "sweep.paper_dataset" in frame else pd.Series(index=frame.index)
+    return paper.isna() | (paper == frame["dataset"])
+
+
+def _fig6_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    frame = select(runs, "fig6")
+    frame = frame[frame["target_acc"].notna()] if "target_acc" in frame else frame.iloc[0:0]
+    if frame.empty:
+        raise NoData("no runs with a target accuracy (the `fig6` sweep or --target-acc)")
+    return frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
+
+
+def _panel_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """(cluster, dataset label) panels: by cluster, the densest graph first (entries per vertex)."""
+    if "graph.num_edges" in frame and "graph.num_nodes" in frame:
+        density = (frame["graph.num_edges"] / frame["graph.num_nodes"]).groupby([frame["_cluster"], frame["_ds"]]).max()
+    else:
+        density = pd.Series(dtype=float)
+    return sorted(frame.groupby(["_cluster", "_ds"]).groups,
+                  key=lambda k: (k[0], -float(density.get(k, 0.0) or 0.0), k[1]))
+
+
+def paper_points_fig6(runs: pd.DataFrame | None, paper: dict | None = None) -> pd.DataFrame:
+    """The paper's Fig. 6 times (``analysis/paper_numbers.toml``), one row per (cluster,
+    dataset, system, GPUs), with ``matched``: a run here is the same experiment (same
+    cluster, the dataset itself, not a stand-in, same system and GPU count) and has a
+    target, so the paper's point belongs on its axes; ``label`` is the panel's
+    dataset label of the matching runs."""
+    paper = paper if paper is not None else paper_numbers()
+    rows = []
+    for cl, datasets in paper.get("fig6", {}).items():
+        if cl == "targets":
+            continue
+        for ds, systems in datasets.items():
+            for system, pts in systems.items():
+                for g, secs in pts.items():
+                    rows.append({"cluster": cl, "dataset": ds, "system": system, "gpus": int(g),
+                                 "seconds": float(secs), "matched": False, "label": ""})
+    out = pd.DataFrame(rows, columns=["cluster", "dataset", "system", "gpus", "seconds", "matched", "label"])
+    try:
+        frame = _fig6_frame(runs) if runs is not None and not runs.empty else None
+    except NoData:
+        frame = None
+    if frame is not None and not out.empty:
+        frame = frame[_real_dataset(frame)]
+        here = {(cl, canonical_dataset(ds), s, int(g)): label for cl, ds, s, g, label in
+                zip(frame["_cluster"], frame["dataset"], frame["system"], frame["world_size"], frame["_ds"])}
+        keys = list(zip(out["cluster"], out["dataset"], out["system"], out["gpus"]))
+        out["matched"] = [k in here for k in keys]
+        out["label"] = [here.get(k, "") for k in keys]
+    return out
+
+
+def fastest_grid_time(runs: pd.DataFrame) -> tuple[float, str]:
+    """(seconds, grid) of one system at one rank count: the median time to target over the
+    runs (seeds) of each grid that reached it, the fastest grid (ScaleGNN may run several
+    grids at one count; a system's best configuration is what Fig. 6 compares)."""
+    reached = runs[runs["time_to_target_s"].notna()]
+    by_grid = reached.groupby("grid_str")["time_to_target_s"].median().sort_values()
+    return float(by_grid.iloc[0]), str(by_grid.index[0])
+
+
+def _paper_style(ax, xs, ys, system: str, label: str | None = None):
+    """The paper's points: hollow markers joined by a dashed line, in the system's colour."""
+    color, marker, _ = _style(system)
+    ax.plot(xs, ys, linestyle="--", marker=marker, mfc="none", mew=1.5, markersize=8, color=color, alpha=0.9,
+            linewidth=1.2, label=label or "_paper")
+
+
+def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, systems_seen: list, label_of: dict):
+    """One Fig. 6 panel of measured runs (see :func:`fig6_time_to_target`)."""
+    points = {}  # system -> {gpus: (seconds, reached, best_acc)}
+    device = sub.groupby("system")["device_kind"].agg(lambda k: "/".join(sorted(set(k)))) \
+        if "device_kind" in sub else pd.Series(dtype=object)
+    for system, s in sub.groupby("system"):
+        pts = {}
+        for g, r in s.groupby("world_size"):
+            reached = r["time_to_target_s"].notna()
+            if reached.any():
+                pts[int(g)] = (fastest_grid_time(r)[0], True, None)
+            else:
+                best = r["best_test_acc"].astype(float)
+                i = best.idxmax() if best.notna().any() else r.index[0]
+                pts[int(g)] = (float(r.loc[i, "time_to_best_s"] or r.loc[i, "summary.train_time_s"] or np.nan),
+                               False, best.get(i))
+        points[system] = pts
+    order = sorted(points, key=lambda s: (s != "scalegnn", s))
+    stacked: dict[int, int] = {}  # labels already written at a GPU count: offset the next one
+    for system in order:
+        color, marker, name = _style(system)
+        if system not in systems_seen:
+            systems_seen.append(system)
+        pts = dict(sorted(points[system].items()))
+        g = list(pts)
+        if device.nunique() > 1:  # the panel mixes devices: every curve says which it ran on
+            name = f"{name} ({device.get(system)})"
+        label_of[system] = name
+        reached = [k for k in g if pts[k][1]]  # a line joins reached points only: into a miss it reads as a gain
+        ax.plot(reached, [pts[k][0] for k in reached], "-", color=color, alpha=0.6, linewidth=1.5, label=name)
+        for gi, (t, ok, acc) in pts.items():
+            if ok:
+                ax.plot([gi], [t], marker=marker, color=color, markersize=7, linestyle="none")
+            else:
+                ax.plot([gi], [t], marker="x", color=color, markersize=9, mew=2.2, linestyle="none")
+                if acc is not None and not pd.isna(acc):
+                    k = stacked.get(gi, 0)
+                    stacked[gi] = k + 1
+                    ax.annotate(f"best {100 * acc:.1f}%", (gi, t), textcoords="offset points",
+                                xytext=(7, -3 - 9 * k), fontsize=7, color=color)
+    # ScaleGNN's speedup over each other system at the largest GPU count where both ran
+    # and ScaleGNN reached the target: never across rank counts, never across devices
+    sg = {k: v for k, v in points.get("scalegnn", {}).items() if v[1]}
+    if sg:
+        ref = (reference or {}).get(cluster)
+        others = [ref] if ref in points else [s for s in order if s != "scalegnn"]
+        lines = []
+        for other in others:
+            common = sorted(set(sg) & set(points.get(other, {})))
+            if not common:
+                continue  # no run at a GPU count where ScaleGNN reached the target: nothing to compare
+            g_at = common[-1]
+            t_other, ok_other, _ = points[other][g_at]
+            at = f" at {g_at} GPU{'s' if g_at > 1 else ''}"
+            if device.get(other) != device.get("scalegnn"):  # a speedup across devices measures hardware
+                lines.append(f"vs {_style(other)[2]}{at}: not comparable ({device.get('scalegnn')} vs "
+                             f"{device.get(other)})")
+                continue
+            ratio = t_other / sg[g_at][0]
+            if ok_other and ratio * 1.05 <= 1.0:  # slower: say so, never "0.6x vs"
+                lines.append(f"{1 / ratio:.1f}x slower than {_style(other)[2]}{at}")
+                continue
+            lines.append(f"{ratio:.1f}x vs {_style(other)[2]}{at}"
+                         + ("" if ok_other else f" or more ({_style(other)[2]} did not reach the target)"))
+        gmax = max(sg)
+        if lines:
+            ax.annotate("\n".join(lines), (gmax, sg[gmax][0]), textcoords="offset points", xytext=(-8, -14),
+                        ha="right", va="top", fontsize=8, color=_style("scalegnn")[0],
+                        bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
+
+
+def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True):
+    _log2_ticks(ax, counts)
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo / 1.25, hi * 1.1)  # room for the "best x%" labels under the lowest point
+    _log_axis(ax.yaxis)
+    ax.set_xlabel("GPUs (ranks)")
+    if ylabel:
+        ax.set_ylabel(f"training time to {100 * target:.0f}% test accuracy (s)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+
+
+def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper: dict | None = None) -> plt.Figure:
     """Training time to the target test accuracy vs GPUs, one panel per (cluster,
     dataset), log scale (paper Fig. 6). Runs that never reached the target are
     drawn with an x at the time to their best accuracy, which is written next to
     them. At the largest GPU count where ScaleGNN reached the target, its speedup over
     the reference system (``reference[cluster]``, else every other system there)
-    is annotated."""
-    frame = select(runs, "fig6")
-    frame = frame[frame["target_acc"].notna()] if "target_acc" in frame else frame.iloc[0:0]
-    if frame.empty:
-        raise NoData("no runs with a target accuracy (the `fig6` sweep or --target-acc)")
-    frame = frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
-    keys = sorted(frame.groupby(["_cluster", "_ds"]).groups)
+    is annotated. The paper's own times (:func:`paper_points_fig6`) are drawn on the
+    same axes, hollow and dashed, where the experiment matches (same cluster, dataset,
+    system and GPU count); the others go to :func:`fig6_paper_vs_here`."""
+    frame = _fig6_frame(runs)
+    pp = paper_points_fig6(runs, paper)
+    pp = pp[pp["matched"]]
+    keys = _panel_order(frame)
     fig, axes = _figure(len(keys), 5.0, 4.8)
     systems_seen, label_of = [], {}
     for ax, (cluster, ds) in zip(axes, keys):
         sub = frame[(frame["_cluster"] == cluster) & (frame["_ds"] == ds)]
-        target = float(sub["target_acc"].iloc[0])
-        points = {}  # system -> {gpus: (seconds, reached, best_acc)}
-        device = sub.groupby("system")["device_kind"].agg(lambda k: "/".join(sorted(set(k)))) \
-            if "device_kind" in sub else pd.Series(dtype=object)
-        for system, s in sub.groupby("system"):
-            pts = {}
-            for g, r in s.groupby("world_size"):
-                reached = r["time_to_target_s"].notna()
-                if reached.any():
-                    pts[int(g)] = (float(r.loc[reached, "time_to_target_s"].median()), True, None)
-                else:
-                    best = r["best_test_acc"].astype(float)
-                    i = best.idxmax() if best.notna().any() else r.index[0]
-                    pts[int(g)] = (float(r.loc[i, "time_to_best_s"] or r.loc[i, "summary.train_time_s"] or np.nan),
-                                   False, best.get(i))
-            points[system] = pts
-        order = sorted(points, key=lambda s: (s != "scalegnn", s))
-        stacked: dict[int, int] = {}  # labels already written at a GPU count: offset the next one
-        for system in order:
-            color, marker, name = _style(system)
-            if system not in systems_seen:
-                systems_seen.append(system)
-            pts = dict(sorted(points[system].items()))
-            g = list(pts)
-            if device.nunique() > 1:  # the panel mixes devices: every curve says which it ran on
-                name = f"{name} ({device.get(system)})"
-            label_of[system] = name
-            reached = [k for k in g if pts[k][1]]  # a line joins reached points only: into a miss it reads as a gain
-            ax.plot(reached, [pts[k][0] for k in reached], "-", color=color, alpha=0.6, linewidth=1.5, label=name)
-            for gi, (t, ok, acc) in pts.items():
-                if ok:
-                    ax.plot([gi], [t], marker=marker, color=color, markersize=7, linestyle="none")
-                else:
-                    ax.plot([gi], [t], marker="x", color=color, markersize=9, mew=2.2, linestyle="none")
-                    if acc is not None and not pd.isna(acc):
-                        k = stacked.get(gi, 0)
-                        stacked[gi] = k + 1
-                        ax.annotate(f"best {100 * acc:.1f}%", (gi, t), textcoords="offset points",
-                                    xytext=(7, -3 - 9 * k), fontsize=7, color=color)
-        # ScaleGNN's speedup over each other system at the largest GPU count where both ran
-        # and ScaleGNN reached the target: never across rank counts, never across devices
-        sg = {k: v for k, v in points.get("scalegnn", {}).items() if v[1]}
-        if sg:
-            ref = (reference or {}).get(cluster)
-            others = [ref] if ref in points else [s for s in order if s != "scalegnn"]
-            lines = []
-            for other in others:
-                common = sorted(set(sg) & set(points.get(other, {})))
-                if not common:
-                    continue  # no run at a GPU count where ScaleGNN reached the target: nothing to compare
-                g_at = common[-1]
-                t_other, ok_other, _ = points[other][g_at]
-                at = f" at {g_at} GPU{'s' if g_at > 1 else ''}"
-                if device.get(other) != device.get("scalegnn"):  # a speedup across devices measures hardware
-                    lines.append(f"vs {_style(other)[2]}{at}: not comparable ({device.get('scalegnn')} vs "
-                                 f"{device.get(other)})")
-                    continue
-                ratio = t_other / sg[g_at][0]
-                lines.append(f"{ratio:.1f}x vs {_style(other)[2]}{at}"
-                             + ("" if ok_other else f" or more ({_style(other)[2]} did not reach the target)"))
-            gmax = max(sg)
-            if lines:
-                ax.annotate("\n".join(lines), (gmax, sg[gmax][0]), textcoords="offset points", xytext=(-8, -14),
-                            ha="right", va="top", fontsize=8, color=_style("scalegnn")[0],
-                            bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
-        _log2_ticks(ax, sub["world_size"])
-        ax.set_yscale("log")
-        _log_axis(ax.yaxis)
-        ax.set_xlabel("GPUs (ranks)")
-        ax.set_ylabel(f"training time to {100 * target:.0f}% test accuracy (s)")
-        ax.set_title(f"{ds}, {cluster}", fontsize=10)
-        ax.grid(alpha=0.3, which="both")
+        _fig6_panel(ax, sub, cluster, reference, systems_seen, label_of)
+        mine = pp[(pp["cluster"] == cluster) & (pp["label"] == ds)]
+        for system, p in mine.groupby("system"):
+            p = p.sort_values("gpus")
+            _paper_style(ax, p["gpus"].tolist(), p["seconds"].tolist(), system,
+                         label=f"{_style(system)[2]} (paper)")
+        counts = list(sub["world_size"]) + list(mine["gpus"])
+        _fig6_axes(ax, counts, float(sub["target_acc"].iloc[0]), f"{ds}, {cluster}")
     handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
                for s in systems_seen]
     handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
                           label="target not reached (time to best)"))
+    if not pp.empty:
+        handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="--",
+                              label="paper (same experiment)"))
     bottom = _legend_below(fig, handles, [h.get_label() for h in handles])
     fig.suptitle("Training time to target test accuracy (evaluation excluded; lower is better)", fontsize=11)
     fig.tight_layout(rect=(0, bottom, 1, 0.95))
+    return fig
+
+
+def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper: dict | None = None) -> plt.Figure:
+    """Paper vs here for Fig. 6 when no experiment matches: the paper's time-to-target
+    panels (left, two rows, hollow and dashed, its clusters and datasets) beside the
+    panels measured here (right, full height), each on its own axes. Raises :class:`NoData` without
+    measured runs, or when some paper point matches (it is then on Fig. 6 itself)."""
+    paper = paper if paper is not None else paper_numbers()
+    frame = _fig6_frame(runs)
+    pp = paper_points_fig6(runs, paper)
+    if pp.empty:
+        raise NoData("no paper numbers for Fig. 6")
+    if pp["matched"].any():
+        raise NoData("the paper's Fig. 6 points are drawn on the measured axes (same experiment)")
+    targets = paper.get("fig6", {}).get("targets", {})
+    paper_keys = sorted(pp.groupby(["cluster", "dataset"]).groups, key=lambda k: (k[0] != "perlmutter", k))
+    here_keys = _panel_order(frame)
+    # the paper's panels in a block of two rows on the left, ours on the right at full height
+    pcols = -(-len(paper_keys) // 2)
+    fig = plt.figure(figsize=(3.3 * pcols + 4.6 * len(here_keys), 7.4))
+    grid = fig.add_gridspec(2, pcols + len(here_keys), width_ratios=[1] * pcols + [1.5] * len(here_keys))
+    for i, (cl, ds) in enumerate(paper_keys):
+        ax = fig.add_subplot(grid[i // pcols, i % pcols])
+        sub = pp[(pp["cluster"] == cl) & (pp["dataset"] == ds)]
+        for system, p in sorted(sub.groupby("system"), key=lambda kv: (kv[0] != "scalegnn", kv[0])):
+            p = p.sort_values("gpus")
+            _paper_style(ax, p["gpus"].tolist(), p["seconds"].tolist(), system, label=_style(system)[2])
+        _fig6_axes(ax, sub["gpus"], float(targets.get(ds, np.nan)), f"paper: {ds}, {cl}")
+        ax.set_ylabel(f"time to {100 * float(targets.get(ds, np.nan)):.0f}% test acc. (s)", fontsize=9)
+        ax.legend(fontsize=7, loc="best")
+    for j, (cl, ds) in enumerate(here_keys):
+        ax = fig.add_subplot(grid[:, pcols + j])
+        sub = frame[(frame["_cluster"] == cl) & (frame["_ds"] == ds)]
+        seen, label_of = [], {}
+        _fig6_panel(ax, sub, cl, reference, seen, label_of)
+        _fig6_axes(ax, sub["world_size"], float(sub["target_acc"].iloc[0]), f"here: {ds}, {cl}")
+        handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
+                   for s in seen]
+        if not sub["time_to_target_s"].notna().all():
+            handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
+                                  label="target not reached (time to best)"))
+        ax.legend(handles=handles, fontsize=8, loc="best")
+    fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow, dashed); "
+                 "right: measured here.\nNo experiment here is the paper's (same cluster, dataset, system and GPU "
+                 "count), so each has its own axes.", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     return fig
 
 
@@ -318,24 +475,59 @@ def _scaling_frame(runs: pd.DataFrame, figure: str) -> pd.DataFrame:
     return frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
 
 
-def fig7_strong_scaling(runs: pd.DataFrame) -> plt.Figure:
+def paper_points_fig7(runs: pd.DataFrame | None, paper: dict | None = None) -> pd.DataFrame:
+    """The paper's Fig. 7 strong-scaling numbers, two rows per (cluster, dataset): the
+    first and last GPU counts, their epoch times where the text states them
+    (``epoch_ms``, else NaN) and the speedup over the first count (1 at the first).
+    ``matched``: a ScaleGNN scaling run here is the same experiment (same cluster, the
+    dataset itself, same GPU count); ``label`` is its dataset label in Fig. 7."""
+    paper = paper if paper is not None else paper_numbers()
+    rows = []
+    for cl, datasets in paper.get("fig7", {}).items():
+        for ds, v in datasets.items():
+            ems = list(v.get("epoch_ms", [np.nan, np.nan]))
+            for i, g in enumerate(v["gpus"]):
+                rows.append({"cluster": cl, "dataset": ds, "gpus": int(g), "epoch_ms": float(ems[i]),
+                             "speedup": 1.0 if i == 0 else float(v["speedup"]), "matched": False, "label": ""})
+    out = pd.DataFrame(rows, columns=["cluster", "dataset", "gpus", "epoch_ms", "speedup", "matched", "label"])
+    try:
+        frame = _scaling_frame(runs, "fig7") if runs is not None and not runs.empty else None
+    except NoData:
+        frame = None
+    if frame is not None and not out.empty:
+        frame = frame[_real_dataset(frame)]
+        here = {(cl, canonical_dataset(ds), int(g)): label for cl, ds, g, label in
+                zip(frame["_cluster"], frame["dataset"], frame["world_size"], frame["_ds"])}
+        keys = list(zip(out["cluster"], out["dataset"], out["gpus"]))
+        out["matched"] = [k in here for k in keys]
+        out["label"] = [here.get(k, "") for k in keys]
+    return out
+
+
+def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Figure:
     """Epoch time vs GPUs, one panel per cluster and one curve per (dataset, 3D grid)
     as Gd grows, with ideal scaling from each curve's first point (dashed) and the
-    measured speedup annotated at its last point (paper Fig. 7)."""
+    measured speedup annotated at its last point (paper Fig. 7). The paper's epoch
+    times (:func:`paper_points_fig7`, where stated) are drawn on the same axes, hollow
+    and dashed, where the experiment matches (same cluster, dataset and GPU count)."""
     frame = _scaling_frame(runs, "fig7")
     if frame.groupby(["_cluster", "_ds", "mp_grid"])["world_size"].nunique().max() < 2:
         raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more GPU counts; every curve here "
                      "has one point")
+    pp = paper_points_fig7(runs, paper)
+    pp = pp[pp["matched"] & pp["epoch_ms"].notna()]
     clusters = sorted(frame["_cluster"].unique())
     fig, axes = _figure(len(clusters), 5.6, 4.8)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, cluster in zip(axes, clusters):
         sub = frame[frame["_cluster"] == cluster]
         curves = sorted(sub.groupby(["_ds", "mp_grid"]).groups)
+        color_of_ds = {}
         for i, (ds, mp) in enumerate(curves):
             c = sub[(sub["_ds"] == ds) & (sub["mp_grid"] == mp)]
             pts = c.groupby("world_size")["epoch_time_s"].mean().sort_index() * 1e3
             color = colors[i % len(colors)]
+            color_of_ds.setdefault(ds, color)
             label = f"{ds}, 3D grid {mp}" if len(sub["mp_grid"].unique()) > 1 or len(curves) > 1 else ds
             ax.plot(pts.index, pts.values, "o-", color=color, label=label, linewidth=2)
             if len(pts) > 1:
@@ -346,7 +538,12 @@ def fig7_strong_scaling(runs: pd.DataFrame) -> plt.Figure:
                 ax.annotate(f"{speed:.1f}x ({100 * speed / ideal:.0f}% of ideal {ideal:.0f}x)",
                             (pts.index[-1], pts.iloc[-1]), textcoords="offset points", xytext=(-4, 8),
                             ha="right", fontsize=8, color=color)
-        _log2_ticks(ax, sub["world_size"])
+        mine = pp[pp["cluster"] == cluster]
+        for ds, p in mine.groupby("label"):
+            p = p.sort_values("gpus")
+            ax.plot(p["gpus"], p["epoch_ms"], linestyle=":", marker="o", mfc="none", mew=1.5, markersize=8,
+                    color=color_of_ds.get(ds, "black"), label=f"{ds} (paper)")
+        _log2_ticks(ax, list(sub["world_size"]) + list(mine["gpus"]))
         ax.set_yscale("log")
         _log_axis(ax.yaxis)
         ax.set_xlabel("GPUs (ranks); Gd grows from the first point")
@@ -358,6 +555,61 @@ def fig7_strong_scaling(runs: pd.DataFrame) -> plt.Figure:
         ax.legend(handles=handles, fontsize=8, loc="lower left")
     fig.suptitle("Strong scaling of ScaleGNN epoch time (3D grid fixed, Gd grows)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
+
+
+def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Figure:
+    """Paper vs here for Fig. 7 when no experiment matches: speedup over the first GPU
+    count against the GPU multiple (GPUs / first GPUs, so one ideal line y = x serves
+    every curve), the paper's strong-scaling results on the left (first and last
+    count, hollow and dashed) and the ScaleGNN curves measured here on the right, each
+    on its own axes. Raises :class:`NoData` without a measured curve of two or more
+    counts, or when a paper point matches (it is then on Fig. 7 itself)."""
+    frame = _scaling_frame(runs, "fig7")
+    pp = paper_points_fig7(runs, paper)
+    if pp.empty:
+        raise NoData("no paper numbers for Fig. 7")
+    if pp["matched"].any():
+        raise NoData("the paper's Fig. 7 points are drawn on the measured axes (same experiment)")
+    curves = []
+    for (cl, ds, mp), c in frame.groupby(["_cluster", "_ds", "mp_grid"]):
+        pts = c.groupby("world_size")["epoch_time_s"].mean().sort_index()
+        if len(pts) > 1:
+            curves.append((cl, ds, mp, pts))
+    if not curves:
+        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more GPU counts")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5.0))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = {"perlmutter": "o", "frontier": "s", "tuolumne": "^"}
+    ds_color = {ds: colors[i % len(colors)] for i, ds in enumerate(sorted(pp["dataset"].unique()))}
+    top = 1.0
+    for (cl, ds), p in sorted(pp.groupby(["cluster", "dataset"])):
+        p = p.sort_values("gpus")
+        mult = p["gpus"] / p["gpus"].iloc[0]
+        a1.plot(mult, p["speedup"], linestyle="--", marker=markers.get(cl, "D"), mfc="none", mew=1.5,
+                markersize=7, color=ds_color[ds], label=f"{ds}, {cl} ({p['gpus'].iloc[0]} -> {p['gpus'].iloc[-1]})")
+        top = max(top, float(mult.iloc[-1]))
+    here_top = 1.0
+    for i, (cl, ds, mp, pts) in enumerate(curves):
+        mult = pts.index / pts.index[0]
+        a2.plot(mult, pts.iloc[0] / pts.values, "o-", color=colors[i % len(colors)], linewidth=2,
+                label=f"{ds}, 3D grid {mp}, {cl} ({pts.index[0]} -> {pts.index[-1]})")
+        here_top = max(here_top, float(mult[-1]))
+    for ax, hi, title in ((a1, top, "paper: ScaleGNN strong scaling (Fig. 7, Section VII-C)"),
+                          (a2, here_top, "here: ScaleGNN strong scaling (measured)")):
+        ax.plot([1, hi], [1, hi], color="gray", linestyle=":", linewidth=1, label="ideal")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("GPUs / first GPU count")
+        ax.set_ylabel("speedup over the first GPU count")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("Fig. 7, paper vs here: no experiment here matches the paper's, so each has its own axes",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     return fig
 
 
@@ -381,7 +633,7 @@ def fig8_epoch_breakdown(runs: pd.DataFrame) -> plt.Figure:
         totals, used = _stacked_bars(ax, x, comps)
         handles.update(used)
         worlds = sub.groupby("grid.dp")["world_size"].first().sort_index()
-        ax.set_xticks(x, [f"Gd={gd}\n{int(w)} ranks" for gd, w in worlds.items()])
+        ax.set_xticks(x, [f"Gd={gd}\n{int(w)} rank{'s' if int(w) != 1 else ''}" for gd, w in worlds.items()])
         for xi, tot in zip(x, totals):
             ax.text(xi, tot, f"{tot:.0f}", ha="center", va="bottom", fontsize=8)
         ax.set_ylabel("epoch time (ms)")

@@ -21,6 +21,7 @@ from . import figures as F
 from . import tables as T
 from .load import read_manifests, read_records, runs_from_records
 from .paper import paper_numbers
+from .verdict import result_lines
 
 __all__ = ["write_report"]
 
@@ -104,6 +105,10 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     add = md.append
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     add(f"# {title or 'ScaleGNN harness report'}\n")
+    # the result first, in one line per graph (analysis.verdict): ScaleGNN against every
+    # system at the same process count, densest graph first, then where it does not hold
+    for i, text in enumerate(result_lines(runs) if not runs.empty else []):
+        add(f"{'**Result:** ' if i == 0 else ''}{text}\n")
     add(f"Generated {now} by `scalegnn report {results_dir}` (scalegnn commit `{_commit()}`).\n")
     add(f"- {len(records)} run records ({ok} ok, {len(records) - ok} not ok), "
         f"{len(skipped)} unreadable files skipped")
@@ -114,7 +119,9 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
         add("- machines: " + "; ".join(f"{h} ({d}): {n} runs" for (h, d), n in hosts.items()))
     add("\nPaper numbers come from `analysis/paper_numbers.toml` (the papers' tables and text). "
         "They sit next to a measured number only for the same experiment: same system and dataset "
-        "(never a generated stand-in), and for timings the same cluster and GPU count.\n")
+        "(never a generated stand-in), and for timings the same cluster and GPU count. In the figures the "
+        "paper's points are drawn on the measured axes (hollow markers, dashed lines) only for such an "
+        "experiment; where there is none, a \"paper vs here\" figure shows both, each on its own axes.\n")
 
     # ------------------------------------------------------------------ figures
     for stem, heading, kind, sweep in FIGURES:
@@ -131,6 +138,7 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
         if fig is not None:
             png, pdf = _save(fig, out, stem)
             add(f"![{heading}]({png})\n\n[PDF]({pdf})\n")
+            _paper_vs_here(kind, runs, manifests, paper, out, add)
         if kind == "fig5":
             tab = T.fig5_reductions(runs, paper) if not runs.empty else pd.DataFrame()
             if not tab.empty:
@@ -148,13 +156,14 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
                 f"communication overlap -3%/-2%.\n")
         if kind == "fig6":
             tab = T.fig6_times(runs, paper)
-            add("Time to target (s), paper (ScaleGNN Section VII-B) and measured here; for runs that did not "
-                "reach the target, the time to their best accuracy (`best acc`).\n")
+            add("Time to target (s), paper (ScaleGNN Section VII-B) and measured here (where several grids ran "
+                "at one GPU count, the fastest); for runs that did not reach the target, the time to their best "
+                "accuracy (`best acc`).\n")
             for line in T.mixed_devices(runs, "fig6") if not runs.empty else []:
                 add(line + "\n")
             add(T.markdown(tab, {"paper": ".2f", "measured": ".2f", "target": ".0f", "best_acc": ".1f"},
                            {"cluster": "cluster", "dataset": "dataset", "system": "system", "gpus": "GPUs",
-                            "paper": "paper (s)", "measured": "measured (s)", "reached": "reached",
+                            "paper": "paper (s)", "measured": "measured (s)", "grid": "grid", "reached": "reached",
                             "target": "target (%)", "best_acc": "best acc (%)", "device": "device",
                             "note": "note"}))
         if kind == "fig7":
@@ -218,6 +227,23 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     path = out / "report.md"
     path.write_text("\n".join(md))
     return path
+
+
+def _paper_vs_here(kind: str, runs: pd.DataFrame, manifests: list[dict], paper: dict, out: Path, add) -> None:
+    """Where no run here is the paper's experiment, the paper's figure and ours side by
+    side, each on its own axes (where one is, the paper's points are on the figure itself)."""
+    fn = {"fig6": lambda: F.fig6_paper_vs_here(runs, _references(manifests), paper),
+          "fig7": lambda: F.fig7_paper_vs_here(runs, paper)}.get(kind)
+    if fn is None:
+        return
+    try:
+        fig = fn()
+    except F.NoData:
+        return
+    stem = f"{kind}_paper_vs_here"
+    png, pdf = _save(fig, out, stem)
+    add(f"Paper vs here (no experiment here is the paper's: same cluster, dataset and GPU count):\n\n"
+        f"![{kind} paper vs here]({png})\n\n[PDF]({pdf})\n")
 
 
 def _references(manifests: list[dict]) -> dict:

@@ -203,7 +203,7 @@ def test_staging_covers_multi_rank_scalegnn_runs_once(tmp_path):
     root = str(tmp_path / "data")
     out = sweep("demo", "local", tmp_path / "o", dry_run=True, data_root=root, printer=lambda *a: None)
     staged = {r.system: st for r in out.todo if (st := out.stages.get(r.key))}
-    assert set(staged) == {"scalegnn"} and len(out.stages) == 2  # grids 1x2x1x1 and 2x2x1x1; the rest have 1 rank
+    assert set(staged) == {"scalegnn"} and len(out.stages) == 2  # grids 2x1x1x1 and 1x2x1x1; the rest have 1 rank
     assert len(out.stage_scripts) == 2 and all("scalegnn data shard" in s for s in out.stage_scripts)
     def cfg(*argv):
         return parse_train_args(list(argv))[0]
