@@ -89,7 +89,7 @@ test-gpu:
 
 # ScaleGNN on one GPU against PyG on the same GPU (benchmarks/gpu.py), the machine's python.
 bench-gpu:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m benchmarks.gpu --out results/bench/gpu
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu --out results/bench/gpu
 
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only

@@ -1,4 +1,4 @@
-"""The paper's figures from the runs DataFrame (:func:`analysis.load_runs`).
+"""The paper's figures from the runs DataFrame (:func:`scalegnn.analysis.load_runs`).
 
 Every function takes the runs frame (and, where a figure needs it, the speedup
 reference or the model validation frame) and returns a matplotlib ``Figure``; it

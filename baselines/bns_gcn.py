@@ -286,4 +286,4 @@ def make_trainer(cfg, data):
 def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, "baselines.bns_gcn:make_trainer", graph)
+    return run_baseline(cfg, "scalegnn.baselines.bns_gcn:make_trainer", graph)

@@ -2,7 +2,7 @@
 
 Written from Tripathy, Yelick and Buluc, "Reducing Communication in Graph Neural
 Network Training" (SC20), section IV; the operators and their collectives are in
-:mod:`baselines.cagnet_ops` (read its docstring for the layouts and the shape legend).
+:mod:`scalegnn.baselines.cagnet_ops` (read its docstring for the layouts and the shape legend).
 
 Model. The GCN of the serial full-graph reference (:class:`scalegnn.model.ScaleGNN`
 with B = N: input projection, L x [SpMM, GEMM, RMSNorm, ReLU, dropout, residual],
@@ -25,7 +25,7 @@ every SpMM is CAGNET's. Per layer, on process P(i, j):
     process of row i); output head O_i = H_i: W_out (2D: one more row gather), each
     process of row i computing the same O_i and loss rows.
 
-Backward (paper Eqs. 2-3), derived per operator in :mod:`baselines.cagnet_ops`: the
+Backward (paper Eqs. 2-3), derived per operator in :mod:`scalegnn.baselines.cagnet_ops`: the
 SpMM's backward runs the same algorithm on A^T and the complete G = dZ (the paper's
 A G^l; it stores A^T in 1D/1.5D, and in 2D this code stores the 2D blocks of A^T too,
 where the paper, for undirected graphs, uses A = A^T); the weight gradient
@@ -38,7 +38,7 @@ training labels (the serial mean); reported sums are divided by the replication
 Communication is recorded per step and per rank by kind (``comm_bytes`` of every
 epoch row: rank 0's; ``cagnet.comm_bytes_per_step_per_rank``: every rank's, from the
 first epoch) next to the analytic volume of
-:func:`baselines.cagnet_ops.analytic_comm_bytes` (``cagnet.analytic_...``), which the
+:func:`scalegnn.baselines.cagnet_ops.analytic_comm_bytes` (``cagnet.analytic_...``), which the
 tests hold equal byte for byte.
 
 3D. CAGNET's Split-3D-SpMM (section IV-D) is *not* covered by the repository's 3D PMM
@@ -194,7 +194,7 @@ class CagnetGCN:
         return self.plan.j == 0
 
     def analytic_bytes(self, rank: int) -> dict:
-        """:func:`baselines.cagnet_ops.analytic_comm_bytes` of ``rank`` for this model and graph."""
+        """:func:`scalegnn.baselines.cagnet_ops.analytic_comm_bytes` of ``rank`` for this model and graph."""
         kw = {}
         if self.algorithm == "2d":
             kw = dict(nnz_fwd=self._nnz_of(rank, 0), nnz_bwd=self._nnz_of(rank, 1), grid2d=(self.plan.R, self.plan.C))
@@ -291,4 +291,4 @@ def make_trainer(cfg, data):
 def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, "baselines.cagnet:make_trainer", graph)
+    return run_baseline(cfg, "scalegnn.baselines.cagnet:make_trainer", graph)

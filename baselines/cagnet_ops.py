@@ -1,6 +1,6 @@
 """CAGNET's distributed operators (Tripathy, Yelick, Buluc, SC20, section IV): the
 process-grid layouts, the SpMMs with explicit collectives, and the analytic
-communication volume of a training step. :mod:`baselines.cagnet` builds the model
+communication volume of a training step. :mod:`scalegnn.baselines.cagnet` builds the model
 and the trainer on them.
 
 Shape legend (per rank; every split is :func:`scalegnn.ranges.split_range`, so

@@ -221,4 +221,4 @@ def make_trainer(cfg, data):
 def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, "baselines.graphsage:make_trainer", graph)
+    return run_baseline(cfg, "scalegnn.baselines.graphsage:make_trainer", graph)

@@ -17,7 +17,7 @@ As GraphSAINT (Zeng et al., ICLR 2020) and PyG's ``examples/graph_saint.py``:
   by its *source's* count; the exact form uses the aggregating target, which is the
   unbiased estimator of ``sum_u w_uv x_u``;
 * the model: L ``GraphConv`` layers (self + neighbor weights) with jumping-knowledge
-  concatenation (:class:`baselines.models.SAINTNet`);
+  concatenation (:class:`scalegnn.baselines.models.SAINTNet`);
 * full-graph evaluation (every neighbor, mean aggregation), on rank 0 only, as
   GraphSAINT evaluates on the CPU in one process.
 
@@ -212,4 +212,4 @@ def make_trainer(cfg, data):
 def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, "baselines.graphsaint:make_trainer", graph)
+    return run_baseline(cfg, "scalegnn.baselines.graphsaint:make_trainer", graph)

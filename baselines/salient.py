@@ -19,7 +19,7 @@ Shape legend: N vertices, F features, k ranks, B seeds per batch, n sampled vert
   access probabilities analytically); the top ``cache_budget * N`` remote vertices
   are fetched once and kept. Hits, misses and local accesses are counted per
   epoch and recorded (``cache`` in every epoch row; ``cache_hit_rate`` in the record).
-* **Training:** GraphSAGE (SAGEConv, :class:`baselines.models.SAGENet`), DDP.
+* **Training:** GraphSAGE (SAGEConv, :class:`scalegnn.baselines.models.SAGENet`), DDP.
 * **Evaluation:** neighbor-sampled inference (fanouts 20,20,20) through the same
   pipeline, each rank over the labeled vertices it owns (SALIENT++ evaluates so).
 """
@@ -401,4 +401,4 @@ def make_trainer(cfg, data):
 def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, "baselines.salient:make_trainer", graph)
+    return run_baseline(cfg, "scalegnn.baselines.salient:make_trainer", graph)

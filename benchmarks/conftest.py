@@ -16,7 +16,7 @@ N, NNZ, B = 200_000, 4_000_000, 20_000
 
 @pytest.fixture(scope="session")
 def csr():
-    from benchmarks.peers import random_csr
+    from scalegnn.benchmarks.peers import random_csr
 
     return random_csr(N, NNZ, seed=0)
 

@@ -1,6 +1,6 @@
 """ScaleGNN on one GPU against PyG on the same GPU, on a generated products-scale graph.
 
-    python3 -m benchmarks.gpu --out results/bench/gpu           (make bench-gpu)
+    python3 -m scalegnn.benchmarks.gpu --out results/bench/gpu           (make bench-gpu)
 
 Run it from the repository root with the machine's own python and torch: nothing is
 installed (a GPU node often has no package registry). It writes ``gpu.json`` (every
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peers import _machine, markdown_table, random_csr
+from scalegnn.benchmarks.peers import _machine, markdown_table, random_csr
 from scalegnn.device import device_info, peak_device_memory_bytes, reset_peak_memory, synchronize
 
 __all__ = ["main", "sampler_section", "scalegnn_section", "pyg_gcn_section", "pyg_sage_section"]
@@ -344,7 +344,7 @@ def _save(out: Path, res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m scalegnn.benchmarks.gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results/bench/gpu")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--nodes", type=int, default=2_400_000)
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
-    res = {"command": "python3 -m benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
+    res = {"command": "python3 -m scalegnn.benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": _machine(), "device": device_info(device), "target": args.target, "settings": vars(args)}
     if "sampler" not in skip:
         n, nnz, b = (int(v) for v in args.sampler_size.split(","))

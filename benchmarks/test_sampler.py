@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from benchmarks.conftest import B, N
+from scalegnn.benchmarks.conftest import B, N
 from scalegnn import _fastsample
 from scalegnn.sampling import CompactIndexMap, extract_block, inclusion_probability, sample_vertices
 

@@ -5,7 +5,7 @@ transpose (Eq. 17)."""
 import pytest
 import torch
 
-from benchmarks.conftest import B, N
+from scalegnn.benchmarks.conftest import B, N
 from scalegnn.model import spmm
 from scalegnn.sampling import extract_block, inclusion_probability, sample_vertices
 

@@ -4,7 +4,7 @@ and 4D (data x 3D parallel matrix multiplication) parallelism.
 The public API (loaded on first use, so ``import scalegnn`` stays light)::
 
     scalegnn.train(graph_or_none, **settings) -> run record    (scalegnn.api)
-    scalegnn.Graph, scalegnn.Graph.from_pyg(data), graph.to_pyg()
+    scalegnn.Graph, scalegnn.Graph.from_pyg(data), graph.to_pyg(), Graph.from_dgl(g)
     scalegnn.RunConfig, scalegnn.make_config(**settings), scalegnn.load_dataset(name)
 """
 
@@ -18,7 +18,15 @@ warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitl
 
 __all__ = ["train", "Graph", "RunConfig", "make_config", "load_dataset", "__version__"]
 
+# The harness lives beside this package in the repository (analysis/, baselines/, sweeps/,
+# benchmarks/) and is installed inside it (scalegnn.analysis, ...: pyproject.toml maps the
+# folders), so that pip adds no top-level names. Run from a checkout (PYTHONPATH, no
+# install), the repository is one more place to look for scalegnn's subpackages.
+import os as _os
 
+_CHECKOUT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_CHECKOUT, "sweeps", "__init__.py")) and _CHECKOUT not in __path__:
+    __path__.append(_CHECKOUT)
 
 def __getattr__(name: str):
     """The API's names, imported when first asked for (PEP 562)."""

@@ -1,5 +1,5 @@
 """Command line: ``scalegnn train``, ``scalegnn data info|shard``, ``scalegnn demo``,
-``scalegnn sweep|report|plan`` (the harness: :mod:`sweeps.cli`).
+``scalegnn sweep|report|plan`` (the harness: :mod:`scalegnn.sweeps.cli`).
 
 ``python -m scalegnn`` is the same program.
 """
@@ -42,11 +42,11 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=None, help="override the demo sweep's epochs "
                       "(default: sweeps/specs/demo.toml)")
 
-    from sweeps.cli import add_commands as add_harness_commands  # sweep, report, plan
+    from scalegnn.sweeps.cli import add_commands as add_harness_commands  # sweep, report, plan
 
     add_harness_commands(sub)
 
-    from benchmarks.peers import add_bench_command
+    from scalegnn.benchmarks.peers import add_bench_command
 
     add_bench_command(sub)
 
@@ -159,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "data":
             return _cmd_data(args)
         if args.command == "bench":
-            from benchmarks.peers import run_bench_command
+            from scalegnn.benchmarks.peers import run_bench_command
 
             return run_bench_command(args)
         if args.command in ("sweep", "report", "plan"):
-            from sweeps.cli import run as run_harness_command
+            from scalegnn.sweeps.cli import run as run_harness_command
 
             return run_harness_command(args)
         if args.command == "demo":

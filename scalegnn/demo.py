@@ -33,11 +33,11 @@ DEMO_SPEC = "demo"
 
 
 def run_demo(out_dir: str = "results/demo", data_root: str | None = None, epochs: int | None = None) -> int:
-    from analysis import load_runs
-    from analysis.figures import short_dataset
-    from analysis.report import write_report
-    from analysis.verdict import result_lines
-    from sweeps.launcher import sweep
+    from scalegnn.analysis import load_runs
+    from scalegnn.analysis.figures import short_dataset
+    from scalegnn.analysis.report import write_report
+    from scalegnn.analysis.verdict import result_lines
+    from scalegnn.sweeps.launcher import sweep
 
     t0 = time.perf_counter()
     out = Path(out_dir)

@@ -114,8 +114,8 @@ def order_key(name: str) -> int:
 # In table order: the compared systems, then the full-graph 3D mode, then ScaleGNN.
 def _compared(name: str, display: str, color: str, marker: str, module: str, options: str, **kw) -> System:
     """A system of ``baselines/``: data parallel only, its own published hyper-parameters."""
-    return System(name=name, display=display, color=color, marker=marker, run=f"baselines.{module}:run",
-                  options=f"baselines.{module}:{options}", sweep_defaults=(("system", name),), **kw)
+    return System(name=name, display=display, color=color, marker=marker, run=f"scalegnn.baselines.{module}:run",
+                  options=f"scalegnn.baselines.{module}:{options}", sweep_defaults=(("system", name),), **kw)
 
 
 for _system in (

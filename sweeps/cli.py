@@ -87,7 +87,7 @@ def run(args) -> int:
     if args.command == "report":
         from pathlib import Path
 
-        from analysis.report import write_report
+        from scalegnn.analysis.report import write_report
 
         out = args.out or str(Path(args.results_dir) / "report")
         path = write_report(args.results_dir, out, data_root=args.data_root, title=args.title)
@@ -123,8 +123,8 @@ def _plan(args) -> int:
                              data_root=args.data_root, pmm_bytes=2 if args.comm_dtype == "bf16" else 4)
     coef, source = Coefficients(), f"the {profile.name} profile's constants (not fitted)"
     if args.fit:
-        from analysis import load_runs
-        from analysis.perfmodel import fit_from_runs
+        from scalegnn.analysis import load_runs
+        from scalegnn.analysis.perfmodel import fit_from_runs
 
         coef = fit_from_runs(load_runs(args.fit), profile.name, machine)
         source = f"fitted on {coef.fitted_on} runs recorded on {profile.name} in {args.fit}"

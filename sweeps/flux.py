@@ -8,14 +8,14 @@ the profile's ``[flux] extra``), the profile's set-up lines and environment, the
 1. the staging step: one single-task ``flux run`` per shard set the group's runs read
    (``scalegnn data shard``, skipped when its manifest exists, see ``staging.py``);
 2. one ``flux run -N <nodes> -n <ranks>`` per run, one after another inside the
-   allocation, each task running ``python -m sweeps.flux <task file>``.
+   allocation, each task running ``python -m scalegnn.sweeps.flux <task file>``.
 
 The task file (JSON, ``OUT/.flux/tasks/``) holds the run and its full
 ``scalegnn train`` arguments (data root, shard folder, checkpoint options). Each
 task finds its rank, the world size and the rendezvous host in Flux's environment
 (``FLUX_TASK_RANK``, ``FLUX_JOB_SIZE``, ``FLUX_TASK_LOCAL_ID``, the first host of
 ``flux getattr hostlist``: :func:`scalegnn.parallel.launch.detect_env`), as a
-SLURM task does from submitit's (:func:`sweeps.task.join_job`).
+SLURM task does from submitit's (:func:`scalegnn.sweeps.task.join_job`).
 
 Time limits: every ``flux run`` asks for ``SIGUSR2`` 120 s before its expiration
 (``--signal``); the training loop then saves a checkpoint at its next step and the
@@ -84,7 +84,7 @@ def render_flux_batch(profile, nodes: int, tasks_per_node: int, cpus: int, time_
     out = Path(out)
     lines = ["#!/bin/bash", *_directives(profile, nodes, time_min, job_name, out / FLUX_DIR), "",
              "# setup", *profile.setup, *profile.env_lines(), ""]
-    task = f"{python} -u -m sweeps.flux"
+    task = f"{python} -u -m scalegnn.sweeps.flux"
     if stages:
         lines.append("# data staged once: `scalegnn data shard`, one task (skipped when its shards exist)")
         for name, path in stages:
@@ -224,13 +224,13 @@ def _run_rank(run: dict, backend: str, threads: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m sweeps.flux TASK_FILE (written by `scalegnn sweep` for a Flux profile)",
+        print("usage: python -m scalegnn.sweeps.flux TASK_FILE (written by `scalegnn sweep` for a Flux profile)",
               file=sys.stderr)
         return 2
     try:
         return run_task_file(argv[0])
     except ValueError as exc:
-        print(f"sweeps.flux: error: {exc}", file=sys.stderr)
+        print(f"scalegnn.sweeps.flux: error: {exc}", file=sys.stderr)
         return 2
 
 

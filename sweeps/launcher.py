@@ -26,7 +26,7 @@ that starts its own processes (``self_launching`` in :mod:`scalegnn.systems`: Di
 one task on one node, and is refused on more than one node. ``--dry-run`` prints
 the batch scripts submitit would submit (rendered by submitit's own sbatch writer)
 and submits nothing. Local (``--cluster local``): the same tasks through submitit's
-LocalExecutor, one job after another on this machine. Flux: :mod:`sweeps.flux`.
+LocalExecutor, one job after another on this machine. Flux: :mod:`scalegnn.sweeps.flux`.
 
 Checkpointing: :class:`SweepTask` is a ``submitit.helpers.Checkpointable``; on
 timeout or preemption submitit calls :meth:`SweepTask.checkpoint`, which requeues

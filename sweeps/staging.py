@@ -10,7 +10,7 @@ part of the key because the split, and the permutation when there is one, depend
 it; the full grid is, because a shard folder is written for one grid shape.
 
 Which runs can read shards is the trainer's business: it is read from their
-configuration (:meth:`sweeps.spec.RunSpec.config`, so ``fullgraph-3d``'s implied
+configuration (:meth:`scalegnn.sweeps.spec.RunSpec.config`, so ``fullgraph-3d``'s implied
 ``--permute double`` is seen), and only ScaleGNN runs (``scalegnn``,
 ``fullgraph-3d``) with more than one rank are staged: the baselines and one-rank
 runs load the graph as before, with the same data root and offline switch.

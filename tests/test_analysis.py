@@ -4,11 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import load_runs
-from analysis import figures as F
-from analysis import tables as T
-from analysis.load import runs_from_records
-from analysis.report import write_report
+from scalegnn.analysis import load_runs
+from scalegnn.analysis import figures as F
+from scalegnn.analysis import tables as T
+from scalegnn.analysis.load import runs_from_records
+from scalegnn.analysis.report import write_report
 from scalegnn import records
 
 _counter = [0]
@@ -327,7 +327,7 @@ def test_result_line_faster_slower_equal_and_missed_at_equal_rank_counts():
     """At 1 process: faster than GraphSAGE, slower than GraphSAINT, as fast as full-graph 3D
     (within 5 %); at 2: GraphSAGE missed the target; ScaleGNN's fastest 2-process grid is
     named; nothing is compared across rank counts (GraphSAINT ran at 1 only)."""
-    from analysis.verdict import result_lines, verdicts
+    from scalegnn.analysis.verdict import result_lines, verdicts
 
     recs = [_graph_rec(r) for r in [
         make_record("scalegnn", grid=(1, 1, 1, 1), epoch_s=[0.5, 0.5], test=[0.9, 0.96], target=0.95),
@@ -364,7 +364,7 @@ def test_result_line_faster_slower_equal_and_missed_at_equal_rank_counts():
 def test_result_lines_densest_first_and_the_sparse_caveat():
     """Two graphs: the dense one first; on the sparse one ScaleGNN missed the target that
     GraphSAGE reached, so its line says where the claim does not hold, with the numbers."""
-    from analysis.verdict import result_lines
+    from scalegnn.analysis.verdict import result_lines
 
     dense = [_graph_rec(make_record(s, "csbm:n=1000,avg_degree=50,classes=8,feature_dim=32", epoch_s=[t, t],
                                     test=[0.9, 0.96], target=0.95), entries=50_000)
@@ -388,7 +388,7 @@ def test_result_lines_densest_first_and_the_sparse_caveat():
 
 
 def test_result_line_never_compares_across_rank_counts_or_devices():
-    from analysis.verdict import result_lines
+    from scalegnn.analysis.verdict import result_lines
 
     recs = [make_record("scalegnn", grid=(1, 2, 1, 1), epoch_s=[1.0], test=[0.96], target=0.95),
             make_record("graphsage", grid=(1, 1, 1, 1), epoch_s=[3.0], test=[0.96], target=0.95)]

@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")
+PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # folders; all import as scalegnn.*
 
 # Lowest first. The longest matching prefix decides a module's floor.
 FLOORS = [
@@ -23,9 +23,10 @@ FLOORS = [
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.engine",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     ("parallel", ["scalegnn.parallel"]),
-    ("trainers", ["scalegnn.config", "scalegnn.trainer", "scalegnn.run", "scalegnn.perfmodel", "baselines"]),
-    ("analysis", ["analysis"]),
-    ("harness", ["sweeps", "benchmarks"]),
+    ("trainers", ["scalegnn.config", "scalegnn.trainer", "scalegnn.run", "scalegnn.perfmodel",
+                  "scalegnn.baselines"]),
+    ("analysis", ["scalegnn.analysis"]),
+    ("harness", ["scalegnn.sweeps", "scalegnn.benchmarks"]),
     # The package itself re-exports the API (scalegnn.train, scalegnn.Graph, ...): it is the top.
     ("front", ["scalegnn", "scalegnn.api", "scalegnn.cli", "scalegnn.demo", "scalegnn.__main__"]),
 ]
@@ -36,6 +37,7 @@ def _modules() -> dict[str, Path]:
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = parts if package == "scalegnn" else ("scalegnn", *parts)  # installed as scalegnn.<folder>
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             out[name] = path
     return out
@@ -68,14 +70,35 @@ def _imports(module: str, path: Path) -> set[str]:
         else:
             continue
         for name in names:
-            if name.split(".")[0] in PACKAGES:
+            if name.split(".")[0] in PACKAGES[1:]:
+                BARE.append(f"{module} imports {name}")
+            if name.split(".")[0] == "scalegnn":
                 target = _resolve(name)
                 if target is not None and target != module:
                     found.add(target)
     return found
 
 
+BARE: list[str] = []  # imports of a harness folder by its folder name (not installed under that name)
 GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+
+
+def test_the_harness_folders_are_imported_inside_the_scalegnn_package():
+    """pip installs analysis/, baselines/, sweeps/ and benchmarks/ as scalegnn.analysis, ...
+    (no top-level names of their own): every import says so, and pyproject.toml lists
+    every package folder with its place."""
+    import tomllib
+
+    assert not BARE, BARE
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = setup["package-dir"]
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for package in PACKAGES
+               for p in (ROOT / package).rglob("__init__.py")}
+    listed = set()
+    for pkg in setup["packages"]:
+        top = next((k for k in dirs if pkg == k or pkg.startswith(k + ".")), None)
+        listed.add(pkg if top is None else dirs[top].replace("/", ".") + pkg[len(top):])
+    assert listed == folders, (sorted(listed ^ folders))
 
 
 def floor_of(module: str) -> int | None:
@@ -138,7 +161,7 @@ def test_no_circle_between_modules():
 def test_the_checks_can_fail():
     """The two checks catch what they are for, on a made-up graph."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert floor_of("scalegnn.cli") > floor_of("sweeps.launcher") > floor_of("scalegnn.trainer") \
+    assert floor_of("scalegnn.cli") > floor_of("scalegnn.sweeps.launcher") > floor_of("scalegnn.trainer") \
         > floor_of("scalegnn.parallel.engine") > floor_of("scalegnn.model") > floor_of("scalegnn.graph")
     assert "scalegnn.parallel.grid" in GRAPH["scalegnn.config"]  # imports are really read
     assert _resolve("scalegnn.parallel.grid.cube_3d") == "scalegnn.parallel.grid"

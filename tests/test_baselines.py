@@ -14,7 +14,7 @@ pytest.importorskip("torch_sparse")
 
 warnings.filterwarnings("ignore", message=".*pyg-lib.*")
 
-from baselines.common import load_data  # noqa: E402
+from scalegnn.baselines.common import load_data  # noqa: E402
 
 TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
 
@@ -43,7 +43,7 @@ def cfg_for(system, data_root, tmp_path, **over):
 # ----------------------------------------------------------------------------- models
 @pytest.mark.parametrize("kind", ["sage", "gcn", "graphconv"])
 def test_sparse_input_layer_equals_the_pyg_layer(kind):
-    from baselines.models import InputConv
+    from scalegnn.baselines.models import InputConv
 
     torch.manual_seed(0)
     x = torch.rand(30, 20) * (torch.rand(30, 20) < 0.2)
@@ -57,7 +57,7 @@ def test_sparse_input_layer_equals_the_pyg_layer(kind):
 
 # ----------------------------------------------------------------------------- samples
 def test_graphsage_batches_are_subgraphs_with_seeds_first(tiny, data_root, tmp_path):
-    from baselines.graphsage import GraphSAGETrainer
+    from scalegnn.baselines.graphsage import GraphSAGETrainer
 
     trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path, batch_size=50), tiny)
     edges = edge_set(tiny)
@@ -76,7 +76,7 @@ def test_graphsage_batches_are_subgraphs_with_seeds_first(tiny, data_root, tmp_p
 
 
 def test_graphsaint_subgraphs_are_induced_with_normalization(tiny, data_root, tmp_path):
-    from baselines.graphsaint import GraphSAINTTrainer
+    from scalegnn.baselines.graphsaint import GraphSAINTTrainer
 
     trainer = GraphSAINTTrainer(cfg_for("graphsaint", data_root, tmp_path, node_budget=80, sample_coverage=10,
                                         normalization="sampled"), tiny)
@@ -102,7 +102,7 @@ def test_graphsaint_exact_normalization_matches_the_samplers_frequencies():
     weights built from them are the unbiased estimator's."""
     from torch_geometric.data import Data
 
-    from baselines.graphsaint import node_sampler_norms, saint_sampler
+    from scalegnn.baselines.graphsaint import node_sampler_norms, saint_sampler
 
     gen = torch.Generator().manual_seed(3)
     n, budget, draws = 40, 12, 3000
@@ -137,7 +137,7 @@ def test_graphsaint_exact_normalization_matches_the_samplers_frequencies():
 
 
 def test_graphsage_layerwise_inference_is_the_full_graph_forward(tiny, data_root, tmp_path):
-    from baselines.graphsage import GraphSAGETrainer
+    from scalegnn.baselines.graphsage import GraphSAGETrainer
 
     for conv in ("sage", "gcn"):
         trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path, conv=conv), tiny)
@@ -149,7 +149,7 @@ def test_graphsage_layerwise_inference_is_the_full_graph_forward(tiny, data_root
 
 
 def test_salient_batches_are_subgraphs_with_seeds_first(tiny):
-    from baselines.salient import NeighborSampler
+    from scalegnn.baselines.salient import NeighborSampler
 
     sampler = NeighborSampler(tiny)
     edges = edge_set(tiny)
@@ -207,8 +207,8 @@ def test_baseline_flags_are_validated(data_root, tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- distributed
 def _salient_rank(rank, world, cfg):
-    from baselines.common import load_data
-    from baselines.salient import SalientTrainer
+    from scalegnn.baselines.common import load_data
+    from scalegnn.baselines.salient import SalientTrainer
 
     trainer = SalientTrainer(cfg, load_data(cfg))
     st = trainer.train_epoch(1)
@@ -217,7 +217,7 @@ def _salient_rank(rank, world, cfg):
 
 
 def test_salient_cache_hit_rate_equals_an_independent_count(data_root, tmp_path):
-    from baselines.salient import SalientOptions
+    from scalegnn.baselines.salient import SalientOptions
     from scalegnn.parallel.launch import spawn
 
     cfg = cfg_for("salient", data_root, tmp_path, nproc=2, options=SalientOptions(
@@ -242,7 +242,7 @@ def test_salient_cache_hit_rate_equals_an_independent_count(data_root, tmp_path)
 
 
 def test_salient_and_graphsage_two_processes_write_records(data_root, tmp_path):
-    from baselines import salient
+    from scalegnn.baselines import salient
 
     rec = salient.run(cfg_for("salient", data_root, tmp_path, nproc=2, epochs=2, batch_size=64))
     assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["grid"]["dp"] == 2
@@ -254,7 +254,7 @@ def test_salient_and_graphsage_two_processes_write_records(data_root, tmp_path):
 def test_bns_gcn_at_rate_one_matches_the_single_process_run(data_root, tmp_path):
     """p = 1: partition-parallel training with the all_to_all exchange (forward and
     backward) is exactly full-graph training: the same losses epoch after epoch."""
-    from baselines import bns_gcn
+    from scalegnn.baselines import bns_gcn
 
     one = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, boundary_rate=1.0))
     two = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, nproc=2, boundary_rate=1.0))
@@ -267,7 +267,7 @@ def test_bns_gcn_at_rate_one_matches_the_single_process_run(data_root, tmp_path)
 
 
 def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
-    from analysis.tables import accuracy_table, time_to_target_table
+    from scalegnn.analysis.tables import accuracy_table, time_to_target_table
 
     def rec(system, seed, at_val, best, world=1, ttt=None, accs=(0.5, 0.93)):
         epochs = [{"epoch": i + 1, "test_acc": a, "train_time_s": 2.0 * (i + 1)} for i, a in enumerate(accs)]

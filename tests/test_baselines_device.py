@@ -24,7 +24,7 @@ def cfg_for(system, tmp_path, **over):
 def test_distdgl_refuses_a_gpu_before_any_work(tmp_path):
     """DGL's PyPI wheels are CPU builds: an explicit GPU request is a clear error, raised
     before the DGL environment or the dataset is touched."""
-    from baselines.distdgl import harness
+    from scalegnn.baselines.distdgl import harness
 
     cfg = cfg_for("distdgl", tmp_path, device="cuda", dataset="no-such-dataset", python="/nonexistent/python")
     with pytest.raises(ValueError, match="runs on the CPU only .* use --device cpu or auto"):

@@ -12,7 +12,7 @@ import pytest
 from scalegnn import records
 from scalegnn.config import make_config
 
-from baselines.distdgl import harness
+from scalegnn.baselines.distdgl import harness
 
 TINY = "csbm:n=1000,avg_degree=6,classes=3,feature_dim=12"
 

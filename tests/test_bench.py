@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks.peers import markdown_table, permutation_bench, random_csr, sampler_bench, scaling_bench
+from scalegnn.benchmarks.peers import markdown_table, permutation_bench, random_csr, sampler_bench, scaling_bench
 from scalegnn.cli import main
 
 
@@ -50,10 +50,10 @@ def test_scaling_and_permutation_tables():
 
 
 def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path):
-    """``python -m benchmarks.gpu`` at toy sizes on the CPU (the real run is on a GPU: see
+    """``python -m scalegnn.benchmarks.gpu`` at toy sizes on the CPU (the real run is on a GPU: see
     docs/gpu.md): every section runs, identical sampler blocks, the JSON and Markdown land,
     and both systems are compared on the same target. Times are not asserted."""
-    from benchmarks import gpu
+    from scalegnn.benchmarks import gpu
 
     out = tmp_path / "gpu"
     assert gpu.main(["--device", "cpu", "--nodes", "3000", "--avg-degree", "20", "--max-epochs", "2",

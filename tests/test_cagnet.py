@@ -4,7 +4,7 @@ block rows and the all-reduced weight gradients of one training step (dropout on
 the same masks), on 1, 2, 4 and 6 processes, with n = 37 vertices (no grid divides it)
 and hidden widths 10 and 7 (uneven over pc = 3 and 4), and n = 5, hidden 4 (empty blocks). The graph is *directed* (A is
 not A^T), so a backward that used A where A^T belongs fails. The bytes each rank
-records in the step equal :func:`baselines.cagnet_ops.analytic_comm_bytes` exactly.
+records in the step equal :func:`scalegnn.baselines.cagnet_ops.analytic_comm_bytes` exactly.
 
 Tolerance: float32 summation order only (< 1e-6 on O(1) values); 1e-5 absolute leaves
 a margin while a missing or doubled partial sum moves values by O(0.1).
@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines import cagnet_ops as ops
-from baselines.cagnet import CagnetGCN
+from scalegnn.baselines import cagnet_ops as ops
+from scalegnn.baselines.cagnet import CagnetGCN
 from scalegnn import records
 from scalegnn.cli import main
 from scalegnn.device import resolve_device

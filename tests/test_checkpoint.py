@@ -392,7 +392,7 @@ def test_sweep_task_turns_submitits_signal_into_a_save_then_requeues(monkeypatch
     handler (which requeues) runs afterwards, when the task calls it."""
     import submitit
 
-    from sweeps.task import _save_on_preemption_signal
+    from scalegnn.sweeps.task import _save_on_preemption_signal
 
     calls = []
     monkeypatch.setattr(submitit.JobEnvironment, "_usr_sig", classmethod(lambda cls: signal.SIGUSR2))

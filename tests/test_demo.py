@@ -5,7 +5,7 @@ import types
 from collections import defaultdict
 
 from scalegnn import records
-from sweeps.spec import expand, load_spec
+from scalegnn.sweeps.spec import expand, load_spec
 
 
 def _counts(runs):
@@ -73,7 +73,7 @@ def test_demo_ends_with_the_result_line(tmp_path, monkeypatch, capsys):
         _record("graphsage", sparse, (1, 1, 1, 1), [1.0, 1.0], [0.9, 0.96], 10_000, out)
         return types.SimpleNamespace(failed=[])
 
-    monkeypatch.setattr("sweeps.launcher.sweep", fake_sweep)
+    monkeypatch.setattr("scalegnn.sweeps.launcher.sweep", fake_sweep)
     assert run_demo(str(tmp_path / "demo")) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("Result: ScaleGNN reached 95 % test accuracy in 0.40 s at 1 process: 5.0x faster "

@@ -10,10 +10,10 @@ import pytest
 
 from scalegnn import records
 from scalegnn.parallel.launch import _flux_port, detect_env
-from sweeps import load_profile
-from sweeps.folders import run_state
-from sweeps.jobs import group_runs
-from sweeps.launcher import sweep
+from scalegnn.sweeps import load_profile
+from scalegnn.sweeps.folders import run_state
+from scalegnn.sweeps.jobs import group_runs
+from scalegnn.sweeps.launcher import sweep
 
 SIM = Path(__file__).parent / "flux_sim"
 EXPECTED = Path(__file__).parent / "expected"
@@ -180,7 +180,7 @@ grids = "scale-dp"
 
 
 def test_flux_task_refuses_a_wrong_task_count(tmp_path, clean_env, capsys):
-    from sweeps.flux import main as flux_task
+    from scalegnn.sweeps.flux import main as flux_task
 
     _flux_task(clean_env, 0, 3, 0)
     clean_env.setenv("MASTER_ADDR", "127.0.0.1")
@@ -189,4 +189,4 @@ def test_flux_task_refuses_a_wrong_task_count(tmp_path, clean_env, capsys):
                                 "run": {"key": "k", "world_size": 2, "system": "scalegnn", "argv": ["train"]}}))
     assert flux_task([str(task)]) == 2
     assert "run k needs 2 task(s), this `flux run` has 3 (flux); launch it with -n 2" in capsys.readouterr().err
-    assert flux_task([]) == 2 and "usage: python -m sweeps.flux TASK_FILE" in capsys.readouterr().err
+    assert flux_task([]) == 2 and "usage: python -m scalegnn.sweeps.flux TASK_FILE" in capsys.readouterr().err

@@ -349,7 +349,7 @@ def test_every_scheduler_value_is_checked_where_the_profile_is_built(change, mes
     import dataclasses
     import re
 
-    from sweeps.profiles import ProfileError, load_profile
+    from scalegnn.sweeps.profiles import ProfileError, load_profile
 
     prof = load_profile("perlmutter")
     slurm = change.get("slurm")
@@ -363,8 +363,8 @@ def test_every_scheduler_value_is_checked_where_the_profile_is_built(change, mes
 def test_env_values_are_data_when_the_batch_script_exports_them(tmp_path, cluster):
     """``$(...)`` and backticks in an [env] value ran when the batch script exported it;
     a reference to another variable (``${HOME}``) still expands."""
-    from sweeps.launcher import sweep
-    from sweeps.profiles import load_profile
+    from scalegnn.sweeps.launcher import sweep
+    from scalegnn.sweeps.profiles import load_profile
 
     marker = tmp_path / "ran"
     hostile = f'$(touch {marker}-1)`touch {marker}-2`; touch {marker}-3 "quoted" \\ $1 ${{HOME:-x}}'

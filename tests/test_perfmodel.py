@@ -7,7 +7,7 @@ import pytest
 
 from scalegnn.perfmodel import (TERMS, Machine, Workload, axis_bandwidth, epoch_time_from_rows, fit, predict,
                                 predicted_bytes_per_step, rank_grids, step_collectives)
-from sweeps import load_profile
+from scalegnn.sweeps import load_profile
 
 PERLMUTTER = Machine.from_profile(load_profile("perlmutter"))
 

@@ -120,7 +120,7 @@ def test_configure_logging_adds_one_handler_and_leaves_the_root_logger_alone(mon
 def test_baseline_epoch_loop_logs_one_line_per_epoch(logged, tmp_path):
     """The baselines' in-process runs go through the one loop and report through the
     same logger (no --quiet blindness)."""
-    from baselines.common import train_in_process
+    from scalegnn.baselines.common import train_in_process
     from scalegnn.config import make_config
     from scalegnn.loop import EpochStats
 

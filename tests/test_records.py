@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from analysis import load_epochs, load_runs
+from scalegnn.analysis import load_epochs, load_runs
 from scalegnn import records
 from tests.files import minimal_record
 

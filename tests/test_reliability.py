@@ -76,7 +76,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis import load_epochs, load_runs
+from scalegnn.analysis import load_epochs, load_runs
 from scalegnn import records
 from scalegnn.cli import main
 from scalegnn.engine import OptimConfig

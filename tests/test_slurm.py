@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from scalegnn import records
-from sweeps.folders import run_dir, run_state, submitted_job
-from sweeps.launcher import sweep
+from scalegnn.sweeps.folders import run_dir, run_state, submitted_job
+from scalegnn.sweeps.launcher import sweep
 
 pytestmark = pytest.mark.slurm
 

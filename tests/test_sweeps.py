@@ -10,15 +10,15 @@ import pytest
 from scalegnn import records
 from scalegnn.cli import main
 from scalegnn.config import parse_train_args
-from sweeps import expand, list_profiles, list_specs, load_profile, load_spec
+from scalegnn.sweeps import expand, list_profiles, list_specs, load_profile, load_spec
 from scalegnn.parallel.grid import cube_3d
-from sweeps.grids import grids_for
-from sweeps.folders import mark_submitted, run_dir, run_state, submitted_job
-from sweeps.jobs import group_runs, supported_systems, with_checkpoints
-from sweeps.launcher import sweep
-from sweeps.task import SweepTask
-from sweeps.profiles import ProfileError
-from sweeps.spec import SpecError
+from scalegnn.sweeps.grids import grids_for
+from scalegnn.sweeps.folders import mark_submitted, run_dir, run_state, submitted_job
+from scalegnn.sweeps.jobs import group_runs, supported_systems, with_checkpoints
+from scalegnn.sweeps.launcher import sweep
+from scalegnn.sweeps.task import SweepTask
+from scalegnn.sweeps.profiles import ProfileError
+from scalegnn.sweeps.spec import SpecError
 
 EXPECTED = Path(__file__).parent / "expected"
 SLURM_CLUSTERS = ("perlmutter", "frontier")
@@ -177,7 +177,7 @@ def test_distdgl_runs_in_one_task_on_one_node_and_is_refused_across_nodes(tmp_pa
     one task per rank would start one DistDGL cluster per rank, and a multi-node job
     would leave every node but the first idle. The sweep gives it one task with the
     CPUs of all its trainers, and refuses (with the reason) runs that need two nodes."""
-    from sweeps.jobs import job_shape, multi_node_refusal
+    from scalegnn.sweeps.jobs import job_shape, multi_node_refusal
 
     per = load_profile("perlmutter")
     lines = []
@@ -198,7 +198,7 @@ def test_distdgl_runs_in_one_task_on_one_node_and_is_refused_across_nodes(tmp_pa
 def test_staging_covers_multi_rank_scalegnn_runs_once(tmp_path):
     """Each (dataset, grid, permutation, seed) is sharded once; fullgraph-3d's implied
     --permute double is seen; baselines and one-rank runs load the graph themselves."""
-    from sweeps.staging import stage_for, with_data
+    from scalegnn.sweeps.staging import stage_for, with_data
 
     root = str(tmp_path / "data")
     out = sweep("demo", "local", tmp_path / "o", dry_run=True, data_root=root, printer=lambda *a: None)
@@ -258,7 +258,7 @@ def _fake_scontrol(tmp_path, monkeypatch, text: str) -> None:
 def test_slurm_job_verdict_reads_why_sigterm_came(tmp_path, monkeypatch, fields, restart_count, want):
     """What `scontrol show job` says while SIGTERM is delivered (checked on a real SLURM,
     tests/test_slurm.py): scancel, the time limit and a requeue all read COMPLETING."""
-    from sweeps.task import slurm_job_verdict
+    from scalegnn.sweeps.task import slurm_job_verdict
 
     _fake_scontrol(tmp_path, monkeypatch, f"JobId=42 JobName=x\n   {fields}")
     monkeypatch.setenv("SLURM_JOB_ID", "42")
@@ -277,7 +277,7 @@ def test_slurm_job_verdict_reads_why_sigterm_came(tmp_path, monkeypatch, fields,
 def test_an_ended_run_is_recorded_under_its_own_run_id(tmp_path):
     """_end_record rewrites the attempt's failed record (same run id) as cancelled; without
     one it writes a minimal record; run_state reads it (submitted.json is not a record)."""
-    from sweeps.task import JobEnded, _end_record
+    from scalegnn.sweeps.task import JobEnded, _end_record
 
     folder = tmp_path / "run"
     run = {"system": "scalegnn", "dataset": "cora", "grid": "1x2x1x1", "world_size": 2, "seed": 0,
@@ -369,7 +369,7 @@ def test_local_sweep_end_to_end_then_resubmission_submits_nothing(tmp_path, monk
 
 def test_collective_timeout_reaches_the_sweep_tasks_process_group(monkeypatch):
     import scalegnn.parallel.launch as launch
-    from sweeps.task import join_job
+    from scalegnn.sweeps.task import join_job
 
     seen = []
     monkeypatch.setattr(launch, "detect_env", lambda: launch.DistEnv(1, 2, 1, "auto", "h", 29500, "slurm"))
@@ -387,7 +387,7 @@ def test_collective_timeout_reaches_the_sweep_tasks_process_group(monkeypatch):
 def test_resubmission_skips_runs_whose_slurm_job_is_still_queued(tmp_path, monkeypatch):
     """A run submitted earlier whose job squeue still lists is neither done nor
     submitted again; once the job has left the queue without a record it is."""
-    import sweeps.launcher as launcher
+    import scalegnn.sweeps.launcher as launcher
 
     first = sweep("fig8", "perlmutter", tmp_path, dry_run=True, python="python3", printer=lambda *a: None)
     runs = first.todo

@@ -70,7 +70,7 @@ def make_trainer(cfg, data):
 
 
 def run_toy(cfg, graph=None) -> dict:
-    from baselines.common import run_baseline
+    from scalegnn.baselines.common import run_baseline
 
     return run_baseline(cfg, "tests.test_systems:make_trainer", graph)
 
@@ -121,7 +121,7 @@ def test_the_toy_trains_through_the_shared_loop(toy, tmp_path):
 
 
 def test_a_sweep_spec_expands_and_launches_the_toy(toy, tmp_path):
-    from sweeps.launcher import sweep
+    from scalegnn.sweeps.launcher import sweep
 
     spec = tmp_path / "toy.toml"
     spec.write_text(f"""
@@ -160,10 +160,10 @@ train = {{ smoothing = 3 }}
 
 
 def test_the_toy_is_in_the_tables_figures_and_report(toy, tmp_path):
-    from analysis import figures
-    from analysis.load import load_runs
-    from analysis.report import write_report
-    from analysis.tables import table1_accuracy
+    from scalegnn.analysis import figures
+    from scalegnn.analysis.load import load_runs
+    from scalegnn.analysis.report import write_report
+    from scalegnn.analysis.tables import table1_accuracy
 
     results = tmp_path / "results"
     for seed in (0, 1):

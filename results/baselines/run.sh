@@ -2,7 +2,7 @@
 # Measurements behind docs/results.md ("Baselines measured on 2 CPU cores"). Usage (from the repository root):
 #   bash results/baselines/run.sh fig6  [NPROCS...]   # time to 0.92 test accuracy on Facebook, every system
 #   bash results/baselines/run.sh table1 [SEEDS...]   # best test accuracy, 3 datasets, 5 systems
-#   .venv/bin/python -m analysis.tables results/baselines    # print the tables
+#   .venv/bin/python -m scalegnn.analysis.tables results/baselines    # print the tables
 # Records go to results/baselines/<table>/; each run is one `scalegnn train` command.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
