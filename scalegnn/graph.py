@@ -45,22 +45,21 @@ def _as_features(x) -> torch.Tensor:
     ``SparseTensor`` becomes CSR, never a dense (N, F) array."""
     if hasattr(x, "to_torch_sparse_csr_tensor"):  # torch_sparse.SparseTensor (PyG)
         x = x.to_torch_sparse_csr_tensor()
-    elif not isinstance(x, torch.Tensor) and hasattr(x, "tocsr"):  # scipy.sparse
+    if not isinstance(x, torch.Tensor) and hasattr(x, "tocsr"):  # scipy.sparse
         m = x.tocsr()
-        x = torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
-                                    torch.from_numpy(m.indices.astype(np.int64)), torch.from_numpy(m.data),
-                                    m.shape, check_invariants=False)
-    if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+        parts = (m.indptr, m.indices, m.data, m.shape)
+    elif isinstance(x, torch.Tensor) and x.layout != torch.strided:
         if x.dim() != 2:
             raise GraphValidationError(f"features must be an (N, F) matrix, got a sparse tensor of shape "
                                        f"{tuple(x.shape)}")
-        if not is_csr(x):
-            x = x.to_sparse_csr()
-        try:
-            return csr_matrix(x.crow_indices(), x.col_indices(), x.values(), x.shape, "sparse features x")
-        except ValueError as exc:
-            raise GraphValidationError(str(exc)) from None
-    return torch.as_tensor(x).to(torch.float32).contiguous()
+        x = x if is_csr(x) else x.to_sparse_csr()
+        parts = (x.crow_indices(), x.col_indices(), x.values(), x.shape)
+    else:
+        return torch.as_tensor(x).to(torch.float32).contiguous()
+    try:
+        return csr_matrix(*parts, what="sparse features x")
+    except ValueError as exc:
+        raise GraphValidationError(str(exc)) from None
 
 
 def csr_from_edges(
@@ -175,9 +174,8 @@ class Graph:
             raise GraphValidationError(
                 f"features must be an (N, F) matrix with N={n} rows matching the adjacency, got shape {tuple(self.x.shape)}"
             )
-        if is_csr(self.x):
-            pass  # checked by csr_matrix when x was made (values finite, columns in range)
-        elif not bool(torch.isfinite(self.x).all()):
+        # (A CSR x was checked by csr_matrix when it was made: values finite, columns in range.)
+        if not is_csr(self.x) and not bool(torch.isfinite(self.x).all()):
             bad = int((~torch.isfinite(self.x)).any(1).nonzero()[0, 0])
             raise GraphValidationError(
                 f"features contain NaN or inf (first at vertex {bad}); clean or impute them before training"
@@ -258,7 +256,8 @@ class Graph:
         return and training normalizes) from a PyTorch Geometric ``Data``.
 
         ``x`` and ``y`` are taken as they are (a sparse ``x``, torch or ``SparseTensor``,
-        stays sparse: CSR; ``y`` (N,) class ids, -1 for unlabeled, or (N, C) multi-hot). The split is ``train_mask``/``val_mask``/``test_mask``
+        stays sparse, as CSR; ``y`` (N,) class ids, -1 for unlabeled, or (N, C)
+        multi-hot). The split is ``train_mask``/``val_mask``/``test_mask``
         when the object has them (one column of each when they are 2-D, as in PyG's
         multi-split datasets), else a seeded random 50/25/25 split of the labeled
         vertices; ``meta["split"]`` says which."""
