@@ -331,6 +331,19 @@ def test_split_flag_applies_to_every_file_form_and_pyg_graphs(isolated_data):
                                             "50/25/25 seed 0 (the PyG object has no masks))")
 
 
+@pytest.mark.parametrize("system", ["graphsage", "bns-gcn"])
+def test_compared_systems_take_sparse_features_and_the_split(isolated_data, system):
+    """The baselines read the same graph: CSR features (rows selected per batch), the
+    --split split, both in their record."""
+    import scalegnn
+
+    path = sparse_npz(isolated_data / "g.npz")
+    rec = scalegnn.train(system=system, dataset=f"npz:{path}", split="random:0.6,0.2,0.2", epochs=1, hidden=8,
+                         progress=False, out_dir=str(isolated_data / "runs"))
+    assert rec["status"] == "ok", rec.get("error")
+    assert rec["graph"]["sparse_features"] and rec["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
+
+
 def test_shards_remember_their_split(isolated_data, capsys):
     path = sparse_npz(isolated_data / "g.npz")
     shards = isolated_data / "shards"
@@ -382,6 +395,9 @@ def test_beside_file_errors_name_the_fix(isolated_data):
     sp.save_npz(isolated_data / "g.features.npz", x)
     with pytest.raises(DatasetError, match=r"both g.features.npy and g.features.npz lie beside it; keep one"):
         load_dataset(f"edgelist:{edges}")
+    (isolated_data / "g.features.npz").unlink()
+    g = load_dataset(f"edgelist:{edges}")  # dense features beside it stay dense
+    assert g.x.layout == torch.strided and torch.equal(g.x, torch.from_numpy(x.toarray()))
 
 
 class _Lines(logging.Handler):
