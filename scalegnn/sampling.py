@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .csr import _csr, _row_runs, _transpose_csr, csr_transpose, gather_csr_rows, select_rows  # noqa: F401 (re-exported)
+from .csr import _csr, _row_runs, _transpose_csr, select_rows
 from .graph import Graph
 from .settings import fraction, setting
 

@@ -173,7 +173,7 @@ def double_permuted(graph: Graph, sigma: torch.Tensor) -> tuple[Graph, Graph]:
     first is row ``sigma_inv[r]`` of A; column ``sigma[j]`` of the second is column j."""
     from ..graph import csr_from_edges
     from ..permutation import inverse_permutation
-    from ..sampling import gather_csr_rows
+    from ..csr import gather_csr_rows
 
     sigma_inv = inverse_permutation(sigma)
     _, flat = gather_csr_rows(graph.indptr, sigma_inv, graph.indices.numel())
