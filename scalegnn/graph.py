@@ -288,7 +288,8 @@ class Graph:
 
     def to_pyg(self):
         """A PyTorch Geometric ``Data``: ``edge_index`` of the stored entries (with
-        ``edge_weight`` when the graph is normalized), ``x``, ``y`` and boolean masks."""
+        ``edge_weight`` when the graph is normalized), ``x`` as the graph holds it (a
+        CSR ``x`` stays CSR), ``y`` and boolean masks."""
         from torch_geometric.data import Data
 
         masks = {}
