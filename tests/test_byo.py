@@ -88,6 +88,7 @@ def test_sparse_npz_without_split_trains_in_one_command(isolated_data, capsys):
 
 
 # --------------------------------------------------------------------------- (b) never densified
+@pytest.mark.distributed
 def test_the_sparse_path_never_densifies_the_features(isolated_data, monkeypatch):
     """With every dense conversion made to raise: load (parse, then from the cache),
     permutation, sharding to files (`scalegnn data shard`) and back, sampling, training
@@ -120,7 +121,8 @@ def test_the_sparse_path_never_densifies_the_features(isolated_data, monkeypatch
 
 
 # --------------------------------------------------------------------------- (c) parity
-@pytest.mark.parametrize("grid", [(1, 1, 1, 1), (1, 2, 1, 2)], ids=["1x1x1x1", "1x2x1x2"])
+@pytest.mark.parametrize("grid", [pytest.param((1, 1, 1, 1), id="1x1x1x1"),
+                                  pytest.param((1, 2, 1, 2), id="1x2x1x2", marks=pytest.mark.distributed)])
 def test_sparse_file_trains_exactly_as_the_same_matrix_stored_dense(isolated_data, grid):
     """Equal epoch losses and accuracies, bit for bit. Why exact, not close: the engine
     turns a dense x sparser than 5 % (here 1/F) into CSR before any arithmetic
