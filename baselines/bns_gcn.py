@@ -274,7 +274,7 @@ class BNSTrainer:
 
 
 def select_local(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    from scalegnn.sampling import select_rows
+    from scalegnn.csr import select_rows
 
     return select_rows(x, rows)
 

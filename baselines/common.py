@@ -125,11 +125,10 @@ class BaselineData:
 
 
 def load_data(cfg, graph: Graph | None = None) -> BaselineData:
-    from scalegnn.datasets import load_dataset
+    from scalegnn.datasets import load_graph
     from scalegnn.sampling import training_features
 
-    if graph is None:
-        graph = load_dataset(cfg.data.dataset, data_root=cfg.data.data_root, seed=cfg.seed)
+    graph = load_graph(cfg.data, cfg.seed, graph)
     if graph.meta.get("normalized"):
         raise ValueError("baselines need the raw graph (each system normalizes its own way), not a normalized one")
     rows = graph.row_ids()
@@ -182,8 +181,7 @@ def new_record(cfg, data_graph: Graph, world: int, batch_size: int, steps_per_ep
         system=cfg.system, dataset=cfg.data.dataset, config=cfg.to_dict(),
         grid={"dp": world, "x": 1, "y": 1, "z": 1},  # every baseline is data parallel only
         world_size=world, seed=cfg.seed, env=records.environment_info(backend=backend, device=device),
-        graph={"num_nodes": g.num_nodes, "num_edges": g.num_edges, "num_features": g.num_features,
-               "num_classes": g.num_classes},
+        graph=g.record_info(),
         batch_size=batch_size, steps_per_epoch=steps_per_epoch, target_acc=cfg.loop.target_acc)
 
 
@@ -310,9 +308,9 @@ def run_baseline(cfg, factory_path: str, graph: Graph | None = None) -> dict:
         # The workers died before a record existed: write a failed one so a sweep sees the run.
         data_graph = graph
         if data_graph is None:
-            from scalegnn.datasets import load_dataset
+            from scalegnn.datasets import load_graph
 
-            data_graph = load_dataset(cfg.data.dataset, data_root=cfg.data.data_root, seed=cfg.seed)
+            data_graph = load_graph(cfg.data, cfg.seed)
         record = new_record(cfg, data_graph, nproc, 0, 0, backend)
         record["status"], record["error"] = "failed", str(exc)[-4000:]
         finalize(record, cfg, [])

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from scalegnn.csr import select_rows
 from scalegnn.device import to_device
 from scalegnn.engine import accuracy_counts
 from scalegnn.model import node_loss
-from scalegnn.sampling import select_rows
 from scalegnn.settings import int_tuple, setting
 
 from .common import (BaselineData, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,

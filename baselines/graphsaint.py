@@ -35,8 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from scalegnn.csr import select_rows
 from scalegnn.device import to_device
-from scalegnn.sampling import select_rows, train_mask_of
+from scalegnn.sampling import train_mask_of
 from scalegnn.settings import setting
 
 from .common import (BaselineData, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from scalegnn.csr import select_rows
 from scalegnn.device import to_device
 from scalegnn.model import node_loss
-from scalegnn.sampling import select_rows
 from scalegnn.settings import int_tuple, setting
 
 from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, ddp, rank_device,

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -66,7 +67,21 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     shard.add_argument("--seed", type=int, default=0, help="the run's --seed (the dataset's split; the permutation)")
     shard.add_argument("--permute", choices=("none", "single", "double"), default="none",
                        help="write shards for runs with this --permute (Plexus 5.1); the run must use the same")
+    from .datasets import DataConfig
+
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(DataConfig)}  # as `scalegnn train` says
+    shard.add_argument("--split", type=_split_arg, default=None, help=helps["split"] + "; the run must use the same")
+    shard.add_argument("--split-seed", type=int, default=None, help=helps["split_seed"] + "; the run must use the same")
     return parser
+
+
+def _split_arg(text: str) -> str:
+    from .datasets import split_flag
+
+    try:
+        return split_flag(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _grid_arg(text: str) -> tuple[int, int, int, int]:
@@ -113,7 +128,12 @@ def _cmd_data(args) -> int:
         from .fileio import check_output_folder
 
         check_output_folder(args.out, "--out")  # before loading: a bad --out is found in a second, not an hour
-    graph = datasets.load_dataset(args.name, data_root=args.data_root, seed=args.seed)
+    if args.data_command == "info":
+        graph = datasets.load_dataset(args.name, data_root=args.data_root, seed=args.seed)
+    else:  # shard: the graph a run with these --dataset/--seed/--split settings trains on
+        data = datasets.DataConfig(dataset=args.name, data_root=args.data_root, split=args.split,
+                                   split_seed=args.split_seed)
+        graph = datasets.load_graph(data, args.seed)
     if args.data_command == "info":
         stats = graph.stats()
         if args.json:
@@ -127,7 +147,8 @@ def _cmd_data(args) -> int:
     if args.data_command == "shard":
         from .parallel.sharding import shard_command
 
-        paths = shard_command(graph, args.grid, args.out, permute=args.permute, seed=args.seed)
+        paths = shard_command(graph, args.grid, args.out, permute=args.permute, seed=args.seed,
+                              split=(args.split, args.split_seed))
         print(f"wrote {len(paths)} shard files to {args.out}")
         return 0
     raise AssertionError(args.data_command)

@@ -6,8 +6,10 @@ Shape legend used in this file:
 
 The adjacency is square CSR: ``indptr`` (N+1, int64), ``indices`` (nnz, int64,
 sorted within each row, no duplicates after :meth:`Graph.coalesced`), ``values``
-(nnz, float32). Labels are either int64 (N,) with -1 for "unlabeled", or a float32
-multi-hot matrix (N, C) for multi-label tasks.
+(nnz, float32). Features ``x`` are (N, F) float32, dense or a torch ``sparse_csr``
+tensor (canonical: :func:`scalegnn.csr.csr_matrix`); a sparse ``x`` stays sparse
+through every operation here. Labels are either int64 (N,) with -1 for
+"unlabeled", or a float32 multi-hot matrix (N, C) for multi-label tasks.
 
 Every operation returns a new :class:`Graph`; a graph is never modified in place,
 so a normalized graph can be shared by samplers and evaluators without copies.
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .csr import csr_matrix, is_csr, select_rows
+
 __all__ = ["Graph", "GraphValidationError", "csr_from_edges"]
 
 
@@ -33,6 +37,29 @@ def _as_long(t, name: str) -> torch.Tensor:
     if (t.dtype.is_floating_point or t.dtype == torch.bool) and t.numel():
         raise GraphValidationError(f"{name} must hold integers, got dtype {t.dtype}")
     return t.to(torch.int64).contiguous()
+
+
+def _as_features(x) -> torch.Tensor:
+    """Node features as float32, dense or canonical CSR. A sparse input stays sparse:
+    a torch sparse tensor (CSR, COO, CSC), a scipy sparse matrix or a PyG
+    ``SparseTensor`` becomes CSR, never a dense (N, F) array."""
+    if hasattr(x, "to_torch_sparse_csr_tensor"):  # torch_sparse.SparseTensor (PyG)
+        x = x.to_torch_sparse_csr_tensor()
+    if not isinstance(x, torch.Tensor) and hasattr(x, "tocsr"):  # scipy.sparse
+        m = x.tocsr()
+        parts = (m.indptr, m.indices, m.data, m.shape)
+    elif isinstance(x, torch.Tensor) and x.layout != torch.strided:
+        if x.dim() != 2:
+            raise GraphValidationError(f"features must be an (N, F) matrix, got a sparse tensor of shape "
+                                       f"{tuple(x.shape)}")
+        x = x if is_csr(x) else x.to_sparse_csr()
+        parts = (x.crow_indices(), x.col_indices(), x.values(), x.shape)
+    else:
+        return torch.as_tensor(x).to(torch.float32).contiguous()
+    try:
+        return csr_matrix(*parts, what="sparse features x")
+    except ValueError as exc:
+        raise GraphValidationError(str(exc)) from None
 
 
 def csr_from_edges(
@@ -108,7 +135,7 @@ class Graph:
         put("indptr", _as_long(self.indptr, "indptr"))
         put("indices", _as_long(self.indices, "indices"))
         put("values", torch.as_tensor(self.values, dtype=torch.float32).contiguous())
-        put("x", torch.as_tensor(self.x).to(torch.float32).contiguous())
+        put("x", _as_features(self.x))
         y = torch.as_tensor(self.y)
         put("y", y.to(torch.float32 if y.dim() == 2 else torch.int64).contiguous())
         for split in ("train_idx", "val_idx", "test_idx"):
@@ -147,7 +174,8 @@ class Graph:
             raise GraphValidationError(
                 f"features must be an (N, F) matrix with N={n} rows matching the adjacency, got shape {tuple(self.x.shape)}"
             )
-        if not bool(torch.isfinite(self.x).all()):
+        # (A CSR x was checked by csr_matrix when it was made: values finite, columns in range.)
+        if not is_csr(self.x) and not bool(torch.isfinite(self.x).all()):
             bad = int((~torch.isfinite(self.x)).any(1).nonzero()[0, 0])
             raise GraphValidationError(
                 f"features contain NaN or inf (first at vertex {bad}); clean or impute them before training"
@@ -227,8 +255,9 @@ class Graph:
         """A raw graph (unit weights, both directions, no self loops: what the loaders
         return and training normalizes) from a PyTorch Geometric ``Data``.
 
-        ``x`` and ``y`` are taken as they are (``y`` (N,) class ids, -1 for unlabeled,
-        or (N, C) multi-hot). The split is ``train_mask``/``val_mask``/``test_mask``
+        ``x`` and ``y`` are taken as they are (a sparse ``x``, torch or ``SparseTensor``,
+        stays sparse, as CSR; ``y`` (N,) class ids, -1 for unlabeled, or (N, C)
+        multi-hot). The split is ``train_mask``/``val_mask``/``test_mask``
         when the object has them (one column of each when they are 2-D, as in PyG's
         multi-split datasets), else a seeded random 50/25/25 split of the labeled
         vertices; ``meta["split"]`` says which."""
@@ -236,9 +265,7 @@ class Graph:
             if getattr(data, attr, None) is None:
                 raise GraphValidationError(f"the PyG object has no {attr}; scalegnn trains node classification "
                                            "and needs edge_index, x and y")
-        x, y = torch.as_tensor(data.x), torch.as_tensor(data.y)
-        if x.is_sparse or x.layout != torch.strided:
-            x = x.to_dense()
+        x, y = _as_features(data.x), torch.as_tensor(data.y)  # a sparse x stays sparse
         n = x.shape[0]
         if y.dim() == 2 and y.shape[1] == 1:
             y = y.reshape(-1)  # ogb-style (N, 1) class ids
@@ -261,7 +288,8 @@ class Graph:
 
     def to_pyg(self):
         """A PyTorch Geometric ``Data``: ``edge_index`` of the stored entries (with
-        ``edge_weight`` when the graph is normalized), ``x``, ``y`` and boolean masks."""
+        ``edge_weight`` when the graph is normalized), ``x`` as the graph holds it (a
+        CSR ``x`` stays CSR), ``y`` and boolean masks."""
         from torch_geometric.data import Data
 
         masks = {}
@@ -355,7 +383,7 @@ class Graph:
             indptr=indptr,
             indices=indices,
             values=vals,
-            x=self.x[perm],
+            x=select_rows(self.x, perm),
             y=self.y[perm],
             train_idx=torch.sort(new_id[self.train_idx]).values,
             val_idx=torch.sort(new_id[self.val_idx]).values,
@@ -382,7 +410,7 @@ class Graph:
             indptr=indptr,
             indices=indices,
             values=vals,
-            x=self.x[nodes],
+            x=select_rows(self.x, nodes),
             y=self.y[nodes],
             train_idx=split(self.train_idx),
             val_idx=split(self.val_idx),
@@ -403,6 +431,7 @@ class Graph:
             "avg_degree": float(deg.mean()),
             "max_degree": int(deg.max()) if self.num_nodes else 0,
             "num_features": self.num_features,
+            "sparse_features": is_csr(self.x),
             "num_classes": self.num_classes,
             "multilabel": self.multilabel,
             "train": self.train_idx.numel(),
@@ -410,13 +439,31 @@ class Graph:
             "test": self.test_idx.numel(),
         }
 
+    # Where a graph's split and node data came from, as ``meta`` says: the loaders
+    # write these keys, and a run record carries them (``record_info``).
+    PROVENANCE = ("split", "features", "labels", "stand_in")
+
+    def record_info(self) -> dict:
+        """The run record's ``graph`` field: the sizes, whether the features are sparse
+        (CSR end to end), and the provenance keys of ``meta`` that are set (the split
+        used, and a stand-in for features or labels the data did not have)."""
+        return {"num_nodes": self.num_nodes, "num_edges": self.num_edges, "num_features": self.num_features,
+                "num_classes": self.num_classes, "sparse_features": is_csr(self.x),
+                **{k: self.meta[k] for k in self.PROVENANCE if k in self.meta}}
+
 
 def random_split(n: int, fractions=(0.5, 0.25, 0.25), seed: int = 0, labeled=None):
-    """A seeded random split of the labeled vertices into train/val/test index sets."""
+    """A seeded random split of the labeled vertices into train/val/test index sets.
+
+    ``fractions`` (train, val, test) of the labeled vertices; when they sum to 1 the
+    test set is the rest (no vertex lost to rounding), below 1 the remainder is left
+    out of every split."""
     g = np.random.default_rng(seed)
     pool = np.arange(n) if labeled is None else np.asarray(labeled)
     order = g.permutation(pool)
     n_train = int(round(fractions[0] * len(order)))
     n_val = int(round(fractions[1] * len(order)))
-    parts = order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
+    whole = sum(fractions) >= 1 - 1e-9
+    end = len(order) if whole else min(len(order), n_train + n_val + int(round(fractions[2] * len(order))))
+    parts = order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val : end]
     return tuple(torch.from_numpy(np.sort(p)).long() for p in parts)

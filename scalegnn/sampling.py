@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .csr import _csr, _row_runs, _transpose_csr, select_rows
 from .graph import Graph
 from .settings import fraction, setting
 
@@ -264,88 +265,17 @@ class CompactIndexMap:
         return raw >= 0, raw.long()
 
 
-def _csr(indptr, indices, values, shape) -> torch.Tensor:
-    return torch.sparse_csr_tensor(indptr, indices, values, shape, check_invariants=False)
-
-
-def _transpose_csr(rows, cols, vals, n_cols):
-    """CSR of the transpose from row-major (rows, cols, vals) triples: a stable sort by
-    column (rows stay sorted inside each column) and the column starts found in the
-    sorted columns by binary search (a bincount would read the column range back to
-    the host on a GPU)."""
-    sorted_cols, order = torch.sort(cols, stable=True)
-    t_ptr = torch.searchsorted(sorted_cols, torch.arange(n_cols + 1, dtype=sorted_cols.dtype, device=cols.device))
-    return t_ptr.to(torch.int64), rows.index_select(0, order), vals.index_select(0, order)
-
-
-def _row_runs(indptr: torch.Tensor, rows: torch.Tensor, nnz: int):
-    """Flat positions of the stored entries of ``rows`` (Alg. 2 lines 7-10).
-
-    Returns (counts, incl, total, flat): entries per row, their inclusive prefix
-    sum, the total, and ``flat`` (total,) indexing indices/values in CSR order. One
-    prefix sum and one repeat_interleave (no O(total log B) sorted search):
-    ``flat[k] = start[row(k)] + (k - excl[row(k)])``. ``nnz`` is the matrix's stored
-    entry count (host metadata: it picks the index width without reading the device).
-    Reading ``total`` is the one device-to-host read of the torch path: the output
-    size of a gather is data-dependent.
-    """
-    starts = indptr.index_select(0, rows)
-    counts = indptr.index_select(0, rows + 1) - starts
-    incl = torch.cumsum(counts, 0)
-    total = int(incl[-1]) if rows.numel() else 0
-    # int32 positions when the block allows: half the bytes in the widest arrays.
-    dtype = torch.int32 if nnz < 2**31 else torch.int64
-    flat = torch.repeat_interleave((starts - (incl - counts)).to(dtype), counts, output_size=total)
-    flat += torch.arange(total, dtype=dtype, device=flat.device)
-    return counts, incl, total, flat
-
-
-def gather_csr_rows(indptr: torch.Tensor, rows: torch.Tensor, nnz: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions of the stored entries of ``rows`` in CSR order (Alg. 2 lines 7-10).
-
-    Returns (owner, flat): ``flat[k]`` indexes indices/values (``nnz`` of them),
-    ``owner[k]`` is the position in ``rows`` of the row it belongs to. No Python loop
-    over rows.
-    """
-    counts, _, total, flat = _row_runs(indptr, rows, nnz)
-    owner = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), counts, output_size=total)
-    return owner, flat
-
-
 # Input features sparser than this are kept as CSR: multi-hot bag-of-words features
 # (Facebook 0.3 %, Planetoid ~1 %) make the input projection 10-20x cheaper that way.
 SPARSE_FEATURE_DENSITY = 0.05
 
 
 def training_features(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as CSR when it is sparse enough to profit, else unchanged (dense)."""
+    """``x`` as CSR when it is sparse enough to profit, else unchanged: a dense ``x``
+    stays dense, a CSR ``x`` (sparse features kept sparse from the file on) stays CSR."""
     if x.layout == torch.strided and x.numel() and (x != 0).sum().item() < SPARSE_FEATURE_DENSITY * x.numel():
         return x.to_sparse_csr()
     return x
-
-
-def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``x[rows]`` for a dense or a CSR matrix (CSR has no index_select in torch)."""
-    if x.layout == torch.strided:
-        return x[rows]
-    indptr = x.crow_indices()
-    owner, flat = gather_csr_rows(indptr, rows, x.values().numel())
-    new_ptr = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=indptr.device)
-    new_ptr[1:] = torch.cumsum(indptr[rows + 1] - indptr[rows], 0)
-    return torch.sparse_csr_tensor(new_ptr, x.col_indices()[flat], x.values()[flat], (rows.numel(), x.shape[1]),
-                                   check_invariants=False)
-
-
-def csr_transpose(x: torch.Tensor) -> torch.Tensor:
-    """The CSR of ``x^T`` for a CSR matrix ``x``. The input projection's weight gradient
-    is ``X^T dZ``: with ``X^T`` as CSR it is a CSR x dense product on every device (a
-    transposed CSR is CSC, which CUDA converts back to CSR inside the product on every
-    call, waiting for the host)."""
-    crow, n_rows = x.crow_indices(), x.shape[0]
-    rows = torch.repeat_interleave(torch.arange(n_rows, device=crow.device), crow[1:] - crow[:-1],
-                                   output_size=x.values().numel())
-    t_ptr, t_rows, t_vals = _transpose_csr(rows, x.col_indices(), x.values(), x.shape[1])
-    return _csr(t_ptr, t_rows, t_vals, (x.shape[1], n_rows))
 
 
 # Sampler kernel: "auto" takes the compiled CPU kernel (numba, optional) for CPU

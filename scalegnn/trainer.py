@@ -44,14 +44,14 @@ class OutOfMemory(RuntimeError):
 
 def prepare_graph(cfg, graph: Graph | None = None) -> Graph:
     """The GCN-normalized form (self loops added) of ``graph``, a raw graph, or of the
-    dataset loaded when there is none; relabeled first when ``cfg`` permutes. A graph
-    that is already normalized is returned as it is."""
-    if graph is not None and graph.meta.get("normalized") == "gcn":
-        return graph
-    if graph is None:
-        from .datasets import load_dataset
+    dataset loaded when there is none; with ``--split``'s split when one is given;
+    relabeled first when ``cfg`` permutes. A graph that is already normalized is
+    returned as it is (but for the split)."""
+    from .datasets import load_graph
 
-        graph = load_dataset(cfg.data.dataset, data_root=cfg.data.data_root, seed=cfg.seed)
+    graph = load_graph(cfg.data, cfg.seed, graph)
+    if graph.meta.get("normalized") == "gcn":
+        return graph
     if cfg.perf.permute != "none":  # Plexus 5.1: relabel the vertices once (P_c; double adds sigma in the engine)
         from .permutation import random_permutation
 
@@ -80,8 +80,9 @@ def _engine_from_shards(cfg, grid, device):
     shard_dir = cfg.data.shard_dir
     shard = load_shard(shard_dir, rank, cfg.parallel.grid)
     manifest = json.loads((Path(shard_dir) / "manifest.json").read_text())
-    check_shard_manifest(manifest, cfg.perf.permute, cfg.seed, shard_dir)
-    info = {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
+    check_shard_manifest(manifest, cfg.perf.permute, cfg.seed, shard_dir, (cfg.data.split, cfg.data.split_seed))
+    # The graph's record_info as written with the shards (older shards: the sizes alone).
+    info = manifest.get("graph") or {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
     batch_size = resolve_batch_size(shard.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
     engine = ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.loop.epochs, grid=grid,
                             shard=shard, device=device, perf=cfg.perf)
@@ -118,8 +119,7 @@ def run_training(cfg, graph: Graph | None = None, grid=None, write: bool = True,
     else:
         if graph is None:
             graph = prepare_graph(cfg)
-        graph_info = {"num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                      "num_features": graph.num_features, "num_classes": graph.num_classes}
+        graph_info = graph.record_info()
         batch_size = resolve_batch_size(graph.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
         engine = make_engine(cfg, graph, batch_size, grid, device)
     record = records.new_record(

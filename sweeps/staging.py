@@ -2,12 +2,14 @@
 
 Without staging, every rank of every run loads the whole graph and cuts its own
 shard out of it: on ogbn-papers100M four ranks per node each hold the full graph.
-A sweep therefore shards each (dataset, grid, permutation, seed) that its runs need
+A sweep therefore shards each (dataset, grid, permutation, seed, split) that its runs need
 once, with ``scalegnn data shard`` (one task, before the runs: a dependent job on
 SLURM, the first steps of the batch script on Flux, a job of its own locally), and
 every run gets ``--shard-dir`` (its rank's file only) and the data root. The seed is
 part of the key because the split, and the permutation when there is one, depend on
-it; the full grid is, because a shard folder is written for one grid shape.
+it; so is ``--split`` (with ``--split-seed``) when a run gives one (the shards remember
+it and a run with another is refused); the full grid is, because a shard folder is
+written for one grid shape.
 
 Which runs can read shards is the trainer's business: it is read from their
 configuration (:meth:`scalegnn.sweeps.spec.RunSpec.config`, so ``fullgraph-3d``'s implied
@@ -47,7 +49,8 @@ def resolve_data_root(data_root: str | os.PathLike | None = None) -> str:
 
 @dataclass(frozen=True)
 class StageSet:
-    """One set of shard files: ``scalegnn data shard`` of (dataset, grid, permute, seed)."""
+    """One set of shard files: ``scalegnn data shard`` of (dataset, grid, permute, seed,
+    split, split seed)."""
 
     dataset: str
     grid: tuple[int, int, int, int]
@@ -55,23 +58,30 @@ class StageSet:
     seed: int
     data_root: str
     folder: str
+    split: str | None = None
+    split_seed: int | None = None
 
     @property
     def grid_str(self) -> str:
         return "x".join(map(str, self.grid))
 
     @staticmethod
-    def key_of(dataset: str, grid, permute: str, seed: int, data_root: str) -> str:
+    def key_of(dataset: str, grid, permute: str, seed: int, data_root: str, split: str | None = None,
+               split_seed: int | None = None) -> str:
         from .spec import _slug
 
-        ident = json.dumps([dataset, list(grid), permute, int(seed), data_root])
+        # Without --split the identity is what it was before the flag existed: staged folders keep their names.
+        ident = json.dumps([dataset, list(grid), permute, int(seed), data_root] +
+                           ([split, split_seed] if split is not None else []))
         digest = hashlib.sha1(ident.encode()).hexdigest()[:10]
         return f"{_slug(dataset, 32)}-{'x'.join(map(str, grid))}-{permute}-s{seed}-{digest}"
 
     def argv(self) -> list[str]:
         """``scalegnn`` arguments that write this set."""
+        split = (["--split", self.split] if self.split is not None else []) + \
+            (["--split-seed", str(self.split_seed)] if self.split_seed is not None else [])
         return ["data", "shard", self.dataset, "--grid", self.grid_str, "--out", self.folder, "--seed",
-                str(self.seed), "--permute", self.permute, "--data-root", self.data_root]
+                str(self.seed), "--permute", self.permute, "--data-root", self.data_root, *split]
 
     def done(self) -> bool:
         return (Path(self.folder) / "manifest.json").is_file()
@@ -84,9 +94,10 @@ def stage_for(cfg, out: str | os.PathLike, data_root: str) -> StageSet | None:
     if cfg.system not in STAGED_SYSTEMS or math.prod(grid) == 1 or cfg.data.shard_dir:
         return None
     root = str(Path(cfg.data.data_root).expanduser().resolve()) if cfg.data.data_root else data_root
-    key = StageSet.key_of(cfg.data.dataset, grid, cfg.perf.permute, cfg.seed, root)
+    split, split_seed = cfg.data.split, cfg.data.split_seed
+    key = StageSet.key_of(cfg.data.dataset, grid, cfg.perf.permute, cfg.seed, root, split, split_seed)
     return StageSet(cfg.data.dataset, grid, cfg.perf.permute, int(cfg.seed), root,
-                    str(Path(out).resolve() / "shards" / key))
+                    str(Path(out).resolve() / "shards" / key), split, split_seed)
 
 
 def with_data(cfg, data_root: str, stage: StageSet | None):
@@ -110,12 +121,13 @@ class StageTask:
             os.environ["SCALEGNN_OFFLINE"] = "1"
         if self.stage.done():
             return self.stage.folder
-        from scalegnn.datasets import load_dataset
+        from scalegnn.datasets import DataConfig, load_graph
         from scalegnn.parallel.sharding import shard_command
 
         st = self.stage
-        graph = load_dataset(st.dataset, data_root=st.data_root, seed=st.seed)
-        shard_command(graph, st.grid, st.folder, permute=st.permute, seed=st.seed)
+        data = DataConfig(dataset=st.dataset, data_root=st.data_root, split=st.split, split_seed=st.split_seed)
+        graph = load_graph(data, st.seed)
+        shard_command(graph, st.grid, st.folder, permute=st.permute, seed=st.seed, split=(st.split, st.split_seed))
         if not st.done():
             raise RuntimeError(f"staging wrote no manifest.json: scalegnn {' '.join(st.argv())}")
         return st.folder

@@ -18,7 +18,7 @@ PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # fold
 # Lowest first. The longest matching prefix decides a module's floor.
 FLOORS = [
     ("foundations", ["scalegnn.fileio", "scalegnn.device", "scalegnn.ranges", "scalegnn.settings",
-                     "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
+                     "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
                      "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals"]),
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.engine",
                     "scalegnn.checkpoint", "scalegnn.loop"]),

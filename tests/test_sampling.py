@@ -146,7 +146,7 @@ def test_csr_transpose_is_the_transpose_with_sorted_rows():
     """The CSR of x^T (the input projection's weight gradient on sparse features):
     equal to the dense transpose, rows sorted inside every column, empty rows and
     columns included."""
-    from scalegnn.sampling import csr_transpose
+    from scalegnn.csr import csr_transpose
 
     gen = torch.Generator().manual_seed(3)
     dense = (torch.rand(9, 13, generator=gen) < 0.2) * torch.rand(9, 13, generator=gen)

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from scalegnn import records
+from scalegnn.csr import is_csr
 
 from scalegnn.settings import int_tuple, setting
 from scalegnn.signals import Interrupted
@@ -181,8 +182,11 @@ def _write_graph(graph, path: Path) -> None:
     rows = graph.row_ids().numpy()
     cols = graph.indices.numpy()
     keep = rows != cols
+    # The one place a baseline densifies sparse (CSR) features: DistDGL's partitioner
+    # takes node data as dense arrays (ndata), so the graph is handed over dense here.
+    x = graph.x.to_dense() if is_csr(graph.x) else graph.x
     np.savez(path, num_nodes=np.int64(graph.num_nodes), src=cols[keep], dst=rows[keep],
-             x=graph.x.numpy().astype(np.float32), y=graph.y.numpy(),
+             x=x.numpy().astype(np.float32), y=graph.y.numpy(),
              train_idx=graph.train_idx.numpy(), val_idx=graph.val_idx.numpy(), test_idx=graph.test_idx.numpy())
 
 
@@ -195,15 +199,14 @@ def _tail(path: Path, n: int = 3000) -> str:
 
 def run(cfg, graph=None) -> dict:
     """Partition, launch servers and trainers on localhost, wait, convert, clean up."""
-    from scalegnn.datasets import load_dataset
+    from scalegnn.datasets import load_graph
 
     if cfg.parallel.device.startswith("cuda"):
         raise ValueError("--system distdgl runs on the CPU only (PyPI's DGL wheels, <= 2.1, are CPU builds); "
                          "use --device cpu or auto")
     opts: DistDGLOptions = cfg.options
     py = dgl_python(opts.python)
-    if graph is None:
-        graph = load_dataset(cfg.data.dataset, data_root=cfg.data.data_root, seed=cfg.seed)
+    graph = load_graph(cfg.data, cfg.seed, graph)
     if graph.multilabel:
         raise ValueError("the distdgl adapter trains single-label node classification only")
     parts = opts.num_parts or cfg.parallel.nproc

@@ -2,7 +2,8 @@
 
 Public API::
 
-    load_dataset(name, data_root=None, seed=0, cache=True) -> Graph
+    load_dataset(name, data_root=None, seed=0, cache=True, split=None, split_seed=None) -> Graph
+    load_graph(data_config, seed, graph=None) -> Graph   # a run's graph: its DataConfig, --split applied
     list_datasets() -> list[str]
     file_forms() -> list[str]          # the <kind>:<path> forms of your own files
     describe(graph) -> dict            # Graph.stats() + isolated, edge homophily, source
@@ -25,7 +26,8 @@ Names (case-insensitive, ``_`` and ``-`` interchangeable)
 ``ogbn-arxiv`` ``ogbn-products``                 through ``ogb``, ogb's split
 ``ogbn-papers100M``
 ``isolate-3-8m`` ``products-14m`` ``europe-osm``  ``<root>/<name>.mtx|.txt``, featureless protocol
-``edgelist:<path>`` ``mtx:<path>``               featureless protocol on your graph file
+``edgelist:<path>`` ``mtx:<path>``               your graph file; node data beside it, else
+                                                 the featureless protocol (stated)
 ``npz:<file.npz>`` ``dir:<folder>``              your arrays (format: ``files.py``, README.md)
 ``csbm`` ``csbm:n=100000,avg_degree=20``         contextual SBM (params: n, avg_degree,
                                                  classes, homophily, feature_dim, signal)
@@ -58,9 +60,10 @@ The processed-graph cache (``cache.py``) stores each parsed graph once under
 source file changes or the file is corrupt.
 """
 
-from ._core import DatasetError
+from ._core import DatasetError, split_flag
 from .cache import CACHE_FORMAT_VERSION
-from .registry import DataConfig, default_data_root, describe, edge_homophily, file_forms, list_datasets, load_dataset
+from .registry import (DataConfig, default_data_root, describe, edge_homophily, file_forms, list_datasets,
+                       load_dataset, load_graph)
 
 __all__ = [
     "DataConfig",
@@ -72,4 +75,6 @@ __all__ = [
     "file_forms",
     "list_datasets",
     "load_dataset",
+    "load_graph",
+    "split_flag",
 ]

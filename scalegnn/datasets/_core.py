@@ -30,6 +30,8 @@ __all__ = [
     "reading",
     "rng_for",
     "undirected_csr",
+    "split_flag",
+    "apply_split",
 ]
 
 # The papers' protocol for graphs without node data (ScaleGNN VII-A, Plexus Table 2).
@@ -130,6 +132,58 @@ def missing_files_error(name: str, root: Path, expected: Path, partial: list[Pat
     )
 
 
+# ---------------------------------------------------------------- the --split flag
+SPLIT_HELP = ("random:TRAIN,VAL,TEST, fractions > 0 of the labeled vertices summing to at most 1, "
+              "e.g. random:0.5,0.25,0.25")
+
+
+def _split_fractions(text: str) -> tuple[float, float, float]:
+    kind, _, rest = str(text).strip().partition(":")
+    if kind.strip().lower() != "random":
+        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} (the only kind is 'random')")
+    if not rest.strip():
+        return SPLIT_FRACTIONS
+    parts = [p.strip() for p in rest.split(",")]
+    try:
+        fractions = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} (not three numbers)") from None
+    if len(fractions) != 3:
+        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} ({len(fractions)} fractions, not 3)")
+    if not all(0.0 < f <= 1.0 for f in fractions):
+        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} (every fraction must be in (0, 1]: "
+                         "each split needs vertices)")
+    if sum(fractions) > 1 + 1e-9:
+        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} (they sum to {sum(fractions):g} > 1: "
+                         "a vertex would be in two splits)")
+    return fractions
+
+
+def split_flag(text) -> str:
+    """``--split``'s parse function: the canonical ``random:TRAIN,VAL,TEST`` of ``text``
+    (``random`` alone is ``random:0.5,0.25,0.25``); a ValueError naming the fix for a
+    malformed kind, count, range or sum."""
+    return "random:" + ",".join(f"{f:g}" for f in _split_fractions(text))
+
+
+def apply_split(graph: Graph, split: str, seed: int) -> Graph:
+    """``graph`` with the ``--split`` random split of its labeled vertices (seeded by
+    ``seed``) in place of its own; ``meta["split"]`` says so and names the split it
+    replaced. Raises a DatasetError when a split would come out empty."""
+    fractions = _split_fractions(split)
+    labeled = None if graph.multilabel else (graph.y >= 0).nonzero().flatten().numpy()
+    parts = random_split(graph.num_nodes, fractions, seed=seed, labeled=labeled)
+    if any(p.numel() == 0 for p in parts):
+        sizes = "/".join(str(p.numel()) for p in parts)
+        raise DatasetError(f"--split {split} leaves a split empty on {graph.name} ({sizes} of "
+                           f"{graph.num_nodes if labeled is None else labeled.size} labeled vertices); "
+                           "give larger fractions")
+    shown = "/".join(f"{100 * f:g}" for f in fractions)
+    before = graph.meta.get("split", "the dataset's own")
+    note = f"random {shown} seed {seed} (--split {split}; replaces: {before})"
+    return graph.replace(train_idx=parts[0], val_idx=parts[1], test_idx=parts[2], meta={**graph.meta, "split": note})
+
+
 # ---------------------------------------------------------------- edges to CSR
 def _to_long(a) -> torch.Tensor:
     t = torch.as_tensor(np.ascontiguousarray(a)) if not isinstance(a, torch.Tensor) else a
@@ -209,30 +263,37 @@ def featureless_graph(
     meta: dict,
     feature_dim: int = FEATURELESS_FEATURE_DIM,
     num_classes: int = FEATURELESS_CLASSES,
+    x: torch.Tensor | None = None,
+    y: tuple[torch.Tensor, int] | None = None,
 ) -> Graph:
-    """Attach the papers' synthetic node data to a bare graph.
+    """Attach the papers' synthetic node data to a bare graph, where it has none.
 
-    x ~ N(0, 1)^(N x feature_dim) (seeded), y = :func:`degree_classes`, and a seeded
-    random 50/25/25 train/val/test split (``scalegnn.graph.random_split``).
+    x ~ N(0, 1)^(N x feature_dim) (seeded) unless ``x`` is given, y =
+    :func:`degree_classes` unless ``y`` = (labels, num_classes) is given, and a seeded
+    random 50/25/25 train/val/test split of the labeled vertices
+    (``scalegnn.graph.random_split``). ``meta["features"]`` / ``["labels"]`` say which
+    are synthetic (a given one's description comes in ``meta``).
     """
     n = indptr.numel() - 1
     deg = (indptr[1:] - indptr[:-1]).numpy()
-    x = rng_for(seed, "features").standard_normal((n, feature_dim), dtype=np.float32)
-    y = degree_classes(deg, num_classes, seed)
-    train, val, test = random_split(n, SPLIT_FRACTIONS, seed=seed)
-    meta = {
-        **meta,
-        "features": f"random N(0,1), dim {feature_dim}",
-        "labels": f"{num_classes} balanced degree classes",
-        "split": f"random 50/25/25 seed {seed}",
-    }
+    meta = dict(meta)
+    if x is None:
+        x = torch.from_numpy(rng_for(seed, "features").standard_normal((n, feature_dim), dtype=np.float32))
+        meta["features"] = f"random N(0,1), dim {feature_dim}"
+    if y is None:
+        y = torch.from_numpy(degree_classes(deg, num_classes, seed)), num_classes
+        meta["labels"] = f"{num_classes} balanced degree classes"
+    y, num_classes = y
+    labeled = (y >= 0).nonzero().flatten().numpy() if y.dim() == 1 else None
+    train, val, test = random_split(n, SPLIT_FRACTIONS, seed=seed, labeled=labeled)
+    meta["split"] = f"random 50/25/25 seed {seed}"
     return make_graph(
         name,
         indptr=indptr,
         indices=indices,
         values=values,
-        x=torch.from_numpy(x),
-        y=torch.from_numpy(y),
+        x=x,
+        y=y,
         train_idx=train,
         val_idx=val,
         test_idx=test,

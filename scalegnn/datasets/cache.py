@@ -7,8 +7,11 @@ root), else ``~/.cache/scalegnn/data/.scalegnn-cache``, else no cache. The seed 
 the name only for datasets whose content depends on it.
 
 Content: ``torch.save`` of a dict of plain tensors, ints and strings (no pickled
-objects), loaded with ``torch.load(weights_only=True, mmap=True)``. Sparse feature
-matrices (multi-hot, bag of words) are stored as CSR and densified on load. The
+objects), loaded with ``torch.load(weights_only=True, mmap=True)``. A graph whose
+features are CSR (a sparse feature file) is stored as CSR and loaded as CSR, never
+densified; dense features that are mostly zeros (multi-hot, bag of words) are stored
+as CSR too, to save disk, and densified on load, so the graph comes back as it was
+built. The
 ``source`` entry records (path, size, mtime) of every input file; an entry whose
 sources changed is rebuilt. Writes go to a temp file then ``os.replace``, so a
 reader never sees a partial file, and concurrent writers (ranks) are harmless. A
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from scalegnn.csr import csr_matrix, is_csr
 from scalegnn.fileio import atomic_write
 from scalegnn.graph import Graph
 
@@ -98,8 +102,10 @@ def save_cached(path: Path, graph: Graph, source: list) -> None:
         "val_idx": graph.val_idx,
         "test_idx": graph.test_idx,
     }
-    nnz = int(torch.count_nonzero(x)) if x.numel() else 0
-    if x.numel() and nnz <= _SPARSE_X_MAX_DENSITY * x.numel():
+    if is_csr(x):
+        blob.update(x_crow=x.crow_indices(), x_col=x.col_indices(), x_val=x.values(), x_shape=list(x.shape),
+                    x_layout="csr")
+    elif x.numel() and int(torch.count_nonzero(x)) <= _SPARSE_X_MAX_DENSITY * x.numel():
         xs = x.to_sparse_csr()
         blob.update(x_crow=xs.crow_indices(), x_col=xs.col_indices(), x_val=xs.values(), x_shape=list(x.shape))
     else:
@@ -125,8 +131,9 @@ def load_cached(path: Path, name: str, source: list) -> Graph | None:
         if "x" in blob:
             x = blob["x"]
         else:
-            shape = tuple(blob["x_shape"])
-            x = torch.sparse_csr_tensor(blob["x_crow"], blob["x_col"], blob["x_val"], shape).to_dense()
+            x = csr_matrix(blob["x_crow"], blob["x_col"], blob["x_val"], blob["x_shape"], f"cache file {path}")
+            if blob.get("x_layout") != "csr":  # dense when built: it comes back dense
+                x = x.to_dense()
         return Graph(
             indptr=blob["indptr"],
             indices=blob["indices"],

@@ -1,10 +1,13 @@
 """Graphs from user files: edge lists, Matrix Market, and bring-your-own arrays.
 
-Featureless graphs (``edgelist:<path>``, ``mtx:<path>``, and the papers' named
-graphs ``isolate-3-8m``, ``products-14m``, ``europe-osm`` found as
-``<root>/<name>.mtx|.txt`` or ``<root>/<name>/<name>.mtx``, ``-`` or ``_``) follow
-the papers' protocol (``_core.featureless_graph``): symmetrized, self loops dropped,
-128-d N(0,1) features, 32 balanced degree classes, seeded 50/25/25 split.
+Graph files (``edgelist:<path>``, ``mtx:<path>``, and the papers' named graphs
+``isolate-3-8m``, ``products-14m``, ``europe-osm`` found as ``<root>/<name>.mtx|.txt``
+or ``<root>/<name>/<name>.mtx``, ``-`` or ``_``) are symmetrized, self loops dropped,
+with a seeded 50/25/25 split. Node data is read from files beside the graph file
+(:data:`BESIDE`: ``<stem>.features.npy|npz``, ``<stem>.labels.npy``, row v = vertex v);
+what is missing follows the papers' protocol (``_core.featureless_graph``: 128-d
+N(0,1) features, 32 balanced degree classes), stated in ``meta["stand_in"]`` for a
+user's file.
 
 Edge list: one pair per line, separated by whitespace or a comma; extra columns
 (weights, timestamps) are ignored; lines starting with ``#`` or ``%`` are comments;
@@ -23,7 +26,11 @@ edge_index     (2, E) int       edges src -> dst (an (E, 2) array is accepted to
 indptr         (N+1,) int       CSR row pointers ...
 indices        (nnz,) int       ... and column ids
 values         (nnz,) or (E,)   optional edge weights, kept only with undirected=False
-x              (N, F) float     node features (required)
+x              (N, F) float     node features, dense; or, kept sparse (CSR), the four arrays
+x_indptr       (N+1,) int       ... of a scipy csr_matrix: indptr,
+x_indices      (nnz,) int       ... indices (columns),
+x_data         (nnz,) float     ... data,
+x_shape        (2,) int         ... shape (N, F); a dir: holds x.npz (scipy.sparse.save_npz)
 y              (N,) int         class ids, -1 (or NaN) = unlabeled; or (N, C) multi-hot
 train_idx      (k,) int         vertex ids; or ``train_mask`` (N,) bool
 val_idx        (k,) int         or ``val_mask`` (``valid_idx`` / ``valid_mask`` also accepted)
@@ -47,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scalegnn.csr import csr_matrix
 from scalegnn.graph import csr_from_edges, random_split
 
 from ._core import (DATA_ROOT_HINT, SPLIT_FRACTIONS, DatasetError, featureless_graph, make_graph, reading,
@@ -66,7 +74,12 @@ _EXTS = (".mtx", ".txt", ".edges", ".el", ".tsv", ".csv")
 BYO_KEYS = (
     "edge_index", "indptr", "indices", "values", "x", "y", "num_classes", "undirected",
     "train_idx", "val_idx", "valid_idx", "test_idx", "train_mask", "val_mask", "valid_mask", "test_mask",
+    "x_indptr", "x_indices", "x_data", "x_shape",
 )  # fmt: skip
+# Sparse features: the four arrays of a CSR matrix (scipy's csr_matrix convention)
+# under these keys in an npz, or one ``x.npz`` written by scipy.sparse.save_npz in a
+# folder (whose own keys are the names without ``x_``).
+SPARSE_X_KEYS = ("x_indptr", "x_indices", "x_data", "x_shape")
 
 
 def path_tag(path: Path) -> str:
@@ -172,17 +185,89 @@ def read_mtx(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
     return np.asarray(m.row, dtype=np.int64), np.asarray(m.col, dtype=np.int64), int(m.shape[0])
 
 
-def featureless_from_file(name: str, path: Path, fmt: str, seed: int):
+# Node data beside a graph file ``<stem>.<ext>`` (``stem`` = the name without its last
+# suffix): features dense (N, F) .npy or a scipy.sparse.save_npz CSR .npz, labels (N,)
+# or (N, C) .npy; row v belongs to vertex v.
+BESIDE = {"features": (".features.npy", ".features.npz"), "labels": (".labels.npy",)}
+
+
+def beside_files(path: Path) -> dict[str, Path]:
+    """The node-data files found beside the graph file ``path`` (see :data:`BESIDE`)."""
+    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    found = {}
+    for kind, suffixes in BESIDE.items():
+        hits = [path.parent / f"{stem}{s}" for s in suffixes if (path.parent / f"{stem}{s}").is_file()]
+        if len(hits) > 1:
+            raise DatasetError(f"{path}: both {hits[0].name} and {hits[1].name} lie beside it; keep one {kind} file")
+        if hits:
+            found[kind] = hits[0]
+    return found
+
+
+def beside_names(path: Path) -> str:
+    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    return ", ".join(f"{stem}{s}" for suffixes in BESIDE.values() for s in suffixes)
+
+
+def _read_beside(found: dict[str, Path]) -> tuple[torch.Tensor | None, tuple | None, int | None]:
+    """(features, (labels, classes), N) from the files beside a graph file; N from their rows."""
+    x = y = None
+    if "features" in found:
+        f = found["features"]
+        if f.suffix == ".npz":
+            x = byo_features(read_sparse_npz(f), str(f))
+        else:
+            with reading(f):
+                x = byo_features({"x": np.load(f, allow_pickle=False)}, str(f))
+    if "labels" in found:
+        f = found["labels"]
+        with reading(f):
+            raw = np.load(f, allow_pickle=False)
+        labels, classes = byo_labels(raw, str(f), "the labels", None if x is None else x.shape[0])
+        y = torch.from_numpy(labels), classes
+    n = x.shape[0] if x is not None else (y[0].shape[0] if y is not None else None)
+    if n == 0:
+        raise DatasetError(f"{next(iter(found.values()))}: 0 rows; save one row per vertex")
+    return x, y, n
+
+
+def featureless_from_file(name: str, path: Path, fmt: str, seed: int, announce: bool = False):
+    """A graph file with the node data found beside it (:func:`beside_files`), the
+    featureless protocol standing in for what is not there. With node data, row v is
+    vertex v: N is its row count and edge-list ids are kept (not renumbered); without,
+    edge-list ids are renumbered 0..N-1. ``announce``: a user's file (``edgelist:``,
+    ``mtx:``), whose stand-in node data is stated in ``meta["stand_in"]`` (logged)."""
+    found = beside_files(path)
+    x, y, n_data = _read_beside(found)
     if fmt == "mtx":
         src, dst, n = read_mtx(path)
         relabeled = False
+        if n_data is not None and n_data != n:
+            raise DatasetError(f"{path}: the matrix has {n} rows but {next(iter(found.values())).name} has "
+                               f"{n_data}; the files beside it need one row per vertex")
     else:
         src, dst = read_edgelist(path)
-        src, dst, n = compact_ids(src, dst)
-        relabeled = True
+        relabeled = n_data is None
+        if relabeled:
+            src, dst, n = compact_ids(src, dst)
+        else:
+            n = n_data
+            hi = int(max(src.max(), dst.max()))
+            if hi >= n:
+                raise DatasetError(f"{path}: vertex id {hi} but {next(iter(found.values())).name} has {n} rows; "
+                                   f"with node data beside an edge list, row v belongs to vertex v, so ids must be "
+                                   f"< {n}")
     indptr, indices, values, counts = undirected_csr(src, dst, n)
     meta = {"source": str(path), "format": fmt, "ids_renumbered": relabeled, **counts}
-    return featureless_graph(name, indptr, indices, values, seed, meta)
+    for kind, f in found.items():
+        meta[kind] = f"from {f}" + (", sparse (CSR)" if kind == "features" and x.layout == torch.sparse_csr else "")
+    graph = featureless_graph(name, indptr, indices, values, seed, meta, x=x, y=y)
+    missing = [k for k in BESIDE if k not in found]
+    if announce and missing:
+        stand_in = "; ".join(f"{graph.meta[k]} stand in for the {k}" for k in missing)
+        graph.meta["stand_in"] = (f"{stand_in} (no {' or '.join(missing)} file beside {path.name}; "
+                                  f"looked for {beside_names(path)})")
+    return graph
 
 
 def named_featureless_file(name: str, root: Path) -> Path:
@@ -210,6 +295,8 @@ def byo_sources(kind: str, path: Path) -> list[Path]:
     if not path.is_dir():
         raise DatasetError(f"dir: folder not found: {path}; pass dir:<folder holding x.npy, y.npy, ...>")
     found = [path / f"{k}.npy" for k in BYO_KEYS if (path / f"{k}.npy").is_file()]
+    if (path / "x.npz").is_file():  # sparse features (scipy.sparse.save_npz)
+        found.append(path / "x.npz")
     if not found:
         raise DatasetError(
             f"dir: {path} holds none of the expected files ({', '.join(k + '.npy' for k in BYO_KEYS[:6])}, ...)"
@@ -242,8 +329,54 @@ def _read_byo(kind: str, path: Path, files: list[Path]) -> dict:
     arrays = {}
     for f in files:
         with reading(f):
-            arrays[f.stem] = np.load(f, allow_pickle=False)
+            if f.suffix == ".npz":  # x.npz: sparse features as scipy.sparse.save_npz writes them
+                arrays.update(read_sparse_npz(f))
+            else:
+                arrays[f.stem] = np.load(f, allow_pickle=False)
     return arrays
+
+
+def read_sparse_npz(path: Path) -> dict:
+    """The CSR parts of a ``scipy.sparse.save_npz`` file, under the npz form's keys
+    (``x_indptr``, ``x_indices``, ``x_data``, ``x_shape``); read with
+    ``allow_pickle=False``, so the file cannot run code."""
+    with reading(path), np.load(path, allow_pickle=False) as z:
+        fmt = z["format"].item() if "format" in z.files else b"?"
+        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        if fmt != "csr" or not {"indptr", "indices", "data", "shape"} <= set(z.files):
+            raise DatasetError(f"{path}: expected a CSR matrix saved by scipy.sparse.save_npz, got format {fmt!r} "
+                               f"with keys {sorted(z.files)}; save it with scipy.sparse.save_npz(path, m.tocsr())")
+        return {f"x_{k}": np.asarray(z[k]) for k in ("indptr", "indices", "data", "shape")}
+
+
+def byo_features(a: dict, where: str) -> torch.Tensor:
+    """The features of a bring-your-own graph: dense ``x`` (N, F), or the CSR parts
+    (:data:`SPARSE_X_KEYS`), kept sparse as a canonical CSR tensor."""
+    sparse = [k for k in SPARSE_X_KEYS if k in a]
+    if sparse and "x" in a:
+        raise DatasetError(f"{where}: holds both 'x' and {sparse[0]!r}; give the features once, dense as 'x' or "
+                           f"sparse as {', '.join(SPARSE_X_KEYS)}")
+    if sparse:
+        missing = [k for k in SPARSE_X_KEYS if k not in a]
+        if missing:
+            raise DatasetError(f"{where}: sparse features need all of {', '.join(SPARSE_X_KEYS)}; missing "
+                               f"{', '.join(missing)} (scipy: m = m.tocsr(); x_indptr=m.indptr, x_indices=m.indices, "
+                               "x_data=m.data, x_shape=m.shape)")
+        shape = np.asarray(a["x_shape"])
+        if shape.shape != (2,) or not np.issubdtype(shape.dtype, np.integer):
+            raise DatasetError(f"{where}: 'x_shape' must be two integers (N, F), got {shape!r}")
+        try:
+            return csr_matrix(*(torch.from_numpy(np.ascontiguousarray(a[k])) for k in SPARSE_X_KEYS[:3]),
+                              shape.tolist(), f"{where}: sparse features")
+        except ValueError as exc:
+            raise DatasetError(str(exc)) from None
+    if "x" not in a:
+        raise DatasetError(f"{where}: missing key 'x' (an (N, F) float array of node features), or the sparse "
+                           f"form {', '.join(SPARSE_X_KEYS)}; see scalegnn/datasets/README.md")
+    x = np.asarray(a["x"], dtype=np.float32)
+    if x.ndim != 2:
+        raise DatasetError(f"{where}: 'x' must be (N, F), got shape {x.shape}")
+    return torch.from_numpy(x)
 
 
 def _byo_split(a: dict, where: str, n: int, split: str, keys: tuple[str, ...]) -> torch.Tensor:
@@ -262,6 +395,25 @@ def _byo_split(a: dict, where: str, n: int, split: str, keys: tuple[str, ...]) -
     return torch.from_numpy(np.sort(vertex_ids(where, key, v).reshape(-1)))
 
 
+def byo_labels(y, where: str, what: str, n: int | None, num_classes=None) -> tuple[np.ndarray, int]:
+    """(labels, number of classes) of a label array: (N,) class ids, -1 or NaN for
+    unlabeled, or an (N, C) multi-hot matrix; ``n`` the rows it must have (None: any)."""
+    y = np.asarray(y)
+    if y.ndim not in (1, 2) or (n is not None and y.shape[0] != n):
+        rows = "N" if n is None else n
+        raise DatasetError(f"{where}: {what} must be ({rows},) or ({rows}, C) to match the features, got shape "
+                           f"{y.shape}")
+    if y.ndim == 1:
+        if np.issubdtype(y.dtype, np.floating):
+            if np.any(np.isfinite(y) & (y != np.round(y))):
+                raise DatasetError(f"{where}: {what} holds non-integer class ids; use an (N, C) array for multi-label")
+            y = np.where(np.isnan(y), -1, y)
+        y = y.astype(np.int64)
+        return y, int(num_classes) if num_classes is not None else int(y.max()) + 1
+    y = y.astype(np.float32)
+    return y, int(num_classes) if num_classes is not None else y.shape[1]
+
+
 def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0):
     a = _read_byo(kind, path, files)
     where = f"{path}" if kind == "npz" else f"{path}/<key>.npy"
@@ -271,26 +423,13 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
             raise DatasetError(f"{where}: missing key '{key}' (expected {shape}); see scalegnn/datasets/README.md")
         return a[key]
 
-    x = np.asarray(need("x", "an (N, F) float array of node features"), dtype=np.float32)
-    if x.ndim != 2:
-        raise DatasetError(f"{where}: 'x' must be (N, F), got shape {x.shape}")
+    x = byo_features(a, where)
     n = x.shape[0]
     if n == 0:
         raise DatasetError(f"{where}: 'x' has 0 rows: the graph has no vertices; save x as an (N, F) array with "
                            "N >= 1 rows, one per vertex")
-    y = np.asarray(need("y", f"an (N,) int array of classes with N={n}, -1 = unlabeled, or an (N, C) multi-hot array"))
-    if y.shape[0] != n or y.ndim not in (1, 2):
-        raise DatasetError(f"{where}: 'y' must be ({n},) or ({n}, C) to match x, got shape {y.shape}")
-    if y.ndim == 1:
-        if np.issubdtype(y.dtype, np.floating):
-            if np.any(np.isfinite(y) & (y != np.round(y))):
-                raise DatasetError(f"{where}: 'y' holds non-integer class ids; use an (N, C) array for multi-label")
-            y = np.where(np.isnan(y), -1, y)
-        y = y.astype(np.int64)
-        num_classes = int(a["num_classes"]) if "num_classes" in a else int(y.max()) + 1
-    else:
-        y = y.astype(np.float32)
-        num_classes = int(a["num_classes"]) if "num_classes" in a else y.shape[1]
+    y = need("y", f"an (N,) int array of classes with N={n}, -1 = unlabeled, or an (N, C) multi-hot array")
+    y, num_classes = byo_labels(y, where, "'y'", n, a.get("num_classes"))
     undirected = bool(a["undirected"]) if "undirected" in a else True
 
     if "edge_index" in a:
@@ -326,7 +465,8 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
         counts = {"input_edge_pairs": int(src.size), "self_loops_dropped": int((~keep).sum())}
 
     if any(k in a for names in _SPLIT_KEYS.values() for k in names):
-        splits, split_note = [_byo_split(a, where, n, split, keys) for split, keys in _SPLIT_KEYS.items()], {}
+        splits = [_byo_split(a, where, n, split, keys) for split, keys in _SPLIT_KEYS.items()]
+        split_note = {"split": "the file's own"}
     else:
         # No split in the file: the seeded random 50/25/25 split of the labeled vertices
         # (the run's --seed), as for the built-in graphs without one; the record says so.
@@ -339,7 +479,7 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
         indptr=indptr_t,
         indices=indices_t,
         values=values_t,
-        x=torch.from_numpy(x),
+        x=x,
         y=torch.from_numpy(y),
         train_idx=splits[0],
         val_idx=splits[1],

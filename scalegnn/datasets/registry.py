@@ -6,6 +6,7 @@ See the package docstring (``scalegnn/datasets/__init__.py``) for the name synta
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import operator
 import os
@@ -21,7 +22,7 @@ from . import musae as _musae
 from . import ogbn as _ogbn
 from . import planetoid as _planetoid
 from . import reddit as _reddit
-from ._core import DatasetError
+from ._core import DatasetError, apply_split, split_flag
 from .cache import cache_dir, cache_path, load_cached, save_cached, source_signature
 from ..settings import setting
 
@@ -29,14 +30,20 @@ from ..settings import setting
 @dataclass(kw_only=True)
 class DataConfig:
     """Where a run's graph comes from: a dataset name (``list_datasets``; generator
-    parameters in the name), the folder holding dataset files, and, for ScaleGNN,
-    per-rank shard files written once by ``scalegnn data shard``."""
+    parameters in the name), the folder holding dataset files, the train/val/test
+    split when it is not the dataset's own, and, for ScaleGNN, per-rank shard files
+    written once by ``scalegnn data shard``."""
 
     dataset: str = setting("csbm", required=True, help="dataset name (see `scalegnn data list`), e.g. facebook, "
                            "twitch-de, cora, ogbn-products, csbm:n=100000,avg_degree=20, rmat:scale=18, "
                            "npz:/path/graph.npz")
     data_root: str | None = setting(None, help="folder holding dataset files (default: $SCALEGNN_DATA_ROOT or "
                                     "~/.cache/scalegnn/data)")
+    split: str | None = setting(None, type=split_flag,
+                                help="the train/val/test split, replacing the dataset's own: random:TRAIN,VAL,TEST "
+                                "fractions of the labeled vertices (> 0, sum <= 1), e.g. random:0.6,0.2,0.2 (default: "
+                                "the dataset's split; a file without one gets random:0.5,0.25,0.25)")
+    split_seed: int | None = setting(None, help="seed of the --split draw (default: --seed)")
     shard_dir: str | None = setting(None, scope="scalegnn",
                                     help="read this rank's graph shard from files written by `scalegnn data shard` "
                                     "instead of loading the whole graph on every rank")
@@ -44,19 +51,29 @@ class DataConfig:
     def __post_init__(self):
         if not isinstance(self.dataset, str) or not self.dataset.strip():
             raise ValueError(f"--dataset must name a dataset (see `scalegnn data list`), got {self.dataset!r}")
+        if self.split is not None:
+            self.split = split_flag(self.split)  # checked and canonical, also when set from Python
+        if self.split_seed is not None:
+            if self.split is None:
+                raise ValueError("--split-seed needs --split: it seeds that draw, e.g. --split random:0.5,0.25,0.25 "
+                                 f"--split-seed {self.split_seed}")
+            if self.split_seed < 0:
+                raise ValueError(f"--split-seed must be >= 0, got {self.split_seed}")
 
 
-__all__ = ["default_data_root", "describe", "edge_homophily", "list_datasets", "load_dataset", "parse_name"]
+__all__ = ["default_data_root", "describe", "edge_homophily", "list_datasets", "load_dataset", "load_graph",
+           "parse_name"]
 
 PATH_KINDS = ("edgelist", "mtx", "npz", "dir")
 # What each file form holds (``scalegnn data list``; the format: scalegnn/datasets/README.md).
 FILE_FORMS = {
-    "edgelist": "a text edge list (src dst per line, # or % comments): no features or labels, so degree "
-                "classes and seeded random features stand in",
-    "mtx": "a Matrix Market adjacency: no features or labels, as edgelist",
-    "npz": "one .npz of arrays: edge_index (or indptr/indices), x, y, and train/val/test ids or masks "
-           "(none: a seeded random 50/25/25 split)",
-    "dir": "a folder of .npy files with the npz keys as names",
+    "edgelist": "a text edge list (src dst per line, # or % comments); node data beside it, row v = vertex v: "
+                "<stem>.features.npy (dense) or .features.npz (scipy.sparse.save_npz), <stem>.labels.npy; what is "
+                "missing is stated and stands in: seeded random features, degree classes",
+    "mtx": "a Matrix Market adjacency; node data beside it as for edgelist",
+    "npz": "one .npz of arrays: edge_index (or indptr/indices), features x (dense) or x_indptr/x_indices/x_data/"
+           "x_shape (CSR, kept sparse), y, and train/val/test ids or masks (none: a seeded random 50/25/25 split)",
+    "dir": "a folder of .npy files with the npz keys as names; sparse features as x.npz (scipy.sparse.save_npz)",
 }
 assert set(FILE_FORMS) == set(PATH_KINDS)
 
@@ -170,7 +187,7 @@ def _registry() -> list[Spec]:
         specs.append(
             Spec(
                 name,
-                sources=lambda req, n=name: [_files.named_featureless_file(n, req.root)],
+                sources=lambda req, n=name: _with_beside(_files.named_featureless_file(n, req.root)),
                 build=lambda req, files: _files.featureless_from_file(
                     req.name, files[0], "mtx" if files[0].suffix == ".mtx" else "edgelist", req.seed
                 ),
@@ -200,7 +217,8 @@ def _registry() -> list[Spec]:
             Spec(
                 kind,
                 sources=lambda req, k=kind: _file_source(k, req.path),
-                build=lambda req, files, k=kind: _files.featureless_from_file(req.name, req.path, k, req.seed),
+                build=lambda req, files, k=kind: _files.featureless_from_file(req.name, req.path, k, req.seed,
+                                                                              announce=True),
                 seeded=_ALWAYS,
                 takes_path=True,
             )
@@ -221,7 +239,12 @@ def _registry() -> list[Spec]:
 def _file_source(kind: str, path: Path) -> list:
     if not path.is_file():
         raise DatasetError(f"{kind}: file not found: {path}; pass {kind}:<path to an existing file>")
-    return [path]
+    return _with_beside(path)
+
+
+def _with_beside(path: Path) -> list:
+    """A graph file and the node-data files beside it: all are the cache's sources."""
+    return [path, *_files.beside_files(path).values()]
 
 
 _SPECS = _registry()
@@ -316,16 +339,41 @@ def _slug(req: Request) -> str:
     return req.name.replace(":", "-").replace(",", "-")
 
 
-def load_dataset(name: str, data_root: str | os.PathLike | None = None, seed: int = 0, cache: bool = True) -> Graph:
+def load_graph(data: DataConfig, seed: int, graph: Graph | None = None) -> Graph:
+    """The graph of a run's ``data`` settings: ``graph`` when the caller has one (the
+    Python API), else the dataset loaded; with ``data.split`` applied either way."""
+    if graph is None:
+        return load_dataset(data.dataset, data_root=data.data_root, seed=seed, split=data.split,
+                            split_seed=data.split_seed)
+    if data.split is not None:
+        return apply_split(graph, data.split, seed if data.split_seed is None else data.split_seed)
+    return graph
+
+
+def load_dataset(name: str, data_root: str | os.PathLike | None = None, seed: int = 0, cache: bool = True,
+                 split: str | None = None, split_seed: int | None = None) -> Graph:
     """Load a dataset as it is defined: undirected (both directions stored), unit
     weights, no self loops, not normalized; splits set; ``name`` canonical.
 
     ``data_root``: folder holding the dataset files (default: ``$SCALEGNN_DATA_ROOT``,
     else ``~/.cache/scalegnn/data``). ``seed`` drives random splits, features and
     generators (datasets with fixed splits ignore it). ``cache``: read/write the
-    processed-graph cache (``scalegnn.datasets.cache``).
+    processed-graph cache (``scalegnn.datasets.cache``). ``split``: ``--split``'s
+    ``random:TRAIN,VAL,TEST`` in place of the dataset's own split, drawn with
+    ``split_seed`` (default ``seed``); applied after the cache, which keeps the
+    dataset as it is defined. A graph whose features or labels are stand-ins (an edge
+    list without files beside it) is announced by a warning on the ``scalegnn`` logger.
     Raises :class:`DatasetError` naming the missing or bad file and the fix.
     """
+    graph = _load(name, data_root, seed, cache)
+    if graph.meta.get("stand_in"):
+        logging.getLogger("scalegnn.datasets").warning("%s: %s", graph.name, graph.meta["stand_in"])
+    if split is not None:
+        graph = apply_split(graph, split, seed if split_seed is None else split_seed)
+    return graph
+
+
+def _load(name: str, data_root, seed: int, cache: bool) -> Graph:
     try:
         seed = operator.index(seed)
     except TypeError:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from ..device import to_device
-from ..sampling import (CompactIndexMap, SampledBlock, block_bounds, csr_transpose, extract_block,
-                        inclusion_probability, resolve_batch_size, sample_vertices, select_rows, training_features)
+from ..csr import csr_transpose, select_rows
+from ..sampling import (CompactIndexMap, SampledBlock, block_bounds, extract_block, inclusion_probability,
+                        resolve_batch_size, sample_vertices, training_features)
 from .grid import PMM_AXES, ProcessGrid
 from .layout import RowPartition
 from .sharding import RankShard

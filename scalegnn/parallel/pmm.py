@@ -184,7 +184,7 @@ def sharded_gemm(h: torch.Tensor, w: torch.Tensor, pc: ParallelContext, reduce_a
     gradient sync overlaps with the rest of backward (paper V-D).
 
     ``h_t``: the CSR of ``h^T`` when ``h`` is a sparse CSR input (the features): dW
-    is then the CSR x dense product ``h_t @ dZ`` (see :func:`scalegnn.sampling.csr_transpose`).
+    is then the CSR x dense product ``h_t @ dZ`` (see :func:`scalegnn.csr.csr_transpose`).
     """
     return _ShardedGEMM.apply(h, w, pc, reduce_axis, dh_axis, dw_axis, defer_dw, h_t)
 

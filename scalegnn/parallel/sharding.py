@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..csr import csr_block, is_csr
 from ..fileio import atomic_write, load_error
 from ..graph import Graph
 from ..sampling import CSRBlock, train_mask_of
@@ -75,7 +76,7 @@ class RankShard:
     num_classes: int
     multilabel: bool
     adj: tuple[CSRBlock, CSRBlock, CSRBlock]
-    x: torch.Tensor  # (Nx, Fz)
+    x: torch.Tensor  # (Nx, Fz), dense or CSR (the graph's layout)
     feature_range: tuple[int, int]
     vertex_ranges: dict  # axis -> (v0, v1)
     y: dict  # axis -> (N_axis,) int64 or (N_axis, C) float
@@ -172,7 +173,7 @@ def double_permuted(graph: Graph, sigma: torch.Tensor) -> tuple[Graph, Graph]:
     first is row ``sigma_inv[r]`` of A; column ``sigma[j]`` of the second is column j."""
     from ..graph import csr_from_edges
     from ..permutation import inverse_permutation
-    from ..sampling import gather_csr_rows
+    from ..csr import gather_csr_rows
 
     sigma_inv = inverse_permutation(sigma)
     _, flat = gather_csr_rows(graph.indptr, sigma_inv, graph.indices.numel())
@@ -219,6 +220,14 @@ def _planes(graph: Graph, vr: dict) -> tuple[CSRBlock, CSRBlock, CSRBlock]:
     return tuple(made[(vr[rows], vr[cols])] for rows, cols in PLANES)
 
 
+def _feature_block(x: torch.Tensor, rows: tuple, cols: tuple) -> torch.Tensor:
+    """This rank's block of X_in, in x's own layout: sparse features stay CSR (saved
+    as CSR in the shard file, too)."""
+    if is_csr(x):
+        return csr_block(x, rows, cols)
+    return x[rows[0]:rows[1], cols[0]:cols[1]].clone()
+
+
 def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = None, sigma: torch.Tensor | None = None,
                 _permuted: tuple | None = None) -> RankShard:
     """The :class:`RankShard` of the rank at ``coords`` ({"x", "y", "z"}) of a grid of ``grid_shape``.
@@ -251,7 +260,7 @@ def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = No
     return RankShard(
         grid_shape=shape, coords={ax: int(coords[ax]) for ax in PMM_AXES}, num_nodes=n,
         num_features=graph.num_features, num_classes=graph.num_classes, multilabel=graph.multilabel, adj=adj,
-        x=graph.x[x0:x1, f0:f1].clone(), feature_range=(f0, f1), vertex_ranges=vr, y=sl(graph.y),
+        x=_feature_block(graph.x, (x0, x1), (f0, f1)), feature_range=(f0, f1), vertex_ranges=vr, y=sl(graph.y),
         train_mask=sl(masks["train_mask"]), val_mask=sl(masks["val_mask"]), test_mask=sl(masks["test_mask"]),
         name=graph.name, alt=alt,
     )
@@ -271,15 +280,18 @@ def _shard_name(c: dict) -> str:
     return f"shard_x{c['x']}_y{c['y']}_z{c['z']}.pt"
 
 
-def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0) -> list[Path]:
+def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0,
+                split: tuple = (None, None)) -> list[Path]:
     """Write one shard file per (x, y, z) (data-parallel replicas share them) and a
     ``manifest.json``; each written atomically (temp file + rename). Returns the paths.
 
     ``permute`` (none | single | double) and ``seed`` are those of the run that will
     read the shards: ``graph`` must already carry the seed's relabeling P_c when
     ``permute`` is not none (:func:`shard_command` applies it), and double adds the
-    seed's sigma ordering to every shard. Both go into the manifest, and a run whose
-    ``--permute`` or ``--seed`` differs is refused when it loads the shards."""
+    seed's sigma ordering to every shard. ``split`` is the (``--split``, ``--split-seed``)
+    the graph's split was drawn with ((None, None): the dataset's own). All go into the
+    manifest, and a run whose ``--permute``, ``--seed`` or ``--split`` differs is
+    refused when it loads the shards."""
     _check_normalized(graph)
     shape = _check_shape(grid_shape)
     if permute not in ("none", "single", "double"):
@@ -304,7 +316,7 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
         "format": SHARD_FORMAT, "grid_shape": list(shape), "name": graph.name, "num_nodes": graph.num_nodes,
         "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
         "multilabel": graph.multilabel, "files": [p.name for p in paths], "nnz_per_shard": nnz,
-        "permute": permute, "seed": int(seed),
+        "permute": permute, "seed": int(seed), "split": list(split), "graph": graph.record_info(),
     }
     mpath = out / "manifest.json"
     atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
@@ -343,12 +355,14 @@ def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
                          f"wrote); {redo}") from None
 
 
-def shard_command(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0) -> list[Path]:
+def shard_command(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0,
+                  split: tuple = (None, None)) -> list[Path]:
     """``scalegnn data shard``: write per-rank shards of the graph once.
 
     Takes the raw graph as loaded and prepares it exactly as ``scalegnn train`` does
     (:func:`scalegnn.trainer.prepare_graph`: the seed's relabeling P_c when ``permute``
-    is single or double, then GCN normalization); returns the written paths.
+    is single or double, then GCN normalization); returns the written paths. ``split``:
+    the (``--split``, ``--split-seed``) already applied to ``graph``, for the manifest.
     """
     if graph.meta.get("normalized") == "gcn":
         if permute != "none":
@@ -359,12 +373,19 @@ def shard_command(graph: Graph, grid_shape, out_dir, *, permute: str = "none", s
 
             graph = graph.permute(random_permutation(graph.num_nodes, seed))
         graph = graph.gcn_normalize()
-    return save_shards(graph, grid_shape, out_dir, permute=permute, seed=seed)
+    return save_shards(graph, grid_shape, out_dir, permute=permute, seed=seed, split=split)
 
 
-def check_shard_manifest(manifest: dict, permute: str, seed: int, where: str) -> None:
-    """Refuse shards written for another ``--permute`` / ``--seed`` than the run's: the
-    vertex labels would differ from the run's, silently."""
+def check_shard_manifest(manifest: dict, permute: str, seed: int, where: str, split: tuple = (None, None)) -> None:
+    """Refuse shards written for another ``--permute`` / ``--seed`` / ``--split`` than
+    the run's: the vertex labels or the split would differ from the run's, silently."""
+    wrote_split = tuple(manifest.get("split") or (None, None))
+    if wrote_split != tuple(split):
+        def flags(s):
+            return " ".join(f"{k} {v}" for k, v in zip(("--split", "--split-seed"), s) if v is not None)
+        again = f"`scalegnn data shard ... {flags(split)}`" if split[0] else "`scalegnn data shard` without --split"
+        raise ValueError(f"the shards in {where} were written with {flags(wrote_split) or 'no --split'} but the run "
+                         f"has {flags(split) or 'no --split'}; give the run the same, or re-shard with {again}")
     wrote = manifest.get("permute", "none")
     if wrote != permute:
         raise ValueError(f"the shards in {where} were written with --permute {wrote} but the run asks for "
