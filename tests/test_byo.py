@@ -461,7 +461,7 @@ def test_a_sweep_stages_shards_with_the_runs_split(isolated_data):
     """A sweep's staged shards carry the run's --split (its folder key too), so the
     staged run is not refused; without --split the key is the one staged before."""
     from scalegnn.parallel.sharding import check_shard_manifest
-    from sweeps.staging import StageSet, StageTask, stage_for
+    from scalegnn.sweeps.staging import StageSet, StageTask, stage_for
 
     path = sparse_npz(isolated_data / "g.npz")
     cfg = make_config(dataset=f"npz:{path}", split="random:0.6,0.2,0.2", split_seed=2, grid=(1, 1, 1, 2))
