@@ -1,7 +1,7 @@
 """``scalegnn bench neighbor-sampler``: FastSample's fused neighbor sampler against the peers'.
 
-The same generated graph (:func:`benchmarks.peers.random_csr`, symmetrized: N vertices,
-~nnz stored entries), the same B seeds per repetition, the same fanouts (the seeds' hop
+The same generated graph (uniform random endpoints, symmetrized, duplicates merged: N
+vertices, ~nnz stored entries), the same B seeds per repetition, the same fanouts (the seeds' hop
 first), L-level neighbor sampling into per-layer structures:
 
     fused (numba)                   baselines.fastsample_kernel, one compiled call, L CSC blocks
@@ -23,17 +23,50 @@ ratios are ours / peer (below 1: ours is faster). Timings are for an idle machin
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from .peers import _dgl_python, _machine, markdown_table, random_csr
+__all__ = ["neighbor_sampler_bench", "random_symmetric_graph"]
 
-__all__ = ["neighbor_sampler_bench"]
+
+# small helpers of their own: ``benchmarks.peers`` dispatches here, so this module does not import it
+def _machine() -> dict:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "load_avg_1m": round(load[0], 2)}
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    def cell(v):
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows])
+
+
+def _dgl_python(explicit: str | None) -> str | None:
+    cand = explicit or os.environ.get("SCALEGNN_DGL_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-dgl"
+                                                                     / "bin" / "python")
+    return cand if Path(cand).exists() else None
+
+
+def random_symmetric_graph(n: int, nnz: int, seed: int = 0) -> torch.Tensor:
+    """``edge_index (2, ~nnz)``: nnz / 2 uniform random pairs and their reverses, no self
+    loops, duplicates merged."""
+    gen = torch.Generator().manual_seed(seed)
+    a, b = torch.randint(0, n, (nnz // 2,), generator=gen), torch.randint(0, n, (nnz // 2,), generator=gen)
+    keep = a != b
+    a, b = a[keep], b[keep]
+    key = torch.unique(torch.cat([a * n + b, b * n + a]))
+    return torch.stack([key % n, torch.div(key, n, rounding_mode="floor")])
 
 _DGL_SCRIPT = r"""
 import json, sys, time
@@ -80,10 +113,7 @@ def neighbor_sampler_bench(n: int = 10**6, nnz: int = 2 * 10**7, batch: int = 10
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     try:
-        indptr, indices, _ = random_csr(n, nnz // 2, seed)
-        rows = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
-        ei = torch.stack([torch.cat([indices, rows]), torch.cat([rows, indices])])  # symmetric
-        del rows
+        ei = random_symmetric_graph(n, nnz, seed)
         topo = TopologyCSC.from_edge_index(ei, n)
         del ei
         fanouts = tuple(int(f) for f in fanouts)
@@ -166,5 +196,5 @@ def neighbor_sampler_bench(n: int = 10**6, nnz: int = 2 * 10**7, batch: int = 10
     md = (f"L-level neighbor sampling, B = {batch:,} seeds, fanouts {','.join(map(str, fanouts))} (seeds' hop "
           f"first), generated symmetric graph N = {n:,}, nnz = {payload['nnz']:,}; {threads} torch threads; median "
           f"of {reps} interleaved repetitions (load average {load_before} -> {payload['machine']['load_avg_1m']}).\n\n")
-    md += markdown_table(["method", "median ms", "min ms"] + [f"{o} / peer" for o in ours] + ["notes"], rows)
+    md += _table(["method", "median ms", "min ms"] + [f"{o} / peer" for o in ours] + ["notes"], rows)
     return payload, md
