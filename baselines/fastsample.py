@@ -141,7 +141,8 @@ def hybrid_placement(graph, world: int, method: str, seed: int, train_idx: torch
 class FeatureExchange:
     """This rank's feature rows and the two-round fetch of the rows it lacks.
 
-    ``gather(n_id)`` returns the (n, F) dense float rows of ``n_id`` on ``device``:
+    ``gather(n_id)`` returns the (n, F) dense float32 rows of ``n_id`` on ``device``
+(CSR features stay CSR in memory and are densified row by row as they are read):
     the owned ones from local memory; the others, sorted by owner, requested in round 1
     (``all_to_all`` of their ids) and received in round 2 (``all_to_all`` of the rows the
     owners read). A collective: every rank calls it the same number of times (with an
@@ -154,13 +155,18 @@ class FeatureExchange:
         self.device = torch.device(device)
         self.width = features.shape[1]
         owned = (part == rank).nonzero().flatten()
-        local = select_rows(features, owned)
-        self.local = (local.to_dense() if local.layout != torch.strided else local).to(torch.float32)
+        self.local = select_rows(features, owned)  # dense, or CSR (bag-of-words) kept sparse
+        self.sparse = self.local.layout != torch.strided
         self.slot = torch.full((part.numel(),), -1, dtype=torch.int64)
         self.slot[owned] = torch.arange(owned.numel())
         self.sent: dict = defaultdict(int)
         self.received: dict = defaultdict(int)
         self.rounds: dict = defaultdict(int)
+
+    def _rows(self, vertices: torch.Tensor) -> torch.Tensor:
+        """Dense float32 rows of owned ``vertices`` (global ids)."""
+        rows = select_rows(self.local, self.slot[vertices])
+        return (rows.to_dense() if self.sparse else rows).to(torch.float32)
 
     def _a2a(self, kind: str, out: torch.Tensor, inp: torch.Tensor, out_split=None, in_split=None) -> None:
         dist.all_to_all_single(out, inp, out_split, in_split)
@@ -174,7 +180,7 @@ class FeatureExchange:
         is_local = owner == self.rank
         x = torch.empty(n_id.numel(), self.width, device=dev)
         loc = is_local.nonzero().flatten()
-        x[loc.to(dev)] = self.local[self.slot[n_id[loc]]].to(dev)
+        x[loc.to(dev)] = self._rows(n_id[loc]).to(dev)
         if self.world == 1:
             return x
         rem = (~is_local).nonzero().flatten()
@@ -187,7 +193,7 @@ class FeatureExchange:
         peer = peer.cpu()
         asked = torch.empty(int(peer.sum()), dtype=torch.int64, device=dev)
         self._a2a("feature_ids", asked, want.to(dev), peer.tolist(), counts.tolist())  # round 1: requests
-        rows = self.local[self.slot[asked.cpu()]].to(dev)
+        rows = self._rows(asked.cpu()).to(dev)
         got = torch.empty(want.numel(), self.width, device=dev)
         self._a2a("feature_rows", got, rows.contiguous(), counts.tolist(), peer.tolist())  # round 2: replies
         x[rem.to(dev)] = got
@@ -381,8 +387,14 @@ class FastSampleTrainer:
             "kernel": self.kernel, "partition": self.opts.partition, "owned_vertices_per_rank": owned,
             "train_vertices_per_rank": self.train_per_rank,
             "topology_bytes_per_rank": topo_bytes,
-            "feature_bytes_this_rank": self.exchange.local.numel() * 4,
+            "feature_bytes_this_rank": _nbytes(self.exchange.local),
         }}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    if t.layout == torch.strided:
+        return t.numel() * t.element_size()
+    return sum(p.numel() * p.element_size() for p in (t.crow_indices(), t.col_indices(), t.values()))
 
 
 class BlockSAGE(torch.nn.Module):

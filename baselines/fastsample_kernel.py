@@ -338,6 +338,11 @@ def sample_blocks(topo: TopologyCSC, seeds: torch.Tensor, fanouts, key: int, bac
     if backend not in ("auto", "numba", "torch"):
         raise ValueError(f"backend must be auto, numba or torch, got {backend!r}")
     seeds = seeds.to(torch.int64).contiguous()
+    if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= topo.num_nodes):
+        raise ValueError(f"seeds must be vertex ids in [0, {topo.num_nodes}), got {int(seeds.min())}.."
+                         f"{int(seeds.max())}")
+    if seeds.unique().numel() != seeds.numel():
+        raise ValueError("seeds must be unique (the seeds are the top level's vertex set); pass seeds.unique()")
     keys = hop_keys(int(key) & M32, len(fanouts))
     if backend == "torch" or (backend == "auto" and not _HAVE_NUMBA):
         return _torch_sample(topo, seeds, fanouts, keys)

@@ -317,6 +317,19 @@ def test_two_round_exchange_delivers_exactly_the_rows_and_counts_their_bytes():
     assert sent == received
 
 
+def test_exchange_reads_csr_features_as_dense_rows_and_refuses_bad_seeds():
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.rand(20, 9, generator=gen) < 0.2).float()
+    ex = FeatureExchange(x.to_sparse_csr(), torch.zeros(20, dtype=torch.int64), 0, 1, "cpu")
+    ids = torch.tensor([4, 0, 19, 7])
+    assert torch.equal(ex.gather(ids), x[ids]) and ex.snapshot()["sent"] == {}
+    topo, _ = random_topology()
+    with pytest.raises(ValueError, match="unique"):
+        sample_blocks(topo, torch.tensor([1, 2, 1]), (2,), 0)
+    with pytest.raises(ValueError, match="vertex ids"):
+        sample_blocks(topo, torch.tensor([1, topo.num_nodes]), (2,), 0)
+
+
 def test_topology_sampler_traffic_counts_the_remote_frontier_and_its_sampled_edges():
     """The partitioned-topology comparator, against a direct count: below the seeds'
     hop, each remote destination costs an 8-byte request and 16 bytes per sampled
