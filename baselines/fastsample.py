@@ -25,8 +25,8 @@ The two techniques of the paper, and the rest as it describes it:
   training device (so NCCL carries it on GPUs, gloo on CPU).
 * **Fused sampling kernel (section 3.2, Algorithm 1).** All L levels sampled, counted
   and relabeled into per-layer CSC blocks in one compiled call
-  (:mod:`baselines.fastsample_kernel`: numba, with a torch path giving the same blocks
-  bit for bit). Sampling semantics are DGL's message flow graphs: each level samples
+  (:mod:`baselines.fastsample_kernel`: numba, its draw loop over ``--sampler-threads``
+  threads, with a torch path giving the same blocks bit for bit). Sampling semantics are DGL's message flow graphs: each level samples
   ``min(fanout, deg)`` in-neighbors of every vertex of V^l without replacement.
 * **Model and training (section 4).** GraphSAGE (``SAGEConv`` mean, the
   :class:`baselines.models.SAGENet` of ``graphsage``), one block per layer, DDP over the
@@ -87,6 +87,8 @@ class FastSampleOptions:
     partition: str = setting("metis", choices=PARTITION_METHODS, help="vertex partitioning of the features")
     kernel: str = setting("auto", choices=("auto", "numba", "torch"),
                           help="the fused sampler: the numba kernel, the torch path (same samples), or auto")
+    sampler_threads: int = setting(1, help="threads of the numba kernel's draw loop (the paper parallelizes it; "
+                                   "the samples do not depend on it)")
     record_batches: bool = False  # keep every step's n_id and exchange counts (tests)
 
     def __post_init__(self):
@@ -96,6 +98,8 @@ class FastSampleOptions:
             raise ValueError(f"--kernel must be auto, numba or torch, got {self.kernel!r}")
         if self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("--batch-size and --eval-batch-size must be >= 1")
+        if self.sampler_threads < 1:
+            raise ValueError(f"--sampler-threads must be >= 1, got {self.sampler_threads}")
         for name in ("fanouts", "eval_fanouts"):
             f = getattr(self, name)
             if f and any(int(k) == 0 or int(k) < -1 for k in int_tuple(f)):
@@ -301,7 +305,8 @@ class FastSampleTrainer:
         return chunks
 
     def sample(self, seeds: torch.Tensor, fanouts, *key) -> SampledBlocks:
-        return sample_blocks(self.topology, seeds, fanouts, step_key(self.cfg.seed, *key), self.kernel, self.scratch)
+        return sample_blocks(self.topology, seeds, fanouts, step_key(self.cfg.seed, *key), self.kernel, self.scratch,
+                             threads=self.opts.sampler_threads)
 
     # ------------------------------------------------------------------ training
     def train_epoch(self, epoch: int) -> EpochStats:

@@ -128,6 +128,10 @@ def neighbor_sampler_bench(n: int = 10**6, nnz: int = 2 * 10**7, batch: int = 10
         if available():
             methods["fused (numba)"] = lambda: sample_blocks(topo, seeds(), fanouts, step[0], "numba")
             info["fused (numba)"] = "L CSC blocks, every level's destinations sampled"
+            if threads > 1:
+                name = f"fused (numba, {threads} threads)"
+                methods[name] = lambda: sample_blocks(topo, seeds(), fanouts, step[0], "numba", threads=threads)
+                info[name] = "the draw loop over numba's threads; the same blocks"
         methods["fused (torch path)"] = lambda: sample_blocks(topo, seeds(), fanouts, step[0], "torch")
         info["fused (torch path)"] = "the same blocks, bit for bit"
         try:

@@ -48,14 +48,17 @@ def neighbors(topo, v):
 
 # ----------------------------------------------------------------------------- the fused kernel
 @needs_numba
-@pytest.mark.parametrize("fanouts", [(3,), (5, 3), (10, 4, 2), (-1, 2), (2, 2, 2, 2), (100, 1)])
+@pytest.mark.parametrize("fanouts", [(3,), (5, 3), (10, 4, 2), (-1, 2), (2, 2, 2, 2), (100, 1), (70, 70)])
 def test_fused_kernel_equals_the_torch_path_bit_for_bit(fanouts):
-    topo, _ = random_topology(seed=len(fanouts))
+    """Serial and threaded kernel against the torch path; (70, 70) on a graph whose hub
+    has ~100 neighbors (Floyd over a long list)."""
+    topo, _ = random_topology(n=300 if 70 in fanouts else 60, seed=len(fanouts))
     gen = torch.Generator().manual_seed(1)
     for key in (0, 7, 2**32 - 1):
         seeds = torch.randperm(topo.num_nodes, generator=gen)[:17]
-        a = sample_blocks(topo, seeds, fanouts, key, backend="numba")
-        b = sample_blocks(topo, seeds, fanouts, key, backend="torch")
+        seeds[0] = 0  # the hub
+        a = sample_blocks(topo, seeds.unique(), fanouts, key, backend="numba", threads=1 + key % 2)
+        b = sample_blocks(topo, seeds.unique(), fanouts, key, backend="torch")
         assert torch.equal(a.n_id, b.n_id)
         assert len(a.blocks) == len(b.blocks) == len(fanouts)
         for x, y in zip(a.blocks, b.blocks):
