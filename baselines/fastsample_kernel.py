@@ -34,8 +34,10 @@ are listed in the order Floyd keeps them; vertices with ``deg <= k`` list all th
 neighbors in adjacency order.
 
 Two implementations, the same result bit for bit (a test holds them equal): a numba
-kernel (one compiled call for all L levels: sample, count, relabel; ``nogil`` so a
-prefetch thread may run it) and a plain torch path (vectorized over the vertices of a
+kernel (one compiled call for all L levels: per level Algorithm 1's two loops, the
+draws written straight into each vertex's CSC slots, then the relabel; the first loop
+optionally over threads, as the paper parallelizes it; ``nogil`` so a prefetch thread
+may run it) and a plain torch path (vectorized over the vertices of a
 level: Floyd's k steps as k vector steps; the relabel as unique + first occurrence).
 Without numba the torch path runs.
 """
@@ -147,6 +149,84 @@ class SampledBlocks:
 
 
 # --------------------------------------------------------------------------- numba kernel
+def _levels(indptr, indices, seeds, fanouts, keys, slot):  # pragma: no cover - compiled by numba below
+    # All levels in one call; per level Algorithm 1's two loops. ``slot`` (N,) is the map
+    # M: -1 everywhere on entry and on exit (only the batch's vertices are touched, and
+    # reset at the end). Returns n_id, the per-hop CSC pointers and local indices (flat,
+    # with offsets) and the destination count of every hop. Compiled twice: serial, and
+    # with loop 1 over threads (``prange``; each vertex writes its own slice, and the
+    # draws depend on (key, hop, vertex, j) only, so the result is the same).
+    hops = fanouts.size
+    n = seeds.size
+    n_id = np.empty(max(16, min(slot.size, 4 * n)), np.int64)
+    for i in range(n):
+        n_id[i] = seeds[i]
+        slot[seeds[i]] = i
+    ptr_parts = []
+    idx_parts = []
+    dst_counts = np.zeros(hops, np.int64)
+    for h in range(hops):
+        k = fanouts[h]
+        n_dst = n
+        dst_counts[h] = n_dst
+        ptr = np.empty(n_dst + 1, np.int64)  # R_l: the kept counts are known before drawing
+        ptr[0] = 0
+        for i in range(n_dst):
+            d = indptr[n_id[i] + 1] - indptr[n_id[i]]
+            ptr[i + 1] = ptr[i] + (d if (k < 0 or d <= k) else k)
+        sampled = np.empty(ptr[n_dst], np.int64)  # S_l, global ids, in CSC order
+        hk = keys[h]
+        for i in numba.prange(n_dst):  # loop 1: choose at most k neighbors of every v in V^l
+            v = n_id[i]
+            base = indptr[v]
+            d = indptr[v + 1] - base
+            out = ptr[i]
+            if k < 0 or d <= k:
+                for j in range(d):
+                    sampled[out + j] = indices[base + j]
+            else:
+                a = _mix(hk ^ (v & 0xFFFFFFFF))
+                for j in range(k):  # Floyd: a position in [0, m], m = d - k + j, else m
+                    m = d - k + j
+                    t = (_mix(a ^ j) * (m + 1)) >> 32
+                    for q in range(j):
+                        if sampled[out + q] == t:
+                            t = m
+                            break
+                    sampled[out + j] = t
+                for j in range(k):
+                    sampled[out + j] = indices[base + sampled[out + j]]
+        idx = np.empty(sampled.size, np.int64)  # C_l
+        for e in range(sampled.size):  # loop 2: relabel through M; new vertices join V^{l-1}
+            u = sampled[e]
+            s = slot[u]
+            if s == -1:
+                if n == n_id.size:
+                    grown = np.empty(min(2 * n_id.size, slot.size), np.int64)
+                    grown[:n] = n_id[:n]
+                    n_id = grown
+                s = n
+                slot[u] = s
+                n_id[n] = u
+                n += 1
+            idx[e] = s
+        ptr_parts.append(ptr)
+        idx_parts.append(idx)
+    for i in range(n):
+        slot[n_id[i]] = -1
+    ptr_off = np.zeros(hops + 1, np.int64)
+    idx_off = np.zeros(hops + 1, np.int64)
+    for h in range(hops):
+        ptr_off[h + 1] = ptr_off[h] + ptr_parts[h].size
+        idx_off[h + 1] = idx_off[h] + idx_parts[h].size
+    ptr_all = np.empty(ptr_off[hops], np.int64)
+    idx_all = np.empty(idx_off[hops], np.int64)
+    for h in range(hops):
+        ptr_all[ptr_off[h]:ptr_off[h + 1]] = ptr_parts[h]
+        idx_all[idx_off[h]:idx_off[h + 1]] = idx_parts[h]
+    return n_id[:n].copy(), ptr_all, ptr_off, idx_all, idx_off, dst_counts
+
+
 if _HAVE_NUMBA:
 
     @numba.njit(nogil=True, cache=True, inline="always")
@@ -157,87 +237,8 @@ if _HAVE_NUMBA:
         x = (x * 0x735A2D97) & 0xFFFFFFFF
         return x ^ (x >> 15)
 
-    @numba.njit(nogil=True, cache=True)
-    def _fused_kernel(indptr, indices, seeds, fanouts, keys, slot):
-        # All levels in one pass. ``slot`` (N,) is -1 everywhere on entry and on exit
-        # (the map M; only the entries of the batch's vertices are touched and reset).
-        # Returns n_id, the per-hop CSC pointers and local indices (flat, with offsets).
-        hops = fanouts.size
-        cap = seeds.size
-        for h in range(hops):  # upper bound on n_0 for the first allocation; grown below if needed
-            cap = cap * (1 + (fanouts[h] if fanouts[h] >= 0 else 16))
-        cap = min(cap, slot.size)
-        n_id = np.empty(max(cap, seeds.size), np.int64)
-        n = seeds.size
-        for i in range(n):
-            n_id[i] = seeds[i]
-            slot[seeds[i]] = i
-        ptr_all = np.empty(0, np.int64)
-        idx_all = np.empty(0, np.int64)
-        ptr_off = np.zeros(hops + 1, np.int64)
-        idx_off = np.zeros(hops + 1, np.int64)
-        dst_counts = np.zeros(hops, np.int64)
-        chosen = np.empty(64, np.int64)
-        for h in range(hops):
-            k = fanouts[h]
-            n_dst = n
-            dst_counts[h] = n_dst
-            # Algorithm 1, first loop: R from the kept counts (known before drawing)
-            ptr = np.empty(n_dst + 1, np.int64)
-            ptr[0] = 0
-            for i in range(n_dst):
-                v = n_id[i]
-                d = indptr[v + 1] - indptr[v]
-                ptr[i + 1] = ptr[i] + (d if (k < 0 or d <= k) else k)
-            idx = np.empty(ptr[n_dst], np.int64)
-            if k > chosen.size:
-                chosen = np.empty(k, np.int64)
-            hk = keys[h]
-            for i in range(n_dst):
-                v = n_id[i]
-                base = indptr[v]
-                d = indptr[v + 1] - base
-                out = ptr[i]
-                take_all = k < 0 or d <= k
-                cnt = d if take_all else k
-                if not take_all:
-                    a = _mix(hk ^ (v & 0xFFFFFFFF))
-                    for j in range(k):  # Floyd: positions in [0, m], m = d - k + j
-                        m = d - k + j
-                        t = (_mix(a ^ j) * (m + 1)) >> 32
-                        for q in range(j):
-                            if chosen[q] == t:
-                                t = m
-                                break
-                        chosen[j] = t
-                # Algorithm 1, second loop: relabel through M, new vertices join V^{l-1}
-                for j in range(cnt):
-                    u = indices[base + (j if take_all else chosen[j])]
-                    s = slot[u]
-                    if s == -1:
-                        if n == n_id.size:
-                            grown = np.empty(max(16, min(2 * n_id.size, slot.size)), np.int64)
-                            grown[:n] = n_id[:n]
-                            n_id = grown
-                        s = n
-                        slot[u] = s
-                        n_id[n] = u
-                        n += 1
-                    idx[out + j] = s
-            # append this hop's CSC to the flat outputs
-            new_ptr = np.empty(ptr_all.size + ptr.size, np.int64)
-            new_ptr[: ptr_all.size] = ptr_all
-            new_ptr[ptr_all.size:] = ptr
-            ptr_all = new_ptr
-            new_idx = np.empty(idx_all.size + idx.size, np.int64)
-            new_idx[: idx_all.size] = idx_all
-            new_idx[idx_all.size:] = idx
-            idx_all = new_idx
-            ptr_off[h + 1] = ptr_all.size
-            idx_off[h + 1] = idx_all.size
-        for i in range(n):
-            slot[n_id[i]] = -1
-        return n_id[:n].copy(), ptr_all, ptr_off, idx_all, idx_off, dst_counts
+    _fused_kernel = numba.njit(nogil=True, cache=True)(_levels)
+    _fused_kernel_parallel = numba.njit(nogil=True, cache=True, parallel=True)(_levels)
 
 
 # --------------------------------------------------------------------------- torch path
@@ -328,12 +329,14 @@ _SCRATCH = _Scratch()
 
 
 def sample_blocks(topo: TopologyCSC, seeds: torch.Tensor, fanouts, key: int, backend: str = "auto",
-                  scratch: _Scratch | None = None) -> SampledBlocks:
+                  scratch: _Scratch | None = None, threads: int = 1) -> SampledBlocks:
     """The L blocks of ``seeds`` (unique global ids) for ``fanouts`` (hop 0 = the seeds' hop;
     -1 = all neighbors) under the 32-bit ``key``; see the module docstring.
 
     ``backend``: "numba", "torch" or "auto" (numba when installed). Both give the same
     result. ``scratch``: the numba kernel's map (one per thread that samples concurrently).
+    ``threads`` > 1: the numba kernel's first loop (the draws) on that many threads
+    (numba's own pool; the same result).
     """
     if backend not in ("auto", "numba", "torch"):
         raise ValueError(f"backend must be auto, numba or torch, got {backend!r}")
@@ -349,9 +352,14 @@ def sample_blocks(topo: TopologyCSC, seeds: torch.Tensor, fanouts, key: int, bac
     if not _HAVE_NUMBA:
         raise ValueError("backend 'numba' needs numba installed (pip install numba), or use backend='torch'")
     slot = (scratch or _SCRATCH).get(topo.num_nodes)
-    n_id, ptr_all, ptr_off, idx_all, idx_off, dst_counts = _fused_kernel(
-        topo.indptr.numpy(), topo.indices.numpy(), seeds.numpy(), np.asarray(list(fanouts), np.int64),
-        np.asarray(keys, np.int64), slot)
+    args = (topo.indptr.numpy(), topo.indices.numpy(), seeds.numpy(), np.asarray(list(fanouts), np.int64),
+            np.asarray(keys, np.int64), slot)
+    if threads > 1:
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        out = _fused_kernel_parallel(*args)
+    else:
+        out = _fused_kernel(*args)
+    n_id, ptr_all, ptr_off, idx_all, idx_off, dst_counts = out
     n_id, ptr_all, idx_all = (torch.from_numpy(a) for a in (n_id, ptr_all, idx_all))
     hops = [(ptr_all[ptr_off[h]:ptr_off[h + 1]], idx_all[idx_off[h]:idx_off[h + 1]], int(dst_counts[h]))
             for h in range(len(fanouts))]
