@@ -26,8 +26,12 @@ The two techniques of the paper, and the rest as it describes it:
 * **Fused sampling kernel (section 3.2, Algorithm 1).** All L levels sampled, counted
   and relabeled into per-layer CSC blocks in one compiled call
   (:mod:`baselines.fastsample_kernel`: numba, its draw loop over ``--sampler-threads``
-  threads, with a torch path giving the same blocks bit for bit). Sampling semantics are DGL's message flow graphs: each level samples
-  ``min(fanout, deg)`` in-neighbors of every vertex of V^l without replacement.
+  threads, with a torch path giving the same blocks bit for bit). Sampling semantics are
+  DGL's message flow graphs: each level samples ``min(fanout, deg)`` in-neighbors of
+  every vertex of V^l without replacement, uniformly. (PyG's NeighborLoader over
+  torch-sparse, which ``graphsage`` and ``salient`` use, means the same law but draws
+  Floyd's positions from [0, m) instead of [0, m]: not uniform, rusty1s/pytorch_sparse#385;
+  ``tests/test_fastsample.py`` shows it.)
 * **Model and training (section 4).** GraphSAGE (``SAGEConv`` mean, the
   :class:`baselines.models.SAGENet` of ``graphsage``), one block per layer, DDP over the
   ranks. Paper defaults: 3 layers, hidden 256, dropout between layers, batch 1000 per
@@ -49,7 +53,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -62,8 +66,7 @@ from scalegnn.settings import int_tuple, setting
 
 from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, ddp, rank_device,
                      split_accuracies, world_info)
-from .fastsample_kernel import SampledBlocks, TopologyCSC, available, sample_blocks, step_key
-from .fastsample_kernel import _Scratch
+from .fastsample_kernel import SampledBlocks, Scratch, TopologyCSC, available, sample_blocks, step_key
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
 from .models import SAGENet
 from .partition import PARTITION_METHODS, partition_vertices
@@ -89,7 +92,6 @@ class FastSampleOptions:
                           help="the fused sampler: the numba kernel, the torch path (same samples), or auto")
     sampler_threads: int = setting(1, help="threads of the numba kernel's draw loop (the paper parallelizes it; "
                                    "the samples do not depend on it)")
-    record_batches: bool = False  # keep every step's n_id and exchange counts (tests)
 
     def __post_init__(self):
         if self.partition not in PARTITION_METHODS:
@@ -275,19 +277,19 @@ class FastSampleTrainer:
         self.device = rank_device(cfg)
         self.exchange = FeatureExchange(data.features, self.part, self.rank, self.world,
                                         self.device if self.device.type == "cuda" else "cpu")
-        self.scratch = _Scratch()
+        self.scratch = Scratch()
         self.my_train = train[self.part[train] == self.rank]
         counts = all_reduce_sum([float(self.my_train.numel())], op=dist.ReduceOp.MAX if self.world > 1 else None)
         self.batch_size = opts.batch_size
         self.steps_per_epoch = max(1, -(-int(counts[0]) // opts.batch_size))
         torch.manual_seed(cfg.seed)
-        self.model = SAGENet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout, "sage")
+        self.model = SAGENet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout,
+                             "sage")
         self.model.to(self.device)
         self.ddp = ddp(BlockSAGE(self.model), self.world, self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.train_per_rank = torch.bincount(self.part[train], minlength=self.world).tolist()
         self.num_params = sum(p.numel() for p in self.model.parameters())
-        self.batch_log: list[dict] = []
 
     # ------------------------------------------------------------------ sampling
     def seed_batches(self, epoch: int) -> list:
@@ -333,8 +335,6 @@ class FastSampleTrainer:
             by_step["remote_rows"].append(int((self.part[batch.n_id] != self.rank).sum()))
             for k, v in topology_sampler_traffic(batch, self.part, self.rank, self.exchange.width)["bytes"].items():
                 topo[k] += v
-            if self.opts.record_batches:
-                self.batch_log.append({"n_id": batch.n_id, "x": x.cpu()})
             n = batch.num_seeds
             out = self.ddp(x, batch.blocks)
             if n == 0:  # a rank without training vertices still joins DDP's all-reduce

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["SampledBlocks", "Block", "TopologyCSC", "sample_blocks", "step_key", "hop_keys", "mix32", "available"]
+__all__ = ["SampledBlocks", "Block", "TopologyCSC", "Scratch", "sample_blocks", "step_key", "hop_keys", "mix32",
+           "available"]
 
 M32 = 0xFFFFFFFF
 _C1, _C2 = 0x21F0AAAD, 0x735A2D97  # lowbias32 multipliers (< 2^31: products of 32-bit values fit an int64)
@@ -313,7 +314,7 @@ def _assemble(n_id, hops) -> SampledBlocks:
     return SampledBlocks(n_id=n_id, blocks=blocks[::-1])
 
 
-class _Scratch:
+class Scratch:
     """The map M of the numba kernel, kept between calls (all -1 outside a call)."""
 
     def __init__(self):
@@ -325,11 +326,11 @@ class _Scratch:
         return self.slot
 
 
-_SCRATCH = _Scratch()
+_SCRATCH = Scratch()
 
 
 def sample_blocks(topo: TopologyCSC, seeds: torch.Tensor, fanouts, key: int, backend: str = "auto",
-                  scratch: _Scratch | None = None, threads: int = 1) -> SampledBlocks:
+                  scratch: Scratch | None = None, threads: int = 1) -> SampledBlocks:
     """The L blocks of ``seeds`` (unique global ids) for ``fanouts`` (hop 0 = the seeds' hop;
     -1 = all neighbors) under the 32-bit ``key``; see the module docstring.
 

@@ -81,7 +81,8 @@ def test_blocks_are_message_flow_graphs_without_replacement(backend):
     assert sizes[-1] == 6 and all(a >= b for a, b in zip(sizes, sizes[1:])) and sizes[0] == s.n_id.numel()
     for layer, blk in enumerate(s.blocks):
         k = fanouts[len(fanouts) - 1 - layer]
-        assert blk.indptr.numel() == blk.num_dst + 1 and (blk.indices.numel() == 0 or int(blk.indices.max()) < blk.num_src)
+        assert blk.indptr.numel() == blk.num_dst + 1
+        assert blk.indices.numel() == 0 or int(blk.indices.max()) < blk.num_src
         for i in range(blk.num_dst):
             v = int(s.n_id[i])
             srcs = s.n_id[blk.indices[blk.indptr[i]:blk.indptr[i + 1]]].tolist()
@@ -377,7 +378,8 @@ def test_cli_two_processes_write_an_ok_record_with_the_exchange_bytes(tmp_path, 
         topo = fs["topology_sampler"]["bytes_per_step"]
         assert topo["adjacency_requests"] > 0 and topo["feature_rows"] == fs["bytes_received_per_step"]["feature_rows"]
         assert row["comm_bytes"]["feature_rows"] > 0 and row["comm_bytes"]["dp"] > 0
-    assert rec["fastsample"]["train_vertices_per_rank"][0] - rec["fastsample"]["train_vertices_per_rank"][1] in (-1, 0, 1)
+    a, b = rec["fastsample"]["train_vertices_per_rank"]
+    assert abs(a - b) <= 1
 
 
 @needs_numba
