@@ -1,6 +1,5 @@
-"""``fastsample``: FastSample (Jangda, Polisetty, Guha, Serafini; "FastSample: Accelerating
-Distributed Graph Neural Network Training for Billion-Scale Graphs", 2023), written from
-the paper (``../shared/papers/fastsample.txt``).
+"""``fastsample``: FastSample, written from the paper's text (``../shared/papers/fastsample.txt``;
+its sections and Algorithm 1 are cited below).
 
 Shape legend: N vertices, F features, P ranks, B seeds per rank and step, L layers,
 n_0 the input vertices of a step's sample, R the remote ones among them.

@@ -1,4 +1,4 @@
-"""FastSample's fused neighbor sampler (Jangda et al.'s paper, section 3.2, Algorithm 1), all layers in one pass.
+"""FastSample's fused neighbor sampler (the paper's section 3.2, Algorithm 1), all layers in one pass.
 
 Shape legend: N vertices, E stored edges, B seeds, L layers (hops), k_h the fanout of
 hop h (hop 0 is the seeds' hop, PyG's order), n_l = |V^l| the vertices of level l
