@@ -2,6 +2,8 @@
 and end-to-end measurements that write JSON and a Markdown table.
 
     scalegnn bench sampler       Algorithm 2 step vs PyG / torch-sparse / GraphSAINT / DGL (item 7)
+    scalegnn bench neighbor-sampler  FastSample's fused sampler vs PyG / torch-sparse / DGL
+                                 (benchmarks/fastsample.py)
     scalegnn bench permutation   max/mean nonzeros over 8 x 8 shards (Plexus Table 3)
     scalegnn bench ablation      cumulative paper-V switches on a grid (Fig. 5): time per
                                  component and bytes per collective kind per step
@@ -507,6 +509,15 @@ def add_bench_command(sub) -> None:
     s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     s.add_argument("--dgl-python", default=None, help="python of the DGL environment (default .venv-dgl/bin/python)")
     s.add_argument("--peers", default="pyg_subgraph,saint_subgraph,graphsaint,dgl")
+    ns = bs.add_parser("neighbor-sampler", help="FastSample's fused L-level neighbor sampler vs PyG NeighborLoader's, "
+                       "torch-sparse sample_adj, DGL (benchmarks/fastsample.py)")
+    ns.add_argument("--nodes", type=float, default=1e6)
+    ns.add_argument("--nnz", type=float, default=2e7)
+    ns.add_argument("--batch", type=int, default=1000)
+    ns.add_argument("--fanouts", default="15,10,5")
+    ns.add_argument("--reps", type=int, default=7)
+    ns.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    ns.add_argument("--dgl-python", default=None, help="python of the DGL environment (default .venv-dgl/bin/python)")
     p = bs.add_parser("permutation", help="max/mean nonzeros over 8x8 shards: original, single, double permutation")
     p.add_argument("--data-root", default=None)
     p.add_argument("--scale", type=int, default=18, help="R-MAT scale of the generated power-law graph")
@@ -540,6 +551,12 @@ def run_bench_command(args) -> int:
         payload, md = sampler_bench(int(args.nodes), int(args.nnz), int(args.batch), args.reps, args.threads,
                                     args.dgl_python, tuple(args.peers.split(",")))
         cmd = "sampler" if args.threads is None else f"sampler_threads{args.threads}"
+    elif cmd == "neighbor-sampler":
+        from .fastsample import neighbor_sampler_bench
+
+        payload, md = neighbor_sampler_bench(int(args.nodes), int(args.nnz), args.batch,
+                                             tuple(int(f) for f in args.fanouts.split(",")), args.reps, args.threads,
+                                             args.dgl_python)
     elif cmd == "permutation":
         payload, md = permutation_bench(args.data_root, args.scale, args.parts,
                                         datasets=tuple(args.datasets.split(",")))
