@@ -7,7 +7,7 @@ n_0 the input vertices of a step's sample, R the remote ones among them.
 The two techniques of the paper, and the rest as it describes it:
 
 * **Hybrid partitioning (section 3.3).** The graph *topology* (the CSC adjacency,
-  :class:`baselines.fastsample_kernel.TopologyCSC`) is replicated on every rank; the
+  :class:`scalegnn.baselines.fastsample_kernel.TopologyCSC`) is replicated on every rank; the
   node *features* and labels are partitioned by vertex: ``part (N,)`` from METIS
   (pymetis; the paper uses the metis library) or at random, then the training
   (labeled) vertices rebalanced so every rank owns the same number within one (the
@@ -24,7 +24,7 @@ The two techniques of the paper, and the rest as it describes it:
   training device (so NCCL carries it on GPUs, gloo on CPU).
 * **Fused sampling kernel (section 3.2, Algorithm 1).** All L levels sampled, counted
   and relabeled into per-layer CSC blocks in one compiled call
-  (:mod:`baselines.fastsample_kernel`: numba, its draw loop over ``--sampler-threads``
+  (:mod:`scalegnn.baselines.fastsample_kernel`: numba, its draw loop over ``--sampler-threads``
   threads, with a torch path giving the same blocks bit for bit). Sampling semantics are
   DGL's message flow graphs: each level samples ``min(fanout, deg)`` in-neighbors of
   every vertex of V^l without replacement, uniformly. (PyG's NeighborLoader over
@@ -32,7 +32,7 @@ The two techniques of the paper, and the rest as it describes it:
   Floyd's positions from [0, m) instead of [0, m]: not uniform, rusty1s/pytorch_sparse#385;
   ``tests/test_fastsample.py`` shows it.)
 * **Model and training (section 4).** GraphSAGE (``SAGEConv`` mean, the
-  :class:`baselines.models.SAGENet` of ``graphsage``), one block per layer, DDP over the
+  :class:`scalegnn.baselines.models.SAGENet` of ``graphsage``), one block per layer, DDP over the
   ranks. Paper defaults: 3 layers, hidden 256, dropout between layers, batch 1000 per
   machine, lr 0.006 (the common ``--lr``: pass ``--lr 0.006`` to follow the paper;
   the default stays the harness's). Fanouts: the paper sweeps several; the default is
@@ -111,7 +111,7 @@ class FastSampleOptions:
 def hybrid_placement(graph, world: int, method: str, seed: int, train_idx: torch.Tensor) -> torch.Tensor:
     """``part (N,)``: the rank storing each vertex's features and label.
 
-    A vertex partition (METIS or random, :func:`baselines.partition.partition_vertices`),
+    A vertex partition (METIS or random, :func:`scalegnn.baselines.partition.partition_vertices`),
     then the training vertices rebalanced: while a rank owns more than
     ``ceil(T / P)`` of the T training vertices, its highest-numbered ones move to the
     ranks owning fewer than ``floor(T / P)`` (lowest rank first) until every rank owns
@@ -420,4 +420,4 @@ def make_trainer(cfg, data):
 def run(cfg, graph=None) -> dict:
     from .common import run_baseline
 
-    return run_baseline(cfg, "baselines.fastsample:make_trainer", graph)
+    return run_baseline(cfg, "scalegnn.baselines.fastsample:make_trainer", graph)

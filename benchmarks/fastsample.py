@@ -105,7 +105,7 @@ def neighbor_sampler_bench(n: int = 10**6, nnz: int = 2 * 10**7, batch: int = 10
     ``dgl_python=""`` skips DGL."""
     import warnings
 
-    from baselines.fastsample_kernel import TopologyCSC, available, sample_blocks
+    from scalegnn.baselines.fastsample_kernel import TopologyCSC, available, sample_blocks
 
     warnings.filterwarnings("ignore", message=".*pyg-lib.*")
     before = torch.get_num_threads()

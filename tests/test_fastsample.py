@@ -20,9 +20,9 @@ stats = pytest.importorskip("scipy.stats")
 
 warnings.filterwarnings("ignore", message=".*pyg-lib.*")
 
-from baselines.fastsample import (FeatureExchange, blocks_forward, hybrid_placement,  # noqa: E402
+from scalegnn.baselines.fastsample import (FeatureExchange, blocks_forward, hybrid_placement,  # noqa: E402
                                   topology_sampler_traffic)
-from baselines.fastsample_kernel import TopologyCSC, available, sample_blocks  # noqa: E402
+from scalegnn.baselines.fastsample_kernel import TopologyCSC, available, sample_blocks  # noqa: E402
 
 TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
 needs_numba = pytest.mark.skipif(not available(), reason="numba is not installed")
@@ -247,7 +247,7 @@ def test_the_subset_check_rejects_a_biased_draw():
 def test_blocks_forward_with_all_neighbors_is_the_full_graph_forward():
     """fanouts -1 (every neighbor at every level): the seeds' logits over the blocks equal
     the full-graph SAGENet forward (eval mode)."""
-    from baselines.models import SAGENet
+    from scalegnn.baselines.models import SAGENet
 
     topo, ei = random_topology(n=50, m=200)
     torch.manual_seed(0)
@@ -265,7 +265,7 @@ def test_blocks_forward_with_all_neighbors_is_the_full_graph_forward():
 def test_hybrid_placement_balances_the_labeled_vertices():
     """METIS placement of the features, then every rank owns the same number of training
     vertices within one (the paper's equal seeds per machine); no rank is empty."""
-    from baselines.common import load_data
+    from scalegnn.baselines.common import load_data
 
     data = load_data(make_config("fastsample", dataset=TINY, data_root=str(_data_root())))
     train = data.graph.train_idx
@@ -384,7 +384,7 @@ def test_cli_two_processes_write_an_ok_record_with_the_exchange_bytes(tmp_path, 
 
 @needs_numba
 def test_training_with_the_torch_path_equals_training_with_the_kernel(tmp_path):
-    from baselines import fastsample
+    from scalegnn.baselines import fastsample
 
     losses = {}
     for kernel in ("numba", "torch"):
@@ -408,7 +408,7 @@ def test_single_process_accuracy_is_close_to_graphsage(tmp_path):
     tolerance 0.05 is ~3.6 sd (false-failure rate ~3e-4, normal approximation). Features
     read for the wrong vertices (a planted bug in the exchange) fall outside; subtler
     model bugs are the full-neighborhood forward test's to catch."""
-    from baselines import fastsample, graphsage
+    from scalegnn.baselines import fastsample, graphsage
 
     acc = {"graphsage": [], "fastsample": []}
     for seed in range(3):
@@ -426,7 +426,7 @@ def test_single_process_accuracy_is_close_to_graphsage(tmp_path):
 
 # ----------------------------------------------------------------------------- benchmark smoke
 def test_neighbor_sampler_bench_runs_at_toy_size():
-    from benchmarks.fastsample import neighbor_sampler_bench
+    from scalegnn.benchmarks.fastsample import neighbor_sampler_bench
 
     payload, md = neighbor_sampler_bench(n=2000, nnz=20000, batch=64, fanouts=(5, 3), reps=2, dgl_python="")
     assert "fused (numba)" in payload["median_ms"] or not available()
