@@ -237,7 +237,11 @@ def _fig6_frame(runs: pd.DataFrame) -> pd.DataFrame:
     frame = frame[frame["target_acc"].notna()] if "target_acc" in frame else frame.iloc[0:0]
     if frame.empty:
         raise NoData("no runs with a target accuracy (the `fig6` sweep or --target-acc)")
-    return frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
+    frame = frame.assign(_cluster=_cluster(frame), _ds=frame.apply(_dataset_label, axis=1))
+    # Times to different targets are different experiments: a graph run at several gets a panel per target.
+    several = frame.groupby(["_cluster", "_ds"])["target_acc"].transform("nunique") > 1
+    return frame.assign(_ds=frame["_ds"].where(~several, frame["_ds"] + " @ " +
+                                               (100 * frame["target_acc"]).map("{:g} %".format)))
 
 
 def _panel_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
@@ -253,8 +257,8 @@ def _panel_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
 def paper_points_fig6(runs: pd.DataFrame | None, paper: dict | None = None) -> pd.DataFrame:
     """The paper's Fig. 6 times (``analysis/paper_numbers.toml``), one row per (cluster,
     dataset, system, GPUs), with ``matched``: a run here is the same experiment (same
-    cluster, the dataset itself, not a stand-in, same system and GPU count) and has a
-    target, so the paper's point belongs on its axes; ``label`` is the panel's
+    cluster, the dataset itself, not a stand-in, same system and GPU count, on GPUs, to
+    the paper's target), so the paper's point belongs on its axes; ``label`` is the panel's
     dataset label of the matching runs."""
     paper = paper if paper is not None else paper_numbers()
     rows = []
@@ -272,13 +276,25 @@ def paper_points_fig6(runs: pd.DataFrame | None, paper: dict | None = None) -> p
     except NoData:
         frame = None
     if frame is not None and not out.empty:
-        frame = frame[_real_dataset(frame)]
+        targets = paper.get("fig6", {}).get("targets", {})
+        frame = frame[_real_dataset(frame) & _on_gpus(frame)]
+        same_target = np.array([abs(float(t) - float(targets.get(canonical_dataset(ds), np.nan))) < 5e-4
+                                for ds, t in zip(frame["dataset"], frame["target_acc"])], dtype=bool)
+        frame = frame.loc[same_target]  # the paper's seconds are to its own target
         here = {(cl, canonical_dataset(ds), s, int(g)): label for cl, ds, s, g, label in
                 zip(frame["_cluster"], frame["dataset"], frame["system"], frame["world_size"], frame["_ds"])}
         keys = list(zip(out["cluster"], out["dataset"], out["system"], out["gpus"]))
         out["matched"] = [k in here for k in keys]
         out["label"] = [here.get(k, "") for k in keys]
     return out
+
+
+def _on_gpus(frame: pd.DataFrame) -> pd.Series:
+    """Runs on GPUs: the paper's points are GPU measurements (a CPU run on a cluster's
+    profile is not the same experiment)."""
+    if "device_kind" not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame["device_kind"].eq("gpu")
 
 
 def fastest_grid_time(runs: pd.DataFrame) -> tuple[float, str]:
@@ -302,6 +318,7 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
     points = {}  # system -> {gpus: (seconds, reached, best_acc)}
     device = sub.groupby("system")["device_kind"].agg(lambda k: "/".join(sorted(set(k)))) \
         if "device_kind" in sub else pd.Series(dtype=object)
+    unit = _rank_unit(sub)
     for system, s in sub.groupby("system"):
         pts = {}
         for g, r in s.groupby("world_size"):
@@ -350,7 +367,7 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
                 continue  # no run at a GPU count where ScaleGNN reached the target: nothing to compare
             g_at = common[-1]
             t_other, ok_other, _ = points[other][g_at]
-            at = f" at {g_at} GPU{'s' if g_at > 1 else ''}"
+            at = f" at {g_at} {unit}{'es' if unit == 'process' and g_at > 1 else 's' if g_at > 1 else ''}"
             if device.get(other) != device.get("scalegnn"):  # a speedup across devices measures hardware
                 lines.append(f"vs {_style(other)[2]}{at}: not comparable ({device.get('scalegnn')} vs "
                              f"{device.get(other)})")
@@ -368,13 +385,20 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
                         bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
 
 
-def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True):
+def _rank_unit(runs: pd.DataFrame) -> str:
+    """What a rank is in these runs: a GPU when every run is on GPUs, a process when none
+    is, a rank when they mix."""
+    kinds = set(runs["device_kind"].dropna()) if "device_kind" in runs else set()
+    return "GPU" if kinds == {"gpu"} else "rank" if "gpu" in kinds else "process"
+
+
+def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True, unit: str = "GPU"):
     _log2_ticks(ax, counts)
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     ax.set_ylim(lo / 1.25, hi * 1.1)  # room for the "best x%" labels under the lowest point
     _log_axis(ax.yaxis)
-    ax.set_xlabel("GPUs (ranks)")
+    ax.set_xlabel({"GPU": "GPUs (ranks)", "process": "processes (ranks)"}.get(unit, "ranks"))
     if ylabel:
         ax.set_ylabel(f"training time to {100 * target:.0f}% test accuracy (s)")
     ax.set_title(title, fontsize=10)
@@ -405,7 +429,7 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper
             _paper_style(ax, p["gpus"].tolist(), p["seconds"].tolist(), system,
                          label=f"{_style(system)[2]} (paper)")
         counts = list(sub["world_size"]) + list(mine["gpus"])
-        _fig6_axes(ax, counts, float(sub["target_acc"].iloc[0]), f"{ds}, {cluster}")
+        _fig6_axes(ax, counts, float(sub["target_acc"].iloc[0]), f"{ds}, {cluster}", unit=_rank_unit(sub))
     handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
                for s in systems_seen]
     handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
@@ -452,7 +476,8 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
         sub = frame[(frame["_cluster"] == cl) & (frame["_ds"] == ds)]
         seen, label_of = [], {}
         _fig6_panel(ax, sub, cl, reference, seen, label_of)
-        _fig6_axes(ax, sub["world_size"], float(sub["target_acc"].iloc[0]), f"here: {ds}, {cl}")
+        _fig6_axes(ax, sub["world_size"], float(sub["target_acc"].iloc[0]), f"here: {ds}, {cl}",
+                   unit=_rank_unit(sub))
         handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
                    for s in seen]
         if not sub["time_to_target_s"].notna().all():
@@ -480,7 +505,7 @@ def paper_points_fig7(runs: pd.DataFrame | None, paper: dict | None = None) -> p
     first and last GPU counts, their epoch times where the text states them
     (``epoch_ms``, else NaN) and the speedup over the first count (1 at the first).
     ``matched``: a ScaleGNN scaling run here is the same experiment (same cluster, the
-    dataset itself, same GPU count); ``label`` is its dataset label in Fig. 7."""
+    dataset itself, same GPU count, on GPUs); ``label`` is its dataset label in Fig. 7."""
     paper = paper if paper is not None else paper_numbers()
     rows = []
     for cl, datasets in paper.get("fig7", {}).items():
@@ -495,7 +520,7 @@ def paper_points_fig7(runs: pd.DataFrame | None, paper: dict | None = None) -> p
     except NoData:
         frame = None
     if frame is not None and not out.empty:
-        frame = frame[_real_dataset(frame)]
+        frame = frame[_real_dataset(frame) & _on_gpus(frame)]
         here = {(cl, canonical_dataset(ds), int(g)): label for cl, ds, g, label in
                 zip(frame["_cluster"], frame["dataset"], frame["world_size"], frame["_ds"])}
         keys = list(zip(out["cluster"], out["dataset"], out["gpus"]))

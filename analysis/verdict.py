@@ -108,8 +108,8 @@ def _pct(acc) -> str:
 
 
 def verdicts(runs: pd.DataFrame) -> list[Verdict]:
-    """One :class:`Verdict` per (cluster, dataset) of the runs with a target accuracy
-    that ScaleGNN ran on, densest graph first."""
+    """One :class:`Verdict` per (cluster, dataset, target accuracy) of the runs with a
+    target that ScaleGNN ran on, densest graph first."""
     frame = select(runs, "fig6")
     if frame.empty or "target_acc" not in frame:
         return []
@@ -118,7 +118,7 @@ def verdicts(runs: pd.DataFrame) -> list[Verdict]:
         return []
     frame = frame.assign(_cluster=_cluster(frame))
     out = []
-    for (cl, ds), sub in frame.groupby(["_cluster", "dataset"]):
+    for (cl, ds, _), sub in frame.groupby(["_cluster", "dataset", "target_acc"]):  # one target per comparison
         if "scalegnn" not in set(sub["system"]):
             continue
         degree = _avg_degree(sub)

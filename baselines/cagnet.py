@@ -75,7 +75,8 @@ from scalegnn.engine import accuracy_counts, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, dropout_key, dropout_keep_mask, rms_norm
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.sampling import select_rows, train_mask_of
+from scalegnn.csr import select_rows
+from scalegnn.sampling import train_mask_of
 from scalegnn.settings import setting
 
 from . import cagnet_ops as ops

@@ -24,8 +24,21 @@ __all__ = ["train", "Graph", "RunConfig", "make_config", "load_dataset", "__vers
 # install), the repository is one more place to look for scalegnn's subpackages.
 import os as _os
 
-_CHECKOUT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_CHECKOUT, "sweeps", "__init__.py")) and _CHECKOUT not in __path__:
+
+def _checkout() -> str | None:
+    """The repository this package sits in (its pyproject.toml names the project), else
+    None: an installed package's parent is site-packages, where other projects' folders
+    (a PyPI ``sweeps``) must not become scalegnn's."""
+    root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+    try:
+        with open(_os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
+            return root if 'name = "scalegnn"' in f.read() else None
+    except OSError:
+        return None
+
+
+_CHECKOUT = _checkout()
+if _CHECKOUT is not None and _CHECKOUT not in __path__:
     __path__.append(_CHECKOUT)
 
 def __getattr__(name: str):

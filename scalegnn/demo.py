@@ -11,8 +11,8 @@ It is exactly what a cluster user does, on this machine:
      and GraphSAINT (when the baselines are installed) at 1 and 2 processes, full-graph
      3D at 1. On the same generator at average degree 10: ScaleGNN, GraphSAGE and
      GraphSAINT at 1 process. Every run stops at the target accuracy; every process
-     has one thread (the ``local`` profile's ``threads_per_task = 1``), so N processes
-     use N cores, as N GPUs would;
+     has one thread (``--threads-per-task 1``), so N processes use N cores, as N GPUs
+     would;
   2. ``scalegnn report``: the result lines, figures, tables, provenance and failures
      from the records.
 
@@ -41,7 +41,8 @@ def run_demo(out_dir: str = "results/demo", data_root: str | None = None, epochs
 
     t0 = time.perf_counter()
     out = Path(out_dir)
-    print(f"ScaleGNN demo: `scalegnn sweep {DEMO_SPEC} --cluster local --out {out}`, then `scalegnn report`\n")
+    print(f"ScaleGNN demo: `scalegnn sweep {DEMO_SPEC} --cluster local --threads-per-task 1 --out {out}`, then "
+          "`scalegnn report`\n")
     # one thread per process, as one GPU per rank: a count of processes is a count of cores,
     # and a 1-process run does not lose its time to OpenMP threads waiting on a busy core
     result = sweep(DEMO_SPEC, "local", out, epochs=epochs, data_root=data_root, overrides={"threads_per_task": 1})

@@ -16,6 +16,12 @@ __all__ = ["COMMANDS", "add_commands", "run"]
 COMMANDS = ("sweep", "report", "plan")
 
 
+def _threads(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0: the cores / the tasks), got {text!r}")
+    return int(text)
+
+
 def _ints(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.replace(" ", "").split(",") if v]
@@ -50,6 +56,8 @@ def add_commands(sub) -> None:
     s.add_argument("--partition", default=None, help="SLURM partition / Flux queue")
     s.add_argument("--constraint", default=None, help="SLURM constraint")
     s.add_argument("--time", type=int, default=None, dest="time_min", help="minutes per job")
+    s.add_argument("--threads-per-task", type=_threads, default=None,
+                   help="intra-op threads of each task (default: the profile's; 0: the cores / the tasks on a node)")
     s.add_argument("--python", default=None, help="interpreter in the batch script (default: this one)")
     s.add_argument("--data-root", default=None,
                    help="dataset folder every task reads (default $SCALEGNN_DATA_ROOT, else ~/.cache/scalegnn/data); "
@@ -101,7 +109,8 @@ def run(args) -> int:
 def _sweep(args) -> int:
     from .launcher import sweep
 
-    overrides = {k: getattr(args, k) for k in ("account", "qos", "partition", "constraint", "time_min")}
+    overrides = {k: getattr(args, k) for k in ("account", "qos", "partition", "constraint", "time_min",
+                                               "threads_per_task")}
     systems = [s for s in args.systems.split(",") if s] if args.systems else None
     result = sweep(args.spec, args.cluster, args.out, dry_run=args.dry_run, gpus=args.gpus, datasets=args.dataset,
                    epochs=args.epochs, seeds=args.seeds, systems=systems, overrides=overrides, python=args.python,

@@ -94,7 +94,8 @@ def stage_for(cfg, out: str | os.PathLike, data_root: str) -> StageSet | None:
     if cfg.system not in STAGED_SYSTEMS or math.prod(grid) == 1 or cfg.data.shard_dir:
         return None
     root = str(Path(cfg.data.data_root).expanduser().resolve()) if cfg.data.data_root else data_root
-    split, split_seed = cfg.data.split, cfg.data.split_seed
+    split = cfg.data.split  # its seed defaults to the run's --seed: one staged set for both ways of saying it
+    split_seed = None if split is None else (cfg.data.split_seed if cfg.data.split_seed is not None else int(cfg.seed))
     key = StageSet.key_of(cfg.data.dataset, grid, cfg.perf.permute, cfg.seed, root, split, split_seed)
     return StageSet(cfg.data.dataset, grid, cfg.perf.permute, int(cfg.seed), root,
                     str(Path(out).resolve() / "shards" / key), split, split_seed)

@@ -122,7 +122,7 @@ def test_mixed_devices_are_flagged_and_never_turned_into_a_speedup():
     assert dict(zip(tab.loc[tab["measured"].notna(), "system"], tab.loc[tab["measured"].notna(), "device"])) == \
         {"scalegnn": "gpu", "graphsage": "cpu"}
     notes = texts(F.fig6_time_to_target(runs))
-    assert any("vs GraphSAGE at 1 GPU: not comparable (gpu vs cpu)" in t for t in notes)
+    assert any("vs GraphSAGE at 1 rank: not comparable (gpu vs cpu)" in t for t in notes)
     assert not any("x vs" in t for t in notes)
     recs[1]["env"].update(device="A100", device_type="cuda")  # both on GPUs: a speedup again, no warning
     runs = runs_from_records(recs, [m])
@@ -402,6 +402,19 @@ def test_result_line_never_compares_across_rank_counts_or_devices():
     assert "not comparable with GraphSAGE (gpu vs cpu)" in line and "faster" not in line
 
 
+def test_result_lines_compare_times_to_one_target_only():
+    """Runs of one graph to 90 % and to 95 % are two comparisons, each with its own target."""
+    from scalegnn.analysis.verdict import result_lines
+
+    recs = [make_record(s, epoch_s=[t, t], test=[0.96, 0.96], target=target)
+            for target in (0.90, 0.95) for s, t in (("scalegnn", 1.0), ("graphsage", 4.0 if target == 0.9 else 2.0))]
+    runs = runs_from_records(recs, [manifest("demo", "local", [(r, "") for r in recs])])
+    lines = sorted(result_lines(runs))
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("ScaleGNN reached 90 % test accuracy in 1.00 s at 1 GPU: 4.0x faster than GraphSAGE")
+    assert lines[1].startswith("ScaleGNN reached 95 % test accuracy in 1.00 s at 1 GPU: 2.0x faster than GraphSAGE")
+
+
 # ---------------------------------------------------------------------------- paper vs here
 def test_paper_points_of_fig6_match_only_the_same_experiment():
     """A paper point matches a run of the same cluster, dataset (not a stand-in), system and
@@ -417,6 +430,12 @@ def test_paper_points_of_fig6_match_only_the_same_experiment():
     assert list(zip(hit["cluster"], hit["dataset"], hit["system"], hit["gpus"], hit["label"])) == \
         [("perlmutter", "reddit", "scalegnn", 4, "reddit")]
     assert len(pp) == 18 and pp["seconds"].notna().all()  # every Fig. 6 number of the paper, each once
+    # The same run on CPUs, or to another target than the paper's 95 %, is another experiment.
+    on_cpu = {**real, "env": {**real["env"], "device": "cpu (x86_64, 64 cores)", "device_type": "cpu"}}
+    to_90 = {**real, "target_acc": 0.90}
+    for other in (on_cpu, to_90):
+        one = manifest("fig6", "perlmutter", [(other, "")])
+        assert not F.paper_points_fig6(runs_from_records([other], [one]))["matched"].any()
 
 
 def test_fig6_paper_vs_here_panel_when_no_experiment_matches():

@@ -357,6 +357,10 @@ def test_shards_remember_their_split(isolated_data, capsys):
     assert "written with --split random:0.6,0.2,0.2 but the run has no --split" in capsys.readouterr().err
     assert main(base + ["--split", "random:0.6,0.2,0.2"]) == 0
     assert _record(isolated_data / "runs")["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
+    # --split-seed defaults to --seed (0): saying it is the same split, another seed is not
+    assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "0"]) == 0
+    assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "1"]) == 2
+    assert "but the run has --split random:0.6,0.2,0.2 --split-seed 1" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- node data beside an edge list
@@ -391,6 +395,12 @@ def test_beside_file_errors_name_the_fix(isolated_data):
     np.save(isolated_data / "g.labels.npy", y[:100])
     with pytest.raises(DatasetError, match=r"vertex id 11\d but g.labels.npy has 100 rows; .*row v belongs to "
                                            r"vertex v, so ids must be < 100"):
+        load_dataset(f"edgelist:{edges}")
+    np.save(isolated_data / "g.labels.npy", y[:0])
+    with pytest.raises(DatasetError, match=r"g.labels.npy: the labels file is empty \(0 rows\); give one label per vertex"):
+        load_dataset(f"edgelist:{edges}")
+    np.save(isolated_data / "g.labels.npy", np.full(len(y), -1))
+    with pytest.raises(DatasetError, match=r"g.labels.npy: every entry of the labels file is -1 or NaN, so no vertex is labeled"):
         load_dataset(f"edgelist:{edges}")
     np.save(isolated_data / "g.labels.npy", y)
     np.save(isolated_data / "g.features.npy", x.toarray())
@@ -475,3 +485,6 @@ def test_a_sweep_stages_shards_with_the_runs_split(isolated_data):
                       str(isolated_data))
     assert plain.folder.endswith(StageSet.key_of(f"npz:{path}", (1, 1, 1, 2), "none", 0, str(isolated_data)))
     assert plain.folder != stage.folder and "--split" not in plain.argv()
+    said, left = (stage_for(make_config(dataset=f"npz:{path}", split="random:0.6,0.2,0.2", grid=(1, 1, 1, 2), **kw),
+                            isolated_data / "sweep", str(isolated_data)) for kw in ({"split_seed": 0}, {}))
+    assert said.folder == left.folder  # --split-seed 0 said, or left to --seed 0: the same staged set

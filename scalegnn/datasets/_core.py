@@ -163,7 +163,7 @@ def split_flag(text) -> str:
     """``--split``'s parse function: the canonical ``random:TRAIN,VAL,TEST`` of ``text``
     (``random`` alone is ``random:0.5,0.25,0.25``); a ValueError naming the fix for a
     malformed kind, count, range or sum."""
-    return "random:" + ",".join(f"{f:g}" for f in _split_fractions(text))
+    return "random:" + ",".join(repr(float(f)) for f in _split_fractions(text))  # repr: exact when re-parsed
 
 
 def apply_split(graph: Graph, split: str, seed: int) -> Graph:

@@ -36,7 +36,7 @@ from scalegnn.graph import Graph
 
 __all__ = ["CACHE_FORMAT_VERSION", "cache_dir", "cache_path", "load_cached", "save_cached", "source_signature"]
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: CSR features kept CSR; graph meta names the split and any stand-in
 _SPARSE_X_MAX_DENSITY = 0.1
 
 

@@ -223,7 +223,7 @@ def _read_beside(found: dict[str, Path]) -> tuple[torch.Tensor | None, tuple | N
         f = found["labels"]
         with reading(f):
             raw = np.load(f, allow_pickle=False)
-        labels, classes = byo_labels(raw, str(f), "the labels", None if x is None else x.shape[0])
+        labels, classes = byo_labels(raw, str(f), "the labels file", None if x is None else x.shape[0])
         y = torch.from_numpy(labels), classes
     n = x.shape[0] if x is not None else (y[0].shape[0] if y is not None else None)
     if n == 0:
@@ -403,12 +403,17 @@ def byo_labels(y, where: str, what: str, n: int | None, num_classes=None) -> tup
         rows = "N" if n is None else n
         raise DatasetError(f"{where}: {what} must be ({rows},) or ({rows}, C) to match the features, got shape "
                            f"{y.shape}")
+    if y.shape[0] == 0:
+        raise DatasetError(f"{where}: {what} is empty (0 rows); give one label per vertex (-1 for unlabeled)")
     if y.ndim == 1:
         if np.issubdtype(y.dtype, np.floating):
             if np.any(np.isfinite(y) & (y != np.round(y))):
                 raise DatasetError(f"{where}: {what} holds non-integer class ids; use an (N, C) array for multi-label")
             y = np.where(np.isnan(y), -1, y)
         y = y.astype(np.int64)
+        if not (y >= 0).any():
+            raise DatasetError(f"{where}: every entry of {what} is -1 or NaN, so no vertex is labeled; "
+                               "node classification needs labeled vertices")
         return y, int(num_classes) if num_classes is not None else int(y.max()) + 1
     y = y.astype(np.float32)
     return y, int(num_classes) if num_classes is not None else y.shape[1]

@@ -380,7 +380,11 @@ def check_shard_manifest(manifest: dict, permute: str, seed: int, where: str, sp
     """Refuse shards written for another ``--permute`` / ``--seed`` / ``--split`` than
     the run's: the vertex labels or the split would differ from the run's, silently."""
     wrote_split = tuple(manifest.get("split") or (None, None))
-    if wrote_split != tuple(split):
+
+    def drawn(pair) -> tuple:  # the split actually drawn: --split-seed defaults to the run's --seed
+        return (None, None) if pair[0] is None else (pair[0], seed if pair[1] is None else int(pair[1]))
+
+    if drawn(wrote_split) != drawn(tuple(split)):
         def flags(s):
             return " ".join(f"{k} {v}" for k, v in zip(("--split", "--split-seed"), s) if v is not None)
         again = f"`scalegnn data shard ... {flags(split)}`" if split[0] else "`scalegnn data shard` without --split"
