@@ -2,6 +2,7 @@
 # Measurements behind docs/results.md ("Baselines measured on 2 CPU cores"). Usage (from the repository root):
 #   bash results/baselines/run.sh fig6  [NPROCS...]   # time to 0.92 test accuracy on Facebook, every system
 #   bash results/baselines/run.sh table1 [SEEDS...]   # best test accuracy, 3 datasets, 5 systems
+#   SYSTEMS="cagnet-1d cagnet-1.5d cagnet-2d fastsample" DATASETS="facebook twitch-de" bash results/baselines/run.sh table1 0 1 2
 #   .venv/bin/python -m scalegnn.analysis.tables results/baselines    # print the tables
 # Records go to results/baselines/<table>/; each run is one `scalegnn train` command.
 set -uo pipefail
@@ -15,6 +16,8 @@ run() {  # run OUT SYSTEM NPROC ARGS...
   local par=()
   case $system in
     scalegnn) [ "$nproc" -gt 1 ] && par=(--nproc "$nproc" --grid "$($PY -c "from scalegnn.parallel.grid import cube_3d; print('1x' + 'x'.join(map(str, cube_3d($nproc))))")") ;;
+    cagnet-1.5d|cagnet-2d) [ "$nproc" -lt 2 ] && { echo "== $system needs 2+ processes (at 1 it is cagnet-1d)"; return; }
+           par=(--nproc "$nproc") ;;
     *) par=(--nproc "$nproc") ;;
   esac
   echo "== $(date +%T) $system nproc=$nproc $*"
@@ -27,7 +30,7 @@ case $what in
     nprocs=("$@"); [ ${#nprocs[@]} -eq 0 ] && nprocs=(1 2 4)
     for n in "${nprocs[@]}"; do
       for s in ${SYSTEMS:-scalegnn fullgraph-3d graphsage graphsaint salient bns-gcn distdgl}; do
-        epochs=40; [ "$s" = fullgraph-3d ] || [ "$s" = bns-gcn ] && epochs=300
+        epochs=40; case $s in fullgraph-3d|bns-gcn|cagnet-*) epochs=300 ;; esac
         run results/baselines/fig6 "$s" "$n" --dataset facebook --epochs $epochs --target-acc 0.92 \
           --stop-at-target --seed 0
       done
@@ -40,12 +43,14 @@ case $what in
     for seed in "${seeds[@]}"; do
       for d in ${DATASETS:-facebook twitch-de csbm:avg_degree=50}; do
         for s in ${SYSTEMS:-scalegnn graphsaint graphsage salient fullgraph-3d}; do
+          nproc=1
           case $s in
             scalegnn|fullgraph-3d) epochs=100 ;;
+            cagnet-*) epochs=100; nproc=${CAGNET_NPROC:-4} ;;  # full graph, as full-graph 3D; 4 processes: 1.5D c=2, 2D 2x2
             graphsaint) epochs=50 ;;
             *) epochs=15 ;;
           esac
-          run results/baselines/table1 "$s" 1 --dataset "$d" --epochs $epochs --seed "$seed" --eval-every 2
+          run results/baselines/table1 "$s" "$nproc" --dataset "$d" --epochs $epochs --seed "$seed" --eval-every 2
         done
       done
     done ;;
