@@ -96,6 +96,17 @@ def all_reduce_sum(values: list[float], op=None) -> list[float]:
     return t.tolist()
 
 
+def owned_eval_batches(graph: Graph, owner: torch.Tensor, rank: int, batch_size: int, pad=None) -> list:
+    """The labeled vertices ``rank`` owns (``owner``: each vertex's rank) in batches of
+    ``batch_size``, padded with ``pad`` to the most batches any rank has: a sampled
+    evaluation that exchanges features steps every rank through every batch."""
+    nodes = torch.cat([graph.train_idx, graph.val_idx, graph.test_idx]).unique()
+    mine = nodes[owner[nodes] == rank]
+    batches = list(mine.split(batch_size)) if mine.numel() else []
+    most = int(all_reduce_sum([float(len(batches))], op=dist.ReduceOp.MAX)[0])
+    return batches + [pad] * (most - len(batches))
+
+
 def broadcast_floats(values: list[float] | None, n: int, src: int = 0) -> list[float]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return list(values)

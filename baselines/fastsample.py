@@ -63,7 +63,7 @@ from scalegnn.model import node_loss
 from scalegnn.sampling import select_rows
 from scalegnn.settings import int_tuple, setting
 
-from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, ddp, rank_device,
+from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, owned_eval_batches, ddp, rank_device,
                      split_accuracies, world_info)
 from .fastsample_kernel import SampledBlocks, Scratch, TopologyCSC, available, sample_blocks, step_key
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
@@ -368,11 +368,8 @@ class FastSampleTrainer:
     def evaluate(self):
         self.model.eval()
         g = self.data.graph
-        nodes = torch.cat([g.train_idx, g.val_idx, g.test_idx]).unique()
-        mine = nodes[self.part[nodes] == self.rank]
-        batches = list(mine.split(self.opts.eval_batch_size)) if mine.numel() else []
-        most = int(all_reduce_sum([float(len(batches))], op=dist.ReduceOp.MAX if self.world > 1 else None)[0])
-        batches += [mine[:0]] * (most - len(batches))
+        batches = owned_eval_batches(g, self.part, self.rank, self.opts.eval_batch_size,
+                                     pad=torch.zeros(0, dtype=torch.int64))
         outs, ids = [], []
         for i, seeds in enumerate(batches):
             batch = self.sample(seeds, self.opts.eval_fanouts, EVAL_KEY, i, self.rank)

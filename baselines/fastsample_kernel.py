@@ -55,18 +55,9 @@ __all__ = ["SampledBlocks", "Block", "TopologyCSC", "Scratch", "sample_blocks", 
 M32 = 0xFFFFFFFF
 _C1, _C2 = 0x21F0AAAD, 0x735A2D97  # lowbias32 multipliers (< 2^31: products of 32-bit values fit an int64)
 
-try:  # optional: `pip install numba`
-    import numba
+from scalegnn._fastsample import available, numba  # numba, optional: None without it (the torch path runs)
 
-    _HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    numba = None
-    _HAVE_NUMBA = False
-
-
-def available() -> bool:
-    """True when the numba kernel can run."""
-    return _HAVE_NUMBA
+_HAVE_NUMBA = available()
 
 
 def mix32(x):

@@ -41,7 +41,7 @@ from scalegnn.device import to_device
 from scalegnn.model import node_loss
 from scalegnn.settings import int_tuple, setting
 
-from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, ddp, rank_device,
+from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, owned_eval_batches, ddp, rank_device,
                      split_accuracies, world_info)
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
 from .models import SAGENet
@@ -366,11 +366,7 @@ class SalientTrainer:
     def evaluate(self):
         self.model.eval()
         g = self.data.graph
-        nodes = torch.cat([g.train_idx, g.val_idx, g.test_idx]).unique()
-        mine = nodes[self.part[nodes] == self.rank]
-        batches = list(mine.split(self.opts.eval_batch_size)) if mine.numel() else []
-        most = int(all_reduce_sum([float(len(batches))], op=dist.ReduceOp.MAX)[0])
-        batches += [None] * (most - len(batches))
+        batches = owned_eval_batches(g, self.part, self.rank, self.opts.eval_batch_size)
         outs, ids = [], []
         for batch in self._pipeline(batches, self.opts.eval_fanouts):
             if batch.num_seeds == 0:
