@@ -12,10 +12,12 @@ from scalegnn.parallel.sharding import build_rank_shard
 from scalegnn.sampling import UniformVertexSampler
 
 
-def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None, sparse=False) -> Graph:
+def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None, sparse=False,
+                   symmetric=True) -> Graph:
     """A small random normalized graph with awkward sizes (37 vertices, 7 features,
     5 classes: divisible by none of the axis sizes), some unlabeled test vertices.
-    ``sparse``: 3 % dense multi-hot features, which the samplers keep as CSR."""
+    ``sparse``: 3 % dense multi-hot features, which the samplers keep as CSR.
+    ``symmetric=False``: the drawn edges one way only (A != A^T)."""
     gen = torch.Generator().manual_seed(seed)
     src, dst = torch.randint(0, n, (m,), generator=gen), torch.randint(0, n, (m,), generator=gen)
     if multilabel:
@@ -27,7 +29,8 @@ def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None, 
     x = (torch.rand(n, f, generator=gen) < 0.03).float() if sparse else torch.randn(n, f, generator=gen)
     base = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], x, y,
                  train_idx, torch.arange(n // 2, 3 * n // 4), torch.arange(3 * n // 4, n), c)
-    return base.with_edges(src, dst).symmetrize().gcn_normalize()
+    base = base.with_edges(src, dst)
+    return (base.symmetrize() if symmetric else base).gcn_normalize()
 
 
 def nprocs(shape) -> int:

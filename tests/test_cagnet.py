@@ -22,6 +22,7 @@ from scalegnn.cli import main
 from scalegnn.device import resolve_device
 from scalegnn.graph import Graph
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
+from tests.graphs import parallel_graph
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.sampling import train_mask_of, training_features
@@ -49,17 +50,7 @@ GRIDS = {
 
 def directed_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, sparse=False) -> Graph:
     """tests.graphs.parallel_graph without the symmetrization: A != A^T."""
-    gen = torch.Generator().manual_seed(seed)
-    src, dst = torch.randint(0, n, (m,), generator=gen), torch.randint(0, n, (m,), generator=gen)
-    if multilabel:
-        y = (torch.rand(n, c, generator=gen) < 0.3).float()
-    else:
-        y = torch.randint(0, c, (n,), generator=gen)
-        y[n - 3:] = -1
-    x = (torch.rand(n, f, generator=gen) < 0.03).float() if sparse else torch.randn(n, f, generator=gen)
-    base = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], x, y, torch.arange(0, n // 2),
-                 torch.arange(n // 2, 3 * n // 4), torch.arange(3 * n // 4, n), c)
-    return base.with_edges(src, dst).gcn_normalize()
+    return parallel_graph(n, m, f, c, seed, multilabel=multilabel, sparse=sparse, symmetric=False)
 
 
 def _grid(shape):
