@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from scalegnn import systems as registry  # noqa: E402
 
-from .paper import canonical_dataset, paper_numbers  # noqa: E402
+from .paper import canonical_dataset, fig6_points, paper_numbers  # noqa: E402
 
 __all__ = ["NoData", "fig5_ablation", "fig6_time_to_target", "fig7_strong_scaling", "fig8_epoch_breakdown",
            "plexus_fig5_model", "select", "COMPONENTS", "FIGURE_SPECS", "component_table", "paper_points_fig6",
@@ -261,15 +261,8 @@ def paper_points_fig6(runs: pd.DataFrame | None, paper: dict | None = None) -> p
     the paper's target), so the paper's point belongs on its axes; ``label`` is the panel's
     dataset label of the matching runs."""
     paper = paper if paper is not None else paper_numbers()
-    rows = []
-    for cl, datasets in paper.get("fig6", {}).items():
-        if cl == "targets":
-            continue
-        for ds, systems in datasets.items():
-            for system, pts in systems.items():
-                for g, secs in pts.items():
-                    rows.append({"cluster": cl, "dataset": ds, "system": system, "gpus": int(g),
-                                 "seconds": float(secs), "matched": False, "label": ""})
+    rows = [{"cluster": cl, "dataset": ds, "system": system, "gpus": g, "seconds": secs, "matched": False,
+             "label": ""} for cl, ds, system, g, secs in fig6_points(paper)]
     out = pd.DataFrame(rows, columns=["cluster", "dataset", "system", "gpus", "seconds", "matched", "label"])
     try:
         frame = _fig6_frame(runs) if runs is not None and not runs.empty else None

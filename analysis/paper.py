@@ -6,7 +6,7 @@ import functools
 import tomllib
 from pathlib import Path
 
-__all__ = ["paper_numbers", "PAPER_FILE", "canonical_dataset"]
+__all__ = ["paper_numbers", "PAPER_FILE", "canonical_dataset", "fig6_points"]
 
 PAPER_FILE = Path(__file__).resolve().parent / "paper_numbers.toml"
 
@@ -19,6 +19,14 @@ def _load(path: str) -> dict:
 def paper_numbers(path: str | Path = PAPER_FILE) -> dict:
     """The reference numbers as nested dicts (see the TOML file for units and sources)."""
     return _load(str(path))
+
+
+def fig6_points(paper: dict) -> list[tuple[str, str, str, int, float]]:
+    """The paper's Fig. 6 times: (cluster, dataset, system, GPUs, seconds) for every point
+    of ``paper["fig6"]`` (its ``targets`` table is the accuracy each time is to)."""
+    return [(cl, ds, system, int(g), float(secs))
+            for cl, datasets in paper.get("fig6", {}).items() if cl != "targets"
+            for ds, systems in datasets.items() for system, pts in systems.items() for g, secs in pts.items()]
 
 
 def canonical_dataset(name) -> str:

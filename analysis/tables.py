@@ -20,7 +20,7 @@ import pandas as pd
 from scalegnn import systems as registry
 
 from .figures import _cluster, _variant, fastest_grid_time, select, short_dataset
-from .paper import canonical_dataset, paper_numbers
+from .paper import canonical_dataset, fig6_points, paper_numbers
 
 __all__ = ["table1_accuracy", "table2_eval_time", "fig6_times", "fig7_speedups", "fig5_reductions", "mixed_devices",
            "load_balance", "plexus_table3", "provenance", "failures", "markdown", "accuracy_table",
@@ -144,15 +144,8 @@ def fig6_times(runs: pd.DataFrame, paper: dict | None = None) -> pd.DataFrame:
     ran at one count, the fastest grid, in ``grid``); ``reached`` False rows give the
     time to the best accuracy, which is in ``best_acc`` (%)."""
     paper = paper if paper is not None else paper_numbers()
-    rows = {}
-    for cl, datasets in paper.get("fig6", {}).items():
-        if cl == "targets":
-            continue
-        for ds, systems in datasets.items():
-            for system, pts in systems.items():
-                for g, secs in pts.items():
-                    rows[(cl, ds, system, int(g))] = {"cluster": cl, "dataset": ds, "system": system, "gpus": int(g),
-                                                      "paper": float(secs)}
+    rows = {(cl, ds, system, g): {"cluster": cl, "dataset": ds, "system": system, "gpus": g, "paper": secs}
+            for cl, ds, system, g, secs in fig6_points(paper)}
     frame = select(runs, "fig6")
     frame = frame[frame["target_acc"].notna()] if "target_acc" in frame else frame.iloc[0:0]
     if not frame.empty:
