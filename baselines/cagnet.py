@@ -102,6 +102,10 @@ class Cagnet15DOptions:
         if self.c < 1:
             raise ValueError(f"--replication must be >= 1, got {self.c}")
 
+    def check_world(self, world: int) -> None:
+        """Refuse a c that does not divide the process count, before any data is loaded."""
+        ops.process_grid_shape("1.5d", world, self.c)
+
 
 @dataclass(kw_only=True)
 class Cagnet2DOptions:
@@ -110,6 +114,10 @@ class Cagnet2DOptions:
 
     def __post_init__(self):
         ops.parse_process_grid(self.process_grid)
+
+    def check_world(self, world: int) -> None:
+        """Refuse a --process-grid whose size is not the process count, before any data is loaded."""
+        ops.process_grid_shape("2d", world, grid2d=ops.parse_process_grid(self.process_grid))
 
 
 def grid_of(algorithm: str, world: int, options) -> tuple[int, int]:

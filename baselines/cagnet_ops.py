@@ -50,14 +50,12 @@ collective over an axis of size 1 or an empty buffer is skipped and costs nothin
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from scalegnn.parallel.collectives import CommStats, all_reduce, broadcast
+from scalegnn.parallel.collectives import CommStats, all_reduce, all_reduce_world, broadcast
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.ranges import split_bounds, split_range
 
@@ -413,10 +411,7 @@ def all_reduce_grads(params, algorithm: str, grid: ProcessGrid, stats: CommStats
         return
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     if algorithm == "2d":  # the 1 x pr x pc x 1 grid is the whole world
-        with (stats.span("grad") if stats is not None else nullcontext()):
-            dist.all_reduce(flat, group=dist.group.WORLD)
-        if stats is not None:
-            stats.record("grad", flat.numel() * flat.element_size())
+        all_reduce_world(flat, grid, stats, "grad")
     else:
         all_reduce(flat, grid, "x", stats, "grad")
     off = 0

@@ -300,6 +300,9 @@ def run_baseline(cfg, factory_path: str, graph: Graph | None = None) -> dict:
 
     make_trainer = resolve(factory_path)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    check_world = getattr(cfg.options, "check_world", None)  # a system's own process grid, before any data loads
+    if check_world is not None:
+        check_world(int(os.environ["WORLD_SIZE"]) if launched else cfg.parallel.nproc)
     if launched:
         info = init_from_env(backend=cfg.parallel.backend, device=cfg.parallel.device)
         try:

@@ -538,6 +538,11 @@ def add_bench_command(sub) -> None:
     st.add_argument("--dataset", default="csbm:n=20000,avg_degree=10,feature_dim=64")
     st.add_argument("--data-root", default=None)
     st.add_argument("--steps", type=int, default=8)
+    e = bs.add_parser("epoch-cost", help="a training epoch on one thread in units of a fixed reference workload, "
+                      "with its profile (benchmarks/epoch_cost.py)")
+    e.add_argument("--dataset", default="facebook")
+    e.add_argument("--data-root", default=None)
+    e.add_argument("--reps", type=int, default=7)
     c = bs.add_parser("scaling", help="step time vs nnz at a fixed batch ratio (log-log slope)")
     c.add_argument("--nnz", default="1e6,4e6,1.6e7")
     c.add_argument("--reps", type=int, default=7)
@@ -566,6 +571,10 @@ def run_bench_command(args) -> int:
         cmd = f"ablation_{args.grid}"
     elif cmd == "steps":
         payload, md = steps_bench(tuple(args.grids.split(",")), args.dataset, args.data_root, steps=args.steps)
+    elif cmd == "epoch-cost":
+        from .epoch_cost import epoch_cost_bench
+
+        payload, md = epoch_cost_bench(args.dataset, args.data_root, args.reps)
     elif cmd == "scaling":
         payload, md = scaling_bench(tuple(int(float(v)) for v in args.nnz.split(",")), reps=args.reps,
                                     batch_ratio=args.batch_ratio, threads=args.threads)

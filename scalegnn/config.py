@@ -109,6 +109,9 @@ class RunConfig:
                 raise ValueError(f"--nproc {p.nproc} does not match --grid {'x'.join(map(str, p.grid))}")
             p.nproc = p.nproc if p.nproc is not None else p.grid[0]
             p.grid = (p.nproc, 1, 1, 1)
+            check_world = getattr(self.options, "check_world", None)  # a system's own grid over the processes
+            if check_world is not None and p.nproc > 1:
+                check_world(p.nproc)
 
     @property
     def world_size(self) -> int:

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["Workload", "Machine", "Collective", "step_collectives", "axis_bandwidth", "step_times", "predict",
            "Coefficients", "fit", "rank_grids", "memory_per_rank", "KNOWN_DATASETS", "TERMS", "epoch_time_from_rows",
-           "predicted_bytes_per_step"]
+           "predicted_bytes_per_step", "oversubscription"]
 
 TERMS = ("bandwidth", "latency", "compute", "sampling", "overhead")
 KAPPA = 1e-6  # Plexus: 7.8e-10 / 7.8e-4
@@ -289,7 +289,7 @@ def axis_bandwidth(grid, axis: str, machine: Machine) -> tuple[float, bool]:
 
 
 # ---------------------------------------------------------------------------- computation
-def _oversubscription(grid, machine: Machine) -> float:
+def oversubscription(grid, machine: Machine) -> float:
     if machine.compute_slots <= 0:
         return 1.0
     ranks = min(math.prod(grid), machine.gpus_per_node)
@@ -339,7 +339,7 @@ def step_times(w: Workload, grid, machine: Machine) -> dict:
             bw += (n - 1) * col.nbytes / beta
             lat += (n - 1) * machine.latency_s
     spmm, gemm, sampling = _compute_terms(w, grid)
-    over = _oversubscription(grid, machine)
+    over = oversubscription(grid, machine)
     return {
         "bandwidth": bw,
         "latency": lat,

@@ -4,7 +4,9 @@ A :class:`System` says what a system is called (its name on the command line and
 records, its display name, its colour and marker in figures, its place in tables),
 how it runs (``run``: the function that trains one configuration and returns the run
 record; ``options``: the dataclass of its own settings, whose fields become its
-flags under ``scalegnn train --system NAME``), what it can do (devices, several
+flags under ``scalegnn train --system NAME``; an options class may define
+``check_world(world)``, which refuses a process count its own grid cannot use before
+any data is loaded), what it can do (devices, several
 nodes, full graph or sampled) and how a sweep launches it (``grids``: the
 experiment's grid policy or pure data parallelism; ``sweep_options``: every option
 of the spec's ``[train]`` table or only the loop's, the system keeping its own

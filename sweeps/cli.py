@@ -3,6 +3,7 @@
     scalegnn sweep SPEC --cluster NAME [--dry-run] [--out DIR]   expand, skip done runs, submit
     scalegnn report RESULTS_DIR --out DIR                        figures, tables, provenance, failures
     scalegnn plan --dataset NAME --gpus G --cluster NAME         rank the grid shapes by predicted epoch time
+                  [--cagnet]                                   and CAGNET's configurations of G ranks
 
 ``scalegnn.cli`` registers them with :func:`add_commands` and dispatches to :func:`run`.
 """
@@ -86,6 +87,8 @@ def add_commands(sub) -> None:
     p.add_argument("--fit", default=None, metavar="RESULTS_DIR",
                    help="fit the model's coefficients on the runs recorded on this cluster under RESULTS_DIR")
     p.add_argument("--top", type=int, default=12, help="rows to show")
+    p.add_argument("--cagnet", action="store_true",
+                   help="also predict CAGNET's full-graph epoch (1D, 1.5D for each c, 2D for each grid) on G ranks")
     p.add_argument("--data-root", default=None)
 
 
@@ -152,4 +155,26 @@ def _plan(args) -> int:
               f"{1e3 * p.parts['overhead']:>9.1f} {p.steps:>6} {p.memory_bytes / 2**30:>9.2f}{flag}")
     if len(preds) > args.top:
         print(f"... {len(preds) - args.top} more shapes (--top to show them)")
+    if args.cagnet:
+        _plan_cagnet(args, machine)
     return 0
+
+
+def _plan_cagnet(args, machine) -> None:
+    """CAGNET's predicted epoch (one full-graph step) for every configuration of G ranks,
+    with the profile's constants (:mod:`scalegnn.baselines.cagnet_perf`)."""
+    from scalegnn.baselines import cagnet_perf
+    from scalegnn.baselines.cagnet_ops import process_grid_shape
+    from scalegnn.perfmodel import Workload
+
+    w = Workload.for_dataset(args.dataset, hidden=args.hidden, layers=args.layers, batch_ratio=1.0,
+                             data_root=args.data_root)
+    print(f"CAGNET, full graph (one step per epoch), {args.gpus} ranks:")
+    print(f"{'system':<12} {'grid RxC':>9} {'epoch ms':>10} {'comm ms':>9} {'compute ms':>10} {'MiB/step':>9}")
+    for name, kw in cagnet_perf.configurations(args.gpus):
+        algorithm = name.split("-", 1)[1]
+        R, C = process_grid_shape(algorithm, args.gpus, kw.get("c", 1), kw.get("grid2d"))
+        t = cagnet_perf.step_times(algorithm, w, args.gpus, machine, **kw)
+        mib = sum(cagnet_perf.predicted_bytes_per_step(algorithm, w, args.gpus, **kw).values()) / 2**20
+        print(f"{name:<12} {f'{R}x{C}':>9} {1e3 * sum(t.values()):>10.1f} {1e3 * (t['bandwidth'] + t['latency']):>9.1f} "
+              f"{1e3 * t['compute']:>10.1f} {mib:>9.1f}")

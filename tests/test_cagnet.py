@@ -12,6 +12,8 @@ a margin while a missing or doubled partial sum moves values by O(0.1).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -189,6 +191,21 @@ def test_bad_grids_are_refused_with_the_fix():
 SMALL = "csbm:n=61,avg_degree=4,classes=3,feature_dim=6"
 
 
+@pytest.mark.parametrize("system,extra,message", [
+    ("cagnet-1.5d", ["--replication", "4"], "must divide the process count 6"),
+    ("cagnet-2d", ["--process-grid", "2x2"], "PR\\*PC = 6"),
+])
+def test_a_grid_the_process_count_cannot_hold_is_refused_before_any_data_loads(system, extra, message, tmp_path,
+                                                                                capsys):
+    data_root = tmp_path / "data"  # the dataset would be generated here: nothing may appear
+    rc = main(["train", "--system", system, "--dataset", SMALL, "--data-root", str(data_root), "--nproc", "6",
+               "--epochs", "1", "--out", str(tmp_path / "runs"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and re.search(message, err), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not data_root.exists() and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("system,extra", [
     ("cagnet-1d", []),
@@ -209,3 +226,34 @@ def test_cli_train_writes_an_ok_record_with_bytes_equal_to_the_analytic(system, 
     assert cag["comm_bytes_per_step_per_rank"] == cag["analytic_comm_bytes_per_step_per_rank"]
     assert rec["epochs"][0]["comm_bytes"] == cag["comm_bytes_per_step_per_rank"][0]
     assert sum(sum(b.values()) for b in cag["comm_bytes_per_step_per_rank"]) > 0
+
+
+# ----------------------------------------------------------------------------- performance model
+def test_the_models_bytes_are_the_analytic_volume_of_every_rank():
+    from scalegnn.baselines import cagnet_perf
+    from scalegnn.perfmodel import Workload
+
+    # n = 12 on a 2 x 2 grid: two 6 x 6 stages per block row, 48 / 4 = 12 nonzeros each
+    w = Workload(num_nodes=12, nnz=48, num_features=5, num_classes=3, hidden=8, layers=2)
+    params = 5 * 8 + 2 * (8 * 8 + 8) + 8 * 3
+    for algorithm, P, kw in [("1d", 4, {}), ("1.5d", 4, {"c": 2}), ("1.5d", 6, {"c": 2}), ("1.5d", 8, {"c": 4}),
+                             ("2d", 4, {"grid2d": (2, 2)})]:
+        for rank in range(P):
+            model = cagnet_perf.predicted_bytes_per_step(algorithm, w, P, rank=rank, **kw)
+            extra = dict(nnz_fwd=[12, 12], nnz_bwd=[12, 12]) if algorithm == "2d" else {}
+            analytic = ops.analytic_comm_bytes(algorithm, rank, n=12, widths=[8, 8], num_params=params, P=P,
+                                               c=kw.get("c", 1), grid2d=kw.get("grid2d"), **extra)
+            assert model == {k: float(v) for k, v in analytic.items()}, (algorithm, P, rank)
+
+
+def test_plan_predicts_every_cagnet_configuration(capsys):
+    rc = main(["plan", "--dataset", "ogbn-products", "--gpus", "8", "--cluster", "perlmutter", "--cagnet", "--top", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = {line.split()[0] + " " + line.split()[1] for line in out.splitlines()
+            if line.startswith("cagnet-")}
+    assert rows == {"cagnet-1d 8x1", "cagnet-1.5d 4x2", "cagnet-1.5d 2x4", "cagnet-1.5d 1x8", "cagnet-2d 8x1",
+                    "cagnet-2d 4x2"}
+    epoch_ms = {r: float(line.split()[2]) for line in out.splitlines() if line.startswith("cagnet-")
+                for r in [line.split()[0] + " " + line.split()[1]]}
+    assert all(v > 0 for v in epoch_ms.values())

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from ..perf import SpanTimer
 from .grid import ProcessGrid
 
-__all__ = ["CommStats", "all_reduce", "all_reduce_async", "PendingReduce", "all_gather_uneven",
+__all__ = ["CommStats", "all_reduce", "all_reduce_world", "all_reduce_async", "PendingReduce", "all_gather_uneven",
            "broadcast", "PMM_KINDS"]
 
 PMM_KINDS = ("pmm_x", "pmm_y", "pmm_z")
@@ -148,6 +148,20 @@ def all_reduce(
             nbytes = t.numel() * t.element_size()
     if stats is not None:
         stats.record(kind, nbytes)
+    return t
+
+
+def all_reduce_world(t: torch.Tensor, grid: ProcessGrid, stats: CommStats | None, kind: str) -> torch.Tensor:
+    """In-place sum of ``t`` over every rank of ``grid`` (one collective, not one per axis);
+    returns ``t``."""
+    if grid.world_size == 1 or t.numel() == 0:
+        return t
+    if not t.is_contiguous():
+        raise ValueError("all_reduce_world needs a contiguous tensor (it reduces in place)")
+    with _span(stats, kind):
+        dist.all_reduce(t, group=dist.group.WORLD)
+    if stats is not None:
+        stats.record(kind, t.numel() * t.element_size())
     return t
 
 
