@@ -282,3 +282,9 @@ def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
     ttt = time_to_target_table([rec("scalegnn", 0, 0.9, 0.93, ttt=4.0),
                                 rec("graphsage", 0, 0.8, 0.81, world=2, accs=(0.7, 0.81))])
     assert "4.0 s (2 ep)" in ttt and "× 0.810 best, 4.0 s (2 ep)" in ttt
+    # several seeds: mean ± std of the runs that reached the target, their epochs, and how many did
+    seeds = [rec("cagnet-1d", 0, 0.9, 0.93, ttt=4.0), rec("cagnet-1d", 1, 0.9, 0.95, ttt=6.0, accs=(0.5, 0.6, 0.95)),
+             rec("cagnet-1d", 2, 0.9, 0.91, accs=(0.5, 0.91))]
+    assert "| cagnet-1d | 5.0 ± 1.4 s (2-3 ep, 2 of 3 reached it) |" in time_to_target_table(seeds)
+    assert "| cagnet-1d | 5.0 ± 1.4 s (2-3 ep, n=2) |" in time_to_target_table(seeds[:2])
+    assert "none of 2 reached it" in time_to_target_table([seeds[2], seeds[2]])
