@@ -261,13 +261,16 @@ def test_fused_tail_on_empty_blocks():
 
 
 # ----------------------------------------------------------------------------- 2 ranks
-def _two_rank_worker(rank, world, shape, col_axis, row_axis, backend):
+def _two_rank_worker(rank, world, shape, col_axis, row_axis, backend, planted=False):
     """Each rank takes its block of a (B, H) problem on (row_axis, col_axis) and returns
-    the fused tail's output and gradients of that block and the block's ranges."""
+    the fused tail's output and gradients of that block and the block's ranges.
+    ``planted``: the norm's all-reduces are skipped (a bug the check must catch)."""
     from scalegnn.ranges import split_range
 
     if backend == "torch":
         ew._ENABLED = False
+    if planted:
+        ParallelContext.reduce = lambda self, t, axis, kind, op="sum": t
     grid = ProcessGrid(*shape)
     b, h = 37, 11
     x, g, res, drop = _inputs(b, h, torch.float32, seed=9)
@@ -290,11 +293,54 @@ def test_fused_tail_on_two_ranks_equals_the_serial_block(shape, col_axis, row_ax
     if backend == "numba" and not ew.available():
         pytest.skip("numba is not installed")
     results = spawn(_two_rank_worker, 2, shape, col_axis, row_axis, backend, timeout_s=120)
-    x, g, res, drop = _inputs(37, 11, torch.float32, seed=9)
-    ref = _fwd_bwd(lambda x, g, r: _unfused(x, g, r, drop, 11, True), x, g, res)
     for (r0, r1, c0, c1), got, nbytes in results:
-        want = [ref[0][r0:r1, c0:c1], ref[1][r0:r1, c0:c1], ref[2][c0:c1], ref[3][r0:r1, c0:c1]]
-        _assert_all_close(got, want, **TOL32)
+        _assert_all_close(got, _serial_block(r0, r1, c0, c1), **TOL32)
         assert set(nbytes) == {"norm"}  # FP32 statistics only: (B,) twice, and (H,) with rows split
         n_rows, n_cols = r1 - r0, c1 - c0
         assert nbytes["norm"] == 4 * (2 * n_rows if col_axis == "x" else n_cols)
+
+
+def _serial_block(r0, r1, c0, c1):
+    x, g, res, drop = _inputs(37, 11, torch.float32, seed=9)
+    ref = _fwd_bwd(lambda x, g, r: _unfused(x, g, r, drop, 11, True), x, g, res)
+    return [ref[0][r0:r1, c0:c1], ref[1][r0:r1, c0:c1], ref[2][c0:c1], ref[3][r0:r1, c0:c1]]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("col_axis,row_axis", [("x", "y"), ("y", "x")], ids=["columns-split", "rows-split"])
+def test_the_two_rank_check_catches_a_missing_all_reduce(col_axis, row_axis):
+    results = spawn(_two_rank_worker, 2, (1, 2, 1, 1), col_axis, row_axis, "torch", True, timeout_s=120)
+    for (r0, r1, c0, c1), got, _ in results:
+        with pytest.raises(AssertionError):
+            _assert_all_close(got, _serial_block(r0, r1, c0, c1), **TOL32)
+
+
+@needs_numba
+def test_the_numba_tail_runs_its_kernels_without_falling_back(monkeypatch):
+    """A kernel that failed to compile would warn and leave the torch path on: here every
+    phase must run compiled, silently, and leave the kernels enabled."""
+    import warnings
+
+    calls = []
+    real = ew._run
+    monkeypatch.setattr(ew, "_run", lambda kernel, *a: calls.append(kernel.__name__) or real(kernel, *a))
+    x, g, res, drop = _inputs(50, 20, torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
+    assert calls == ["_sum_squares_kernel", "_tail_fwd_kernel", "_tail_bwd_stats_kernel", "_tail_bwd_input_kernel"]
+    assert ew.available()
+
+
+def test_a_kernel_that_cannot_compile_falls_back_to_the_same_values(monkeypatch):
+    """numba present but unusable (an odd LLVM build): _run raises Unavailable, the torch
+    path answers, with the same mask bits and the same tail values."""
+    def unavailable(kernel, *a):
+        raise ew.Unavailable("no compiler here")
+
+    x, g, res, drop = _inputs(50, 20, torch.float32)
+    want = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
+    monkeypatch.setattr(ew, "_run", unavailable)
+    assert torch.equal(drop.keep(), _spec_mask(drop.key, drop.rows, drop.cols, drop.p))
+    got = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
+    _assert_all_close(got, want, **TOL32)
