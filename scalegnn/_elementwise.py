@@ -13,9 +13,9 @@ mask of a block with global row ids r_i and global column ids c_j is
 It depends only on (key, r_i, c_j), so any block of the global mask is computed alone
 and the 3D-parallel dropout equals the serial one bit for bit.
 
-Why kernels. In torch the hash is ~12 passes over (B, H) int64 temporaries (13x the
-cost of ``bernoulli_``); the norm / ReLU / dropout / residual chain and its autograd
-backward another ~12 passes with bool-to-float copies. The numba kernels here make one
+Why kernels. In torch the hash is ~12 passes over (B, H) int64 temporaries (about a
+quarter of a Facebook epoch before issue 12); the norm / ReLU / dropout / residual
+chain and its autograd backward another ~12 passes with bool-to-float copies. The numba kernels here make one
 pass per phase that needs one: the forward is a row sum of squares (its all-reduce
 over the column axis, Eq. 29, sits between the phases, in the caller) and one pass
 that writes the output and a 1-byte "gradient passes" mask; the backward is one pass
@@ -29,7 +29,8 @@ Bit-exactness. Every element-wise value is computed in the tensor's dtype with t
 operations, in the order, of the unfused torch chain ``x * rinv``, ``* g``, ``relu``,
 ``* keep``, ``/ (1 - p)``, ``+ res`` (torch divides a float32 tensor by a Python
 scalar as ``x / float32(s)``, which is what the kernels do), so given the same row
-statistics the forward output and dx equal the unfused path's bit for bit. Only the
+statistics the forward output and dx equal the unfused path's bit for bit (dx for
+finite gradients: a dropped inf/NaN gradient gives 0 here, NaN there). Only the
 reductions (sum of squares, the backward's row dot and column sums) are summed in
 another order (float64 accumulators here, float32 pairwise in torch): they differ by
 float rounding, the one tolerance the tests allow.
@@ -218,7 +219,8 @@ def _call(kernel, *args) -> bool:
 # ----------------------------------------------------------------------------- mask: dispatch
 def keep_mask(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
     """Bool keep mask (len(row_ids), len(col_ids)): the numba kernel on the CPU (one
-    pass, ~1-2x ``bernoulli_``), :func:`keep_mask_torch` elsewhere; the same bits."""
+    pass writing 1 byte per entry, no temporaries), :func:`keep_mask_torch` elsewhere;
+    the same bits."""
     if row_ids.dim() != 1 or col_ids.dim() != 1:
         raise ValueError(f"row_ids and col_ids must be 1-D, got shapes {tuple(row_ids.shape)} and "
                          f"{tuple(col_ids.shape)}")
@@ -270,7 +272,7 @@ def tail_forward(x: torch.Tensor, rinv: torch.Tensor | None, g: torch.Tensor | N
     (None: no norm), g (H,), ``drop`` (None: no dropout), res (B, H) (None: no
     residual). With ``save`` also the bool mask (B, H) of the entries through which
     the gradient passes (kept by dropout and relu output > 0), for the backward."""
-    if drop is not None and drop.rows.numel() != x.shape[0] or drop is not None and drop.cols.numel() != x.shape[1]:
+    if drop is not None and (drop.rows.numel(), drop.cols.numel()) != tuple(x.shape):
         raise ValueError(f"dropout ids ({drop.rows.numel()}, {drop.cols.numel()}) do not match the block "
                          f"{tuple(x.shape)}")
     if _numba_ok(x, rinv, g, res, drop.rows if drop else None, drop.cols if drop else None):
