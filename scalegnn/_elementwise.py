@@ -46,7 +46,7 @@ import torch
 from ._fastsample import Unavailable, _run, available as _numba_available, numba
 
 __all__ = ["DropoutBlock", "keep_mask", "keep_mask_torch", "available", "row_sum_squares", "tail_forward",
-           "tail_backward_stats", "tail_backward_input", "stats_dtype"]
+           "tail_backward_stats", "tail_backward_input", "stats_dtype", "warm_up"]
 
 # splitmix64 constants as unsigned ints (the torch path uses their int64 two's complements)
 GOLD = 0x9E3779B97F4A7C15
@@ -342,3 +342,22 @@ def tail_backward_input(dout: torch.Tensor, x: torch.Tensor | None, rinv: torch.
         return dy
     u = dy * g if g is not None else dy
     return u * rinv[:, None] - x * c[:, None]
+
+
+def warm_up(dtype: torch.dtype = torch.float32) -> float:
+    """Compile (first run) or load from numba's cache (later runs) every kernel for
+    ``dtype`` on a tiny block, and return the seconds it took: a caller that times
+    epochs calls it first, so the first step does not carry it (0 without numba)."""
+    import time
+
+    if not available():
+        return 0.0
+    t0 = time.perf_counter()
+    x = torch.ones(2, 3, dtype=dtype)
+    drop = DropoutBlock(1, torch.arange(2), torch.arange(3), 0.5)
+    keep_mask(1, drop.rows, drop.cols, 0.5)
+    rinv = row_sum_squares(x).to(dtype)
+    out, pas = tail_forward(x, rinv, x[0], drop, x, save=True)
+    tail_backward_stats(out, x, rinv, x[0], pas, 0.5, want_dg=True)
+    tail_backward_input(out, x, rinv, rinv, x[0], pas, 0.5)
+    return time.perf_counter() - t0

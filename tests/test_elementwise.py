@@ -330,6 +330,10 @@ def test_the_numba_tail_runs_its_kernels_without_falling_back(monkeypatch):
         _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
     assert calls == ["_sum_squares_kernel", "_tail_fwd_kernel", "_tail_bwd_stats_kernel", "_tail_bwd_input_kernel"]
     assert ew.available()
+    calls.clear()
+    assert ew.warm_up() > 0
+    assert sorted(calls) == sorted(["_mask_kernel", "_sum_squares_kernel", "_tail_fwd_kernel",
+                                    "_tail_bwd_stats_kernel", "_tail_bwd_input_kernel"])
 
 
 def test_a_kernel_that_cannot_compile_falls_back_to_the_same_values(monkeypatch):
