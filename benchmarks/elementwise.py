@@ -7,6 +7,9 @@ the rows. Two tables, medians of interleaved repetitions in one process, with th
 machine's load average beside them (the ratios are the result; a loaded machine
 shifts the absolute times):
 
+Each time is given twice: wall clock and the thread's CPU time (the steadier one on a
+shared machine).
+
 * the dropout mask against ``torch.Tensor.bernoulli_`` on the same (B, H) shape (a
   float32 tensor and a bool tensor): the formula before issue 12 (int64 temporaries),
   the in-place torch path (:func:`scalegnn._elementwise.keep_mask_torch`, what CUDA
@@ -45,17 +48,20 @@ def _mask_before(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: floa
     return lsr(h, 11) >= int(p * float(1 << 53))
 
 
-def _interleaved(fns: dict, reps: int) -> dict[str, float]:
-    """Median milliseconds of each function, calls interleaved (a load spike hits all)."""
+def _interleaved(fns: dict, reps: int) -> dict[str, tuple[float, float]]:
+    """Median (wall, this thread's CPU) milliseconds of each function, calls interleaved
+    (a load spike hits all). On a shared machine the CPU time is the steadier of the two:
+    a descheduled thread's wall time grows, its CPU time does not."""
     for fn in fns.values():  # warm-up (numba compiles or loads its cache here)
         fn()
-    times = {k: [] for k in fns}
+    wall, cpu = {k: [] for k in fns}, {k: [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            cpu[k].append(time.thread_time() - c0)
+            wall[k].append(time.perf_counter() - t0)
+    return {k: (1e3 * statistics.median(wall[k]), 1e3 * statistics.median(cpu[k])) for k in fns}
 
 
 def _table(header, rows) -> str:
@@ -88,8 +94,8 @@ def elementwise_bench(shapes=((2247, 256), (22470, 256)), p: float = 0.5, reps: 
         if ew.available():
             fns["mask numba"] = lambda: ew.keep_mask(7, rows, cols, p)
         ms = _interleaved(fns, reps)
-        base = ms["bernoulli_ (float32)"]
-        mask_rows += [[f"{b}x{h}", k, v, v / base] for k, v in ms.items()]
+        (bw, bc) = ms["bernoulli_ (float32)"]
+        mask_rows += [[f"{b}x{h}", k, w, w / bw, c, c / bc] for k, (w, c) in ms.items()]
 
         x = torch.randn(b, h, generator=gen).requires_grad_()
         g = (torch.rand(h, generator=gen) + 0.5).requires_grad_()
@@ -121,8 +127,8 @@ def elementwise_bench(shapes=((2247, 256), (22470, 256)), p: float = 0.5, reps: 
         if ew.available():
             fns["fused numba (fwd+bwd)"] = fused
         ms = _interleaved(fns, reps)
-        base = ms["unfused before (fwd+bwd)"]
-        tail_rows += [[f"{b}x{h}", k, v, base / v] for k, v in ms.items()]
+        (bw, bc) = ms["unfused before (fwd+bwd)"]
+        tail_rows += [[f"{b}x{h}", k, w, bw / w, c, bc / c] for k, (w, c) in ms.items()]
     return {"mask": mask_rows, "tail": tail_rows, "load_avg": os.getloadavg(), "numba": ew.available(),
             "threads": torch.get_num_threads()}
 
@@ -139,10 +145,10 @@ def main(argv=None) -> None:
     print(f"one thread (torch threads {out['threads']}), numba {'on' if out['numba'] else 'absent'}, "
           f"p = {args.p}, {args.reps} interleaved repetitions, load average {load}\n")
     print("Dropout mask (ratio: time / bernoulli_ on a float32 tensor of the same shape)\n")
-    print(_table(["shape", "mask", "ms", "x bernoulli_"], out["mask"]))
+    print(_table(["shape", "mask", "wall ms", "x bernoulli_", "cpu ms", "x bernoulli_ (cpu)"], out["mask"]))
     print("\nLayer tail RMSNorm + ReLU + dropout + residual, forward + backward "
           "(ratio: unfused before / this, > 1 is faster)\n")
-    print(_table(["shape", "tail", "ms", "speed-up"], out["tail"]))
+    print(_table(["shape", "tail", "wall ms", "speed-up", "cpu ms", "speed-up (cpu)"], out["tail"]))
 
 
 if __name__ == "__main__":
