@@ -84,16 +84,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, sum_sq: t
     return y * weight if weight is not None else y
 
 
-_M1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64 constants as signed int64
-_M2 = 0x94D049BB133111EB - (1 << 64)
-_GOLD = 0x9E3779B97F4A7C15 - (1 << 64)
-
-
-def _lsr(h: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (h >> k) & ((1 << (64 - k)) - 1)
-
-
 def dropout_key(seed: int, step: int, layer: int) -> int:
     """One 62-bit key per (seed, step, layer) for :func:`dropout_keep_mask`."""
     return ((seed * 1_000_003 + step) * 131 + layer) & ((1 << 62) - 1)
@@ -104,14 +94,13 @@ def dropout_keep_mask(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p:
 
     Entry (i, j) depends only on (key, row_ids[i], col_ids[j]): any block of the
     global mask can be computed alone, which is what makes dropout in the 3D
-    parallel model identical to the serial one under a shared seed.
+    parallel model identical to the serial one under a shared seed. The hash is
+    defined in :mod:`scalegnn._elementwise` (a one-pass numba kernel on the CPU, torch
+    int64 ops elsewhere; the same bits).
     """
-    h = row_ids.to(torch.int64)[:, None] * _GOLD + col_ids.to(torch.int64)[None, :] * _M2 + key
-    h = (h ^ _lsr(h, 30)) * _M1
-    h = (h ^ _lsr(h, 27)) * _M2
-    h = h ^ _lsr(h, 31)
-    threshold = int(p * float(1 << 53))
-    return _lsr(h, 11) >= threshold
+    from ._elementwise import keep_mask  # lazy: importing the model does not pay numba's import
+
+    return keep_mask(key, row_ids, col_ids, p)
 
 
 def node_loss(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

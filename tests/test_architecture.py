@@ -19,6 +19,7 @@ PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # fold
 FLOORS = [
     ("foundations", ["scalegnn.fileio", "scalegnn.device", "scalegnn.ranges", "scalegnn.settings",
                      "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
+                     "scalegnn._elementwise",
                      "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals"]),
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.engine",
                     "scalegnn.checkpoint", "scalegnn.loop"]),

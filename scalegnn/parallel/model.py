@@ -38,12 +38,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..model import ModelConfig, ScaleGNN, dropout_keep_mask, dropout_key
+from ..model import ModelConfig, ScaleGNN, dropout_key
 from .dist_sampling import ShardedBatch
 from ..ranges import split_range
 from .grid import PMM_AXES, ProcessGrid
 from .layout import INPUT_LAYOUT, head_layout, layer_layout
-from .pmm import ParallelContext, fused_layer_tail, parallel_rms_norm, reshard, sharded_gemm, sharded_spmm
+from .pmm import DropoutBlock, ParallelContext, fused_layer_tail, layer_tail, reshard, sharded_gemm, sharded_spmm
 
 __all__ = ["ParallelScaleGNN", "ParamShard"]
 
@@ -156,24 +156,21 @@ class ParallelScaleGNN(nn.Module):
             z = sharded_gemm(agg, self.w[layer], pc, reduce_axis=lay.gemm_axis, dh_axis=lay.w[1],
                              dw_axis=lay.h[0], defer_dw=defer)
             row_ax, col_ax = lay.out
-            keep = None
+            drop = None
             if use_dropout:
                 c0, c1 = split_range(hidden, self.grid.axis_size(col_ax), self.grid.axis_index(col_ax))
-                cols = torch.arange(c0, c1, device=z.device)
-                key = dropout_key(dropout_seed, step, layer)
                 lo, hi = out_rows.block(row_ax)  # the mask is keyed by vertex (id labeling): the serial mask
-                keep = dropout_keep_mask(key, out_ids[lo:hi].to(z.device), cols, cfg.dropout)
-            if pc.fused is not None:  # RMSNorm + ReLU + dropout in one fused function (V-C)
-                z = fused_layer_tail(z, self.norm[layer] if cfg.norm else None, keep, pc, col_ax, row_ax, hidden,
-                                     cfg.norm_eps, cfg.dropout, cfg.norm)
-            else:
-                if cfg.norm:
-                    z = parallel_rms_norm(z, self.norm[layer], pc, col_axis=col_ax, row_axis=row_ax,
-                                          hidden=hidden, eps=cfg.norm_eps)
-                z = torch.relu(z)
-                if keep is not None:
-                    z = z * keep / (1.0 - cfg.dropout)  # parallel_dropout with the mask drawn above
-            x = z + reshard(x, lay.feat, lay.out, rows, hidden, pc) if cfg.residual else z
+                drop = DropoutBlock(dropout_key(dropout_seed, step, layer), out_ids[lo:hi].to(z.device),
+                                    torch.arange(c0, c1, device=z.device), cfg.dropout)
+            norm_w = self.norm[layer] if cfg.norm else None
+            if pc.fused is not None:  # RMSNorm + ReLU + dropout in one torch.compile-d function (V-C)
+                keep = drop.keep() if drop is not None else None
+                z = fused_layer_tail(z, norm_w, keep, pc, col_ax, row_ax, hidden, cfg.norm_eps, cfg.dropout,
+                                     cfg.norm)
+                x = z + reshard(x, lay.feat, lay.out, rows, hidden, pc) if cfg.residual else z
+            else:  # RMSNorm + ReLU + dropout + residual: one autograd node, one kernel a phase
+                res = reshard(x, lay.feat, lay.out, rows, hidden, pc) if cfg.residual else None
+                x = layer_tail(z, norm_w, res, drop, pc, col_ax, row_ax, hidden, cfg.norm_eps, cfg.norm)
         head = self.head
         return sharded_gemm(x, self.w_out, pc, reduce_axis=head.reduce_axis, dh_axis=head.w[1],
                             dw_axis=head.feat[0], defer_dw=defer)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, tail_backward_stats, tail_forward
 from ..model import dropout_keep_mask, rms_norm
 from ..perf import SpanTimer
 from ..sampling import SampledBlock
@@ -54,7 +55,7 @@ from .grid import ProcessGrid
 from .layout import RowPartition, col_bounds, interval_overlap
 
 __all__ = ["ParallelContext", "sharded_spmm", "sharded_gemm", "reshard", "parallel_rms_norm", "parallel_dropout",
-           "norm_relu_dropout", "fused_layer_tail",
+           "norm_relu_dropout", "fused_layer_tail", "layer_tail", "DropoutBlock",
            "parallel_cross_entropy", "parallel_bce", "parallel_argmax", "parallel_accuracy_counts"]
 
 
@@ -304,7 +305,10 @@ class _ParallelRMSNorm(torch.autograd.Function):
 
 def parallel_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, pc: ParallelContext, col_axis: str,
                       row_axis: str, hidden: int, eps: float) -> torch.Tensor:
-    """RMSNorm of ``x`` (Br_row, H_col) on (row_axis, col_axis); ``weight`` (H_col,) its slice of g."""
+    """RMSNorm of ``x`` (Br_row, H_col) on (row_axis, col_axis); ``weight`` (H_col,) its slice of g.
+
+    The unfused operator: the model runs :func:`layer_tail`; this is the reference the
+    fused tail is tested and benchmarked against (``benchmarks/elementwise.py``)."""
     return _ParallelRMSNorm.apply(x, weight, pc, col_axis, row_axis, hidden, eps)
 
 
@@ -375,6 +379,74 @@ def fused_layer_tail(z: torch.Tensor, weight: torch.Tensor | None, keep: torch.T
     if weight is not None:
         weight = _SumGrad.apply(weight, pc, row_axis, "norm")
     return pc.fused(z, sum_sq, weight, keep, hidden, eps, p)
+
+
+class _LayerTail(torch.autograd.Function):
+    """out = dropout(relu(rmsnorm(x))) + res in one custom Function (Eqs. 7-10): the
+    element-wise work in the kernels of :mod:`scalegnn._elementwise` (numba on the
+    CPU, torch elsewhere), the reductions across ranks here, between the kernels.
+
+    Forward: s = AR_col(sum_j x_j^2) (Eq. 29, FP32 at least), rinv = (s / H + eps)^-1/2,
+    one pass writes out and the mask of entries the gradient passes (dropout's keep and
+    relu's output > 0, 1 byte each). Backward, with dy = dout / (1 - p) where it
+    passes, else 0, and u = dy * g (as :class:`_ParallelRMSNorm`):
+        dot = AR_col(sum_j u_j x_j)        (each column replica holds one block)
+        dx  = u * rinv - x * rinv^3 * dot / H
+        dg  = AR_row(sum_rows dy x rinv)   (g replicated along the row axis, rows differ)
+        dres = dout
+    Without norm: dx = dy and no collective.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, res, pc: ParallelContext, col_axis: str, row_axis: str, hidden: int, eps: float,
+                norm: bool, drop: DropoutBlock | None, save: bool):
+        rinv = r = None
+        if norm:
+            s = row_sum_squares(x)
+            pc.reduce(s, col_axis, "norm")
+            rinv = torch.rsqrt(s / hidden + eps)  # (Br,) in stats_dtype, as _ParallelRMSNorm's
+            r = rinv.to(x.dtype)
+        out, pas = tail_forward(x, r, weight, drop, res, save)
+        if save:  # x only for the norm's backward (without norm, dx needs the mask alone)
+            ctx.save_for_backward(x if norm else None, weight, rinv, pas)
+        ctx.pc, ctx.col_axis, ctx.row_axis, ctx.hidden = pc, col_axis, row_axis, hidden
+        ctx.den = drop.den if drop is not None else 1.0
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, rinv, pas = ctx.saved_tensors
+        pc = ctx.pc
+        dout = dout.contiguous()
+        grad_x = grad_w = c = r = None
+        want_dg = weight is not None and ctx.needs_input_grad[1]
+        if rinv is not None and (ctx.needs_input_grad[0] or want_dg):
+            r = rinv.to(x.dtype)
+            dot, grad_w = tail_backward_stats(dout, x, r, weight, pas, ctx.den, want_dg)
+            if ctx.needs_input_grad[0]:
+                pc.reduce(dot, ctx.col_axis, "norm")
+                c = (rinv.pow(3) * dot / ctx.hidden).to(x.dtype)
+            if want_dg:
+                grad_w = pc.reduce(grad_w.to(weight.dtype).contiguous(), ctx.row_axis, "norm")
+        if ctx.needs_input_grad[0]:
+            grad_x = tail_backward_input(dout, x, r, c, weight, pas, ctx.den)
+        grad_res = dout if ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_res, None, None, None, None, None, None, None, None
+
+
+def layer_tail(z: torch.Tensor, weight: torch.Tensor | None, res: torch.Tensor | None, drop: DropoutBlock | None,
+               pc: ParallelContext, col_axis: str, row_axis: str, hidden: int, eps: float,
+               norm: bool) -> torch.Tensor:
+    """``dropout(relu(rmsnorm(z))) + res`` of ``z`` (Br_row, H_col) on (row_axis, col_axis)
+    in one autograd node (:class:`_LayerTail`); equals ``parallel_rms_norm`` -> relu ->
+    ``parallel_dropout`` -> add (the unfused reference) up to the rounding of the row
+    sums. ``weight`` (H_col,) the slice of g (None: no gain); ``res`` (Br_row, H_col)
+    the resharded layer input (None: no residual); ``drop`` the block's dropout (None:
+    none); ``norm`` False skips RMSNorm (and its collectives)."""
+    if norm is False and weight is not None:
+        raise ValueError("a norm weight was given with norm=False; pass weight=None")
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (z, weight, res))
+    return _LayerTail.apply(z, weight, res, pc, col_axis, row_axis, hidden, eps, norm, drop, save)
 
 
 # ------------------------------------------------------------------------------ dropout

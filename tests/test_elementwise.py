@@ -1,0 +1,364 @@
+"""The layer tail's kernels (scalegnn._elementwise) against the definitions.
+
+* The dropout mask: the numba kernel and the torch path equal, bit for bit, a frozen
+  copy of the original formula (below), for random keys, ids, p, odd and empty shapes,
+  non-contiguous and int32 id tensors.
+* The fused tail (scalegnn.parallel.pmm.layer_tail): given the same row statistics,
+  the forward output and dx equal the unfused torch chain bit for bit (the kernels
+  use its operations in its order); end to end it equals the unfused operators
+  (parallel_rms_norm -> relu -> dropout -> add) within TOL32 (the row sums are added
+  in another order), matches float64 autograd of the serial formula within 1e-12, and
+  passes gradcheck; on 2 ranks with the column axis or the row axis split, every
+  rank's block equals the serial reference.
+* Without numba (monkeypatched off) the torch path gives the same masks and values.
+
+Tolerance TOL32: a float32 sum of H squares (or of H products) differs between two
+summation orders by at most ~H * 2^-24 relative (pairwise in torch, float64 here:
+~1e-7 observed for H <= 300); rinv = (s/H + eps)^-1/2 halves it and the following
+multiplications add a few ulps, so out and the gradients differ by < 1e-6 relative
+for O(1) values. rtol = 1e-5, atol = 1e-6 leaves a 10x margin, while a wrong mask bit,
+a missing factor 1/(1-p) or a missing term of dx gives errors of order 1e-1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scalegnn import _elementwise as ew
+from scalegnn.model import dropout_keep_mask, rms_norm
+from scalegnn.parallel.collectives import CommStats
+from scalegnn.parallel.grid import ProcessGrid
+from scalegnn.parallel.launch import spawn
+from scalegnn.parallel.pmm import DropoutBlock, ParallelContext, layer_tail, parallel_rms_norm
+
+needs_numba = pytest.mark.skipif(not ew.available(), reason="numba is not installed")
+TOL32 = dict(rtol=1e-5, atol=1e-6)
+EPS = 1e-6
+
+
+# ----------------------------------------------------------------------------- the mask
+def _spec_mask(key, row_ids, col_ids, p):
+    """The original formula of scalegnn.model.dropout_keep_mask, frozen here as the spec."""
+    m1, m2, gold = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64), 0x9E3779B97F4A7C15 - (1 << 64)
+
+    def lsr(h, k):
+        return (h >> k) & ((1 << (64 - k)) - 1)
+
+    h = row_ids.to(torch.int64)[:, None] * gold + col_ids.to(torch.int64)[None, :] * m2 + key
+    h = (h ^ lsr(h, 30)) * m1
+    h = (h ^ lsr(h, 27)) * m2
+    h = h ^ lsr(h, 31)
+    return lsr(h, 11) >= int(p * float(1 << 53))
+
+
+def _mask_cases():
+    gen = torch.Generator().manual_seed(7)
+    cases = []
+    for i, (b, h) in enumerate([(1, 1), (7, 13), (257, 33), (0, 5), (5, 0), (64, 256), (3, 1000)]):
+        for p in (0.0, 1e-9, 0.1, 0.5, 0.9, 0.999999):
+            key = int(torch.randint(0, 1 << 62, (1,), generator=gen)) if i % 2 else i
+            rows = torch.randint(0, 1 << 40, (b,), generator=gen)  # large ids: every bit of the product counts
+            cols = torch.randperm(max(h, 1) * 3, generator=gen)[:h]
+            cases.append((key, rows, cols, p))
+    return cases
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_mask_equals_the_definition_bit_for_bit(backend, monkeypatch):
+    if backend == "numba" and not ew.available():
+        pytest.skip("numba is not installed")
+    if backend == "torch":
+        monkeypatch.setattr(ew, "_ENABLED", False)
+    for key, rows, cols, p in _mask_cases():
+        want = _spec_mask(key, rows, cols, p)
+        got = ew.keep_mask(key, rows, cols, p)
+        assert got.dtype == torch.bool and got.shape == want.shape
+        assert torch.equal(got, want), (key, rows.shape, cols.shape, p)
+        assert torch.equal(dropout_keep_mask(key, rows, cols, p), want)
+        if p == 0.0:
+            assert bool(got.all())
+    # non-contiguous and int32 id tensors, and the keep rate
+    ids = torch.arange(0, 4000, dtype=torch.int32)
+    rows, cols = ids[::3], ids[1:600:7]
+    assert not rows.is_contiguous()
+    got = ew.keep_mask(123456789, rows, cols, 0.3)
+    assert torch.equal(got, _spec_mask(123456789, rows, cols, 0.3))
+    assert abs(float(got.float().mean()) - 0.7) < 0.01
+
+
+def test_mask_comparison_can_fail():
+    """An arithmetic instead of a logical shift, or a neighbouring key, changes the mask."""
+    rows, cols = torch.randint(0, 1 << 40, (50,)), torch.arange(64)
+    want = ew.keep_mask(99, rows, cols, 0.5)
+    assert not torch.equal(want, ew.keep_mask(100, rows, cols, 0.5))
+    h = rows[:, None] * (ew.GOLD - (1 << 64)) + cols[None, :] * (ew.M2 - (1 << 64)) + 99
+    h = (h ^ (h >> 30)) * (ew.M1 - (1 << 64))
+    h = (h ^ (h >> 27)) * (ew.M2 - (1 << 64))
+    h = h ^ (h >> 31)
+    assert not torch.equal(want, (h >> 11) >= int(0.5 * float(1 << 53)))
+
+
+@needs_numba
+def test_the_numba_mask_does_not_call_the_torch_path(monkeypatch):
+    def boom(*a):
+        raise AssertionError("torch path taken")
+
+    monkeypatch.setattr(ew, "keep_mask_torch", boom)
+    ew.keep_mask(1, torch.arange(5), torch.arange(3), 0.5)
+    with pytest.raises(ValueError, match="1-D"):
+        ew.keep_mask(1, torch.arange(6).view(2, 3), torch.arange(3), 0.5)
+
+
+# ----------------------------------------------------------------------------- the tail
+def _inputs(b, h, dtype, seed=0, norm=True, gain=True, residual=True, p=0.3):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, h, generator=gen, dtype=dtype)
+    g = (torch.rand(h, generator=gen, dtype=dtype) + 0.5) if norm and gain else None
+    res = torch.randn(b, h, generator=gen, dtype=dtype) if residual else None
+    drop = DropoutBlock(12345, torch.randint(0, 10_000, (b,), generator=gen), torch.arange(3, 3 + h), p) \
+        if p > 0 else None
+    return x, g, res, drop
+
+
+def _unfused(x, g, res, drop, hidden, norm, pc=None, col_axis="x", row_axis="y"):
+    """The unfused operators: parallel_rms_norm -> relu -> dropout -> residual add."""
+    pc = pc if pc is not None else ParallelContext(ProcessGrid.single(), CommStats())
+    z = parallel_rms_norm(x, g, pc, col_axis, row_axis, hidden, EPS) if norm else x
+    z = torch.relu(z)
+    if drop is not None:
+        z = z * drop.keep() / (1.0 - drop.p)
+    return z + res if res is not None else z
+
+
+def _serial64(x, g, res, drop, norm):
+    """The serial formula (scalegnn.model.rms_norm) in float64 autograd."""
+    z = rms_norm(x, g, EPS) if norm else x
+    z = torch.relu(z)
+    if drop is not None:
+        z = z * drop.keep() / (1.0 - drop.p)
+    return z + res if res is not None else z
+
+
+def _dout(shape, dtype, seed=1):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _fwd_bwd(fn, x, g, res, dout=None):
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (x, g, res)]
+    out = fn(*leaves)
+    out.backward(_dout(out.shape, out.dtype) if dout is None else dout)
+    return [out.detach()] + [t.grad if t is not None else None for t in leaves]
+
+
+def _assert_all_close(a, b, **tol):
+    for i, (u, v) in enumerate(zip(a, b)):
+        assert (u is None) == (v is None), i
+        if u is not None:
+            torch.testing.assert_close(u, v, **tol, msg=lambda m: f"output {i}: {m}")
+
+
+SWITCHES = [dict(), dict(p=0.0), dict(residual=False), dict(gain=False), dict(norm=False),
+            dict(norm=False, p=0.0, residual=False)]
+
+
+def _pc():
+    return ParallelContext(ProcessGrid.single(), CommStats())
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("switches", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "all")
+def test_fused_tail_equals_the_unfused_operators(backend, switches, monkeypatch):
+    if backend == "numba" and not ew.available():
+        pytest.skip("numba is not installed")
+    if backend == "torch":
+        monkeypatch.setattr(ew, "_ENABLED", False)
+    norm = switches.get("norm", True)
+    b, h = 301, 77
+    x, g, res, drop = _inputs(b, h, torch.float32, **switches)
+    fused = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", h, EPS, norm), x, g, res)
+    plain = _fwd_bwd(lambda x, g, r: _unfused(x, g, r, drop, h, norm), x, g, res)
+    _assert_all_close(fused, plain, **TOL32)
+    if not norm:  # no reduction at all: bit for bit
+        _assert_all_close(fused, plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_fused_tail_phases_equal_the_unfused_chain_bit_for_bit(backend, monkeypatch):
+    """Given the same row statistics (rinv, and c = rinv^3 dot / H), the forward output
+    and dx are the unfused chain's to the last bit: the same operations in the same order."""
+    if backend == "numba" and not ew.available():
+        pytest.skip("numba is not installed")
+    if backend == "torch":
+        monkeypatch.setattr(ew, "_ENABLED", False)
+    x, g, res, drop = _inputs(513, 129, torch.float32, seed=3)
+    rinv = torch.rsqrt(x.pow(2).sum(-1) / 129 + EPS)
+    out, pas = ew.tail_forward(x, rinv, g, drop, res, save=True)
+    keep = drop.keep()
+    y = torch.relu(x * rinv[:, None] * g)
+    assert torch.equal(out, y * keep / (1.0 - drop.p) + res)
+    assert torch.equal(pas, keep & (y > 0))
+    dout = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+    c = torch.rand(513, generator=torch.Generator().manual_seed(5)) * 1e-2
+    dy = torch.where(pas, dout / (1.0 - drop.p), 0.0)
+    assert torch.equal(ew.tail_backward_input(dout, x, rinv, c, g, pas, 1.0 - drop.p),
+                       dy * g * rinv[:, None] - x * c[:, None])
+    dot, dg = ew.tail_backward_stats(dout, x, rinv, g, pas, 1.0 - drop.p, want_dg=True)
+    torch.testing.assert_close(dot, (dy * g * x).double().sum(-1).float(), **TOL32)
+    torch.testing.assert_close(dg, (dy * x * rinv[:, None]).double().sum(0).float(), **TOL32)
+    out2, pas2 = ew.tail_forward(x, None, None, None, None, save=True)  # relu alone
+    assert torch.equal(out2, torch.relu(x)) and torch.equal(pas2, x > 0)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("switches", SWITCHES[:5], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "all")
+def test_fused_tail_float64_equals_serial_autograd_and_passes_gradcheck(backend, switches, monkeypatch):
+    if backend == "numba" and not ew.available():
+        pytest.skip("numba is not installed")
+    if backend == "torch":
+        monkeypatch.setattr(ew, "_ENABLED", False)
+    norm = switches.get("norm", True)
+    b, h = 23, 17
+    x, g, res, drop = _inputs(b, h, torch.float64, seed=2, **switches)
+    fused = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", h, EPS, norm), x, g, res)
+    ref = _fwd_bwd(lambda x, g, r: _serial64(x, g, r, drop, norm), x, g, res)
+    _assert_all_close(fused, ref, rtol=1e-12, atol=1e-12)
+    leaves = tuple(t.detach().clone().requires_grad_() for t in (x, g, res) if t is not None)
+
+    def fn(*ts):
+        it = iter(ts)
+        return layer_tail(next(it), next(it) if g is not None else None, next(it) if res is not None else None,
+                          drop, _pc(), "x", "y", h, EPS, norm)
+
+    assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-7)
+
+
+def test_fused_tail_checks_its_inputs():
+    x, g, res, drop = _inputs(4, 3, torch.float32)
+    with pytest.raises(ValueError, match="norm=False"):
+        layer_tail(x, g, res, None, _pc(), "x", "y", 3, EPS, norm=False)
+    bad = DropoutBlock(1, torch.arange(5), torch.arange(3), 0.5)
+    with pytest.raises(ValueError, match="do not match"):
+        layer_tail(x, g, res, bad, _pc(), "x", "y", 3, EPS, norm=True)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        DropoutBlock(1, torch.arange(5), torch.arange(3), 1.0)
+
+
+def test_fused_tail_in_eval_saves_nothing_and_matches():
+    x, g, res, drop = _inputs(40, 9, torch.float32)
+    with torch.no_grad():
+        out = layer_tail(x, g, res, None, _pc(), "x", "y", 9, EPS, True)
+        want = _unfused(x, g, res, None, 9, True)
+    torch.testing.assert_close(out, want, **TOL32)
+    assert out.grad_fn is None
+
+
+def test_fused_tail_on_empty_blocks():
+    for b, h in [(0, 5), (5, 0)]:
+        x, g, res, drop = _inputs(b, h, torch.float32)
+        got = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 8, EPS, True), x, g, res)
+        assert got[0].shape == (b, h) and got[1].shape == (b, h) and got[2].shape == (h,)
+
+
+# ----------------------------------------------------------------------------- 2 ranks
+def _two_rank_worker(rank, world, shape, col_axis, row_axis, backend, planted=False):
+    """Each rank takes its block of a (B, H) problem on (row_axis, col_axis) and returns
+    the fused tail's output and gradients of that block and the block's ranges.
+    ``planted``: the norm's all-reduces are skipped (a bug the check must catch)."""
+    from scalegnn.ranges import split_range
+
+    if backend == "torch":
+        ew._ENABLED = False
+    if planted:
+        ParallelContext.reduce = lambda self, t, axis, kind, op="sum": t
+    grid = ProcessGrid(*shape)
+    b, h = 37, 11
+    x, g, res, drop = _inputs(b, h, torch.float32, seed=9)
+    r0, r1 = split_range(b, grid.axis_size(row_axis), grid.axis_index(row_axis))
+    c0, c1 = split_range(h, grid.axis_size(col_axis), grid.axis_index(col_axis))
+    blk = DropoutBlock(drop.key, drop.rows[r0:r1], drop.cols[c0:c1], drop.p)
+    pc = ParallelContext(grid, CommStats())
+    got = _fwd_bwd(lambda x_, g_, r_: layer_tail(x_, g_, r_, blk, pc, col_axis, row_axis, h, EPS, True),
+                   x[r0:r1, c0:c1], g[c0:c1], res[r0:r1, c0:c1], dout=_dout((b, h), torch.float32)[r0:r1, c0:c1])
+    return (r0, r1, c0, c1), got, dict(pc.stats.bytes)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("shape,col_axis,row_axis", [((1, 2, 1, 1), "x", "y"), ((1, 2, 1, 1), "y", "x")],
+                         ids=["columns-split", "rows-split"])
+def test_fused_tail_on_two_ranks_equals_the_serial_block(shape, col_axis, row_axis, backend):
+    """Columns split: the sum of squares and the backward dot are all-reduced over the
+    column axis; rows split: the gain's gradient over the row axis."""
+    if backend == "numba" and not ew.available():
+        pytest.skip("numba is not installed")
+    results = spawn(_two_rank_worker, 2, shape, col_axis, row_axis, backend, timeout_s=120)
+    for (r0, r1, c0, c1), got, nbytes in results:
+        _assert_all_close(got, _serial_block(r0, r1, c0, c1), **TOL32)
+        assert set(nbytes) == {"norm"}  # FP32 statistics only: (B,) twice, and (H,) with rows split
+        n_rows, n_cols = r1 - r0, c1 - c0
+        assert nbytes["norm"] == 4 * (2 * n_rows if col_axis == "x" else n_cols)
+
+
+def _serial_block(r0, r1, c0, c1):
+    x, g, res, drop = _inputs(37, 11, torch.float32, seed=9)
+    ref = _fwd_bwd(lambda x, g, r: _unfused(x, g, r, drop, 11, True), x, g, res)
+    return [ref[0][r0:r1, c0:c1], ref[1][r0:r1, c0:c1], ref[2][c0:c1], ref[3][r0:r1, c0:c1]]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("col_axis,row_axis", [("x", "y"), ("y", "x")], ids=["columns-split", "rows-split"])
+def test_the_two_rank_check_catches_a_missing_all_reduce(col_axis, row_axis):
+    results = spawn(_two_rank_worker, 2, (1, 2, 1, 1), col_axis, row_axis, "torch", True, timeout_s=120)
+    for (r0, r1, c0, c1), got, _ in results:
+        with pytest.raises(AssertionError):
+            _assert_all_close(got, _serial_block(r0, r1, c0, c1), **TOL32)
+
+
+@needs_numba
+def test_the_numba_tail_runs_its_kernels_without_falling_back(monkeypatch):
+    """A kernel that failed to compile would warn and leave the torch path on: here every
+    phase must run compiled, silently, and leave the kernels enabled."""
+    import warnings
+
+    calls = []
+    real = ew._run
+    monkeypatch.setattr(ew, "_run", lambda kernel, *a: calls.append(kernel.__name__) or real(kernel, *a))
+    x, g, res, drop = _inputs(50, 20, torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
+    assert calls == ["_sum_squares_kernel", "_tail_fwd_kernel", "_tail_bwd_stats_kernel", "_tail_bwd_input_kernel"]
+    assert ew.available()
+    calls.clear()
+    assert ew.warm_up() > 0
+    assert sorted(calls) == sorted(["_mask_kernel", "_sum_squares_kernel", "_tail_fwd_kernel",
+                                    "_tail_bwd_stats_kernel", "_tail_bwd_input_kernel"])
+
+
+def test_a_kernel_that_cannot_compile_falls_back_to_the_same_values(monkeypatch):
+    """numba present but unusable (an odd LLVM build): _run raises Unavailable, the torch
+    path answers, with the same mask bits and the same tail values."""
+    def unavailable(kernel, *a):
+        raise ew.Unavailable("no compiler here")
+
+    x, g, res, drop = _inputs(50, 20, torch.float32)
+    want = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
+    monkeypatch.setattr(ew, "_run", unavailable)
+    assert torch.equal(drop.keep(), _spec_mask(drop.key, drop.rows, drop.cols, drop.p))
+    got = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
+    _assert_all_close(got, want, **TOL32)
+
+
+def test_the_micro_benchmark_runs_at_toy_size(capsys):
+    """benchmarks/elementwise.py end to end on a tiny shape (its timings are not checked)."""
+    from scalegnn.benchmarks.elementwise import main
+
+    threads = torch.get_num_threads()
+    try:
+        main(["--rows", "9", "--hidden", "5", "--reps", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "mask before" in out and "unfused before (fwd+bwd)" in out and "load average" in out
+    assert ("mask numba" in out) == ew.available()
