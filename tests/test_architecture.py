@@ -19,7 +19,8 @@ PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # fold
 FLOORS = [
     ("foundations", ["scalegnn.fileio", "scalegnn.device", "scalegnn.ranges", "scalegnn.settings",
                      "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
-                     "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals"]),
+                     "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
+                     "scalegnn.threads"]),
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.engine",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     ("parallel", ["scalegnn.parallel"]),
