@@ -2,7 +2,6 @@
 
     scalegnn bench threads                       # Facebook from ../shared/data (else a generated graph)
     scalegnn bench threads --runs 2 --load 1 --epochs 2 --policies default,default-passive,one,auto
-    python benchmarks/thread_policy.py ...       # the same, without the scalegnn command
 
 For each policy, ``--load`` competing processes (a busy Python loop each) start first;
 then ``--runs`` identical ``scalegnn train`` processes (single process, ratio 0.1, 3
@@ -48,7 +47,7 @@ BEFORE = "import sys, torch\nfrom scalegnn.cli import main\n" \
          "sys.exit(main(sys.argv[1:] + ['--threads', str(torch.get_num_threads())]))"
 HOG = "while True: pass"
 
-__all__ = ["add_arguments", "thread_bench", "main", "POLICIES"]
+__all__ = ["add_arguments", "thread_bench", "run", "POLICIES"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,21 +192,3 @@ def run(args) -> tuple[dict, str]:
     """``scalegnn bench threads`` with its parsed ``args``."""
     return thread_bench(args.dataset, args.data_root, args.epochs, args.batch_ratio, args.layers, args.hidden,
                         args.runs, args.load, tuple(p for p in args.policies.split(",") if p))
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    parser.add_argument("--out", default="results/bench", help="folder for threads.json and threads.md")
-    args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    from scalegnn.benchmarks.peers import _write
-
-    payload, md = run(args)
-    payload["command"] = "python benchmarks/thread_policy.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    _write(args.out, "threads", payload, md)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
