@@ -13,7 +13,7 @@ The policy (``--threads``, :func:`decide`):
 
 * ``auto`` (the default): the cores this process may use (its CPU affinity, and the
   cgroup's CPU quota when one is set), less the cores other processes keep busy now
-  (sampled from ``/proc/stat`` over :data:`SAMPLE_S`), shared among the local ranks
+  (sampled from ``/proc/stat`` over :data:`SAMPLE_S`, once per process), shared among the local ranks
   of the run that run on the same cores, at least 1 and never more than
   ``OMP_NUM_THREADS`` when that is set. A core counts as free when at least
   :data:`FREE_SHARE` of it is idle: a thread on a core another process keeps busy
@@ -265,17 +265,27 @@ def _pinned(mine: set[int]) -> bool:
         return False
 
 
+_sample: dict | None = None  # this process's one load sample (see machine_inputs)
+
+
 def machine_inputs(local_ranks: int = 1, *, sample: bool = True, sample_s: float = SAMPLE_S) -> dict:
-    """The inputs of :func:`decide` read from this machine now (``busy`` only with ``sample``)."""
+    """The inputs of :func:`decide` read from this machine (``busy`` only with ``sample``).
+
+    The load is sampled once per process and reused: a process that trains several runs
+    (the Python API, a notebook, the tests) gives each the same count, so that the same
+    seed gives the same numbers in it (a reduction's rounding depends on its threads)."""
+    global _sample
     mine = _affinity()
     inputs = {"cpus": len(mine), "quota": cgroup_cpu_quota(), "local_ranks": max(1, int(local_ranks)),
               "pinned": _pinned(mine), "omp_threads": omp_num_threads(os.environ.get("OMP_NUM_THREADS"))}
     if sample:
-        busy, source = busy_cores(mine, sample_s), "/proc/stat"
-        if busy is None and hasattr(os, "getloadavg"):
-            busy, source = min(float(len(mine)), os.getloadavg()[0]), "loadavg"
-        inputs.update(busy=busy, busy_source=source if busy is not None else None,
-                      sample_s=sample_s if source == "/proc/stat" and busy is not None else None)
+        if _sample is None:
+            busy, source = busy_cores(mine, sample_s), "/proc/stat"
+            if busy is None and hasattr(os, "getloadavg"):
+                busy, source = min(float(len(mine)), os.getloadavg()[0]), "loadavg"
+            _sample = {"busy": busy, "busy_source": source if busy is not None else None,
+                       "sample_s": sample_s if source == "/proc/stat" and busy is not None else None}
+        inputs.update(_sample)
     return inputs
 
 

@@ -120,8 +120,9 @@ def test_busy_cores_come_from_proc_stat_on_this_process_cpus(tmp_path, monkeypat
     assert T.busy_cores({0}, 0.5, str(tmp_path / "absent")) is None
 
 
-def test_choose_samples_only_when_the_load_can_change_the_answer(monkeypatch):
+def test_choose_samples_only_when_the_load_can_change_the_answer_and_once(monkeypatch):
     sampled = []
+    monkeypatch.setattr(T, "_sample", None)
     monkeypatch.setattr(T, "busy_cores", lambda cpus, s=T.SAMPLE_S, *a: sampled.append(s) or float(len(cpus)))
     monkeypatch.setattr(T, "_affinity", lambda: {0, 1, 2, 3})
     monkeypatch.setattr(T, "cgroup_cpu_quota", lambda *a: None)
@@ -129,6 +130,7 @@ def test_choose_samples_only_when_the_load_can_change_the_answer(monkeypatch):
     assert T.choose(2).intra_op == 2 and T.choose("auto", 4).intra_op == 1 and not sampled  # nothing to decide
     choice = T.choose("auto", 1)  # four cores, all busy: one thread, from a sample
     assert (choice.intra_op, choice.inputs["busy_cores"], choice.inputs["busy_source"]) == (1, 4.0, "/proc/stat")
+    assert T.choose("auto", 1) == choice and len(sampled) == 1  # the process's sample, reused: the same count
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert T.choose("auto", 1).inputs["busy_cores"] is None and len(sampled) == 1
 
