@@ -150,7 +150,8 @@ def thread_bench(dataset: str | None = None, data_root: str | None = None, epoch
         dataset, data_root = ("facebook", data_root or str(shared)) if (shared / "facebook_pagepage").is_dir() \
             else (GENERATED, data_root)
     argv = ["train", "--dataset", dataset, *(["--data-root", data_root] if data_root else []),
-            "--batch-ratio", str(batch_ratio), "--layers", str(layers), "--hidden", str(hidden), "--epochs", str(epochs)]
+            "--batch-ratio", str(batch_ratio), "--layers", str(layers), "--hidden", str(hidden),
+            "--epochs", str(epochs)]
     env = _child_env()
     default_threads = _default_threads(env)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -24,7 +24,8 @@ from .spec import RunSpec
 from .staging import StageSet, with_data
 
 __all__ = ["SIGNAL_DELAY_S", "supported_systems", "self_launching", "multi_node_refusal", "with_checkpoints",
-           "with_threads", "job_shape", "group_runs", "job_name", "python_for", "SweepOutcome", "task_payload", "pending_stages"]
+           "with_threads", "job_shape", "group_runs", "job_name", "python_for", "SweepOutcome", "task_payload",
+           "pending_stages"]
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to checkpoint and requeue
 

@@ -94,7 +94,8 @@ def test_cgroup_v2_quota_is_the_tightest_on_the_path(tmp_path):
 
 def test_cgroup_v1_quota_and_a_container_without_the_host_path(tmp_path):
     root, proc = _cgroup_files(tmp_path, ["4:memory:/x", "2:cpu,cpuacct:/docker/abc"],
-                               {"cpu,cpuacct/cpu.cfs_quota_us": "150000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"})
+                               {"cpu,cpuacct/cpu.cfs_quota_us": "150000\n",
+                                "cpu,cpuacct/cpu.cfs_period_us": "100000\n"})
     assert T.cgroup_cpu_quota(root, proc) == 1.5  # /docker/abc is not under the mount: its root is the container's
     root, proc = _cgroup_files(tmp_path / "none", ["1:cpu:/"], {"cpu/cpu.cfs_quota_us": "-1\n",
                                                                "cpu/cpu.cfs_period_us": "100000\n"})
