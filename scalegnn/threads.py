@@ -289,16 +289,16 @@ def machine_inputs(local_ranks: int = 1, *, sample: bool = True, sample_s: float
     return inputs
 
 
-def choose(setting="auto", local_ranks: int = 1, *, sample_s: float = SAMPLE_S) -> ThreadChoice:
-    """:func:`decide` on this machine. The busy cores are sampled only when they can
-    change the answer (``auto`` with more than one thread possible)."""
+def choose(setting="auto", local_ranks: int = 1, *, spawner: bool = False, sample_s: float = SAMPLE_S) -> ThreadChoice:
+    """:func:`decide` on this machine. ``spawner``: the local ranks are workers this
+    process starts, which inherit its CPUs, so they share them however it is pinned.
+    The busy cores are sampled only when they can change the answer (``auto`` with
+    more than one thread possible)."""
     setting = thread_setting(setting)
     inputs = machine_inputs(local_ranks, sample=False)
-    if setting == AUTO:
-        ceiling = decide(AUTO, **inputs).intra_op  # the answer on idle cores
-        if ceiling > 1:
-            inputs = machine_inputs(local_ranks, sample=True, sample_s=sample_s)
-    return decide(setting, **inputs)
+    if setting == AUTO and decide(AUTO, **{**inputs, "pinned": inputs["pinned"] and not spawner}).intra_op > 1:
+        inputs = machine_inputs(local_ranks, sample=True, sample_s=sample_s)  # more than one thread is possible
+    return decide(setting, **{**inputs, "pinned": inputs["pinned"] and not spawner})
 
 
 # ---------------------------------------------------------------------------- this process

@@ -136,6 +136,17 @@ def test_choose_samples_only_when_the_load_can_change_the_answer_and_once(monkey
     assert T.choose("auto", 1).inputs["busy_cores"] is None and len(sampled) == 1
 
 
+def test_workers_a_process_spawns_share_its_cpus_however_it_is_pinned(monkeypatch):
+    """``taskset -c 0-3 scalegnn train --nproc 4``: the spawner is pinned (its affinity a
+    strict subset of its parent's), but its 4 workers inherit those 4 CPUs: one each."""
+    monkeypatch.setattr(T, "_affinity", lambda: {0, 1, 2, 3})
+    monkeypatch.setattr(T, "_pinned", lambda mine: True)
+    monkeypatch.setattr(T, "_sample", {"busy": 0.0, "busy_source": "/proc/stat", "sample_s": 0.2})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert T.choose("auto", 4, spawner=True).intra_op == 1
+    assert T.choose("auto", 4).intra_op == 4  # a launched rank pinned to 4 CPUs of its own
+
+
 # ----------------------------------------------------------------------------- launchers: local ranks
 @pytest.mark.parametrize("env, want", [
     ({"SLURM_STEP_TASKS_PER_NODE": "4(x2),3", "SLURM_NODEID": "2"}, 3),
@@ -159,16 +170,16 @@ def test_each_launcher_says_how_many_ranks_share_the_node(monkeypatch):
     from scalegnn.parallel.grid import ParallelConfig
 
     _clear_launchers(monkeypatch)
-    assert launch.local_ranks_of_run(ParallelConfig()) == 1
-    assert launch.local_ranks_of_run(ParallelConfig(grid=(1, 2, 2, 1), nproc=4)) == 4  # spawns 4 here
+    assert launch.local_ranks_of_run(ParallelConfig()) == (1, False)
+    assert launch.local_ranks_of_run(ParallelConfig(grid=(1, 2, 2, 1), nproc=4)) == (4, True)  # spawns 4 here
     monkeypatch.setenv("MASTER_ADDR", "h")
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: 2 nodes x 4
     assert launch.detect_env().local_world_size == 4
-    assert launch.local_ranks_of_run(ParallelConfig(grid=(1, 2, 2, 2))) == 4
-    assert launch.local_ranks_of_run(ParallelConfig(grid=(8, 1, 1, 1), nproc=8)) == 4  # a compared system's nproc = Gd
+    assert launch.local_ranks_of_run(ParallelConfig(grid=(1, 2, 2, 2))) == (4, False)
+    assert launch.local_ranks_of_run(ParallelConfig(grid=(8, 1, 1, 1), nproc=8)) == (4, False)  # nproc = Gd
     _clear_launchers(monkeypatch)
     monkeypatch.setenv("FLUX_TASK_RANK", "0")
     monkeypatch.setenv("FLUX_JOB_SIZE", "8")

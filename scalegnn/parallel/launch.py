@@ -438,8 +438,7 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0,
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
     if not isinstance(threads_per_worker, thread_policy.ThreadChoice):
-        threads_per_worker = thread_policy.decide(threads_per_worker,
-                                                  **thread_policy.machine_inputs(nprocs, sample=False))
+        threads_per_worker = thread_policy.choose(threads_per_worker, nprocs, spawner=True)
     for key, value in thread_policy.WAIT_ENV.items():
         os.environ.setdefault(key, value)  # inherited by the fork server (started below, once) and every worker
     ctx = _context()
@@ -549,14 +548,15 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0,
 
 
 # --------------------------------------------------------------------------- threads
-def local_ranks_of_run(parallel) -> int:
-    """The processes of a run on this node, which share its cores: the ranks of the job
-    a launcher started on this node (:attr:`DistEnv.local_world_size`) when this process
-    is one of them, else the ``--nproc`` local workers this process spawns, else 1."""
+def local_ranks_of_run(parallel) -> tuple[int, bool]:
+    """(the processes of a run on this node, which share its cores; whether this process
+    spawns them): the ranks of the job a launcher started on this node
+    (:attr:`DistEnv.local_world_size`) when this process is one of them, else the
+    ``--nproc`` local workers this process spawns, else 1."""
     info = detect_env()
     if info.world_size > 1 and parallel.nproc in (None, info.world_size):
-        return info.local_world_size
-    return parallel.nproc or 1
+        return info.local_world_size, False
+    return parallel.nproc or 1, bool(parallel.nproc and parallel.nproc > 1)
 
 
 def threads_of_run(parallel) -> thread_policy.ThreadChoice:
@@ -567,7 +567,8 @@ def threads_of_run(parallel) -> thread_policy.ThreadChoice:
     current = thread_policy.applied()
     if current is not None and current.setting == parallel.threads:
         return current
-    return thread_policy.choose(parallel.threads, local_ranks_of_run(parallel))
+    ranks, spawner = local_ranks_of_run(parallel)
+    return thread_policy.choose(parallel.threads, ranks, spawner=spawner)
 
 
 @contextlib.contextmanager
@@ -576,7 +577,8 @@ def run_threads(parallel):
     count it had comes back afterwards): a single process, a rank of a launched job, or
     the spawner of ``--nproc`` workers (which decides once for all of them, before any
     starts, and passes the choice on: :func:`threads_of_run`)."""
-    choice = thread_policy.choose(parallel.threads, local_ranks_of_run(parallel))
+    ranks, spawner = local_ranks_of_run(parallel)
+    choice = thread_policy.choose(parallel.threads, ranks, spawner=spawner)
     log.debug("threads: %s", choice.reason)
     with thread_policy.using(choice):
         yield choice
