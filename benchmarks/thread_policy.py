@@ -1,7 +1,7 @@
 """Thread policies side by side under a competing load (``scalegnn bench threads``).
 
     scalegnn bench threads                       # Facebook from ../shared/data (else a generated graph)
-    scalegnn bench threads --runs 2 --load 1 --epochs 2 --policies default,default-passive,one,auto
+    scalegnn bench threads --runs 2 --load 1 --epochs 2 --reps 2 --policies default,default-passive,one,auto
 
 For each policy, ``--load`` competing processes (a busy Python loop each) start first;
 then ``--runs`` identical ``scalegnn train`` processes (single process, ratio 0.1, 3
@@ -62,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=2, help="identical runs side by side")
     parser.add_argument("--load", type=int, default=1, help="competing busy processes")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
+    parser.add_argument("--reps", type=int, default=1, help="repetitions of the policy sequence (odd ones reversed)")
 
 
 def _child_env() -> dict:
@@ -131,22 +132,34 @@ def _policy_block(policy: str, argv: list[str], runs: int, load: int, env: dict,
                      "test_acc": record["epochs"][-1]["test_acc"], "intra_op": threads["intra_op"],
                      "reason": threads["reason"], "busy_cores": threads.get("inputs", {}).get("busy_cores"),
                      "omp_wait_policy": threads["omp_wait_policy"]})
+    return {"runs": rows, "failed": failed, "load_cpu_s": round(sum(h["cpu_s"] for h in hogs), 3),
+            "loadavg": [loadavg_before, loadavg_after]}
+
+
+def _combine(reps: list[dict]) -> dict:
+    """A policy's blocks over the repetitions: every run, the means, the load's CPU time per block."""
+    rows = [r for rep in reps for r in rep["runs"]]
     mean = lambda key: round(statistics.fmean(r[key] for r in rows), 3) if rows else None  # noqa: E731
-    return {"runs": rows, "failed": failed, "wall_s": mean("wall_s"), "cpu_s": mean("cpu_s"),
-            "train_s": mean("train_s"), "wall_s_max": max((r["wall_s"] for r in rows), default=None),
-            "load_cpu_s": round(sum(h["cpu_s"] for h in hogs), 3), "loadavg_before": loadavg_before,
-            "loadavg_after": loadavg_after}
+    return {"runs": rows, "failed": [f for rep in reps for f in rep["failed"]], "wall_s": mean("wall_s"),
+            "cpu_s": mean("cpu_s"), "train_s": mean("train_s"),
+            "wall_s_max": max((r["wall_s"] for r in rows), default=None),
+            "load_cpu_s": round(statistics.fmean(rep["load_cpu_s"] for rep in reps), 3),
+            "loadavg_before": reps[0]["loadavg"][0], "loadavg_after": reps[-1]["loadavg"][1],
+            "loadavg_per_rep": [rep["loadavg"] for rep in reps]}
 
 
 def thread_bench(dataset: str | None = None, data_root: str | None = None, epochs: int = 2, batch_ratio="0.1",
                  layers: int = 3, hidden: int = 256, runs: int = 2, load: int = 1,
-                 policies=POLICIES) -> tuple[dict, str]:
-    """Run every policy's block (see the module doc); returns (payload, Markdown table)."""
+                 policies=POLICIES, reps: int = 1) -> tuple[dict, str]:
+    """Run every policy's block ``reps`` times, in the order given and then reversed
+    (ABBA: a load that drifts over the bench hits every policy alike; see the module
+    doc); returns (payload, Markdown table)."""
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown or not policies:
         raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
-    if runs < 1 or load < 0 or epochs < 1:
-        raise ValueError(f"--runs and --epochs must be >= 1 and --load >= 0, got {runs}, {epochs}, {load}")
+    if runs < 1 or load < 0 or epochs < 1 or reps < 1:
+        raise ValueError(f"--runs, --epochs and --reps must be >= 1 and --load >= 0, got {runs}, {epochs}, {reps}, "
+                         f"{load}")
     if dataset is None:
         shared = REPO.parent / "shared" / "data"
         dataset, data_root = ("facebook", data_root or str(shared)) if (shared / "facebook_pagepage").is_dir() \
@@ -158,27 +171,32 @@ def thread_bench(dataset: str | None = None, data_root: str | None = None, epoch
     default_threads = _default_threads(env)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     started = os.getloadavg()
-    blocks = {}
+    raw: dict[str, list] = {policy: [] for policy in policies}
     with tempfile.TemporaryDirectory(prefix="scalegnn-threads-") as tmp:
-        for policy in policies:
-            blocks[policy] = _policy_block(policy, argv, runs, load, env, default_threads, Path(tmp))
+        for rep in range(reps):
+            work = Path(tmp) / f"rep{rep}"
+            work.mkdir()
+            for policy in (policies if rep % 2 == 0 else tuple(reversed(policies))):
+                raw[policy].append(_policy_block(policy, argv, runs, load, env, default_threads, work))
+    blocks = {policy: _combine(raw[policy]) for policy in policies}
     base = blocks.get("one") if blocks.get("one", {}).get("runs") else None
     for block in blocks.values():
         block["wall_vs_one"] = round(block["wall_s"] / base["wall_s"], 3) if base and block["runs"] else None
         block["train_vs_one"] = round(block["train_s"] / base["train_s"], 3) if base and block["runs"] else None
     payload = {"bench": "threads", "dataset": dataset, "data_root": data_root, "epochs": epochs,
                "batch_ratio": float(batch_ratio), "layers": layers, "hidden": hidden, "runs": runs, "load": load,
+               "reps": reps,
                "cores": cores, "torch_default_threads": default_threads, "loadavg_start": started,
                "loadavg_end": os.getloadavg(), "argv": argv, "policies": blocks,
-               "auto_not_slower_than_one": (blocks["auto"]["wall_s_max"] <= base["wall_s_max"] * 1.05
-                                            if blocks.get("auto", {}).get("runs") and base else None)}
+               "auto_within_5pct_of_one": (blocks["auto"]["wall_s_max"] <= base["wall_s_max"] * 1.05
+                                           if blocks.get("auto", {}).get("runs") and base else None)}
     return payload, _markdown(payload)
 
 
 def _markdown(p: dict) -> str:
     lines = [f"{p['runs']} identical runs side by side + {p['load']} busy process(es) on {p['cores']} cores: "
              f"{p['dataset']}, ratio {p['batch_ratio']}, {p['layers']} layers, hidden {p['hidden']}, "
-             f"{p['epochs']} epochs (means over the runs; ratios to `one`)", "",
+             f"{p['epochs']} epochs, {p['reps']} repetition(s) (means over the runs; ratios to `one`)", "",
              "| policy | threads | wait | wall s | train s | CPU s | wall / one | train / one | load's CPU s | "
              "load avg before -> after |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, b in p["policies"].items():
@@ -199,4 +217,4 @@ def _markdown(p: dict) -> str:
 def run(args) -> tuple[dict, str]:
     """``scalegnn bench threads`` with its parsed ``args``."""
     return thread_bench(args.dataset, args.data_root, args.epochs, args.batch_ratio, args.layers, args.hidden,
-                        args.runs, args.load, tuple(p for p in args.policies.split(",") if p))
+                        args.runs, args.load, tuple(p for p in args.policies.split(",") if p), args.reps)
