@@ -295,7 +295,7 @@ def run_baseline(cfg, factory_path: str, graph: Graph | None = None) -> dict:
     spawns N workers; inside a torchrun / srun job (``WORLD_SIZE`` > 1) every rank
     joins it.
     """
-    from scalegnn.parallel.launch import WorkerError, init_from_env, local_backend, spawn
+    from scalegnn.parallel.launch import WorkerError, init_from_env, local_backend, spawn, threads_of_run
     from scalegnn.systems import resolve
 
     make_trainer = resolve(factory_path)
@@ -313,7 +313,7 @@ def run_baseline(cfg, factory_path: str, graph: Graph | None = None) -> dict:
     nproc = cfg.parallel.nproc
     if nproc == 1:
         return train_in_process(cfg, make_trainer, graph)
-    threads = max(1, (os.cpu_count() or 1) // nproc)
+    threads = threads_of_run(cfg.parallel)
     backend = local_backend(cfg.parallel, nproc)
     try:
         return spawn(_spawned_worker, nproc, cfg, factory_path, graph, timeout_s=None, threads_per_worker=threads,

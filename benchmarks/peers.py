@@ -9,6 +9,8 @@ and end-to-end measurements that write JSON and a Markdown table.
                                  component and bytes per collective kind per step
     scalegnn bench steps         one training step per grid: time per component, bytes per kind
     scalegnn bench scaling       step time vs nonzeros at a fixed batch ratio; log-log slope
+    scalegnn bench threads       thread policies of runs side by side under a competing load
+                                 (benchmarks/thread_policy.py)
 
 Every command prints its table and writes ``OUT/<name>.json`` and ``OUT/<name>.md``
 (default ``results/bench``). Timings are medians of interleaved repetitions measured
@@ -548,6 +550,10 @@ def add_bench_command(sub) -> None:
     c.add_argument("--reps", type=int, default=7)
     c.add_argument("--batch-ratio", type=float, default=0.1)
     c.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    from .thread_policy import add_arguments as add_thread_arguments
+
+    add_thread_arguments(bs.add_parser("threads", help="thread policies (torch's default, one, auto) of runs side "
+                                       "by side under a competing load (benchmarks/thread_policy.py)"))
 
 
 def run_bench_command(args) -> int:
@@ -578,6 +584,10 @@ def run_bench_command(args) -> int:
     elif cmd == "scaling":
         payload, md = scaling_bench(tuple(int(float(v)) for v in args.nnz.split(",")), reps=args.reps,
                                     batch_ratio=args.batch_ratio, threads=args.threads)
+    elif cmd == "threads":
+        from .thread_policy import run as thread_bench
+
+        payload, md = thread_bench(args)
     else:
         raise ValueError(f"unknown bench command {cmd!r}")
     payload["command"] = "scalegnn bench " + " ".join(sys.argv[sys.argv.index("bench") + 1:]) \

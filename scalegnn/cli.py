@@ -167,6 +167,9 @@ def _system_of(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .threads import prepare_process
+
+    prepare_process()  # first: OpenMP reads its wait policy once, when torch (imported below) loads it
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_system_of(argv))
     args = parser.parse_args(argv)

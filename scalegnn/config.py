@@ -8,7 +8,7 @@ component, each owned by its component's module::
     model       ModelConfig       scalegnn.model          hidden, layers, dropout, norm, residual
     optim       OptimConfig       scalegnn.engine         lr, weight_decay, schedule, grad_clip
     loop        LoopConfig        scalegnn.loop           epochs, eval_every, target_acc, ...
-    parallel    ParallelConfig    scalegnn.parallel.grid  grid, nproc, device, backend, collective timeout
+    parallel    ParallelConfig    scalegnn.parallel.grid  grid, nproc, device, backend, collective timeout, threads
     checkpoint  CheckpointConfig  scalegnn.checkpoint     dir, every, resume, keep
     perf        PerfConfig        scalegnn.perf           the paper's section V switches
     options     the system's own options dataclass (scalegnn.systems; None for ScaleGNN)

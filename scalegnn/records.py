@@ -156,12 +156,14 @@ def environment_info(backend: str | None = None, device="cpu") -> dict:
     ``device`` (a ``torch.device`` or its name) gives ``device`` (its human name:
     the GPU model, or the CPU and its cores), ``device_type`` ("cpu" / "cuda") and
     ``accelerator`` (:func:`scalegnn.device.device_info`: index, CUDA or HIP version,
-    NCCL/RCCL version, compute capability, memory)."""
+    NCCL/RCCL version, compute capability, memory); ``threads`` the threads of the
+    process and how they were chosen, and OpenMP's wait policy (:func:`scalegnn.threads.record`)."""
     import numpy
     import torch
 
     from importlib import metadata
 
+    from . import threads
     from .device import device_info
 
     libs = {"torch": torch.__version__, "numpy": numpy.__version__}
@@ -183,6 +185,7 @@ def environment_info(backend: str | None = None, device="cpu") -> dict:
         "python": platform.python_version(),
         "git_commit": _git_commit(),
         "libraries": libs,
+        "threads": threads.record(),
     }
 
 

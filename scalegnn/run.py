@@ -22,7 +22,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from .parallel.launch import WorkerError, init_from_env, local_backend, spawn
+from .parallel.launch import WorkerError, init_from_env, local_backend, run_threads, spawn, threads_of_run
 from .signals import Interrupted, held, signal_text, stop_on_signals, stop_under_way
 
 __all__ = ["run", "run_scalegnn", "run_distributed_training", "failed_record", "Terminated"]
@@ -49,7 +49,7 @@ def run(cfg, graph=None) -> dict | None:
 
     for flag, folder in cfg.output_folders():
         check_output_folder(folder, flag)
-    with contextlib.nullcontext() if _launched() else stop_on_signals():
+    with contextlib.nullcontext() if _launched() else stop_on_signals(), run_threads(cfg.parallel):
         try:
             return registry.resolve(registry.get(cfg.system).run)(cfg, graph)
         except Interrupted as stop:
@@ -215,7 +215,7 @@ def run_distributed_training(cfg, nproc: int | None = None, timeout_s: float | N
 
         run_id = (resume_run_id(cfg.checkpoint.dir) if cfg.checkpoint.resume else None) \
             or records.new_run_id(cfg.system, cfg.data.dataset)
-        threads = max(1, (os.cpu_count() or 1) // nproc)
+        threads = threads_of_run(cfg.parallel)
         backend = local_backend(cfg.parallel, nproc)
         try:
             return spawn(worker or _training_worker, nproc, cfg, run_id, timeout_s=timeout_s,

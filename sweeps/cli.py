@@ -19,7 +19,8 @@ COMMANDS = ("sweep", "report", "plan")
 
 def _threads(text: str) -> int:
     if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0: the cores / the tasks), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (0: each run's --threads, auto by default), "
+                                         f"got {text!r}")
     return int(text)
 
 
@@ -58,7 +59,8 @@ def add_commands(sub) -> None:
     s.add_argument("--constraint", default=None, help="SLURM constraint")
     s.add_argument("--time", type=int, default=None, dest="time_min", help="minutes per job")
     s.add_argument("--threads-per-task", type=_threads, default=None,
-                   help="intra-op threads of each task (default: the profile's; 0: the cores / the tasks on a node)")
+                   help="intra-op threads of each task, given to every run as --threads N (default: the profile's; "
+                   "0: the run's own --threads, auto: the cores free on the node shared by its tasks)")
     s.add_argument("--python", default=None, help="interpreter in the batch script (default: this one)")
     s.add_argument("--data-root", default=None,
                    help="dataset folder every task reads (default $SCALEGNN_DATA_ROOT, else ~/.cache/scalegnn/data); "

@@ -144,8 +144,7 @@ def submit_flux(result, profile, out: Path, dry_run: bool, python, printer) -> N
                                      "offline": bool(profile.offline)})
         for key, path, run, payload in runs:
             run_dir(out, run).mkdir(parents=True, exist_ok=True)
-            _write_task(Path(path), {"kind": "run", "run": payload, "backend": profile.torch_backend,
-                                     "threads": profile.threads_per_task})
+            _write_task(Path(path), {"kind": "run", "run": payload, "backend": profile.torch_backend})
         script_path = out.resolve() / FLUX_DIR / f"{name}-{n}.sh"
         script_path.write_text(script)
         try:
@@ -174,14 +173,12 @@ def run_task_file(path: str | os.PathLike) -> int:
         raw["grid"] = tuple(raw["grid"])
         StageTask(StageSet(**raw), task["offline"])()
         return 0
-    return _run_rank(task["run"], task["backend"], int(task.get("threads") or 0))
+    return _run_rank(task["run"], task["backend"])
 
 
-def _run_rank(run: dict, backend: str, threads: int) -> int:
+def _run_rank(run: dict, backend: str) -> int:
     import logging
     import signal
-
-    import torch
 
     from scalegnn.checkpoint import PREEMPTION, Preempted
     from scalegnn.config import RunConfig
@@ -197,7 +194,6 @@ def _run_rank(run: dict, backend: str, threads: int) -> int:
     if info.world_size != want:
         raise ValueError(f"run {run['key']} needs {want} task(s), this `flux run` has {info.world_size} "
                          f"({info.source}); launch it with -n {want}")
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // max(1, info.world_size)))
     if run.get("offline"):
         os.environ["SCALEGNN_OFFLINE"] = "1"
     if info.rank == 0:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from scalegnn import systems as registry
 from scalegnn.config import command_line, train_flags
+from scalegnn.threads import AUTO
 
 from .folders import run_dir
 from .profiles import ClusterProfile
@@ -23,7 +24,8 @@ from .spec import RunSpec
 from .staging import StageSet, with_data
 
 __all__ = ["SIGNAL_DELAY_S", "supported_systems", "self_launching", "multi_node_refusal", "with_checkpoints",
-           "job_shape", "group_runs", "job_name", "python_for", "SweepOutcome", "task_payload", "pending_stages"]
+           "with_threads", "job_shape", "group_runs", "job_name", "python_for", "SweepOutcome", "task_payload",
+           "pending_stages"]
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to checkpoint and requeue
 
@@ -63,6 +65,15 @@ def with_checkpoints(cfg, folder: Path, every: str = ""):
         return cfg
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(
         cfg.checkpoint, dir=str(folder / "checkpoint"), resume=True, every=str(every) if every else cfg.checkpoint.every))
+
+
+def with_threads(cfg, threads_per_task: int):
+    """``cfg`` with the profile's ``threads_per_task`` (or ``--threads-per-task``) as its
+    ``--threads`` when that gives a count and the run's own setting is ``auto``; 0 leaves
+    the run's (``auto``: :mod:`scalegnn.threads` picks from the cores free on the node)."""
+    if threads_per_task > 0 and cfg.parallel.threads == AUTO:
+        return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, threads=threads_per_task))
+    return cfg
 
 
 def job_shape(run: RunSpec, profile: ClusterProfile) -> tuple[int, int, int]:
@@ -112,11 +123,12 @@ def job_name(spec: str, nodes: int, tasks: int) -> str:
 
 def task_payload(run: RunSpec, out: Path, result: SweepOutcome, profile: ClusterProfile) -> dict:
     """What a run's tasks need: the run, its configuration (the spec's options with
-    the data root, its shard folder and checkpoints), the equivalent ``scalegnn``
+    the data root, its shard folder, checkpoints and threads), the equivalent ``scalegnn``
     command line (for logs and dry runs), its folder, how it launches, the offline switch."""
     folder = run_dir(out, run)
     cfg = with_data(run.config(str(folder)), result.data_root, result.stages.get(run.key))
     cfg = with_checkpoints(cfg, folder, profile.checkpoint_every)
+    cfg = with_threads(cfg, profile.threads_per_task)
     return {**run.to_dict(), "config": cfg.to_dict(), "argv": ["train", *command_line(cfg)], "folder": str(folder),
             "launch": "self" if self_launching(run.system) else "ranks", "offline": bool(profile.offline)}
 

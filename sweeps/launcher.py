@@ -253,8 +253,8 @@ def _slurm(result: SweepOutcome, profile: ClusterProfile, out: Path, dry_run: bo
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=profile.max_timeouts,
                                     python=python_for(profile, python))
         ex.update_parameters(**slurm_parameters(profile, nodes, tasks, minutes, name, cpus, dependency))
-        tasks_ = [SweepTask(task_payload(r, out, result, profile), str(run_dir(out, r)), profile.torch_backend,
-                            profile.threads_per_task) for r in group]
+        tasks_ = [SweepTask(task_payload(r, out, result, profile), str(run_dir(out, r)), profile.torch_backend)
+                  for r in group]
         for r in group:
             run_dir(out, r).mkdir(parents=True, exist_ok=True)
         jobs = ex.submit_array(tasks_)
@@ -343,8 +343,7 @@ def _local(result: SweepOutcome, profile: ClusterProfile, out: Path, dry_run: bo
                              signal_delay_s=min(SIGNAL_DELAY_S, 30), setup=setup)
         folder = run_dir(out, run)
         folder.mkdir(parents=True, exist_ok=True)
-        task = SweepTask(task_payload(run, out, result, profile), str(folder), profile.torch_backend,
-                         profile.threads_per_task)
+        task = SweepTask(task_payload(run, out, result, profile), str(folder), profile.torch_backend)
         job = ex.submit(task)
         result.submitted.append(job.job_id)
         printer(f"[{i}/{len(result.todo)}] {run.key}: {tasks} task(s), local job {job.job_id}")

@@ -145,7 +145,7 @@ class ClusterProfile:
     comm_library: str
     network: Network
     compute: Compute
-    threads_per_task: int = 0  # 0: cpu_count // tasks
+    threads_per_task: int = 0  # each run's --threads N (jobs.with_threads); 0: the run's own (auto)
     time_min: int = 60
     max_timeouts: int = 3
     max_parallel_jobs: int = 0  # local: jobs at a time (0 = unlimited)
@@ -228,11 +228,6 @@ class ClusterProfile:
             raise ValueError(f"{world_size} ranks do not fill whole nodes of {self.gpus_per_node} GPUs on "
                              f"{self.name}; use a multiple of {self.gpus_per_node}")
         return nodes, tasks
-
-    def threads(self, tasks_per_node: int) -> int:
-        if self.threads_per_task > 0:
-            return self.threads_per_task
-        return max(1, (os.cpu_count() or 1) // max(1, tasks_per_node))
 
     def env_lines(self) -> list[str]:
         """``export NAME="value"`` per ``[env]`` variable: the values are data (see :func:`shell_value`)."""

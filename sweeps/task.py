@@ -61,7 +61,8 @@ def join_job(cfg, backend: str):
 
     info = detect_env()
     os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank),
-                      MASTER_ADDR=info.master_addr, MASTER_PORT=str(info.master_port))
+                      LOCAL_WORLD_SIZE=str(info.local_world_size), MASTER_ADDR=info.master_addr,
+                      MASTER_PORT=str(info.master_port))
     if cfg.system in STAGED_SYSTEMS:
         init_from_env(timeout=datetime.timedelta(seconds=cfg.parallel.collective_timeout_s), backend=backend)
     return info
@@ -166,8 +167,8 @@ class SweepTask(_TaskBase):
     ``cancelled`` / ``timeout`` instead of leaving it silently unfinished.
     """
 
-    def __init__(self, run: dict, folder: str, backend: str, threads: int = 0, requeued: int = 0):
-        self.run, self.folder, self.backend, self.threads, self.requeued = run, folder, backend, threads, requeued
+    def __init__(self, run: dict, folder: str, backend: str, requeued: int = 0):
+        self.run, self.folder, self.backend, self.requeued = run, folder, backend, requeued
 
     @property
     def tasks(self) -> int:
@@ -176,12 +177,9 @@ class SweepTask(_TaskBase):
 
     def __call__(self) -> dict:
         import submitit
-        import torch
 
-        env = submitit.JobEnvironment()
+        env = submitit.JobEnvironment()  # threads: the run's --threads (jobs.with_threads), applied by run()
         ntasks = env.num_tasks
-        threads = self.threads or max(1, (os.cpu_count() or 1) // max(1, ntasks // max(1, env.num_nodes)))
-        torch.set_num_threads(threads)
         if ntasks != self.tasks:
             raise RuntimeError(f"run {self.run['key']} needs {self.tasks} tasks, the job has {ntasks}")
         if self.run.get("offline"):
@@ -247,8 +245,7 @@ class SweepTask(_TaskBase):
         """Requeue the same run, resuming (submitit calls this on timeout/preemption)."""
         from submitit.helpers import DelayedSubmission
 
-        return DelayedSubmission(SweepTask(self.run, self.folder, self.backend, self.threads,
-                                           requeued=self.requeued + 1))
+        return DelayedSubmission(SweepTask(self.run, self.folder, self.backend, requeued=self.requeued + 1))
 
 
 class _EndWatch:

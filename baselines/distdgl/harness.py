@@ -261,10 +261,10 @@ def run(cfg, graph=None) -> dict:
                        "DGL_SERVER_ID": str(m * opts.num_servers + j)}
                 procs.start(f"server-{m}-{j}", _isolate([py, str(SCRIPT), "server"], shm[m]), env,
                             work / f"server-{m}-{j}.log")
-        from scalegnn.parallel.launch import free_port
+        from scalegnn.parallel.launch import free_port, threads_of_run
 
         master_port = free_port()
-        threads = max(1, (os.cpu_count() or 1) // world)
+        threads = threads_of_run(cfg.parallel).intra_op  # --threads, for the trainers (the servers keep 1)
         trainers = []
         for m in range(parts):
             for t in range(per_machine):

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ..device import BACKENDS, check_device_spec
 from ..settings import setting
+from ..threads import AUTO, thread_setting
 
 
 __all__ = ["AXES", "PMM_AXES", "ProcessGrid", "ParallelConfig", "DEFAULT_COLLECTIVE_TIMEOUT_S", "parse_grid",
@@ -107,7 +108,8 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 @dataclass(kw_only=True)
 class ParallelConfig:
     """Where and how many: the 4D grid, local worker processes, the device, the
-    collective backend, and the time after which a silent peer fails the run."""
+    collective backend, the time after which a silent peer fails the run, and the
+    threads of each process."""
 
     grid: tuple[int, int, int, int] = setting((1, 1, 1, 1), type=grid_flag, render=format_grid,
                                               metavar="GdxGxxGyxGz",
@@ -124,6 +126,10 @@ class ParallelConfig:
     collective_timeout_s: float = setting(DEFAULT_COLLECTIVE_TIMEOUT_S, flag="--collective-timeout",
                                           metavar="SECONDS", help="a collective that waits longer (a rank died or "
                                           "hangs) fails the run")
+    threads: int | str = setting(AUTO, type=thread_setting, metavar="auto|N",
+                                 help="intra-op threads of each process: auto takes the cores that are free now "
+                                 "(affinity, CPU quota, other processes' load), shared among the run's ranks on "
+                                 "the node, at most OMP_NUM_THREADS if set; N: exactly N (scalegnn.threads)")
 
     def __post_init__(self):
         self.grid = parse_grid(self.grid) if isinstance(self.grid, str) else tuple(int(g) for g in self.grid)
@@ -137,6 +143,7 @@ class ParallelConfig:
         if self.backend == "nccl" and self.device == "cpu":
             raise ValueError("--backend nccl needs GPU tensors but --device is cpu; use --backend gloo or "
                              "--device cuda")
+        self.threads = thread_setting(self.threads)
         if not self.collective_timeout_s > 0:
             raise ValueError(f"--collective-timeout must be > 0 seconds, got {self.collective_timeout_s}")
 

@@ -14,6 +14,11 @@ for GPU tensors, gloo for CPU tensors. An NCCL world also carries gloo for the
 host-side control traffic (checkpoint agreement, object gathers), and is bound to
 the rank's GPU so that torch creates the axis groups by splitting its communicator.
 
+Threads (:mod:`scalegnn.threads`): :func:`run_threads` applies a run's ``--threads``
+choice to the process that runs it, counting the local ranks that share the node's
+cores (:func:`local_ranks_of_run`); :func:`spawn` hands the same choice to each local
+worker and starts the workers with OpenMP's passive wait in their environment.
+
 Failing fast (a job never hangs, never leaves processes behind): every collective,
 including those of the grid's axis groups, times out after the run's
 ``collective_timeout_s``, so a rank that stops answering makes its peers raise; a
@@ -27,8 +32,10 @@ torchrun / srun, the failing rank exits non-zero and the launcher stops the othe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -44,10 +51,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import threads as thread_policy
 from ..signals import Interrupted, held, stop_on_signals
 
 __all__ = ["DistEnv", "init_from_env", "init_process_group", "first_host", "spawn", "local_backend", "WorkerError",
-           "SpawnTimeout", "free_port"]
+           "SpawnTimeout", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run"]
+
+log = logging.getLogger("scalegnn.launch")
 
 
 # --------------------------------------------------------------------------- environment
@@ -63,6 +73,7 @@ class DistEnv:
     master_port: int
     source: str  # "torchrun" | "slurm" | "submitit" | "flux" | "single"
     device: str = "cpu"  # this rank's torch device, set by init_from_env
+    local_world_size: int = 1  # the job's processes on this node (the ranks that may share its cores)
 
 
 def first_host(nodelist: str) -> str:
@@ -137,15 +148,18 @@ def detect_env() -> DistEnv:
     if "RANK" in env and "WORLD_SIZE" in env:
         if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
             raise ValueError("RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; launch with torchrun")
-        return DistEnv(_env_int("RANK"), _env_int("WORLD_SIZE"), int(env.get("LOCAL_RANK", 0)), backend,
-                       env["MASTER_ADDR"], _env_int("MASTER_PORT"), "torchrun")
+        world = _env_int("WORLD_SIZE")  # LOCAL_WORLD_SIZE is torchrun's; without it, assume one node
+        return DistEnv(_env_int("RANK"), world, int(env.get("LOCAL_RANK", 0)), backend,
+                       env["MASTER_ADDR"], _env_int("MASTER_PORT"), "torchrun",
+                       local_world_size=_env_int("LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world)
     if env.get("SUBMITIT_EXECUTOR"):
         import submitit
 
         job = submitit.JobEnvironment()
         addr = env.get("MASTER_ADDR") or job.hostnames[0]
         port = int(env.get("MASTER_PORT") or _default_port(str(job.raw_job_id)))
-        return DistEnv(job.global_rank, job.num_tasks, job.local_rank, backend, addr, port, "submitit")
+        return DistEnv(job.global_rank, job.num_tasks, job.local_rank, backend, addr, port, "submitit",
+                       local_world_size=-(-job.num_tasks // max(1, job.num_nodes)))
     if "FLUX_TASK_RANK" in env:
         if "FLUX_JOB_SIZE" not in env:
             raise ValueError("FLUX_TASK_RANK is set but FLUX_JOB_SIZE is not; launch the tasks with `flux run`")
@@ -153,16 +167,38 @@ def detect_env() -> DistEnv:
         local = _env_int("FLUX_TASK_LOCAL_ID") if "FLUX_TASK_LOCAL_ID" in env else 0
         addr = env.get("MASTER_ADDR") or first_host(_flux_hostlist())
         port = int(env.get("MASTER_PORT") or _flux_port(env.get("FLUX_JOB_ID")))
-        return DistEnv(rank, world, local, backend, addr, port, "flux")
+        nodes = _env_int("FLUX_JOB_NNODES") if env.get("FLUX_JOB_NNODES") else 1
+        return DistEnv(rank, world, local, backend, addr, port, "flux", local_world_size=-(-world // max(1, nodes)))
     if "SLURM_PROCID" in env:
         if "SLURM_NTASKS" not in env:
             raise ValueError("SLURM_PROCID is set but SLURM_NTASKS is not; launch the job step with srun")
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
         addr = env.get("MASTER_ADDR") or first_host(nodelist)
         port = int(env.get("MASTER_PORT") or _default_port(env.get("SLURM_JOB_ID")))
-        return DistEnv(_env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS"), int(env.get("SLURM_LOCALID", 0)),
-                       backend, addr, port, "slurm")
+        world = _env_int("SLURM_NTASKS")
+        return DistEnv(_env_int("SLURM_PROCID"), world, int(env.get("SLURM_LOCALID", 0)),
+                       backend, addr, port, "slurm", local_world_size=slurm_tasks_on_node(env) or world)
     return DistEnv(0, 1, 0, backend, "127.0.0.1", 0, "single")
+
+
+def slurm_tasks_on_node(env=os.environ) -> int | None:
+    """The tasks of this SLURM job step on this node: ``SLURM_STEP_TASKS_PER_NODE`` (or
+    ``SLURM_TASKS_PER_NODE``, compressed as ``"4(x2),3"``) at index ``SLURM_NODEID``, else
+    ``SLURM_NTASKS_PER_NODE``; None when SLURM says neither."""
+    text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if text:
+        counts = []
+        for part in text.split(","):
+            m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+            if m is None:
+                counts = []
+                break
+            counts += [int(m.group(1))] * int(m.group(2) or 1)
+        node = int(env.get("SLURM_NODEID", "0")) if env.get("SLURM_NODEID", "0").isdigit() else 0
+        if counts:
+            return counts[min(node, len(counts) - 1)]
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+    return int(per_node) if per_node.isdigit() else None
 
 
 def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), backend: str | None = None,
@@ -301,7 +337,8 @@ def _worker(rank, world, rendezvous, timeout_s, threads, conn, fn, args, parent_
 def _run_rank(rank, world, rendezvous, timeout_s, threads, fn, args, backend) -> bytes:
     """Join the spawner's group, run ``fn``; its result or failure, pickled for the spawner."""
     try:
-        torch.set_num_threads(threads)
+        thread_policy.inherited_process()  # the spawner set this process's OpenMP wait before torch loaded
+        thread_policy.apply(threads)
         timeout = datetime.timedelta(seconds=timeout_s)
         # The ranks meet in a file of the spawner's private folder (no TCP listener anyone
         # could join or poison), and gloo's own connections stay on the loopback device.
@@ -360,13 +397,19 @@ def _secondary(text: str) -> bool:
     return any(s in tail for s in _SECONDARY)
 
 
-def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_worker: int = 1,
-          collective_timeout_s: float | None = None, report_grace_s: float = 3.0, backend: str = "gloo",
-          stop_grace_s: float = 10.0) -> list:
+def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0,
+          threads_per_worker: "int | thread_policy.ThreadChoice" = 1, collective_timeout_s: float | None = None,
+          report_grace_s: float = 3.0, backend: str = "gloo", stop_grace_s: float = 10.0) -> list:
     """Run ``fn(rank, nprocs, *args)`` in ``nprocs`` local workers; return their results.
 
     ``backend`` is "gloo" (CPU tensors, and GPU tensors staged through the host: how
     several ranks share one GPU) or "nccl" (rank r on GPU r, one rank per GPU).
+
+    Threads: each worker applies ``threads_per_worker`` (a count, or the run's
+    :class:`scalegnn.threads.ThreadChoice`, :func:`threads_of_run`) before ``fn``, and
+    starts with :data:`scalegnn.threads.WAIT_ENV` in its environment (put into this
+    process's environment where unset, before the first worker or the fork server
+    starts: OpenMP reads it when torch loads), so its idle OpenMP threads sleep.
 
     ``fn`` must be importable (a module-level function) and its results picklable.
     The workers meet in a file store in a private folder of this user (mode 0700,
@@ -394,6 +437,10 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
+    if not isinstance(threads_per_worker, thread_policy.ThreadChoice):
+        threads_per_worker = thread_policy.choose(threads_per_worker, nprocs, spawner=True)
+    for key, value in thread_policy.WAIT_ENV.items():
+        os.environ.setdefault(key, value)  # inherited by the fork server (started below, once) and every worker
     ctx = _context()
     if collective_timeout_s is None:
         collective_timeout_s = 1800.0 if timeout_s is None else timeout_s
@@ -498,6 +545,43 @@ def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, threads_per_w
         for c in conns:
             c.close()
         shutil.rmtree(private, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- threads
+def local_ranks_of_run(parallel) -> tuple[int, bool]:
+    """(the processes of a run on this node, which share its cores; whether this process
+    spawns them): the ranks of the job a launcher started on this node
+    (:attr:`DistEnv.local_world_size`) when this process is one of them, else the
+    ``--nproc`` local workers this process spawns, else 1."""
+    info = detect_env()
+    if info.world_size > 1 and parallel.nproc in (None, info.world_size):
+        return info.local_world_size, False
+    return parallel.nproc or 1, bool(parallel.nproc and parallel.nproc > 1)
+
+
+def threads_of_run(parallel) -> thread_policy.ThreadChoice:
+    """The threads of each process of a run (``parallel``: its
+    :class:`~scalegnn.parallel.grid.ParallelConfig`): the one this process applied for
+    the run (:func:`run_threads`), else :func:`scalegnn.threads.choose` for its ``--threads``
+    and its local ranks now. What :func:`spawn` gives each local worker."""
+    current = thread_policy.applied()
+    if current is not None and current.setting == parallel.threads:
+        return current
+    ranks, spawner = local_ranks_of_run(parallel)
+    return thread_policy.choose(parallel.threads, ranks, spawner=spawner)
+
+
+@contextlib.contextmanager
+def run_threads(parallel):
+    """Apply the run's thread choice to this process for the ``with`` block (the intra-op
+    count it had comes back afterwards): a single process, a rank of a launched job, or
+    the spawner of ``--nproc`` workers (which decides once for all of them, before any
+    starts, and passes the choice on: :func:`threads_of_run`)."""
+    ranks, spawner = local_ranks_of_run(parallel)
+    choice = thread_policy.choose(parallel.threads, ranks, spawner=spawner)
+    log.debug("threads: %s", choice.reason)
+    with thread_policy.using(choice):
+        yield choice
 
 
 def _loopback_interface() -> str:
