@@ -21,7 +21,7 @@ from scalegnn.parallel.layout import PLANES
 from scalegnn.parallel.pmm import ParallelContext
 from scalegnn.parallel.sharding import (RankShard, build_shard, load_shard, row_slice, save_shards,
                                         share_planes)
-from scalegnn.sampling import CSRBlock, extract_block
+from scalegnn.sampling import CSRBlock
 from tests.graphs import nprocs, parallel_graph
 
 SHAPES = [(1, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2), (1, 2, 2, 1), (1, 2, 2, 2), (1, 3, 1, 2)]

@@ -189,7 +189,8 @@ class DistributedSampler:
         # The whole graph's rows of the feature block are all of it: the block itself, no copy.
         x = self.features if host_nodes is None else select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
         return ShardedBatch(
-            step=step, nodes=nodes, rows=rows, adj=adj, x=x, x_t=csr_transpose(x) if x.is_sparse_csr else None,
+            step=step, nodes=nodes, rows=rows, adj=adj, x=x,
+            x_t=csr_transpose(x) if x.is_sparse_csr and host_nodes is not None else None,  # dW's; none in evaluation
             y=self._slice(nodes, rows, sh.y),
             train_mask=self._slice(nodes, rows, sh.train_mask), scale=scale,
             val_mask=self._slice(nodes, rows, sh.val_mask) if with_eval_masks else None,
