@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..device import to_device
-from ..csr import csr_transpose, select_rows
+from ..csr import _csr, csr_transpose, select_rows
 from ..sampling import (CompactIndexMap, SampledBlock, block_bounds, extract_block, inclusion_probability,
                         resolve_batch_size, sample_vertices, training_features)
 from .grid import PMM_AXES, ProcessGrid
@@ -44,7 +44,8 @@ class ShardedBatch:
 
     nodes (B,) sorted global ids, the same on every rank of the group; rows the
     row blocks along x, y, z; adj[p] the sampled A shard of plane p (local CSR of
-    shape (Br_rows, Br_cols) and its transpose); x (Br_x, Fz); y / train_mask /
+    shape (Br_rows, Br_cols) and its transpose; no transpose in the full-graph batch,
+    which is evaluated without autograd); x (Br_x, Fz); y / train_mask /
     val_mask / test_mask per axis, for the rows of that axis' block.
     """
 
@@ -120,7 +121,7 @@ class DistributedSampler:
                     made[b.storage_key()] = CompactIndexMap(b.col_end - b.col_start, b.col_start, b.indices.device)
             return [made[b.storage_key()] for b in blocks]
 
-        self.index_maps = maps(shard.adj)
+        self.index_maps = maps(shard.adj) if shard.alt is None else [None] * 3  # alt: sh.adj is not sampled
         self.alt_maps = (maps(shard.alt.adj), maps(shard.alt.adj_t)) if shard.alt is not None else None
         self._full: ShardedBatch | None = None
 
@@ -137,28 +138,35 @@ class DistributedSampler:
             out[ax] = table[ax][nodes[lo:hi] - v0]
         return out
 
-    def _alt_batch(self, nodes: torch.Tensor, scale: float, maps, with_eval_masks: bool) -> AltBatch:
+    def _alt_batch(self, nodes: torch.Tensor, scale: float, maps, with_eval_masks: bool,
+                   host_nodes: torch.Tensor | None) -> AltBatch:
         """Double permutation: even layers' shards have rows in sigma ids and columns in
-        ids, odd layers' the reverse; self loops are found by vertex (``keys``)."""
+        ids, odd layers' the reverse; self loops are found by vertex (``keys``). Without
+        ``host_nodes`` the sample is the whole graph: the stored blocks are the batch."""
         alt = self.shard.alt
         nodes_alt = torch.sort(alt.sigma[nodes]).values
         ids = alt.sigma_inv[nodes_alt]
-        rows = RowPartition(nodes_alt, self.num_nodes, self.grid)
-        rmaps, cmaps = maps if maps is not None else ([None] * 3, [None] * 3)
-        adj = tuple(extract_block(blk, nodes_alt, scale, m, backend=self.backend, col_sample=nodes, keys=(ids, nodes))
-                    for blk, m in zip(alt.adj, rmaps))
-        adj_t = tuple(extract_block(blk, nodes, scale, m, backend=self.backend, col_sample=nodes_alt,
-                                    keys=(nodes, ids)) for blk, m in zip(alt.adj_t, cmaps))
+        if host_nodes is None:
+            rows = RowPartition.full(nodes_alt, self.grid)
+            adj, adj_t = _whole_blocks(alt.adj), _whole_blocks(alt.adj_t)
+        else:
+            rows = RowPartition(nodes_alt, self.num_nodes, self.grid)
+            rmaps, cmaps = maps
+            adj = tuple(extract_block(blk, nodes_alt, scale, m, backend=self.backend, col_sample=nodes,
+                                      keys=(ids, nodes)) for blk, m in zip(alt.adj, rmaps))
+            adj_t = tuple(extract_block(blk, nodes, scale, m, backend=self.backend, col_sample=nodes_alt,
+                                        keys=(nodes, ids)) for blk, m in zip(alt.adj_t, cmaps))
         sl = lambda table: self._slice(nodes_alt, rows, table)  # noqa: E731
         return AltBatch(nodes=nodes_alt, rows=rows, adj=adj, adj_t=adj_t, ids=ids, y=sl(alt.y),
                         train_mask=sl(alt.train_mask), val_mask=sl(alt.val_mask) if with_eval_masks else None,
                         test_mask=sl(alt.test_mask) if with_eval_masks else None)
 
-    def _batch(self, step: int, nodes: torch.Tensor, scale: float, index_maps, with_eval_masks: bool,
+    def _batch(self, step: int, nodes: torch.Tensor, scale: float, with_eval_masks: bool,
                host_nodes: torch.Tensor | None = None) -> ShardedBatch:
         """The batch of the sorted sample ``nodes`` (on the device). ``host_nodes``, its
         host copy, gives phase 1's bounds without reading the device; without it the
-        sample is the whole graph (evaluation), whose bounds are the ranges themselves."""
+        sample is the whole graph (evaluation), whose bounds are the ranges themselves
+        and whose blocks are the stored planes (:func:`_whole_blocks`)."""
         sh = self.shard
         if host_nodes is not None:
             rows = RowPartition(nodes, self.num_nodes, self.grid, host_nodes=host_nodes)
@@ -166,21 +174,23 @@ class DistributedSampler:
             rows = RowPartition.full(nodes, self.grid)
         alt = None
         if sh.alt is not None:  # even layers use the alternative shards; sh.adj is not needed
-            alt = self._alt_batch(nodes, scale, self.alt_maps if index_maps is self.index_maps else None,
-                                  with_eval_masks)
+            alt = self._alt_batch(nodes, scale, self.alt_maps, with_eval_masks, host_nodes)
             adj = (None, None, None)
+        elif host_nodes is None:
+            adj = _whole_blocks(sh.adj)
         else:
             done: dict = {}  # a block shared by several planes is extracted once
-            for blk, m in zip(sh.adj, index_maps):
+            for blk, m in zip(sh.adj, self.index_maps):
                 if blk.storage_key() not in done:
-                    bounds = block_bounds(blk, host_nodes) if host_nodes is not None else \
-                        (blk.row_start, blk.row_end, blk.col_start, blk.col_end)
-                    done[blk.storage_key()] = extract_block(blk, nodes, scale, m, backend=self.backend, bounds=bounds)
+                    done[blk.storage_key()] = extract_block(blk, nodes, scale, m, backend=self.backend,
+                                                            bounds=block_bounds(blk, host_nodes))
             adj = tuple(done[blk.storage_key()] for blk in sh.adj)
         lo, hi = rows.block("x")
-        x = select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
+        # The whole graph's rows of the feature block are all of it: the block itself, no copy.
+        x = self.features if host_nodes is None else select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
         return ShardedBatch(
-            step=step, nodes=nodes, rows=rows, adj=adj, x=x, x_t=csr_transpose(x) if x.is_sparse_csr else None,
+            step=step, nodes=nodes, rows=rows, adj=adj, x=x,
+            x_t=csr_transpose(x) if x.is_sparse_csr and host_nodes is not None else None,  # dW's; none in evaluation
             y=self._slice(nodes, rows, sh.y),
             train_mask=self._slice(nodes, rows, sh.train_mask), scale=scale,
             val_mask=self._slice(nodes, rows, sh.val_mask) if with_eval_masks else None,
@@ -190,12 +200,34 @@ class DistributedSampler:
     def sample(self, step: int) -> ShardedBatch:
         """This rank's shard of the rescaled sampled subgraph of ``step`` (Alg. 2)."""
         host = self.nodes(step)
-        return self._batch(step, to_device(host, self.device, non_blocking=True), self.scale, self.index_maps,
+        return self._batch(step, to_device(host, self.device, non_blocking=True), self.scale,
                            with_eval_masks=False, host_nodes=host)
 
     def full_batch(self) -> ShardedBatch:
         """The full graph as a batch (B = N, no rescaling) for evaluation; built once."""
         if self._full is None:
             nodes = torch.arange(self.num_nodes, dtype=torch.int64, device=self.device)
-            self._full = self._batch(-1, nodes, 1.0, [None] * 3, with_eval_masks=True)
+            self._full = self._batch(-1, nodes, 1.0, with_eval_masks=True)
         return self._full
+
+
+def _whole_blocks(blocks) -> tuple:
+    """The planes ``blocks`` as the batch of the whole graph (B = N: p = 1, nothing is
+    rescaled and every column is sampled, so Algorithm 2 would return each block itself
+    in local column ids). Built from the stored arrays instead of by extraction: the
+    values are the shard's own (no copy), and so are the column ids of a block starting
+    at column 0; the row pointers and other column ids are copied in the stored index
+    width (int32 when the ids and nnz fit). No transpose (``adj_t`` is None): this batch
+    is evaluated without autograd. Planes that are one block stay one."""
+    done: dict = {}
+    for blk in blocks:
+        if blk.storage_key() not in done:
+            narrow = blk.indices.dtype == torch.int32 and blk.nnz < 2**31
+            cols = blk.indices if narrow else blk.indices.long()
+            if blk.col_start:
+                cols = cols - blk.col_start
+            crow = blk.indptr.to(cols.dtype)
+            adj = _csr(crow, cols, blk.values, (blk.row_end - blk.row_start, blk.col_end - blk.col_start))
+            done[blk.storage_key()] = SampledBlock(adj=adj, adj_t=None, row_offset=blk.row_start,
+                                                   col_offset=blk.col_start)
+    return tuple(done[blk.storage_key()] for blk in blocks)

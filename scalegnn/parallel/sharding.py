@@ -15,7 +15,9 @@ A rank at (x, y, z) holds, for every data-parallel replica alike:
     y, train/val/test masks, for the vertex range of each axis (the loss rows are on
             the row axis of the last layer's output, which depends on L)
 
-with vertex ranges ``split_range(N, G_axis, index)``. :func:`save_shards` writes
+with vertex ranges ``split_range(N, G_axis, index)``. Planes share storage where their
+ranges allow (:func:`share_planes`): one block for equal ranges, a row slice for rows
+inside another plane's over the same columns. :func:`save_shards` writes
 these once per (x, y, z) for ``scalegnn data shard``; :func:`load_shard` reads a
 rank's file back (``weights_only=True``, plain tensors only).
 """
@@ -38,6 +40,7 @@ from .grid import PMM_AXES, ProcessGrid
 from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
+           "share_planes", "row_slice", "adjacency_storage",
            "check_shard_manifest",
            "load_shard", "shard_command", "shard_nnz_stats"]
 
@@ -96,11 +99,13 @@ class RankShard:
             return self
         moved: dict = {}  # a block shared by several planes (or with alt.adj) moves once and stays shared
 
-        def blocks(bs):
-            for b in bs:
-                if b.storage_key() not in moved:
-                    moved[b.storage_key()] = b.to(device)
-            return tuple(moved[b.storage_key()] for b in bs)
+        def move(b: CSRBlock) -> CSRBlock:
+            if b.storage_key() not in moved:
+                moved[b.storage_key()] = b.to(device)
+            return moved[b.storage_key()]
+
+        def blocks(bs):  # only the widest blocks are copied; row slices are sliced again there
+            return share_planes(bs, move)
 
         alt = None
         if self.alt is not None:
@@ -113,6 +118,16 @@ class RankShard:
             self, adj=blocks(self.adj), x=self.x.to(device), alt=alt,
             **{k: to_device(getattr(self, k), device) for k in ("y", "train_mask", "val_mask", "test_mask")})
 
+    def planes(self) -> tuple:
+        """Every adjacency block the rank keeps: the three planes, or with the double
+        permutation the planes of both labelings (``adj`` is then ``alt.adj``)."""
+        return tuple(self.adj) if self.alt is None else tuple(self.alt.adj) + tuple(self.alt.adj_t)
+
+    def adjacency_storage(self) -> dict:
+        """{"blocks", "storages", "bytes"}: distinct CSR blocks among :meth:`planes`, and
+        the distinct arrays they hold with their bytes, shared ones counted once."""
+        return adjacency_storage(self.planes())
+
     # -------------------------------------------------------------- (de)serialize
     def to_state(self) -> dict:
         """Plain tensors, ints and strings only (loadable with weights_only=True)."""
@@ -123,9 +138,8 @@ class RankShard:
             "feature_range": list(self.feature_range),
             "vertex_ranges": {a: list(r) for a, r in self.vertex_ranges.items()},
         }
-        for p, blk in enumerate(self.adj):
-            state[f"adj{p}"] = {"indptr": blk.indptr, "indices": blk.indices, "values": blk.values,
-                                "rows": [blk.row_start, blk.row_end], "cols": [blk.col_start, blk.col_end]}
+        for p, blk in enumerate(self.adj):  # torch.save writes a storage that planes share once
+            state[f"adj{p}"] = _block_state(blk)
         for key in ("y", "train_mask", "val_mask", "test_mask"):
             state[key] = dict(getattr(self, key))
         if self.alt is not None:
@@ -139,10 +153,7 @@ class RankShard:
     def from_state(cls, state: dict) -> "RankShard":
         if state.get("format") != SHARD_FORMAT:
             raise ValueError(f"shard format {state.get('format')} is not {SHARD_FORMAT}; re-run `scalegnn data shard`")
-        adj = tuple(
-            CSRBlock(s["indptr"], s["indices"], s["values"], *s["rows"], *s["cols"])
-            for s in (state[f"adj{p}"] for p in range(3))
-        )
+        adj = share_planes(_block_from_state(state[f"adj{p}"]) for p in range(3))
         return cls(
             grid_shape=tuple(state["grid_shape"]), coords=dict(state["coords"]), num_nodes=state["num_nodes"],
             num_features=state["num_features"], num_classes=state["num_classes"], multilabel=state["multilabel"],
@@ -158,11 +169,14 @@ def _block_state(blk: CSRBlock) -> dict:
             "rows": [blk.row_start, blk.row_end], "cols": [blk.col_start, blk.col_end]}
 
 
+def _block_from_state(s: dict) -> CSRBlock:
+    return CSRBlock(s["indptr"], s["indices"], s["values"], *s["rows"], *s["cols"])
+
+
 def _alt_from_state(state: dict | None) -> AltOrdering | None:
     if state is None:
         return None
-    blocks = lambda key: tuple(CSRBlock(s["indptr"], s["indices"], s["values"], *s["rows"], *s["cols"])  # noqa: E731
-                               for s in state[key])
+    blocks = lambda key: share_planes(_block_from_state(s) for s in state[key])  # noqa: E731
     return AltOrdering(sigma=state["sigma"], sigma_inv=state["sigma_inv"], adj=blocks("adj"), adj_t=blocks("adj_t"),
                        **{k: dict(state[k]) for k in ("y", "train_mask", "val_mask", "test_mask")})
 
@@ -209,15 +223,82 @@ def _check_shape(grid_shape) -> tuple[int, int, int, int]:
 
 
 def _planes(graph: Graph, vr: dict) -> tuple[CSRBlock, CSRBlock, CSRBlock]:
-    """The three rotation planes of ``graph`` for vertex ranges ``vr``. Planes whose row
-    and column ranges coincide (all three on 1x1x1x1, the diagonal ranks of a cubic
-    grid) are the same block: stored once, and extracted once per sample."""
+    """The three rotation planes of ``graph`` for vertex ranges ``vr``, each distinct block
+    cut from the graph once and the others sharing its storage (:func:`share_planes`)."""
+    keys = [(vr[rows], vr[cols]) for rows, cols in PLANES]
+    made = _shared(keys, lambda key: _own_arrays(CSRBlock.from_graph(graph, *key)))
+    return tuple(made[k] for k in keys)
+
+
+def _own_arrays(block: CSRBlock) -> CSRBlock:
+    """``block`` with arrays that hold only its own entries: a block over all columns is
+    cut from the graph as views of the graph's arrays, which would keep the whole graph's
+    values alive on the rank (and write them all into its shard file: torch.save stores a
+    view's whole storage)."""
+    def own(t: torch.Tensor) -> torch.Tensor:
+        return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
+
+    return CSRBlock(own(block.indptr), own(block.indices), own(block.values), block.row_start, block.row_end,
+                    block.col_start, block.col_end)
+
+
+def share_planes(blocks, convert=None) -> tuple:
+    """The planes ``blocks`` with their storage shared wherever the ranges allow: planes
+    with the same row and column ranges are one block (all three on 1x1x1x1, the diagonal
+    ranks of a cubic grid), and a plane whose rows lie inside another's over the same
+    columns is a row slice of it (1x2x1x1: the (x, y) plane is rows x of the unsplit (y, z)
+    plane). Blocks of one graph with equal ranges are equal, so this only drops copies;
+    applied to the planes read from a shard file it also shares those of files written
+    before the planes were shared there. ``convert`` (e.g. a move to a device) is applied
+    to the blocks kept whole, before the others are sliced from them."""
+    blocks = tuple(blocks)
+    given = {_range_key(b): b for b in blocks}
+    made = _shared(list(given), lambda key: given[key] if convert is None else convert(given[key]))
+    return tuple(made[_range_key(b)] for b in blocks)
+
+
+def _range_key(b: CSRBlock) -> tuple:
+    return (b.row_start, b.row_end), (b.col_start, b.col_end)
+
+
+def _shared(keys, make) -> dict:
+    """{((r0, r1), (c0, c1)): block} for the distinct keys, widest row range first: a key
+    whose rows lie inside an already made block's over the same columns is that block's
+    :func:`row_slice` (no copy), any other ``make(key)``."""
     made: dict = {}
-    for rows, cols in PLANES:
-        key = (vr[rows], vr[cols])
-        if key not in made:
-            made[key] = CSRBlock.from_graph(graph, *key)
-    return tuple(made[(vr[rows], vr[cols])] for rows, cols in PLANES)
+    for key in sorted(set(keys), key=lambda k: (k[0][0] - k[0][1], k)):
+        (r0, r1), cols = key
+        container = next((b for (rows, c), b in made.items() if c == cols and rows[0] <= r0 and r1 <= rows[1]), None)
+        made[key] = row_slice(container, r0, r1) if container is not None else make(key)
+    return made
+
+
+def row_slice(block: CSRBlock, r0: int, r1: int) -> CSRBlock:
+    """Rows [r0, r1) of ``block`` (inside its row range) as a block over the same columns:
+    ``indices`` and ``values`` are views of the block's arrays, only the (r1 - r0 + 1)
+    row pointers are new (the block itself when the rows are all of it). Equal, array for
+    array, to ``CSRBlock.from_graph`` of those rows."""
+    if not block.row_start <= r0 <= r1 <= block.row_end:
+        raise ValueError(f"rows [{r0}, {r1}) are not inside the block's rows [{block.row_start}, {block.row_end})")
+    if (r0, r1) == (block.row_start, block.row_end):
+        return block
+    a, b = r0 - block.row_start, r1 - block.row_start
+    lo, hi = int(block.indptr[a]), int(block.indptr[b])
+    return CSRBlock(block.indptr[a:b + 1] - lo, block.indices[lo:hi], block.values[lo:hi], r0, r1,
+                    block.col_start, block.col_end)
+
+
+def adjacency_storage(blocks) -> dict:
+    """Distinct CSR blocks (:meth:`CSRBlock.storage_key`), distinct array storages and
+    their bytes among ``blocks``: what the planes really hold in memory, each shared
+    storage counted once."""
+    storages: dict = {}
+    for b in blocks:
+        for t in (b.indptr, b.indices, b.values):
+            st = t.untyped_storage()
+            storages[(t.device, st.data_ptr())] = st.nbytes()
+    return {"blocks": len({b.storage_key() for b in blocks}), "storages": len(storages),
+            "bytes": sum(storages.values())}
 
 
 def _feature_block(x: torch.Tensor, rows: tuple, cols: tuple) -> torch.Tensor:
