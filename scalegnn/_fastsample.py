@@ -73,7 +73,7 @@ if _HAVE_NUMBA:
     _H01 = np.uint64(0x0101010101010101)
     _U6, _U63 = np.uint64(6), np.uint64(63)
     _AHEAD = 16  # rows prefetched ahead by the scan (its pointer twice as far): enough misses in flight
-    _AHEAD_KEPT = 16  # kept entries whose value is prefetched ahead by the gather
+    _AHEAD_KEPT = 48  # kept entries whose value is prefetched ahead by the gather
 
     @numba.njit(nogil=True, cache=True, inline="always")
     def _popcount(x):
@@ -180,13 +180,12 @@ if _HAVE_NUMBA:
 
     @numba.njit(nogil=True, cache=True)
     def _gather_kernel(values, buf_c, buf_e, row_end, lo, diag_shift, scale, rescale, rkey, ckey, keyed,
-                       out_c, out_v, col_cnt):
+                       out_c, out_v):
         # The kept entries of rows lo.. (as _scan_kernel left them) into the output:
         # compact columns copied, values read (prefetched a few entries ahead: kept
-        # positions increase, but with gaps) and rescaled, one more per column in col_cnt.
+        # positions increase, but with gaps) and rescaled.
         scale32 = np.float32(scale)
         k = row_end[row_end.size - 1] if row_end.size else 0
-        t = 0
         for i in range(row_end.size):
             row = lo + i
             for t in range(row_end[i - 1] if i else 0, row_end[i]):
@@ -199,7 +198,13 @@ if _HAVE_NUMBA:
                     val = val / scale32
                 out_c[t] = c
                 out_v[t] = val
-                col_cnt[c] += 1
+
+    @numba.njit(nogil=True, cache=True)
+    def _count_kernel(out_c, col_cnt):
+        # One more per kept entry in its column's count. A pass of its own: inside the
+        # gather, these scattered increments wait behind the value misses (3x the time).
+        for t in range(out_c.size):
+            col_cnt[out_c[t]] += 1
 
     @numba.njit(nogil=True, cache=True)
     def _scatter_kernel(out_c, out_v, row_end, row0, start, t_rows, t_vals):
@@ -234,12 +239,16 @@ if _HAVE_NUMBA:
         out_v = np.empty(k, np.float32)
         t_ptr = np.zeros(n_cols + 1, np.int64)
         _gather_kernel(values, buf_c, buf_e, fwd_ptr[1:], 0, diag_shift, scale, rescale, rkey, ckey, keyed,
-                       out_c, out_v, t_ptr[1:])
+                       out_c, out_v)
+        _count_kernel(out_c, t_ptr[1:])
         for c in range(n_cols):
             t_ptr[c + 1] += t_ptr[c]
         t_rows = np.empty(k, np.int64)
         t_vals = np.empty(k, np.float32)
-        _scatter_kernel(out_c, out_v, fwd_ptr[1:], 0, t_ptr[:n_cols].copy(), t_rows, t_vals)
+        if k < 2**31:  # int32 slot pointers: half the bytes of the scattered updates
+            _scatter_kernel(out_c, out_v, fwd_ptr[1:], 0, t_ptr[:n_cols].astype(np.int32), t_rows, t_vals)
+        else:
+            _scatter_kernel(out_c, out_v, fwd_ptr[1:], 0, t_ptr[:n_cols].copy(), t_rows, t_vals)
         return fwd_ptr, out_c, out_v, t_ptr, t_rows, t_vals
 
     @numba.njit(nogil=True, cache=True)
@@ -425,9 +434,13 @@ def _extract_chunks(ip, ind, val, r, c, c0, diag_shift, scale, rk, ck, keyed, bi
     k = base[-1]
     out_c, out_v = np.empty(k, np.int64), np.empty(k, np.float32)
     col_cnt = [np.zeros(n_cols, np.int64) for _ in chunks]
-    _in_threads(lambda j: _run(_gather_kernel, val, scanned[j][0], scanned[j][1], scanned[j][2], chunks[j][0],
-                               diag_shift, scale, scale != 1.0, rk, ck, keyed, out_c[base[j]: base[j + 1]],
-                               out_v[base[j]: base[j + 1]], col_cnt[j]), [(j,) for j in range(len(chunks))])
+
+    def gather(j):
+        _run(_gather_kernel, val, scanned[j][0], scanned[j][1], scanned[j][2], chunks[j][0], diag_shift, scale,
+             scale != 1.0, rk, ck, keyed, out_c[base[j]: base[j + 1]], out_v[base[j]: base[j + 1]])
+        _run(_count_kernel, out_c[base[j]: base[j + 1]], col_cnt[j])
+
+    _in_threads(gather, [(j,) for j in range(len(chunks))])
     col_total = np.zeros(n_cols, np.int64)
     starts = []
     for cnt in col_cnt:  # range j's first slot per column: after the columns before, and ranges < j
