@@ -1,0 +1,162 @@
+"""The compiled sampler kernel (scalegnn._fastsample) against the torch reference path of
+extract_block, entry for entry: random directed graphs with self loops and isolated
+vertices, blocks over row and column ranges of a plane, one thread and several, keyed
+self loops, the reused per-thread buffers (growth, reuse over different blocks, a
+bitmap left clean, a call that dies half way, two threads at once), and the fallback
+when numba is absent."""
+
+import threading
+
+import pytest
+import torch
+
+from scalegnn import _fastsample
+from scalegnn import sampling as S
+
+needs_numba = pytest.mark.skipif(not _fastsample.available(), reason="numba not installed")
+
+
+def directed_block(n, m, seed, rows=None, cols=None, isolated=5) -> S.CSRBlock:
+    """A random directed N x N matrix (A != A^T), a self loop on every third vertex, the
+    last ``isolated`` vertices with no edge at all, float32 values in (0, 1], as the
+    block over ``rows`` x ``cols`` (default the whole matrix)."""
+    gen = torch.Generator().manual_seed(seed)
+    live = n - isolated
+    src, dst = torch.randint(0, live, (m,), generator=gen), torch.randint(0, live, (m,), generator=gen)
+    loops = torch.arange(0, live, 3)
+    key = torch.unique(torch.cat([src * n + dst, loops * n + loops]))  # sorted, no duplicates
+    r, c = key // n, key % n
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.bincount(r, minlength=n), 0)
+    values = 1.0 - torch.rand(key.numel(), generator=gen)
+    r0, r1 = rows or (0, n)
+    c0, c1 = cols or (0, n)
+    lo, hi = int(indptr[r0]), int(indptr[r1])
+    ptr, ind, val = indptr[r0: r1 + 1] - lo, c[lo:hi], values[lo:hi]
+    keep = (ind >= c0) & (ind < c1)
+    before = torch.zeros(ind.numel() + 1, dtype=torch.int64)
+    before[1:] = torch.cumsum(keep, 0)
+    return S.CSRBlock(before[ptr].contiguous(), ind[keep].to(torch.int32).contiguous(), val[keep].contiguous(),
+                      r0, r1, c0, c1)
+
+
+def same(a: S.SampledBlock, b: S.SampledBlock) -> bool:
+    parts = lambda x: (x.crow_indices(), x.col_indices(), x.values())  # noqa: E731
+    return (a.row_offset, a.col_offset) == (b.row_offset, b.col_offset) and all(
+        x.dtype == y.dtype and torch.equal(x, y) for m, r in ((a.adj, b.adj), (a.adj_t, b.adj_t))
+        for x, y in zip(parts(m), parts(r)))
+
+
+PLANE_RANGES = [((0, 500), (0, 500)), ((0, 180), (0, 500)), ((180, 500), (97, 333)), ((333, 500), (0, 97)),
+                ((97, 333), (333, 500))]
+
+
+@needs_numba
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("batch", [2, 61, 250, 499])
+def test_kernel_equals_torch_reference_on_directed_blocks(batch, threads, monkeypatch):
+    monkeypatch.setattr(_fastsample, "PARALLEL_MIN_NNZ", 1)  # several threads split even these small blocks
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for seed, (rows, cols) in enumerate(PLANE_RANGES):
+            blk = directed_block(500, 6000, seed, rows, cols)
+            sample = S.sample_vertices(500, batch, seed=seed, step=batch)
+            p = S.inclusion_probability(500, batch)
+            ref = S.extract_block(blk, sample, p, backend="torch")
+            assert same(S.extract_block(blk, sample, p, backend="numba"), ref), (rows, cols)
+            blk64 = S.CSRBlock(blk.indptr, blk.indices.long(), *[getattr(blk, f) for f in
+                                                                 ("values", "row_start", "row_end", "col_start",
+                                                                  "col_end")])
+            assert same(S.extract_block(blk64, sample, p, backend="numba"), ref)
+            no_rescale = S.extract_block(blk, sample, 1.0, backend="numba")  # full-graph: values untouched
+            assert same(no_rescale, S.extract_block(blk, sample, 1.0, backend="torch"))
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_numba
+def test_kernel_equals_reference_with_keys_and_a_separate_column_sample():
+    """Rows and columns labeled differently (double permutation): the self loops are
+    the entries whose row and column keys agree."""
+    n = 300
+    blk = directed_block(n, 4000, 7, (40, 260), (10, 290))
+    gen = torch.Generator().manual_seed(3)
+    sample = torch.sort(torch.randperm(n, generator=gen)[:90]).values
+    col_sample = torch.sort(torch.randperm(n, generator=gen)[:90]).values
+    keys = (torch.randperm(n, generator=gen)[sample], torch.randperm(n, generator=gen)[col_sample])
+    keys[1][5:20] = keys[0][5:20]  # some matching keys, so some entries stay unscaled
+    p = S.inclusion_probability(n, 90)
+    kw = dict(col_sample=col_sample, keys=keys)
+    assert same(S.extract_block(blk, sample, p, backend="numba", **kw),
+                S.extract_block(blk, sample, p, backend="torch", **kw))
+
+
+@needs_numba
+def test_reused_buffers_grow_are_left_clean_and_recover():
+    """The per-thread buffers start empty and grow on the first call that overflows them;
+    a block over a wider column range grows the bitmap; every call leaves the bitmap all
+    zero; a call that died between marking and clearing is not trusted afterwards."""
+    scratch = _fastsample._scratch
+    scratch.__init__()  # this thread's buffers as a fresh thread finds them
+    results = []
+    for n, batch in ((300, 100), (2000, 700), (300, 100), (5000, 30)):
+        blk = directed_block(n, 8 * n, n)
+        sample = S.sample_vertices(n, batch, 0, 1)
+        p = S.inclusion_probability(n, batch)
+        out = S.extract_block(blk, sample, p, backend="numba")
+        assert same(out, S.extract_block(blk, sample, p, backend="torch"))
+        assert not scratch.bits.any() and not scratch.dirty
+        results.append(out)
+    assert scratch.bits.size >= 5000 // 64 + 1
+    assert same(results[0], results[2])  # a larger buffer gives the same block
+    scratch.bits[3] = 1  # as a crash between mark and clear would leave it
+    scratch.dirty = True
+    blk = directed_block(300, 2400, 300)
+    sample = S.sample_vertices(300, 100, 0, 1)
+    assert same(S.extract_block(blk, sample, 0.3, backend="numba"), S.extract_block(blk, sample, 0.3,
+                                                                                    backend="torch"))
+    assert not scratch.bits.any()
+
+
+@needs_numba
+def test_two_threads_sampling_at_once_each_use_their_own_buffers():
+    """The prefetch thread and the main thread may sample at the same time."""
+    n = 4000
+    blocks = [directed_block(n, 60000, s) for s in range(2)]
+    samples = [S.sample_vertices(n, 900 + 300 * s, 0, s) for s in range(2)]
+    ps = [S.inclusion_probability(n, 900 + 300 * s) for s in range(2)]
+    refs = [S.extract_block(blocks[s], samples[s], ps[s], backend="torch") for s in range(2)]
+    ok, errors = [True, True], []
+
+    def work(s):
+        try:
+            for _ in range(30):
+                ok[s] &= same(S.extract_block(blocks[s], samples[s], ps[s], backend="numba"), refs[s])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and all(ok)
+
+
+def test_without_numba_the_sampler_gives_the_same_batches(monkeypatch):
+    """numba absent: "auto" runs the torch path, and a sampler's batches (sample, both
+    CSRs) are those the kernel gives."""
+    from tests.graphs import random_graph
+
+    g = random_graph(n=600, m=9000, seed=4)
+    monkeypatch.setattr(S, "NUMBA_MIN_NNZ", 0)  # "auto" would take the kernel for this graph
+    with_kernel = [S.UniformVertexSampler(g, 150, seed=2).sample(step) for step in range(3)]
+    monkeypatch.setattr(_fastsample, "_HAVE_NUMBA", False)
+    without = [S.UniformVertexSampler(g, 150, seed=2).sample(step) for step in range(3)]
+    for a, b in zip(with_kernel, without):
+        assert torch.equal(a.nodes, b.nodes)
+        assert same(S.SampledBlock(a.adj, a.adj_t, 0, 0), S.SampledBlock(b.adj, b.adj_t, 0, 0))
+    with pytest.raises(_fastsample.Unavailable):
+        _fastsample.extract(torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.ones(1),
+                            torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), 0, 1, 0, 0.5)
