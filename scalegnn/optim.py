@@ -74,14 +74,16 @@ def use_sparse_input_update(mode: str, sparse_features: bool, device: torch.devi
     """Whether W_in gets the row-sparse gradient and update (``--sparse-input-update``).
 
     ``on``: whenever the features are sparse (CSR). ``off``: never (dense AdamW over all
-    of W_in). ``auto``: with sparse features on the CPU; on a GPU the dense fused update
-    of W_in costs microseconds while the touched-row set is a data-dependent size (one
-    host read per step). Dense features: never (every row is touched)."""
+    of W_in). ``auto``: with sparse features on the CPU with the compiled kernel (numba);
+    the torch path's gathers and scatters cost more than the dense fused update, and on
+    a GPU the dense fused update of W_in costs microseconds while the touched-row set is
+    a data-dependent size (one host read per step). Dense features: never (every row
+    is touched)."""
     if mode not in SPARSE_INPUT_UPDATE:
         raise ValueError(f"sparse_input_update must be one of {SPARSE_INPUT_UPDATE}, got {mode!r}")
     if not sparse_features or mode == "off":
         return False
-    return mode == "on" or torch.device(device).type == "cpu"
+    return mode == "on" or (torch.device(device).type == "cpu" and _KERNEL_OK)
 
 
 def row_sparse_grad(rows: torch.Tensor, values: torch.Tensor, shape) -> torch.Tensor:
@@ -139,20 +141,22 @@ def _rows_torch(p, m, v, rows, g, consts, skip):
 
 
 if _HAVE_NUMBA:
-    @numba.njit(nogil=True, cache=True)
+    # error_model="numpy": no division-by-zero branch per element, so the row loop
+    # vectorizes (IEEE semantics, as torch; eps > 0 keeps the denominator positive).
+    @numba.njit(nogil=True, cache=True, error_model="numpy")
     def _rows_kernel(p, m, v, rows, g, b1, c1, b2, c2, bc2s, eps, step_size):  # pragma: no cover - compiled
         # float32 throughout (every constant is np.float32), no fastmath: each operation
         # is correctly rounded (np.sqrt too), as in _rows_torch, so both give the same bits.
         h = p.shape[1]
         for i in range(rows.shape[0]):
-            r = rows[i]
+            pr, mr, vr, gr = p[rows[i]], m[rows[i]], v[rows[i]], g[i]
             for j in range(h):
-                gi = g[i, j]
-                mi = m[r, j] * b1 + gi * c1
-                vi = v[r, j] * b2 + (gi * gi) * c2
-                p[r, j] = p[r, j] - (mi / (np.sqrt(vi) / bc2s + eps)) * step_size
-                m[r, j] = mi
-                v[r, j] = vi
+                gi = gr[j]
+                mi = mr[j] * b1 + gi * c1
+                vi = vr[j] * b2 + (gi * gi) * c2
+                pr[j] = pr[j] - (mi / (np.sqrt(vi) / bc2s + eps)) * step_size
+                mr[j] = mi
+                vr[j] = vi
 else:  # pragma: no cover
     _rows_kernel = None
 
