@@ -96,9 +96,8 @@ RUNS_1x2x2x2 = [
          optim=OptimConfig(lr=1e-2)),
     dict(name="multilabel", graph=dict(seed=2, multilabel=True), batch=20, seed=1,
          model=ModelConfig(hidden=10, layers=2, dropout=0.2), optim=OptimConfig(lr=1e-2, grad_clip=0.1)),
-    # dense AdamW as the serial reference (the lazy row update: tests/test_sparse_input_update.py)
     dict(name="sparse features", graph=dict(seed=4, f=61, sparse=True), batch=21, seed=5,
-         model=ModelConfig(hidden=9, layers=2, dropout=0.1), optim=OptimConfig(lr=1e-2, sparse_input_update="off")),
+         model=ModelConfig(hidden=9, layers=2, dropout=0.1), optim=OptimConfig(lr=1e-2)),
     dict(name="rare labels", graph=dict(seed=0, train=[0, 1]), batch=4, seed=2,  # most samples hold no train vertex
          model=ModelConfig(hidden=6, layers=1, dropout=0.0), optim=OptimConfig(lr=1e-2)),
 ]

@@ -230,6 +230,7 @@ def test_the_setting_is_validated_and_resolved():
     assert not so.use_sparse_input_update("auto", True, gpu)
     assert so.use_sparse_input_update("on", True, gpu) and not so.use_sparse_input_update("on", False, cpu)
     assert not so.use_sparse_input_update("off", True, cpu)
+    assert OptimConfig().sparse_input_update == "off"  # the default: dense AdamW, as before
     opt, _ = make_optimizer([torch.nn.Parameter(torch.ones(2))], OptimConfig(), 10)
     assert type(opt) is torch.optim.AdamW and opt.defaults["fused"]
 
