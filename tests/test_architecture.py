@@ -22,7 +22,7 @@ FLOORS = [
                      "scalegnn._elementwise",
                      "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
                      "scalegnn.threads"]),
-    ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.engine",
+    ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.optim", "scalegnn.engine",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     ("parallel", ["scalegnn.parallel"]),
     ("trainers", ["scalegnn.config", "scalegnn.trainer", "scalegnn.run", "scalegnn.perfmodel",

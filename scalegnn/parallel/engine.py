@@ -14,7 +14,10 @@ One ``train_step(step)`` on every rank of the ``Gd x Gx x Gy x Gz`` grid:
      whose sample holds at least one labeled training vertex (paper IV-A), fused
      with the loss and accuracy counts into one buffer;
   4. global-norm clipping (each shard counted once: replicas excluded) and AdamW
-     on the local shards (element-wise, so it equals the serial update).
+     on the local shards (element-wise, so it equals the serial update). With
+     sparse features and ``--sparse-input-update`` W_in's gradient is row-sparse and
+     its update lazy (:mod:`scalegnn.optim`): the rows of the features present in
+     the batch, the same rows on every replica of W_in.
 
 With Gd = 1 and the same seed, every step reproduces the serial reference: same
 sample, same dropout mask, same loss and same updated weights (up to float
@@ -38,10 +41,12 @@ from collections import defaultdict
 
 import torch
 
+from ..csr import is_csr
 from ..device import synchronize
 from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
 from ..graph import Graph
 from ..model import ModelConfig
+from ..optim import grad_values, row_sparse_grad, use_sparse_input_update
 from ..perf import PerfConfig, Prefetcher, SpanTimer, StepProfiler
 from ..sampling import steps_per_epoch
 from .collectives import CommStats, all_reduce
@@ -151,8 +156,14 @@ class ParallelEngine:
         self.multilabel = shard.multilabel
         self.model = ParallelScaleGNN(shard.num_features, shard.num_classes, model_cfg, grid, seed=seed).to(device)
         self.params = list(self.model.named_parameters())
+        # W_in's gradient and update row-sparse with sparse features (scalegnn.optim):
+        # the GEMM builds the gradient that way, the optimizer updates only its rows.
+        # Sparse: the batches' features are CSR (the sampler's choice, training_features).
+        self.sparse_input_update = use_sparse_input_update(optim_cfg.sparse_input_update,
+                                                           is_csr(self.sampler.features), device)
         self.optimizer, self.scheduler = make_optimizer(
-            self.model.parameters(), optim_cfg, total_steps=epochs * self.steps_per_epoch
+            self.model.parameters(), optim_cfg, total_steps=epochs * self.steps_per_epoch,
+            row_sparse=self.sparse_input_update,
         )
         self.grad_clip = optim_cfg.grad_clip
         comm_dtype = pmm_comm_dtype if pmm_comm_dtype is not None else perf.pmm_comm_dtype
@@ -166,7 +177,7 @@ class ParallelEngine:
         if perf.compile:
             fused = torch.compile(norm_relu_dropout, dynamic=True, backend=perf.compile_backend)
         self.pc = ParallelContext(grid, self._stats, self._timer, comm_dtype, overlap=perf.comm_overlap,
-                                  fused=fused)
+                                  fused=fused, sparse_input_grad=self.sparse_input_update)
         if perf.comm_overlap:
             self.model.defer_weight_grad_sync(self.pc)
         self.eval_stats = CommStats(timing=False)  # evaluation traffic, kept out of the per-epoch training counters
@@ -222,7 +233,7 @@ class ParallelEngine:
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for name, p in self.params:
             if p.grad is not None and self.model.is_owner(name):
-                sq += p.grad.detach().double().pow(2).sum()
+                sq += grad_values(p.grad).detach().double().pow(2).sum()
         for ax in PMM_AXES:
             all_reduce(sq, self.grid, ax, self._stats, "clip")
         return sq.sqrt()
@@ -307,7 +318,7 @@ class ParallelEngine:
                     coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0).to(torch.float32)
                     for _, p in self.params:
                         if p.grad is not None:
-                            p.grad.mul_(coef)
+                            grad_values(p.grad).mul_(coef)
                 # No labeled training vertex in any group's sample: nothing to learn. The
                 # fused AdamW then leaves weights, moments and step count as they were.
                 self.optimizer.found_inf = nothing_to_learn
@@ -327,16 +338,31 @@ class ParallelEngine:
         has = (count > 0).to(torch.float32)
         scalars = torch.stack([loss.float() * has, has, counts[0].float(), counts[1].float()])
         if self.grid.axis_size("dp") > 1:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in self.params]
-            flat = torch.cat([g.reshape(-1) for g in grads] + [scalars])
+            # A row-sparse gradient travels dense with a 0/1 flag per row: the groups
+            # touched different rows, and every group must update their union.
+            grads, pieces = [], []
+            for _, p in self.params:
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                touched = None
+                if g.is_sparse:
+                    rows = g._indices()[0]
+                    g = torch.zeros_like(p).index_copy_(0, rows, g._values())
+                    touched = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device).index_fill_(0, rows, 1.0)
+                grads.append((g, touched))
+                pieces += [g.reshape(-1)] + ([touched] if touched is not None else [])
+            flat = torch.cat(pieces + [scalars])
             all_reduce(flat, self.grid, "dp", self._stats, "dp")
             scalars = flat[-4:]
             groups = scalars[1].clamp(min=1.0)
             off = 0
-            for (_, p), g in zip(self.params, grads):
+            for (_, p), (g, touched) in zip(self.params, grads):
                 n = g.numel()
                 p.grad = flat[off: off + n].view_as(g) / groups
                 off += n
+                if touched is not None:
+                    rows = flat[off: off + touched.numel()].nonzero().squeeze(1)
+                    off += touched.numel()
+                    p.grad = row_sparse_grad(rows, p.grad.index_select(0, rows), p.shape)
         groups = scalars[1]
         stats = torch.stack([scalars[0] / groups.clamp(min=1.0), (groups > 0).float(), scalars[2], scalars[3]])
         return stats.double(), (groups == 0).float()

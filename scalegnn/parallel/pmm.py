@@ -47,6 +47,7 @@ import torch
 
 from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, tail_backward_stats, tail_forward
 from ..model import dropout_keep_mask, rms_norm
+from ..optim import row_sparse_grad
 from ..perf import SpanTimer
 from ..sampling import SampledBlock
 from .collectives import (CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
@@ -71,6 +72,10 @@ class ParallelContext:
                   launched by :meth:`reduce_weight_grad` and finished by :meth:`wait_pending`
         fused     the element-wise tail of a layer, ``norm_relu_dropout`` or its
                   ``torch.compile``-d version (V-C); None keeps the unfused operators
+        sparse_input_grad
+                  with a CSR input (``h_t`` given to :func:`sharded_gemm`: the input
+                  projection) the weight gradient is row-sparse: only the rows of the
+                  features present in the batch (:mod:`scalegnn.optim`)
     """
 
     grid: ProcessGrid
@@ -79,6 +84,7 @@ class ParallelContext:
     pmm_comm_dtype: torch.dtype | None = None
     overlap: bool = False
     fused: object | None = None
+    sparse_input_grad: bool = False
     pending: list = field(default_factory=list)
 
     def reduce_pmm(self, t: torch.Tensor, axis: str) -> torch.Tensor:
@@ -92,8 +98,9 @@ class ParallelContext:
 
     def reduce_weight_grad(self, grad: torch.Tensor, axis: str) -> None:
         """Launch the deferred all-reduce of a weight gradient (in place); it completes
-        in :meth:`wait_pending`, overlapping with the rest of backward."""
-        self.pending.append(self.reduce_pmm_async(grad, axis))
+        in :meth:`wait_pending`, overlapping with the rest of backward. A row-sparse
+        gradient is reduced through its values: its rows are agreed over ``axis``."""
+        self.pending.append(self.reduce_pmm_async(grad._values() if grad.is_sparse else grad, axis))
 
     def wait_pending(self) -> None:
         """Finish every launched weight-gradient reduction (before the optimizer)."""
@@ -160,7 +167,9 @@ class _ShardedGEMM(torch.autograd.Function):
                 pending_h = pc.reduce_pmm_async(grad_h, ctx.dh_axis)
             else:
                 grad_h = pc.reduce_pmm(grad_h, ctx.dh_axis)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and ctx.h_t is not None and pc.sparse_input_grad:
+            grad_w = _row_sparse_dw(ctx.h_t, grad_z, w.shape, pc, ctx.dw_axis, ctx.defer_dw)
+        elif ctx.needs_input_grad[1]:
             with pc.time("gemm"):  # partial over the row blocks of H (axis dw_axis)
                 grad_w = (h.t() @ grad_z if ctx.h_t is None else torch.sparse.mm(ctx.h_t, grad_z)).contiguous()
             if not ctx.defer_dw:  # deferred: the caller's hook reduces it after accumulation
@@ -168,6 +177,37 @@ class _ShardedGEMM(torch.autograd.Function):
         if pending_h is not None:
             grad_h = pending_h.wait()
         return grad_h, grad_w, None, None, None, None, None, None
+
+
+def _row_sparse_dw(x_t: torch.Tensor, grad_z: torch.Tensor, shape, pc: ParallelContext, dw_axis: str,
+                   defer_dw: bool) -> torch.Tensor:
+    """dW = X^T dZ (Eq. 18) for a CSR input, as a row-sparse gradient: row f of X^T dZ
+    is zero unless feature f has an entry in the batch rows, so only those rows are
+    computed (no dense (F_z, H) temporary) and returned as the coalesced sparse COO
+    tensor of :func:`scalegnn.optim.row_sparse_grad`.
+
+    The replicas along ``dw_axis`` hold different batch rows, hence different present
+    features; they agree on the union (an int32 all-reduce of F_z flags, counted with
+    the partial sums' kind) so that the values can be summed and every replica of W_in
+    updates the same rows. The row set is data-dependent in size: one host read
+    (``nonzero``) per step on a GPU, which is why ``--sparse-input-update auto`` keeps it
+    to the CPU. ``defer_dw``: the values stay partial, the caller's hook reduces them.
+    """
+    crow = x_t.crow_indices()
+    present = crow[1:] > crow[:-1]  # (F_z,) features with an entry in this rank's batch rows
+    if pc.grid.axis_size(dw_axis) > 1:
+        present = pc.reduce(present.to(torch.int32), dw_axis, f"pmm_{dw_axis}") > 0
+    rows = present.nonzero().squeeze(1)  # (R,) sorted
+    with pc.time("gemm"):
+        # The CSR of X^T's rows ``rows``: a superset of its non-empty rows, so their
+        # entries are all of X^T's entries, in order, and only the row pointers change.
+        compact = torch.sparse_csr_tensor(torch.cat([crow.index_select(0, rows), crow[-1:]]), x_t.col_indices(),
+                                          x_t.values(), (rows.numel(), x_t.shape[1]), check_invariants=False)
+        values = (torch.sparse.mm(compact, grad_z) if rows.numel() else
+                  grad_z.new_zeros(0, grad_z.shape[1])).contiguous()  # (R, H): partial over dw_axis
+    if not defer_dw:
+        values = pc.reduce_pmm(values, dw_axis)
+    return row_sparse_grad(rows, values, shape)
 
 
 def sharded_gemm(h: torch.Tensor, w: torch.Tensor, pc: ParallelContext, reduce_axis: str, dh_axis: str,
@@ -185,7 +225,9 @@ def sharded_gemm(h: torch.Tensor, w: torch.Tensor, pc: ParallelContext, reduce_a
     gradient sync overlaps with the rest of backward (paper V-D).
 
     ``h_t``: the CSR of ``h^T`` when ``h`` is a sparse CSR input (the features): dW
-    is then the CSR x dense product ``h_t @ dZ`` (see :func:`scalegnn.csr.csr_transpose`).
+    is then the CSR x dense product ``h_t @ dZ`` (see :func:`scalegnn.csr.csr_transpose`),
+    and with ``pc.sparse_input_grad`` only its rows of the features present in the
+    batch, as a row-sparse gradient (:func:`_row_sparse_dw`).
     """
     return _ShardedGEMM.apply(h, w, pc, reduce_axis, dh_axis, dw_axis, defer_dw, h_t)
 
