@@ -260,9 +260,9 @@ def row_sum_squares(x: torch.Tensor) -> torch.Tensor:
     """sum_j x_ij^2 per row, (B,) in :func:`stats_dtype` (the local part of Eq. 29)."""
     acc = stats_dtype(x.dtype)
     if _numba_ok(x):
-        s64 = np.empty(x.shape[0], np.float64)
-        if _call(_sum_squares_kernel, _np(x), s64):
-            return torch.from_numpy(s64).to(acc)
+        s64 = torch.empty(x.shape[0], dtype=torch.float64)  # a torch tensor the kernel fills (no from_numpy)
+        if _call(_sum_squares_kernel, _np(x), s64.numpy()):
+            return s64.to(acc)
     return x.to(acc).pow(2).sum(-1)
 
 
@@ -313,11 +313,11 @@ def tail_backward_stats(dout: torch.Tensor, x: torch.Tensor, rinv: torch.Tensor,
     acc = stats_dtype(x.dtype)
     if _numba_ok(dout, x, rinv, g):
         xa = _np(x)
-        dot = np.empty(x.shape[0], np.float64)
-        dg = np.zeros(x.shape[1] if want_dg else 1, np.float64)
+        dot = torch.empty(x.shape[0], dtype=torch.float64)  # torch tensors the kernel fills (no from_numpy)
+        dg = torch.zeros(x.shape[1] if want_dg else 1, dtype=torch.float64)
         if _call(_tail_bwd_stats_kernel, _np(dout), xa, _np(rinv), _np(g, xa), _np(pas), xa.dtype.type(den),
-                 xa.dtype.type(0), dot, dg, g is not None, want_dg):
-            return torch.from_numpy(dot).to(acc), torch.from_numpy(dg).to(acc) if want_dg else None
+                 xa.dtype.type(0), dot.numpy(), dg.numpy(), g is not None, want_dg):
+            return dot.to(acc), dg.to(acc) if want_dg else None
     dy = torch.where(pas, dout / den, 0.0)
     u = dy * g if g is not None else dy
     dot = (u.to(acc) * x.to(acc)).sum(-1)

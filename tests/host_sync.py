@@ -26,7 +26,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["HostSyncDetector"]
 
 # Python-level tensor methods and torch functions that read device values on the host.
-_FUNCTIONS = {"item", "tolist", "numpy", "cpu", "__float__", "__int__", "__bool__", "__index__",
+# Not ``numpy``: it only exists for CPU tensors (a CUDA tensor's raises, so it can never
+# hide a GPU stall; the ``cpu()`` before it would be counted) and is how the CPU's
+# compiled kernels (numba) see a tensor's memory, without a copy.
+_FUNCTIONS = {"item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__index__",
               "tensor", "as_tensor", "nonzero", "argwhere", "unique", "unique_consecutive", "masked_select",
               "equal", "allclose", "is_nonzero"}
 # ATen operators that synchronize a GPU (output sizes that depend on the data, scalar reads).
