@@ -31,11 +31,12 @@ import time
 
 import torch
 
-__all__ = ["elementwise_bench", "main"]
+__all__ = ["elementwise_bench", "main", "mask_before_issue_l"]
 
 
-def _mask_before(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
-    """scalegnn.model.dropout_keep_mask as it was before issue 12 (the baseline of the ratio)."""
+def mask_before_issue_l(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
+    """scalegnn.model.dropout_keep_mask's formula as it was before issue L, frozen: the
+    baseline of this benchmark and the specification the tests hold both kernel paths to."""
     m1, m2, gold = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64), 0x9E3779B97F4A7C15 - (1 << 64)
 
     def lsr(h, k):
@@ -89,7 +90,7 @@ def elementwise_bench(shapes=((2247, 256), (22470, 256)), p: float = 0.5, reps: 
         f32, u8 = torch.empty(b, h), torch.empty(b, h, dtype=torch.bool)
         fns = {"bernoulli_ (float32)": lambda: f32.bernoulli_(1 - p),
                "bernoulli_ (bool)": lambda: u8.bernoulli_(1 - p),
-               "mask before": lambda: _mask_before(7, rows, cols, p),
+               "mask before": lambda: mask_before_issue_l(7, rows, cols, p),
                "mask torch path": lambda: ew.keep_mask_torch(7, rows, cols, p)}
         if ew.available():
             fns["mask numba"] = lambda: ew.keep_mask(7, rows, cols, p)
@@ -109,7 +110,7 @@ def elementwise_bench(shapes=((2247, 256), (22470, 256)), p: float = 0.5, reps: 
         def before():
             clear()
             z = parallel_rms_norm(x, g, pc, "x", "y", h, 1e-6)
-            z = torch.relu(z) * _mask_before(7, rows, cols, p) / (1.0 - p)
+            z = torch.relu(z) * mask_before_issue_l(7, rows, cols, p) / (1.0 - p)
             (z + res).backward(dout)
 
         def fused():

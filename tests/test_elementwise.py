@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from scalegnn import _elementwise as ew
+from scalegnn.benchmarks.elementwise import mask_before_issue_l  # the frozen formula: the spec
 from scalegnn.model import dropout_keep_mask, rms_norm
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid
@@ -37,21 +38,18 @@ TOL32 = dict(rtol=1e-5, atol=1e-6)
 EPS = 1e-6
 
 
+@pytest.fixture(params=["numba", "torch"])
+def backend(request, monkeypatch):
+    """Each kernel path in turn: the compiled one (skipped without numba) and the torch
+    one, forced by switching the compiled kernels off in this process."""
+    if request.param == "numba" and not ew.available():
+        pytest.skip("numba is not installed")
+    if request.param == "torch":
+        monkeypatch.setattr(ew, "_ENABLED", False)
+    return request.param
+
+
 # ----------------------------------------------------------------------------- the mask
-def _spec_mask(key, row_ids, col_ids, p):
-    """The original formula of scalegnn.model.dropout_keep_mask, frozen here as the spec."""
-    m1, m2, gold = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64), 0x9E3779B97F4A7C15 - (1 << 64)
-
-    def lsr(h, k):
-        return (h >> k) & ((1 << (64 - k)) - 1)
-
-    h = row_ids.to(torch.int64)[:, None] * gold + col_ids.to(torch.int64)[None, :] * m2 + key
-    h = (h ^ lsr(h, 30)) * m1
-    h = (h ^ lsr(h, 27)) * m2
-    h = h ^ lsr(h, 31)
-    return lsr(h, 11) >= int(p * float(1 << 53))
-
-
 def _mask_cases():
     gen = torch.Generator().manual_seed(7)
     cases = []
@@ -64,14 +62,9 @@ def _mask_cases():
     return cases
 
 
-@pytest.mark.parametrize("backend", ["numba", "torch"])
-def test_mask_equals_the_definition_bit_for_bit(backend, monkeypatch):
-    if backend == "numba" and not ew.available():
-        pytest.skip("numba is not installed")
-    if backend == "torch":
-        monkeypatch.setattr(ew, "_ENABLED", False)
+def test_mask_equals_the_definition_bit_for_bit(backend):
     for key, rows, cols, p in _mask_cases():
-        want = _spec_mask(key, rows, cols, p)
+        want = mask_before_issue_l(key, rows, cols, p)
         got = ew.keep_mask(key, rows, cols, p)
         assert got.dtype == torch.bool and got.shape == want.shape
         assert torch.equal(got, want), (key, rows.shape, cols.shape, p)
@@ -83,7 +76,7 @@ def test_mask_equals_the_definition_bit_for_bit(backend, monkeypatch):
     rows, cols = ids[::3], ids[1:600:7]
     assert not rows.is_contiguous()
     got = ew.keep_mask(123456789, rows, cols, 0.3)
-    assert torch.equal(got, _spec_mask(123456789, rows, cols, 0.3))
+    assert torch.equal(got, mask_before_issue_l(123456789, rows, cols, 0.3))
     assert abs(float(got.float().mean()) - 0.7) < 0.01
 
 
@@ -166,13 +159,8 @@ def _pc():
     return ParallelContext(ProcessGrid.single(), CommStats())
 
 
-@pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("switches", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "all")
-def test_fused_tail_equals_the_unfused_operators(backend, switches, monkeypatch):
-    if backend == "numba" and not ew.available():
-        pytest.skip("numba is not installed")
-    if backend == "torch":
-        monkeypatch.setattr(ew, "_ENABLED", False)
+def test_fused_tail_equals_the_unfused_operators(backend, switches):
     norm = switches.get("norm", True)
     b, h = 301, 77
     x, g, res, drop = _inputs(b, h, torch.float32, **switches)
@@ -183,14 +171,9 @@ def test_fused_tail_equals_the_unfused_operators(backend, switches, monkeypatch)
         _assert_all_close(fused, plain, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", ["numba", "torch"])
-def test_fused_tail_phases_equal_the_unfused_chain_bit_for_bit(backend, monkeypatch):
+def test_fused_tail_phases_equal_the_unfused_chain_bit_for_bit(backend):
     """Given the same row statistics (rinv, and c = rinv^3 dot / H), the forward output
     and dx are the unfused chain's to the last bit: the same operations in the same order."""
-    if backend == "numba" and not ew.available():
-        pytest.skip("numba is not installed")
-    if backend == "torch":
-        monkeypatch.setattr(ew, "_ENABLED", False)
     x, g, res, drop = _inputs(513, 129, torch.float32, seed=3)
     rinv = torch.rsqrt(x.pow(2).sum(-1) / 129 + EPS)
     out, pas = ew.tail_forward(x, rinv, g, drop, res, save=True)
@@ -210,13 +193,8 @@ def test_fused_tail_phases_equal_the_unfused_chain_bit_for_bit(backend, monkeypa
     assert torch.equal(out2, torch.relu(x)) and torch.equal(pas2, x > 0)
 
 
-@pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("switches", SWITCHES[:5], ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "all")
-def test_fused_tail_float64_equals_serial_autograd_and_passes_gradcheck(backend, switches, monkeypatch):
-    if backend == "numba" and not ew.available():
-        pytest.skip("numba is not installed")
-    if backend == "torch":
-        monkeypatch.setattr(ew, "_ENABLED", False)
+def test_fused_tail_float64_equals_serial_autograd_and_passes_gradcheck(backend, switches):
     norm = switches.get("norm", True)
     b, h = 23, 17
     x, g, res, drop = _inputs(b, h, torch.float64, seed=2, **switches)
@@ -284,14 +262,11 @@ def _two_rank_worker(rank, world, shape, col_axis, row_axis, backend, planted=Fa
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("shape,col_axis,row_axis", [((1, 2, 1, 1), "x", "y"), ((1, 2, 1, 1), "y", "x")],
                          ids=["columns-split", "rows-split"])
 def test_fused_tail_on_two_ranks_equals_the_serial_block(shape, col_axis, row_axis, backend):
     """Columns split: the sum of squares and the backward dot are all-reduced over the
     column axis; rows split: the gain's gradient over the row axis."""
-    if backend == "numba" and not ew.available():
-        pytest.skip("numba is not installed")
     results = spawn(_two_rank_worker, 2, shape, col_axis, row_axis, backend, timeout_s=120)
     for (r0, r1, c0, c1), got, nbytes in results:
         _assert_all_close(got, _serial_block(r0, r1, c0, c1), **TOL32)
@@ -345,7 +320,7 @@ def test_a_kernel_that_cannot_compile_falls_back_to_the_same_values(monkeypatch)
     x, g, res, drop = _inputs(50, 20, torch.float32)
     want = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
     monkeypatch.setattr(ew, "_run", unavailable)
-    assert torch.equal(drop.keep(), _spec_mask(drop.key, drop.rows, drop.cols, drop.p))
+    assert torch.equal(drop.keep(), mask_before_issue_l(drop.key, drop.rows, drop.cols, drop.p))
     got = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
     _assert_all_close(got, want, **TOL32)
 
