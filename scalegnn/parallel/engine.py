@@ -177,11 +177,13 @@ class ParallelEngine:
         if perf.compile:
             fused = torch.compile(norm_relu_dropout, dynamic=True, backend=perf.compile_backend)
         self.pc = ParallelContext(grid, self._stats, self._timer, comm_dtype, overlap=perf.comm_overlap,
-                                  fused=fused, sparse_input_grad=self.sparse_input_update)
+                                  fused=fused, sparse_input_grad=self.sparse_input_update,
+                                  gemm_dtype=perf.local_gemm_dtype)
         if perf.comm_overlap:
             self.model.defer_weight_grad_sync(self.pc)
         self.eval_stats = CommStats(timing=False)  # evaluation traffic, kept out of the per-epoch training counters
-        self._eval_pc = ParallelContext(grid, self.eval_stats, None, comm_dtype, fused=fused)
+        self._eval_pc = ParallelContext(grid, self.eval_stats, None, comm_dtype, fused=fused,
+                                        gemm_dtype=perf.local_gemm_dtype)
         self._components: dict[str, float] = defaultdict(float)
         self.comm_bytes: dict[str, int] = defaultdict(int)
         self.last_batch: ShardedBatch | None = None

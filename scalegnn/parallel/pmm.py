@@ -72,6 +72,9 @@ class ParallelContext:
                   launched by :meth:`reduce_weight_grad` and finished by :meth:`wait_pending`
         fused     the element-wise tail of a layer, ``norm_relu_dropout`` or its
                   ``torch.compile``-d version (V-C); None keeps the unfused operators
+        gemm_dtype
+                  operand dtype of the local dense GEMM products (None: as is); see
+                  :meth:`mm`
         sparse_input_grad
                   with a CSR input (``h_t`` given to :func:`sharded_gemm`: the input
                   projection) the weight gradient is row-sparse: only the rows of the
@@ -85,7 +88,19 @@ class ParallelContext:
     overlap: bool = False
     fused: object | None = None
     sparse_input_grad: bool = False
+    gemm_dtype: torch.dtype | None = None
     pending: list = field(default_factory=list)
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """The local dense product ``a @ b`` of a GEMM (forward or backward). With
+        ``gemm_dtype`` (bf16) both operands are cast and the product, accumulated in
+        FP32 by the BLAS / tensor cores and rounded to bf16 by ``mm``, comes back as
+        ``a``'s dtype before any all-reduce, so everything around the GEMM stays FP32
+        (the same bits on every device: no device-only ``out_dtype``). A sparse operand
+        (the CSR input features) keeps its FP32 sparse product."""
+        if self.gemm_dtype is None or a.layout != torch.strided or b.layout != torch.strided:
+            return a @ b
+        return torch.mm(a.to(self.gemm_dtype), b.to(self.gemm_dtype)).to(a.dtype)
 
     def reduce_pmm(self, t: torch.Tensor, axis: str) -> torch.Tensor:
         return all_reduce(t, self.grid, axis, self.stats, f"pmm_{axis}", comm_dtype=self.pmm_comm_dtype)
@@ -152,7 +167,7 @@ class _ShardedGEMM(torch.autograd.Function):
         ctx.save_for_backward(h, w)
         ctx.pc, ctx.dh_axis, ctx.dw_axis, ctx.defer_dw, ctx.h_t = pc, dh_axis, dw_axis, defer_dw, h_t
         with pc.time("gemm"):
-            z = h @ w
+            z = pc.mm(h, w)
         return pc.reduce_pmm(z, reduce_axis)
 
     @staticmethod
@@ -162,7 +177,7 @@ class _ShardedGEMM(torch.autograd.Function):
         grad_h = grad_w = pending_h = None
         if ctx.needs_input_grad[0]:
             with pc.time("gemm"):
-                grad_h = (grad_z @ w.t()).contiguous()  # partial over the column blocks of W (axis dh_axis)
+                grad_h = pc.mm(grad_z, w.t()).contiguous()  # partial over the column blocks of W (axis dh_axis)
             if pc.overlap:  # V-D: the dH all-reduce runs while dW is computed
                 pending_h = pc.reduce_pmm_async(grad_h, ctx.dh_axis)
             else:
@@ -171,7 +186,7 @@ class _ShardedGEMM(torch.autograd.Function):
             grad_w = _row_sparse_dw(ctx.h_t, grad_z, w.shape, pc, ctx.dw_axis, ctx.defer_dw)
         elif ctx.needs_input_grad[1]:
             with pc.time("gemm"):  # partial over the row blocks of H (axis dw_axis)
-                grad_w = (h.t() @ grad_z if ctx.h_t is None else torch.sparse.mm(ctx.h_t, grad_z)).contiguous()
+                grad_w = (pc.mm(h.t(), grad_z) if ctx.h_t is None else torch.sparse.mm(ctx.h_t, grad_z)).contiguous()
             if not ctx.defer_dw:  # deferred: the caller's hook reduces it after accumulation
                 grad_w = pc.reduce_pmm(grad_w, ctx.dw_axis)
         if pending_h is not None:
