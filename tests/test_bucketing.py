@@ -335,7 +335,7 @@ def test_deferred_norm_gradients_in_the_fused_and_unfused_tails():
 
 # ----------------------------------------------------------------------------- records, settings, analysis
 def test_records_carry_comm_calls_and_the_summary_gives_them_per_step(tmp_path):
-    from analysis.load import load_epochs, runs_from_records
+    from scalegnn.analysis.load import load_epochs, runs_from_records
     from scalegnn.records import RecordError, new_epoch_row, new_record, summarize, validate_record, write_record
 
     rec = new_record(system="scalegnn", dataset="d", config={}, grid={"dp": 1, "x": 2, "y": 1, "z": 1},
