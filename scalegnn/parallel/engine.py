@@ -9,7 +9,9 @@ One ``train_step(step)`` on every rank of the ``Gd x Gx x Gy x Gz`` grid:
   1. sample: data-parallel group g draws ``S = sample_vertices(N, B, seed, step, g)``
      and every rank extracts its shards without communicating (Algorithm 2);
   2. forward / backward of the 3D-parallel model (paper IV-C), loss = mean over the
-     group's sampled labeled training vertices (Eq. 12);
+     group's sampled labeled training vertices (Eq. 12), the batch's accuracy counts
+     from the loss's own collectives; with ``perf.bucket_collectives`` the weight
+     gradients' 3D reductions go in one call per axis (ParallelContext buckets);
   3. data-parallel all-reduce of the weight gradients, averaged over the groups
      whose sample holds at least one labeled training vertex (paper IV-A), fused
      with the loss and accuracy counts into one buffer;

@@ -91,7 +91,7 @@ class ParallelContext:
     bucket: bool = False
     pending: list = field(default_factory=list)
     # Set by weight_grad_hook for an RMSNorm weight: the norm's backward leaves dg partial.
-    defer_norm_grads: bool = False
+    defer_norm_grads: bool = field(default=False, init=False)
     _expected: dict = field(default_factory=dict, init=False, repr=False)  # bucket key -> members a step
     _open: dict = field(default_factory=dict, init=False, repr=False)  # bucket key -> [(tensor, kind)] so far
 
