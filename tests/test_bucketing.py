@@ -372,3 +372,18 @@ def test_bucket_switch_goes_from_flag_to_config():
     assert make_config(bucket_collectives=False).perf.bucket_collectives is False
     cfg, _ = parse_train_args(["--dataset", "facebook", "--no-bucket-collectives"])
     assert cfg.perf.bucket_collectives is False and cfg.to_dict()["perf"]["bucket_collectives"] is False
+
+
+def test_reset_counters_restores_the_calls_of_a_partial_epoch():
+    """A checkpoint's partial epoch gives its calls back with its bytes (one process: no
+    collective adds to them)."""
+    from scalegnn.parallel.engine import ParallelEngine
+
+    eng = ParallelEngine(parallel_graph(), ModelConfig(hidden=4, layers=1), OptimConfig(), 8)
+    eng.reset_counters({"spmm": 1.0}, {"pmm_x": 10}, {"pmm_x": 2})
+    eng.train_step(0)
+    _, nbytes, calls = eng.counters()
+    assert nbytes == {"pmm_x": 10} and calls == {"pmm_x": 2}
+    eng.reset_counters()
+    assert eng.counters()[1:] == ({}, {})
+    eng.close()
