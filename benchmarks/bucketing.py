@@ -96,8 +96,9 @@ def run(args) -> tuple[dict, str]:
         head += ["ms / step (median)", "blocks", "on / off"]
     rows = []
     for r in res:
-        row = ["on" if r["overlap"] else "off", "on" if r["bucket"] else "off", round(sum(r["calls_per_step"].values()), 2),
-               round(sum(r["bytes_per_step"].values())), *[round(r["calls_per_step"].get(k, 0.0), 2) for k in kinds]]
+        calls = r["calls_per_step"]
+        row = ["on" if r["overlap"] else "off", "on" if r["bucket"] else "off", round(sum(calls.values()), 2),
+               round(sum(r["bytes_per_step"].values())), *[round(calls.get(k, 0.0), 2) for k in kinds]]
         if not args.counts_only:
             med = statistics.median(r["step_ms"])
             off = next(o for o in res if o["overlap"] == r["overlap"] and not o["bucket"])

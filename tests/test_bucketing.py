@@ -13,7 +13,6 @@ group counted twice) moves them by ~lr.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import pytest

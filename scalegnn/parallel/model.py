@@ -27,10 +27,11 @@ weights. Memory caveat: every rank briefly holds the full parameters
 Paper V switches, carried by the :class:`ParallelContext`: ``pc.fused`` evaluates
 RMSNorm + ReLU + dropout as one (``torch.compile``-d) element-wise function (V-C);
 ``pc.overlap`` with :meth:`ParallelScaleGNN.defer_weight_grad_sync` overlaps the
-backward all-reduces (V-D); ``pc.bucket`` with it merges the weight-gradient ones. With a double-permuted batch (``batch.alt``, Plexus 5.1)
-even layers multiply ``A`` with rows in sigma ids and odd layers ``A`` with columns
-in sigma ids, so activations alternate between the two labelings; dropout masks are
-keyed by vertex, so they equal the serial ones.
+backward all-reduces (V-D); ``pc.bucket`` with it merges the weight-gradient ones.
+With a double-permuted batch (``batch.alt``, Plexus 5.1) even layers multiply ``A``
+with rows in sigma ids and odd layers ``A`` with columns in sigma ids, so activations
+alternate between the two labelings; dropout masks are keyed by vertex, so they equal
+the serial ones.
 """
 
 from __future__ import annotations
