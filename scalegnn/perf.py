@@ -51,6 +51,11 @@ class PerfConfig:
     comm_overlap  asynchronous all-reduces in backward: feature gradient overlapped with
                   the weight-gradient GEMM, weight-gradient sync overlapped with the rest
                   of backward (V-D)
+    bucket_collectives
+                  fewer, larger collectives where several go the same way: the weight
+                  and RMSNorm-gain gradient reductions of a step, one call per axis and
+                  wire dtype; the grad-clip norm in one call instead of three
+                  (scalegnn.parallel.collectives.bucketed_all_reduce)
     profile       folder for a torch.profiler trace of a few steps (one file per rank)
     permute       "none", "single" or "double" vertex permutation before sharding
                   (Plexus 5.1); "double" keeps two adjacency versions
@@ -71,6 +76,9 @@ class PerfConfig:
     comm_overlap: bool = setting(False, scope="scalegnn", action="store_true",
                                  help="asynchronous gradient all-reduces in backward, overlapped with the "
                                  "weight-gradient GEMM")
+    bucket_collectives: bool = setting(True, scope="scalegnn",
+                                       help="reduce the weight and norm gradients of a step in one all-reduce per "
+                                       "axis (and the clip norm in one call); --no-bucket-collectives: one call each")
     profile: str | None = setting(None, scope="scalegnn", metavar="DIR", output=True,
                                   help="write a torch.profiler trace of a few training steps per rank to DIR")
     permute: str = setting("none", scope="scalegnn", choices=PERMUTATIONS,

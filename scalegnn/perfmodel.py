@@ -245,13 +245,10 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
     ar(b, f"pmm_{b}", rows_a * C / g[d], pb)  # logits
     ar(d, f"pmm_{d}", rows_a * H / g[b], pb)  # dX
     ar(a, f"pmm_{a}", H / g[b] * C / g[d], pb)  # dW_out
-    # loss (max, sum-exp + target, totals) and accuracy counts (argmax max/min, totals)
+    # loss with the batch accuracy: max; sum-exp, target and two argmax counts; totals and counts
     ar(d, "loss", rows_a)
-    ar(d, "loss", 2 * rows_a)
-    ar(a, "loss", 2, 8)
-    ar(d, "loss", rows_a)
-    ar(d, "loss", rows_a, 8)
-    ar(a, "loss", 2, 8)
+    ar(d, "loss", 4 * rows_a)
+    ar(a, "loss", 4, 8)
     # data parallel: every gradient shard plus 4 scalars, one fused buffer
     params = F / g["z"] * H / g["y"] + H / g[b] * C / g[d]
     for layer in range(w.layers):
