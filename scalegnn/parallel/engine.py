@@ -381,10 +381,12 @@ class ParallelEngine:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def full_logits(self) -> tuple[torch.Tensor, ShardedBatch]:
-        """One distributed full-graph forward (paper VII-B): B = N, no rescaling."""
+        """One distributed full-graph forward (paper VII-B): B = N, no rescaling; the
+        logits of ``model(batch)`` in eval mode, computed with activations split over all
+        G ranks between layers and chunked within them (``ParallelScaleGNN.evaluate_logits``)."""
         batch = self.sampler.full_batch()
         self.model.eval()
-        return self.model(batch, self._eval_pc), batch
+        return self.model.evaluate_logits(batch, self._eval_pc), batch
 
     def evaluate(self) -> EvalResult:
         """Train/val/test accuracy (micro-F1 for multi-label), identical on every rank.
