@@ -267,7 +267,7 @@ class ParallelScaleGNN(nn.Module):
                 return self._tail(z, res, None, layer, pc)
 
             x = self._row_pieces(t1 - t0, c, r, layer_rows, rows_of, pc)
-            del xg
+            del xg, layer_rows  # the closure holds the gathered block too: both go before the next gather
             in_rows = out_rows
         head = self.head
         a, b = head.feat
