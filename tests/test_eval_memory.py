@@ -19,7 +19,7 @@ from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.parallel.launch import spawn
-from scalegnn.parallel.pmm import piece_bounds, row_chunks
+from scalegnn.parallel.pmm import row_chunks
 from scalegnn.perf import PerfConfig
 from tests.graphs import nprocs, parallel_graph
 from tests.reference import SerialReference
@@ -117,14 +117,8 @@ def test_lean_evaluation_equals_the_forward_with_double_permutation(shape):
     _check(results, DOUBLE, serial=False)
 
 
-def test_pieces_and_chunks_cover_a_block_once():
+def test_chunks_cover_a_block_once():
     for n in (0, 1, 2, 5, 7, 8, 37):
-        for parts in (1, 2, 3, 4):
-            b = piece_bounds(n, parts)
-            m = b[1] - b[0]
-            assert b[0] == 0 and b[-1] == n and len(b) == parts + 1
-            # every piece but the short ones has the stride, so an all-gather of equal buffers places it
-            assert all(b[i] == min(i * m, n) for i in range(parts + 1))
         for rows in (1, 2, 3, 4, 100):
             ch = row_chunks(n, rows)
             assert [r for c in ch for r in range(*c)] == list(range(n))

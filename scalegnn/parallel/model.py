@@ -41,10 +41,10 @@ from torch import nn
 from ..model import ModelConfig, ScaleGNN, dropout_key
 from ..sampling import SampledBlock
 from .dist_sampling import ShardedBatch
-from ..ranges import split_range
+from ..ranges import split_bounds, split_range
 from .grid import PMM_AXES, ProcessGrid, third_axis
 from .layout import INPUT_LAYOUT, head_layout, interval_overlap, layer_layout
-from .pmm import (DropoutBlock, ParallelContext, csr_rows, fused_layer_tail, gather_row_pieces, layer_tail, piece_bounds,
+from .pmm import (DropoutBlock, ParallelContext, csr_rows, fused_layer_tail, gather_row_pieces, layer_tail,
                   reshard, row_chunks, sharded_gemm, sharded_spmm)
 
 __all__ = ["ParallelScaleGNN", "ParamShard", "EVAL_CHUNK_BYTES"]
@@ -220,9 +220,9 @@ class ParallelScaleGNN(nn.Module):
 
         Between layers a layer input on (r, c) is not replicated along its third axis t
         as in training: each member of t keeps one row piece of the block
-        (:func:`piece_bounds`), N H / G per rank. A layer then
+        (``split_bounds`` over t), N H / G per rank. A layer then
 
-          1. gathers X[r, c] over t into one buffer (:func:`gather_row_pieces`), the only
+          1. gathers X[r, c] over t into one tensor (:func:`gather_row_pieces`), the only
              block-sized array (N H / (G_r G_c)); the piece is dropped;
           2. runs the layer on chunks of its output rows (``chunk_bytes`` of Z each): the
              SpMM of the chunk's rows of A, the GEMM, the residual's reshard of those rows
@@ -279,19 +279,18 @@ class ParallelScaleGNN(nn.Module):
 
     def _row_pieces(self, n: int, axis: str, col_axis: str, rows_fn, chunk_rows: int,
                     pc: ParallelContext) -> torch.Tensor:
-        """My piece along ``axis`` (:func:`piece_bounds`) of an n-row block, columns the
-        hidden range of ``col_axis``, that ``rows_fn(r0, r1)`` computes chunk by chunk,
-        replicated along ``axis`` (every member runs every chunk: the chunk's collectives
-        need them all), in a ``(ceil(n / G_axis), H_col)`` buffer whose first rows are
-        the piece."""
-        bounds = piece_bounds(n, self.grid.axis_size(axis))
+        """My piece along ``axis`` (rows ``split_bounds(n, G_axis)``) of an n-row block,
+        columns the hidden range of ``col_axis``, that ``rows_fn(r0, r1)`` computes chunk
+        by chunk, replicated along ``axis`` (every member runs every chunk: the chunk's
+        collectives need them all)."""
+        bounds = split_bounds(n, self.grid.axis_size(axis))
         k = self.grid.axis_index(axis)
         mine = (bounds[k], bounds[k + 1])
         out = None
         for r0, r1 in row_chunks(n, chunk_rows):
             y = rows_fn(r0, r1)
             if out is None:
-                out = y.new_empty((bounds[1] - bounds[0], y.shape[1]))
+                out = y.new_empty((mine[1] - mine[0], y.shape[1]))
             lo, hi = interval_overlap((r0, r1), mine)
             if hi > lo:
                 out[lo - mine[0]: hi - mine[0]] = y[lo - r0: hi - r0]

@@ -44,19 +44,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, tail_backward_stats, tail_forward
 from ..model import dropout_keep_mask, rms_norm
 from ..optim import row_sparse_grad
 from ..perf import SpanTimer
+from ..ranges import split_bounds
 from ..sampling import SampledBlock
-from .collectives import (CommStats, PendingReduce, _group, _maybe_time, _span, all_gather_uneven, all_reduce,
+from .collectives import (CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce, broadcast,
                           all_reduce_async)
 from .grid import ProcessGrid
 from .layout import RowPartition, col_bounds, interval_overlap
 
-__all__ = ["ParallelContext", "sharded_spmm", "sharded_gemm", "reshard", "piece_bounds", "gather_row_pieces",
+__all__ = ["ParallelContext", "sharded_spmm", "sharded_gemm", "reshard", "gather_row_pieces",
            "csr_rows", "row_chunks", "parallel_rms_norm", "parallel_dropout",
            "norm_relu_dropout", "fused_layer_tail", "layer_tail", "DropoutBlock",
            "parallel_cross_entropy", "parallel_bce", "parallel_argmax", "parallel_accuracy_counts"]
@@ -324,31 +324,27 @@ def reshard(x: torch.Tensor, src: tuple[str, str], dst: tuple[str, str], rows: R
 
 
 # ------------------------------------------------------------------------------ evaluation pieces
-def piece_bounds(n: int, parts: int) -> list[int]:
-    """Row boundaries of the ``parts`` pieces of an ``n``-row block held apart along an
-    axis between evaluation layers: ``ceil(n / parts)`` rows each, the last ones shorter
-    or empty. Equal strides put every piece of an all-gather of equal-sized buffers
-    straight at its place in the block (:func:`gather_row_pieces`): nothing to compact."""
-    m = -(-n // parts)
-    return [min(i * m, n) for i in range(parts + 1)]
-
-
 def gather_row_pieces(piece: torch.Tensor, n: int, pc: ParallelContext, axis: str) -> torch.Tensor:
-    """The (n, W) block whose row pieces (:func:`piece_bounds` over ``axis``) the members
-    of ``axis`` hold, each in a ``(ceil(n / G_axis), W)`` buffer ``piece`` whose first
-    rows are its piece: one all-gather into a single (G_axis * ceil, W) buffer, of which
-    the first n rows are returned (a view; the rows past n are the short pieces'
-    padding). No per-member outputs, no concatenation. Counted as kind "gather"."""
-    parts = pc.grid.axis_size(axis)
+    """The (n, W) block whose row pieces ``split_bounds(n, G_axis)`` the members of
+    ``axis`` hold (mine: ``piece``), gathered into one new (n, W) tensor: my piece is
+    copied to its rows and every member's rows are broadcast in place from it. Not an
+    all-gather: gloo's all-gather stages its output in a second buffer as large as the
+    block (measured: 2 x the output at peak), exactly the array the evaluation bounds.
+    Counted as kind "gather"."""
+    grid = pc.grid
+    parts = grid.axis_size(axis)
     if parts == 1:
-        return piece[:n]
-    out = piece.new_empty((parts * piece.shape[0],) + tuple(piece.shape[1:]))
-    if out.numel():
-        with _span(pc.stats, "gather"):
-            dist.all_gather_single(out, piece.contiguous(), group=_group(pc.grid, axis))
-        if pc.stats is not None:
-            pc.stats.record("gather", piece.numel() * piece.element_size())
-    return out[:n]
+        return piece
+    bounds = split_bounds(n, parts)
+    me = grid.axis_index(axis)
+    if piece.shape[0] != bounds[me + 1] - bounds[me]:
+        raise ValueError(f"piece has {piece.shape[0]} rows, member {me} of {axis} holds rows "
+                         f"[{bounds[me]}, {bounds[me + 1]}) of {n}")
+    out = piece.new_empty((n,) + tuple(piece.shape[1:]))
+    out[bounds[me]: bounds[me + 1]] = piece
+    for i in range(parts):
+        broadcast(out[bounds[i]: bounds[i + 1]], grid, axis, i, pc.stats, "gather")
+    return out
 
 
 def csr_rows(a: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
