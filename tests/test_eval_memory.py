@@ -81,9 +81,11 @@ def _serial(run):
     return logits, ref.evaluate().as_dict()
 
 
-def _check(results, runs, serial=True):
-    """Lean == before on every rank; with one data-parallel group (the serial reference
-    trains one sample a step) both equal the serial logits and accuracies."""
+def _check(results, runs, serial=True, exact=True):
+    """Lean == before on every rank (``exact=False``: up to float rounding, for axes of
+    three members, whose all-reduce order depends on an element's place in the buffer);
+    with one data-parallel group (the serial reference trains one sample a step) both
+    equal the serial logits and accuracies."""
     for i, run in enumerate(runs):
         ref_logits, ref_eval = _serial(run) if serial else (None, None)
         evals = []
@@ -91,7 +93,10 @@ def _check(results, runs, serial=True):
             name = (run["name"], rank)
             for cb, logits in res["lean"].items():
                 assert logits.shape == res["before"].shape, (name, cb)
-                assert torch.equal(logits, res["before"]), (name, cb, (logits - res["before"]).abs().max())
+                if exact:
+                    assert torch.equal(logits, res["before"]), (name, cb, (logits - res["before"]).abs().max())
+                else:
+                    torch.testing.assert_close(logits, res["before"], atol=1e-6, rtol=1e-5)
             if serial:
                 (r0, r1), (c0, c1) = res["rows"], res["classes"]
                 torch.testing.assert_close(res["before"], ref_logits[r0:r1, c0:c1], atol=1e-5, rtol=1e-4,
@@ -107,6 +112,20 @@ def _check(results, runs, serial=True):
 def test_lean_evaluation_equals_the_forward_and_the_serial_reference(shape):
     results = spawn(_eval_worker, nprocs(shape), shape, RUNS, timeout_s=300)
     _check(results, RUNS, serial=shape[0] == 1)
+
+
+UNEVEN = [
+    dict(name="3x2 uneven, residual+norm L4", graph=dict(seed=6), model=ModelConfig(hidden=10, layers=4)),
+    dict(name="hidden 2 < Gx: empty hidden blocks, L3", graph=dict(seed=7), model=ModelConfig(hidden=2, layers=3)),
+]
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 2, 1), (1, 3, 1, 2)])
+def test_lean_evaluation_on_axes_of_three_and_empty_blocks(shape):
+    """Axis sizes 3 divide none of N = 37, H = 10 or the pieces; H = 2 < Gx = 3 leaves
+    ranks with no hidden columns (empty pieces and chunks), which must still work."""
+    results = spawn(_eval_worker, nprocs(shape), shape, UNEVEN, timeout_s=300)
+    _check(results, UNEVEN, exact=False)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 2, 2, 2)])
