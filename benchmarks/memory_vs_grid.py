@@ -86,39 +86,44 @@ def _reset_hwm() -> None:
 
 
 def _phase_worker(rank, world, grid_spec, shard_dir, settings):
-    """One rank of the run the benchmark measures whole, phase by phase."""
+    """One rank of the run the benchmark measures whole, phase by phase: {phase: (RSS at
+    its start, peak RSS during it)} in MiB, and the accuracies."""
     import torch
 
     import scalegnn
-    from scalegnn.parallel.engine import ParallelEngine
+    from scalegnn.parallel.engine import ParallelEngine, _release_free_heap
     from scalegnn.parallel.grid import ProcessGrid, parse_grid
     from scalegnn.parallel.sharding import load_shard
     from scalegnn.sampling import resolve_batch_size
 
-    peaks = {"start": _hwm_mib()}
-    _reset_hwm()
+    peaks = {}
+    start = [0.0]
+
+    def phase(name):  # the phase that just ended; the next starts from the current RSS
+        peaks[name] = (start[0], _hwm_mib())
+        _reset_hwm()
+        start[0] = _hwm_mib()
+
+    phase("start")
     from scalegnn import _elementwise
 
     _elementwise.warm_up(torch.float32)
-    peaks["numba"] = _hwm_mib()
-    _reset_hwm()
+    phase("numba")
     cfg = scalegnn.make_config(**settings)
     shape = parse_grid(grid_spec)
     shard = load_shard(shard_dir, rank, shape)
-    peaks["shard"] = _hwm_mib()
-    _reset_hwm()
+    phase("shard")
     batch = resolve_batch_size(shard.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
     eng = ParallelEngine(None, cfg.model, cfg.optim, batch, seed=cfg.seed, epochs=1, grid=ProcessGrid(*shape),
                          shard=shard, perf=cfg.perf)
-    peaks["engine"] = _hwm_mib()
-    _reset_hwm()
+    phase("engine")
     for step in range(eng.steps_per_epoch):
         eng.train_step(step)
     eng.synchronize()
-    peaks["train"] = _hwm_mib()
-    _reset_hwm()
+    _release_free_heap()  # what evaluate() does first: the evaluation's peak is then its own
+    phase("train")
     result = eng.evaluate()
-    peaks["evaluate"] = _hwm_mib()
+    phase("evaluate")
     eng.close()
     return peaks, result.as_dict()
 
@@ -131,15 +136,17 @@ def phase_peaks(grid: str, shard_dir: Path, args) -> list:
 
 
 def print_phases(grid: str, per_rank: list) -> None:
-    """Max and mean over ranks of each phase's peak RSS (MiB), and the accuracies."""
-    print(f"grid {grid}: peak RSS per phase (MiB), max / mean over {len(per_rank)} ranks; "
+    """Per phase, over the ranks: max peak RSS (MiB), mean peak, and the max of the
+    peak's rise over the phase's starting RSS; then the accuracies."""
+    print(f"grid {grid}, {len(per_rank)} ranks: peak RSS per phase (MiB) max / mean (+ max rise in the phase); "
           f"accuracies {per_rank[0][1]}")
-    print("| phase | " + " | ".join(PHASES) + " |")
+    print("| grid | " + " | ".join(PHASES) + " |")
     print("|---|" + "---|" * len(PHASES))
     cells = []
     for ph in PHASES:
-        vals = [p[ph] for p, _ in per_rank]
-        cells.append(f"{max(vals):,.0f} / {sum(vals) / len(vals):,.0f}")
+        peaks = [p[ph][1] for p, _ in per_rank]
+        rise = max(p[ph][1] - p[ph][0] for p, _ in per_rank)
+        cells.append(f"{max(peaks):,.0f} / {sum(peaks) / len(peaks):,.0f} (+{rise:,.0f})")
     print(f"| {grid} | " + " | ".join(cells) + " |", flush=True)
 
 
