@@ -90,7 +90,7 @@ def _phase_worker(rank, world, grid_spec, shard_dir, settings):
     its start, peak RSS during it)} in MiB, and the accuracies."""
     import torch
 
-    import scalegnn
+    from scalegnn.config import make_config
     from scalegnn.parallel.engine import ParallelEngine, _release_free_heap
     from scalegnn.parallel.grid import ProcessGrid, parse_grid
     from scalegnn.parallel.sharding import load_shard
@@ -109,7 +109,7 @@ def _phase_worker(rank, world, grid_spec, shard_dir, settings):
 
     _elementwise.warm_up(torch.float32)
     phase("numba")
-    cfg = scalegnn.make_config(**settings)
+    cfg = make_config(**settings)
     shape = parse_grid(grid_spec)
     shard = load_shard(shard_dir, rank, shape)
     phase("shard")

@@ -213,10 +213,10 @@ class ParallelScaleGNN(nn.Module):
     @torch.no_grad()
     def evaluate_logits(self, batch: ShardedBatch, pc: ParallelContext,
                         chunk_bytes: int = EVAL_CHUNK_BYTES) -> torch.Tensor:
-        """The logits block of :meth:`forward` in eval mode (the same values, bit for bit
-        where every all-reduce has at most two members), holding activations at ~1/G
-        per rank: the full-graph evaluation (paper VII-B), whose B = N activations are
-        the run's largest arrays.
+        """The logits block of :meth:`forward` in eval mode (the same values; bit for bit
+        on the CPU where every all-reduce has at most two members), holding activations
+        at ~1/G per rank: the full-graph evaluation (paper VII-B), whose B = N
+        activations are the run's largest arrays.
 
         Between layers a layer input on (r, c) is not replicated along its third axis t
         as in training: each member of t keeps one row piece of the block
