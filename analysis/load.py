@@ -133,11 +133,12 @@ def _derived(rec: dict) -> dict:
         out[f"time.{k}"] = v
     if epoch_time is not None and comps:
         out["time.other"] = max(0.0, epoch_time - sum(comps.values()))
-    byts: dict[str, float] = {}
-    for r in steady:
-        for k, v in (r.get("comm_bytes") or {}).items():
-            byts[k] = byts.get(k, 0.0) + v / len(steady)
-    out.update({f"bytes.{k}": v for k, v in byts.items()})
+    for field, prefix in (("comm_bytes", "bytes"), ("comm_calls", "calls")):  # calls: absent in older records
+        per_kind: dict[str, float] = {}
+        for r in steady:
+            for k, v in (r.get(field) or {}).items():
+                per_kind[k] = per_kind.get(k, 0.0) + v / len(steady)
+        out.update({f"{prefix}.{k}": v for k, v in per_kind.items()})
     evaluated = [r for r in rows if r.get("test_acc") is not None]
     if evaluated:
         best = max(r["test_acc"] for r in evaluated)
@@ -202,6 +203,8 @@ def load_epochs(folder) -> pd.DataFrame:
                     row.update({f"time.{k}": v for k, v in value.items()})
                 elif key == "comm_bytes":
                     row.update({f"bytes.{k}": v for k, v in value.items()})
+                elif key == "comm_calls":
+                    row.update({f"calls.{k}": v for k, v in value.items()})
                 else:
                     row[key] = value
             row["epoch_time_s"] = ep["train_time_s"] - prev

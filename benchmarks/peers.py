@@ -586,6 +586,8 @@ def add_bench_command(sub) -> None:
     e.add_argument("--dataset", default="facebook")
     e.add_argument("--data-root", default=None)
     e.add_argument("--reps", type=int, default=7)
+    e.add_argument("--gemm-dtype", default="fp32", choices=("fp32", "bf16"),
+                   help="operand dtype of the dense GEMMs (scalegnn train --gemm-dtype)")
     c = bs.add_parser("scaling", help="step time vs nnz at a fixed batch ratio (log-log slope)")
     c.add_argument("--nnz", default="1e6,4e6,1.6e7")
     c.add_argument("--reps", type=int, default=7)
@@ -621,7 +623,7 @@ def run_bench_command(args) -> int:
     elif cmd == "epoch-cost":
         from .epoch_cost import epoch_cost_bench
 
-        payload, md = epoch_cost_bench(args.dataset, args.data_root, args.reps)
+        payload, md = epoch_cost_bench(args.dataset, args.data_root, args.reps, gemm_dtype=args.gemm_dtype)
     elif cmd == "scaling":
         payload, md = scaling_bench(tuple(int(float(v)) for v in args.nnz.split(",")), reps=args.reps,
                                     batch_ratio=args.batch_ratio, threads=args.threads)
@@ -633,5 +635,6 @@ def run_bench_command(args) -> int:
         raise ValueError(f"unknown bench command {cmd!r}")
     payload["command"] = "scalegnn bench " + " ".join(sys.argv[sys.argv.index("bench") + 1:]) \
         if "bench" in sys.argv else f"scalegnn bench {cmd}"
-    _write(args.out, cmd, payload, md)
+    # The bf16-GEMM epoch cost is its own result beside the FP32 one, not over it.
+    _write(args.out, cmd if getattr(args, "gemm_dtype", "fp32") == "fp32" else f"{cmd}-{args.gemm_dtype}", payload, md)
     return 0

@@ -7,8 +7,8 @@ process included) and never looks inside it:
     engine.steps_per_epoch            int
     engine.train_step(step)  -> StepResult     (Algorithm 1, one optimizer update)
     engine.evaluate()        -> EvalResult     (full-graph forward, no sampling)
-    engine.counters()        ({component: seconds}, {collective kind: bytes}) since
-    engine.reset_counters()  the last reset (the loop resets them per epoch)
+    engine.counters()        ({component: seconds}, {collective kind: bytes}, {collective kind:
+    engine.reset_counters()  calls}) since the last reset (the loop resets them per epoch)
     engine.synchronize()     wait for the device (before a host clock reading)
 
 A step's numbers stay on the device: :class:`StepResult` holds tensors, and

@@ -72,6 +72,7 @@ class EpochStats:
     count: float = 0.0
     components: dict = field(default_factory=dict)  # seconds per step component
     comm_bytes: dict = field(default_factory=dict)  # bytes sent per collective kind
+    comm_calls: dict | None = None  # collective calls per kind (None: the system does not count them)
     extra: dict = field(default_factory=dict)  # system-specific per-epoch fields (e.g. cache hits)
     seconds: float | None = None  # the epoch's training time, when the trainer measures it itself
 
@@ -88,7 +89,7 @@ def epoch_row(epoch: int, train_time_s: float, stats: EpochStats) -> EpochRow:
     """The record's row of an epoch (:func:`scalegnn.records.new_epoch_row`), before evaluation."""
     return new_epoch_row(epoch, train_time_s, stats.loss_sum / max(stats.loss_n, 1),
                          stats.correct / stats.count if stats.count else None, stats.components, stats.comm_bytes,
-                         **stats.extra)
+                         comm_calls=stats.comm_calls, **stats.extra)
 
 
 def reached_target(row: dict, target: float | None) -> bool:

@@ -27,9 +27,10 @@ import torch
 from .sampling import SAMPLER_BACKENDS
 from .settings import setting
 
-__all__ = ["PerfConfig", "Prefetcher", "SpanTimer", "StepProfiler", "COMM_DTYPES", "PERMUTATIONS"]
+__all__ = ["PerfConfig", "Prefetcher", "SpanTimer", "StepProfiler", "COMM_DTYPES", "GEMM_DTYPES", "PERMUTATIONS"]
 
 COMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+GEMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: the operands' own dtype
 PERMUTATIONS = ("none", "single", "double")
 
 
@@ -40,11 +41,21 @@ class PerfConfig:
     prefetch      sample step t+1 while step t trains (V-A)
     comm_dtype    "fp32" or "bf16": wire dtype of 3D-PMM partial sums (V-B); RMSNorm
                   and loss reductions stay FP32 whatever this says
+    gemm_dtype    "fp32" (the paper: all local compute in FP32) or "bf16": operand dtype
+                  of the dense GEMMs (layers and head, forward and backward), each
+                  product returned to FP32 before its all-reduce; SpMM, the sparse input
+                  projection, norms, weights and optimizer state stay FP32. For CPUs
+                  with bf16 matrix units (AMX) and GPU tensor cores; numerics change
     compile       fuse RMSNorm + ReLU + dropout with torch.compile (V-C); compile time
                   is recorded apart and excluded from training time
     comm_overlap  asynchronous all-reduces in backward: feature gradient overlapped with
                   the weight-gradient GEMM, weight-gradient sync overlapped with the rest
                   of backward (V-D)
+    bucket_collectives
+                  fewer, larger collectives where several go the same way: the weight
+                  and RMSNorm-gain gradient reductions of a step, one call per axis and
+                  wire dtype; the grad-clip norm in one call instead of three
+                  (scalegnn.parallel.collectives.bucketed_all_reduce)
     profile       folder for a torch.profiler trace of a few steps (one file per rank)
     permute       "none", "single" or "double" vertex permutation before sharding
                   (Plexus 5.1); "double" keeps two adjacency versions
@@ -57,11 +68,17 @@ class PerfConfig:
                              help="sample step t+1 while step t trains (background thread; CUDA side stream on GPU)")
     comm_dtype: str = setting("fp32", scope="scalegnn", choices=tuple(COMM_DTYPES),
                               help="wire dtype of the 3D-PMM partial-sum all-reduces (RMSNorm/loss stay fp32)")
+    gemm_dtype: str = setting("fp32", scope="scalegnn", choices=tuple(GEMM_DTYPES),
+                              help="operand dtype of the dense layer GEMMs (fp32 results; SpMM, norms, "
+                              "weights and optimizer stay fp32); bf16 for AMX CPUs and tensor cores")
     compile: bool = setting(False, scope="scalegnn", action="store_true",
                             help="fuse RMSNorm + ReLU + dropout with torch.compile (compile time recorded apart)")
     comm_overlap: bool = setting(False, scope="scalegnn", action="store_true",
                                  help="asynchronous gradient all-reduces in backward, overlapped with the "
                                  "weight-gradient GEMM")
+    bucket_collectives: bool = setting(True, scope="scalegnn",
+                                       help="reduce the weight and norm gradients of a step in one all-reduce per "
+                                       "axis (and the clip norm in one call); --no-bucket-collectives: one call each")
     profile: str | None = setting(None, scope="scalegnn", metavar="DIR", output=True,
                                   help="write a torch.profiler trace of a few training steps per rank to DIR")
     permute: str = setting("none", scope="scalegnn", choices=PERMUTATIONS,
@@ -74,6 +91,8 @@ class PerfConfig:
     def __post_init__(self):
         if self.comm_dtype not in COMM_DTYPES:
             raise ValueError(f"comm_dtype must be one of {sorted(COMM_DTYPES)}, got {self.comm_dtype!r}")
+        if self.gemm_dtype not in GEMM_DTYPES:
+            raise ValueError(f"gemm_dtype must be one of {sorted(GEMM_DTYPES)}, got {self.gemm_dtype!r}")
         if self.permute not in PERMUTATIONS:
             raise ValueError(f"permute must be one of {PERMUTATIONS}, got {self.permute!r}")
         if self.sampler not in SAMPLER_BACKENDS:
@@ -82,6 +101,10 @@ class PerfConfig:
     @property
     def pmm_comm_dtype(self) -> torch.dtype | None:
         return COMM_DTYPES[self.comm_dtype]
+
+    @property
+    def local_gemm_dtype(self) -> torch.dtype | None:
+        return GEMM_DTYPES[self.gemm_dtype]
 
 
 # --------------------------------------------------------------------------- timing

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["Workload", "Machine", "Collective", "step_collectives", "axis_bandwidth", "step_times", "predict",
            "Coefficients", "fit", "rank_grids", "memory_per_rank", "KNOWN_DATASETS", "TERMS", "epoch_time_from_rows",
-           "predicted_bytes_per_step", "oversubscription"]
+           "predicted_bytes_per_step", "predicted_calls_per_step", "oversubscription"]
 
 TERMS = ("bandwidth", "latency", "compute", "sampling", "overhead")
 KAPPA = 1e-6  # Plexus: 7.8e-10 / 7.8e-4
@@ -88,6 +88,7 @@ class Workload:
     norm: bool = True
     residual: bool = True
     pmm_bytes: int = 4  # bytes per element of 3D-PMM partial sums (2 with BF16 communication)
+    bucket: bool = True  # --bucket-collectives: weight/gain gradients one call per (axis, wire dtype)
 
     @property
     def batch(self) -> int:
@@ -112,10 +113,12 @@ class Workload:
         g = rec["graph"]
         pmm_bytes = 2 if str(_find(cfg, "comm_dtype") or "").lower() in ("bf16", "bfloat16", "torch.bfloat16") else 4
         batch = rec.get("batch_size")
+        bucket = _find(cfg, "bucket_collectives")  # absent: a record from before bucketing
         return cls(num_nodes=g["num_nodes"], nnz=g["num_edges"], num_features=g["num_features"],
                    num_classes=g["num_classes"], hidden=model.get("hidden", 256), layers=model.get("layers", 3),
                    batch_size=None if batch is None or batch >= g["num_nodes"] else batch,
-                   norm=model.get("norm", True), residual=model.get("residual", True), pmm_bytes=pmm_bytes)
+                   norm=model.get("norm", True), residual=model.get("residual", True), pmm_bytes=pmm_bytes,
+                   bucket=bool(bucket))
 
     @classmethod
     def for_dataset(cls, name: str, *, hidden: int = 256, layers: int = 3, batch_ratio: float | None = 0.1,
@@ -188,6 +191,7 @@ class Collective:
     op: str  # "all_reduce" | "all_gather"
     elements: float  # all-reduce: buffer elements; all-gather: (padded) piece elements
     bytes_per_elem: int = 4
+    bucket: tuple | None = None  # collectives with one key share one call (gradient buckets)
 
     @property
     def nbytes(self) -> float:
@@ -207,9 +211,12 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
     B, H, F, C, pb = w.batch, w.hidden, w.num_features, w.num_classes, w.pmm_bytes
     out: list[Collective] = []
 
-    def ar(axis, kind, elems, nbytes=4):
+    def ar(axis, kind, elems, nbytes=4, grad=False):
+        # A weight or gain gradient joins its step's bucket over (axis, wire bytes) when
+        # bucketing is on (scalegnn.parallel.pmm.ParallelContext.weight_grad_hook).
         if g[axis] > 1 and elems > 0:
-            out.append(Collective(axis, kind, "all_reduce", float(elems), nbytes))
+            out.append(Collective(axis, kind, "all_reduce", float(elems), nbytes,
+                                  ("grad", axis, nbytes) if grad and w.bucket else None))
 
     def ag(axis, elems):
         if g[axis] > 1 and elems > 0:
@@ -217,7 +224,7 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
 
     # input projection X_in[x, z] @ W_in[z, y] -> (x, y); dW_in over x
     ar("z", "pmm_z", B / g["x"] * H / g["y"], pb)
-    ar("x", "pmm_x", F / g["z"] * H / g["y"], pb)
+    ar("x", "pmm_x", F / g["z"] * H / g["y"], pb, grad=True)
     for layer in range(w.layers):
         lay = layer_layout(layer)
         r, c = lay.feat
@@ -226,12 +233,12 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
         ar(r, f"pmm_{r}", rows_t * H / g[c], pb)  # SpMM forward
         ar(c, f"pmm_{c}", rows_t * H / g[r], pb)  # GEMM forward
         ar(r, f"pmm_{r}", rows_t * H / g[c], pb)  # dH
-        ar(t, f"pmm_{t}", H / g[c] * H / g[r], pb)  # dW
+        ar(t, f"pmm_{t}", H / g[c] * H / g[r], pb, grad=True)  # dW
         ar(t, f"pmm_{t}", rows_r * H / g[c], pb)  # dX = A^T dH
         if w.norm:
             ar(r, "norm", rows_t)  # forward sum of squares
             ar(r, "norm", rows_t)  # backward dot
-            ar(t, "norm", H / g[r])  # dg
+            ar(t, "norm", H / g[r], grad=True)  # dg
         if w.residual:
             # (r, c) -> (t, r): rows over r, then columns over c; backward in reverse.
             ag(r, min(rows_r, rows_t) * H / g[c])
@@ -244,14 +251,11 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
     rows_a = B / g[a]
     ar(b, f"pmm_{b}", rows_a * C / g[d], pb)  # logits
     ar(d, f"pmm_{d}", rows_a * H / g[b], pb)  # dX
-    ar(a, f"pmm_{a}", H / g[b] * C / g[d], pb)  # dW_out
-    # loss (max, sum-exp + target, totals) and accuracy counts (argmax max/min, totals)
+    ar(a, f"pmm_{a}", H / g[b] * C / g[d], pb, grad=True)  # dW_out
+    # loss with the batch accuracy: max; sum-exp, target and two argmax counts; totals and counts
     ar(d, "loss", rows_a)
-    ar(d, "loss", 2 * rows_a)
-    ar(a, "loss", 2, 8)
-    ar(d, "loss", rows_a)
-    ar(d, "loss", rows_a, 8)
-    ar(a, "loss", 2, 8)
+    ar(d, "loss", 4 * rows_a)
+    ar(a, "loss", 4, 8)
     # data parallel: every gradient shard plus 4 scalars, one fused buffer
     params = F / g["z"] * H / g["y"] + H / g[b] * C / g[d]
     for layer in range(w.layers):
@@ -267,6 +271,25 @@ def predicted_bytes_per_step(w: Workload, grid) -> dict:
     out: dict[str, float] = {}
     for col in step_collectives(w, grid):
         out[col.kind] = out.get(col.kind, 0.0) + col.nbytes
+    return out
+
+
+def predicted_calls_per_step(w: Workload, grid) -> dict:
+    """Collective calls one rank makes per step, per CommStats kind (the records'
+    ``comm_calls`` divided by steps per epoch). A bucket is one call, counted under the
+    kind that carries most of its bytes, as :class:`~scalegnn.parallel.collectives.CommStats`
+    counts it."""
+    out: dict[str, int] = {}
+    buckets: dict[tuple, dict[str, float]] = {}
+    for col in step_collectives(w, grid):
+        if col.bucket is None:
+            out[col.kind] = out.get(col.kind, 0) + 1
+        else:
+            members = buckets.setdefault(col.bucket, {})
+            members[col.kind] = members.get(col.kind, 0.0) + col.nbytes
+    for members in buckets.values():
+        kind = max(members, key=members.get)
+        out[kind] = out.get(kind, 0) + 1
     return out
 
 
@@ -329,12 +352,15 @@ def _compute_terms(w: Workload, grid) -> tuple[float, float, float]:
 def step_times(w: Workload, grid, machine: Machine) -> dict:
     """The five model terms of one step, in seconds with the machine's constants."""
     bw = lat = 0.0
+    launched: set = set()  # a bucket pays its latency once
     for col in step_collectives(w, grid):
         n = _sizes(grid)[col.axis]
         beta, _ = axis_bandwidth(grid, col.axis, machine)
         if col.op == "all_reduce":
             bw += 2 * (n - 1) / n * col.nbytes / beta
-            lat += 2 * (n - 1) * machine.latency_s
+            if col.bucket is None or col.bucket not in launched:
+                lat += 2 * (n - 1) * machine.latency_s
+                launched.add(col.bucket)
         else:
             bw += (n - 1) * col.nbytes / beta
             lat += (n - 1) * machine.latency_s

@@ -35,6 +35,7 @@ __all__ = [
     "read_record",
     "time_to_target",
     "summarize",
+    "comm_per_step",
     "summary_line",
     "upgrade",
 ]
@@ -62,6 +63,7 @@ class EpochRow(TypedDict, total=False):
     components: dict  # seconds per step component
     comm_bytes: dict  # bytes sent per collective kind
     batch_train_acc: float | None  # accuracy on the sampled batches (not required: older records lack it)
+    comm_calls: dict  # collective calls per kind (not required: older records and non-counting systems lack it)
 
 
 class RunRecord(TypedDict, total=False):
@@ -86,7 +88,8 @@ class RunRecord(TypedDict, total=False):
 
 
 REQUIRED_FIELDS = tuple(RunRecord.__annotations__)
-EPOCH_FIELDS = tuple(k for k in EpochRow.__annotations__ if k != "batch_train_acc")
+OPTIONAL_EPOCH_FIELDS = ("batch_train_acc", "comm_calls")
+EPOCH_FIELDS = tuple(k for k in EpochRow.__annotations__ if k not in OPTIONAL_EPOCH_FIELDS)
 
 
 class RecordError(ValueError):
@@ -131,12 +134,16 @@ def new_record(*, system: str, dataset: str, config: dict, grid: dict, world_siz
 
 
 def new_epoch_row(epoch: int, train_time_s: float, loss: float, batch_train_acc: float | None, components: dict,
-                  comm_bytes: dict, **extra) -> EpochRow:
+                  comm_bytes: dict, comm_calls: dict | None = None, **extra) -> EpochRow:
     """An epoch's row as its training ends, before evaluation fills the accuracies;
-    ``extra`` system-specific fields go in as given."""
-    return EpochRow(epoch=epoch, train_time_s=train_time_s, loss=loss, batch_train_acc=batch_train_acc,
-                    train_acc=None, val_acc=None, test_acc=None, eval_time_s=None,
-                    components=dict(components), comm_bytes=dict(comm_bytes), **extra)
+    ``comm_calls`` only from a system that counts its calls; ``extra`` system-specific
+    fields go in as given."""
+    row = EpochRow(epoch=epoch, train_time_s=train_time_s, loss=loss, batch_train_acc=batch_train_acc,
+                   train_acc=None, val_acc=None, test_acc=None, eval_time_s=None,
+                   components=dict(components), comm_bytes=dict(comm_bytes), **extra)
+    if comm_calls is not None:
+        row["comm_calls"] = dict(comm_calls)
+    return row
 
 
 def _git_commit() -> str | None:
@@ -257,8 +264,8 @@ def validate_record(record: dict, source: str = "record") -> dict:
         lacking = [f for f in EPOCH_FIELDS if f not in row]
         if lacking:
             raise RecordError(f"{source}: epoch row {row.get('epoch')} lacks {lacking}")
-        for key in ("components", "comm_bytes"):
-            if not isinstance(row[key], dict):
+        for key in ("components", "comm_bytes", "comm_calls"):
+            if key in row and not isinstance(row[key], dict):
                 raise RecordError(f"{source}: epoch row {row.get('epoch')}: {key} must be an object")
     for key in ("config", "grid", "env"):
         if not isinstance(record[key], dict):
@@ -328,9 +335,23 @@ def summarize(record: dict) -> None:
             "final_test_acc": evaluated[-1]["test_acc"],
             "train_time_s": record["epochs"][-1]["train_time_s"],
             "epochs_run": len(record["epochs"]),
+            **comm_per_step(record),
         }
     else:
         record["summary"] = None
+
+
+def comm_per_step(record: dict) -> dict:
+    """``comm_calls_per_step`` and ``comm_bytes_per_step`` ({kind: per step}, rank 0's) of
+    the last epoch that counted calls, divided by ``steps_per_epoch``; empty when the
+    record has neither."""
+    steps = record.get("steps_per_epoch")
+    rows = [r for r in record["epochs"] if isinstance(r.get("comm_calls"), dict)]
+    if not steps or not rows:
+        return {}
+    last = rows[-1]
+    return {"comm_calls_per_step": {k: v / steps for k, v in sorted(last["comm_calls"].items())},
+            "comm_bytes_per_step": {k: v / steps for k, v in sorted(last["comm_bytes"].items())}}
 
 
 def summary_line(record: dict) -> str:

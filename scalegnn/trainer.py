@@ -255,9 +255,9 @@ def _resume(cfg, engine, record: dict, grid) -> dict | None:
 def _save_checkpoint(ckpt: Checkpointer, cfg, engine, record: dict, step: int, epochs_done: int,
                      train_time: float, partial: tuple) -> None:
     loss_sum, loss_n, correct, count = partial
-    components, comm_bytes = engine.counters()
+    components, comm_bytes, comm_calls = engine.counters()
     loop = {"step": step, "train_time": train_time, "loss_sum": loss_sum, "loss_n": loss_n, "correct": correct,
-            "count": count, "components": components, "comm_bytes": comm_bytes}
+            "count": count, "components": components, "comm_bytes": comm_bytes, "comm_calls": comm_calls}
     saves = record.get("checkpoint", {}).get("saves", 0) + ckpt.saves + 1  # all attempts, this one included
     meta = {"epoch": epochs_done, "steps_per_epoch": engine.steps_per_epoch, "batch_size": record["batch_size"],
             "config": cfg.to_dict(), "loop": loop, "record": {**record, "checkpoint": {"saves": saves}}}
@@ -283,7 +283,7 @@ class _EngineEpochs:
     def train_epoch(self, epoch: int) -> EpochStats:
         engine, start, spe = self.engine, self.start, self.engine.steps_per_epoch
         if self.step % spe:  # resumed mid-epoch: continue this epoch's sums
-            engine.reset_counters(start["components"], start["comm_bytes"])
+            engine.reset_counters(start["components"], start["comm_bytes"], start.get("comm_calls"))
             sums = EpochSums(engine.device, tuple(start[k] for k in ("loss_sum", "loss_n", "correct", "count")))
         else:
             engine.reset_counters()
@@ -310,9 +310,9 @@ class _EngineEpochs:
         self.train_time += seconds
         loss_sum, loss_n, correct, count, bad = sums.read()
         _check_finite(bad, epoch)
-        components, comm_bytes = engine.counters()
+        components, comm_bytes, comm_calls = engine.counters()
         return EpochStats(loss_sum=loss_sum, loss_n=loss_n, correct=correct, count=count, components=components,
-                          comm_bytes=comm_bytes, seconds=seconds)
+                          comm_bytes=comm_bytes, comm_calls=comm_calls, seconds=seconds)
 
     def evaluate(self) -> tuple[float, float, float]:
         self.where.stage = f"evaluation after epoch {self.step // self.engine.steps_per_epoch}"

@@ -223,6 +223,7 @@ RUNS = {
     "overlap": (_BASE, PerfConfig(comm_overlap=True)),
     "bf16": (_BASE, PerfConfig(comm_dtype="bf16")),
     "bf16+overlap+prefetch": (_BASE, PerfConfig(comm_dtype="bf16", comm_overlap=True, prefetch=True)),
+    "gemm-bf16": (_BASE, PerfConfig(gemm_dtype="bf16")),
     "compile": (_BASE, PerfConfig(compile=True, compile_backend="aot_eager")),
     "uninstrumented": (_BASE, PerfConfig(instrument=False)),
     "double": (_NORES, PerfConfig(permute="double")),
@@ -274,6 +275,11 @@ def test_parallel_switches_leave_training_unchanged():
         for kind, nbytes in base["bytes"].items():
             assert bf["bytes"][kind] * (2 if kind.startswith("pmm_") else 1) == nbytes, kind
         assert [s[0] for s in bf["steps"]] == pytest.approx([s[0] for s in base["steps"]], abs=5e-2)
+        # BF16 GEMM operands: the same collectives and bytes, close but different losses.
+        gb = res["gemm-bf16"]
+        assert gb["bytes"] == base["bytes"]
+        assert [s[0] for s in gb["steps"]] == pytest.approx([s[0] for s in base["steps"]], abs=5e-2)
+        assert gb["steps"] != base["steps"]
         combo = res["bf16+overlap+prefetch"]
         assert combo["steps"] == bf["steps"]
         assert all(torch.equal(combo["params"][k], v) for k, v in bf["params"].items())
@@ -338,10 +344,13 @@ def test_cli_flags_fill_perf_config():
 
     cfg, _ = parse_train_args(
         ["--dataset", "cora", "--prefetch", "--comm-dtype", "bf16", "--compile", "--comm-overlap",
-         "--profile", "/tmp/p", "--permute", "double", "--no-residual", "--sampler", "torch"])
+         "--profile", "/tmp/p", "--permute", "double", "--no-residual", "--sampler", "torch", "--gemm-dtype", "bf16"])
     perf = cfg.perf
     assert (perf.prefetch, perf.comm_dtype, perf.compile, perf.comm_overlap, perf.profile, perf.permute,
-            perf.sampler) == (True, "bf16", True, True, "/tmp/p", "double", "torch")
+            perf.sampler, perf.gemm_dtype) == (True, "bf16", True, True, "/tmp/p", "double", "torch", "bf16")
+    assert perf.local_gemm_dtype is torch.bfloat16
     assert parse_train_args(["--dataset", "cora"])[0].perf == PerfConfig()
     with pytest.raises(ValueError, match="comm_dtype"):
         PerfConfig(comm_dtype="fp8")
+    with pytest.raises(ValueError, match="gemm_dtype"):
+        PerfConfig(gemm_dtype="fp16")

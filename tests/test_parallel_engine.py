@@ -48,7 +48,7 @@ def _engine_worker(rank, world, shape, runs, device="cpu"):
         eng = ParallelEngine(graph, run["model"], run["optim"], run["batch"], seed=run["seed"], epochs=2, grid=grid,
                              device=resolve_device(device, rank), pmm_comm_dtype=run.get("comm_dtype"))
         steps = [eng.train_step(s) for s in range(run.get("steps", STEPS))]
-        components, comm_bytes = eng.counters()
+        components, comm_bytes, _ = eng.counters()
         out.append({
             "steps": [(r.loss, r.correct, r.count) for r in steps],
             "params": eng.parameters_for_test(),
@@ -210,5 +210,8 @@ def test_run_distributed_training_record_matches_serial_run(tmp_path):
     assert [r["loss"] for r in par["epochs"]] == pytest.approx([r["loss"] for r in serial["epochs"]], rel=RTOL)
     assert par["epochs"][-1]["test_acc"] == pytest.approx(serial["epochs"][-1]["test_acc"], abs=1e-12)
     assert par["epochs"][0]["comm_bytes"]["pmm_x"] > 0 and len(par["peak_memory_bytes_per_rank"]) == 4
+    calls = par["epochs"][-1]["comm_calls"]  # calls per kind beside the bytes; none in one process
+    assert set(calls) == set(par["epochs"][-1]["comm_bytes"]) and serial["epochs"][-1]["comm_calls"] == {}
+    assert par["summary"]["comm_calls_per_step"] == {k: v / par["steps_per_epoch"] for k, v in sorted(calls.items())}
     with pytest.raises(ValueError, match="--nproc 3 does not match the grid 1x2x1x2"):
         run_distributed_training(make_config(grid=(1, 2, 1, 2), **base), nproc=3)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from scalegnn.perfmodel import (TERMS, Machine, Workload, axis_bandwidth, epoch_time_from_rows, fit, predict,
-                                predicted_bytes_per_step, rank_grids, step_collectives)
+                                predicted_bytes_per_step, predicted_calls_per_step, rank_grids,
+                                step_collectives, step_times)
 from scalegnn.sweeps import load_profile
 
 PERLMUTTER = Machine.from_profile(load_profile("perlmutter"))
@@ -51,6 +52,12 @@ def test_collectives_follow_the_layout_table():
     full, half = predicted_bytes_per_step(w, (1, 2, 2, 2)), predicted_bytes_per_step(bf, (1, 2, 2, 2))
     for kind in full:
         assert half[kind] == pytest.approx(full[kind] / 2 if kind.startswith("pmm_") else full[kind])
+    # bucketing merges calls, never bytes; the latency term falls with the calls
+    unb = Workload(**{**w.__dict__, "bucket": False})
+    assert predicted_bytes_per_step(unb, (1, 2, 2, 2)) == full
+    calls = {b: sum(predicted_calls_per_step(m, (1, 2, 2, 2)).values()) for b, m in ((False, unb), (True, w))}
+    assert calls[True] < calls[False]
+    assert step_times(w, (1, 2, 2, 2), PERLMUTTER)["latency"] < step_times(unb, (1, 2, 2, 2), PERLMUTTER)["latency"]
 
 
 @pytest.mark.distributed
@@ -71,6 +78,10 @@ def test_predicted_bytes_match_a_recorded_run(tmp_path):
     # row blocks of a sampled batch vary around B / G_t: within 15% per kind
     for kind in ("pmm_y", "norm", "reshard"):
         assert pred[kind] == pytest.approx(got[kind], rel=0.15), kind
+    # calls do not depend on the sample: exact, per kind, with the gradient buckets
+    assert w.bucket
+    calls = {k: v / rec["steps_per_epoch"] for k, v in rec["epochs"][0]["comm_calls"].items()}
+    assert predicted_calls_per_step(w, (2, 1, 2, 1)) == calls
 
 
 def test_fit_recovers_known_coefficients_and_predicts():

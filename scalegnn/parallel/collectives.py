@@ -15,7 +15,18 @@ Bytes are the payload this rank hands to the collective (``numel * itemsize`` of
 the buffer actually communicated, so a BF16 all-reduce counts half of an FP32 one;
 for an all-gather, the padded local piece). A collective over an axis of size 1 is
 skipped and costs nothing; so is one over an empty tensor (every member of an
-all-reduce holds the same shape, so they all skip together).
+all-reduce holds the same shape, so they all skip together). Calls are counted
+beside bytes: on gloo and NCCL every call pays a fixed latency, so the number of
+calls matters as much as their bytes.
+
+Bucketing (:func:`bucketed_all_reduce`): tensors with no data dependency between them
+that go over the same axis with the same op and the same wire dtype travel as one
+flat buffer, one call, copied back (DDP's gradient buckets, on a grid axis). Each
+member's bytes are counted under its own kind; the one call (and its seconds) under
+the kind that carries most of the bucket's bytes. Element for element the sum is the
+same; over an axis of 2 ranks it is bit for bit the separate calls' (a + b is
+commutative), over more ranks the reduction order of a chunked ring may differ by
+float rounding.
 
 Only 3D-PMM partial sums may use a low-precision communication dtype (paper V-B):
 cast to BF16, all-reduce, cast back. RMSNorm and cross-entropy reductions stay FP32.
@@ -33,8 +44,8 @@ import torch.distributed as dist
 from ..perf import SpanTimer
 from .grid import ProcessGrid
 
-__all__ = ["CommStats", "all_reduce", "all_reduce_world", "all_reduce_async", "PendingReduce", "all_gather_uneven",
-           "broadcast", "PMM_KINDS"]
+__all__ = ["CommStats", "all_reduce", "all_reduce_world", "all_reduce_async", "bucketed_all_reduce", "PendingReduce",
+           "all_gather_uneven", "broadcast", "PMM_KINDS"]
 
 PMM_KINDS = ("pmm_x", "pmm_y", "pmm_z")
 
@@ -65,9 +76,12 @@ class CommStats:
     def seconds(self) -> dict:
         return self._timer.seconds
 
-    def record(self, kind: str, nbytes: int) -> None:
+    def record(self, kind: str, nbytes: int, calls: int = 1) -> None:
+        """Count ``nbytes`` under ``kind``, and ``calls`` calls (0 for a bucket member
+        whose call is counted under another kind)."""
         self.bytes[kind] += int(nbytes)
-        self.calls[kind] += 1
+        if calls:
+            self.calls[kind] += calls
 
     def span(self, kind: str):
         """Time the enclosed collective under ``kind``."""
@@ -116,6 +130,70 @@ def _group(grid: ProcessGrid, axis: str):
     return group
 
 
+def _wire_dtype(t: torch.Tensor, kind: str, comm_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``t`` travels in: ``comm_dtype`` only for 3D-PMM partial sums (paper V-B)."""
+    if comm_dtype is None or comm_dtype == t.dtype:
+        return t.dtype
+    if kind not in PMM_KINDS:
+        raise ValueError(f"low-precision communication is only for 3D-PMM partial sums, not for kind {kind!r}")
+    return comm_dtype
+
+
+def _launch(members: list[tuple[torch.Tensor, str]], grid: ProcessGrid, axis: str, stats: CommStats | None, op: str,
+            comm_dtype: torch.dtype | None, async_op: bool, what: str):
+    """One all-reduce over ``axis`` of every member (tensor, kind), in place; returns
+    None (nothing to send), or (work or None when done, wire buffer or None, the
+    kind the call is counted under). The one place where tensors meet the wire:
+    reduced as is when a single member needs no cast, else copied (cast) into one flat
+    buffer in the wire dtype, reduced, and copied back by the caller (:func:`_unflatten`)."""
+    members = [(t, kind) for t, kind in members if t.numel()]
+    if grid.axis_size(axis) == 1 or not members:
+        return None
+    wires = {_wire_dtype(t, kind, comm_dtype) for t, kind in members}
+    if len(wires) > 1:
+        raise ValueError(f"a bucket travels in one dtype; its members need {sorted(map(str, wires))}: "
+                         "bucket them apart")
+    (wire,) = wires
+    if len(members) == 1 and members[0][0].dtype == wire:
+        (buf, _), flat = members[0], None
+        if not buf.is_contiguous():
+            raise ValueError(f"{what} needs a contiguous tensor (it reduces in place)")
+    elif len(members) == 1:
+        buf = flat = members[0][0].to(wire)  # cast - all-reduce - cast (paper V-B)
+    else:
+        if not all(t.is_contiguous() for t, _ in members):
+            raise ValueError(f"{what} needs contiguous tensors (they are copied back in place)")
+        buf = flat = torch.empty(sum(t.numel() for t, _ in members), dtype=wire, device=members[0][0].device)
+        off = 0
+        for t, _ in members:
+            flat[off: off + t.numel()].copy_(t.view(-1))
+            off += t.numel()
+    per_kind: dict[str, int] = defaultdict(int)
+    for t, kind in members:
+        per_kind[kind] += t.numel() * buf.element_size()
+    call_kind = max(per_kind, key=per_kind.get)  # the kind with most bytes (first such in member order)
+    group = _group(grid, axis)
+    with _span(stats, call_kind):
+        work = dist.all_reduce(buf, op=_op(op), group=group, async_op=async_op)
+        if not async_op and flat is not None:
+            _unflatten(flat, [t for t, _ in members])
+    if stats is not None:
+        for kind, nbytes in per_kind.items():
+            stats.record(kind, nbytes, calls=1 if kind == call_kind else 0)
+    return (work if async_op else None), flat, call_kind, [t for t, _ in members]
+
+
+def _unflatten(flat: torch.Tensor, targets: list[torch.Tensor]) -> None:
+    """Copy (cast back) the reduced flat buffer into its members, in order."""
+    if len(targets) == 1:
+        targets[0].copy_(flat.view_as(targets[0]))
+        return
+    off = 0
+    for t in targets:
+        t.view(-1).copy_(flat[off: off + t.numel()])
+        off += t.numel()
+
+
 def all_reduce(
     t: torch.Tensor,
     grid: ProcessGrid,
@@ -130,25 +208,33 @@ def all_reduce(
     ``comm_dtype`` (e.g. ``torch.bfloat16``) casts the buffer for the wire and back:
     only for 3D-PMM partial sums (``kind`` in :data:`PMM_KINDS`).
     """
-    if grid.axis_size(axis) == 1 or t.numel() == 0:
-        return t
-    if comm_dtype is not None and comm_dtype != t.dtype and kind not in PMM_KINDS:
-        raise ValueError(f"low-precision communication is only for 3D-PMM partial sums, not for kind {kind!r}")
-    group = _group(grid, axis)
-    with _span(stats, kind):
-        if comm_dtype is not None and comm_dtype != t.dtype:
-            buf = t.to(comm_dtype)  # cast - all-reduce - cast (paper V-B)
-            dist.all_reduce(buf, op=_op(op), group=group)
-            t.copy_(buf)
-            nbytes = buf.numel() * buf.element_size()
-        else:
-            if not t.is_contiguous():
-                raise ValueError("all_reduce needs a contiguous tensor (it reduces in place)")
-            dist.all_reduce(t, op=_op(op), group=group)
-            nbytes = t.numel() * t.element_size()
-    if stats is not None:
-        stats.record(kind, nbytes)
+    _launch([(t, kind)], grid, axis, stats, op, comm_dtype, async_op=False, what="all_reduce")
     return t
+
+
+def bucketed_all_reduce(
+    members: list[tuple[torch.Tensor, str]],
+    grid: ProcessGrid,
+    axis: str,
+    stats: CommStats | None,
+    op: str = "sum",
+    comm_dtype: torch.dtype | None = None,
+    async_op: bool = False,
+) -> "PendingReduce | None":
+    """All-reduce every tensor of ``members`` ((tensor, kind) pairs; contiguous, no data
+    dependency between them) over ``axis`` in ONE call, in place: flattened into one
+    buffer in their common wire dtype (``comm_dtype`` for 3D-PMM kinds, else their own;
+    members that differ raise), reduced, copied back. Bytes go to each member's kind,
+    the call to the kind with most bytes. ``async_op``: returns the
+    :class:`PendingReduce` whose ``wait()`` completes it (members untouchable until then);
+    otherwise None, done."""
+    launched = _launch(members, grid, axis, stats, op, comm_dtype, async_op, what="bucketed_all_reduce")
+    if not async_op:
+        return None
+    if launched is None:
+        return PendingReduce(None)
+    work, flat, kind, targets = launched
+    return PendingReduce(None, work, flat, stats, kind, targets)
 
 
 def all_reduce_world(t: torch.Tensor, grid: ProcessGrid, stats: CommStats | None, kind: str) -> torch.Tensor:
@@ -181,25 +267,27 @@ _NULL_SPAN = _NullSpan()
 
 
 class PendingReduce:
-    """An all-reduce in flight (:func:`all_reduce_async`); :meth:`wait` completes it.
+    """An all-reduce in flight (:func:`all_reduce_async`, :func:`bucketed_all_reduce`);
+    :meth:`wait` completes it.
 
-    After ``wait()`` the tensor holds the reduced value (cast back from the wire
-    dtype if one was used). The wait is what the caller pays, so it is what
-    :class:`CommStats` counts as seconds.
+    After ``wait()`` the tensor (every member of a bucket) holds the reduced value
+    (cast back from the wire dtype if one was used). The wait is what the caller pays,
+    so it is what :class:`CommStats` counts as seconds.
     """
 
-    __slots__ = ("tensor", "_work", "_buf", "_stats", "_kind")
+    __slots__ = ("tensor", "_work", "_buf", "_targets", "_stats", "_kind")
 
-    def __init__(self, tensor, work=None, buf=None, stats=None, kind=""):
+    def __init__(self, tensor, work=None, buf=None, stats=None, kind="", targets=None):
         self.tensor, self._work, self._buf, self._stats, self._kind = tensor, work, buf, stats, kind
+        self._targets = targets if targets is not None else [tensor]
 
-    def wait(self) -> torch.Tensor:
+    def wait(self) -> torch.Tensor | None:
         if self._work is not None:
             work, self._work = self._work, None
             with _span(self._stats, self._kind):
                 work.wait()
                 if self._buf is not None:
-                    self.tensor.copy_(self._buf)
+                    _unflatten(self._buf, self._targets)
                     self._buf = None
         return self.tensor
 
@@ -219,19 +307,10 @@ def all_reduce_async(
     all-reduce over x can be in flight while one over y runs (paper V-D). ``t`` must
     not be read or written until the wait.
     """
-    if grid.axis_size(axis) == 1 or t.numel() == 0:
+    launched = _launch([(t, kind)], grid, axis, stats, "sum", comm_dtype, async_op=True, what="all_reduce_async")
+    if launched is None:
         return PendingReduce(t)
-    if comm_dtype is not None and comm_dtype != t.dtype and kind not in PMM_KINDS:
-        raise ValueError(f"low-precision communication is only for 3D-PMM partial sums, not for kind {kind!r}")
-    if not t.is_contiguous():
-        raise ValueError("all_reduce_async needs a contiguous tensor (it reduces in place)")
-    group = _group(grid, axis)
-    buf = t.to(comm_dtype) if comm_dtype is not None and comm_dtype != t.dtype else None
-    wire = t if buf is None else buf
-    with _span(stats, kind):
-        work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
-    if stats is not None:
-        stats.record(kind, wire.numel() * wire.element_size())
+    work, buf, kind, _ = launched
     return PendingReduce(t, work, buf, stats, kind)
 
 

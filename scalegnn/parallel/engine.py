@@ -9,7 +9,9 @@ One ``train_step(step)`` on every rank of the ``Gd x Gx x Gy x Gz`` grid:
   1. sample: data-parallel group g draws ``S = sample_vertices(N, B, seed, step, g)``
      and every rank extracts its shards without communicating (Algorithm 2);
   2. forward / backward of the 3D-parallel model (paper IV-C), loss = mean over the
-     group's sampled labeled training vertices (Eq. 12);
+     group's sampled labeled training vertices (Eq. 12), the batch's accuracy counts
+     from the loss's own collectives; with ``perf.bucket_collectives`` the weight
+     gradients' 3D reductions go in one call per axis (ParallelContext buckets);
   3. data-parallel all-reduce of the weight gradients, averaged over the groups
      whose sample holds at least one labeled training vertex (paper IV-A), fused
      with the loss and accuracy counts into one buffer;
@@ -49,7 +51,7 @@ from ..model import ModelConfig
 from ..optim import grad_values, row_sparse_grad, use_sparse_input_update
 from ..perf import PerfConfig, Prefetcher, SpanTimer, StepProfiler
 from ..sampling import steps_per_epoch
-from .collectives import CommStats, all_reduce
+from .collectives import CommStats, all_reduce, all_reduce_world
 from .dist_sampling import DistributedSampler, ShardedBatch
 from .grid import PMM_AXES, ProcessGrid
 from .model import ParallelScaleGNN
@@ -177,13 +179,16 @@ class ParallelEngine:
         if perf.compile:
             fused = torch.compile(norm_relu_dropout, dynamic=True, backend=perf.compile_backend)
         self.pc = ParallelContext(grid, self._stats, self._timer, comm_dtype, overlap=perf.comm_overlap,
-                                  fused=fused, sparse_input_grad=self.sparse_input_update)
-        if perf.comm_overlap:
+                                  fused=fused, sparse_input_grad=self.sparse_input_update,
+                                  bucket=perf.bucket_collectives, gemm_dtype=perf.local_gemm_dtype)
+        if self.pc.defers_weight_grads:
             self.model.defer_weight_grad_sync(self.pc)
         self.eval_stats = CommStats(timing=False)  # evaluation traffic, kept out of the per-epoch training counters
-        self._eval_pc = ParallelContext(grid, self.eval_stats, None, comm_dtype, fused=fused)
+        self._eval_pc = ParallelContext(grid, self.eval_stats, None, comm_dtype, fused=fused,
+                                        gemm_dtype=perf.local_gemm_dtype)
         self._components: dict[str, float] = defaultdict(float)
         self.comm_bytes: dict[str, int] = defaultdict(int)
+        self.comm_calls: dict[str, int] = defaultdict(int)
         self.last_batch: ShardedBatch | None = None
         self.compile_time_s = self._warm_up_compile() if perf.compile else 0.0
         if self.device.type == "cpu" and not perf.compile:  # the CPU layer tail's numba kernels, out of step 1's time
@@ -225,21 +230,37 @@ class ParallelEngine:
         return y, getattr(src, f"{split}_mask")[a]
 
     def _loss(self, logits, y, mask, pc):
+        """(loss, count, accuracy counts [correct, total]) of the batch, from the loss's own collectives."""
         head = self.model.head
         if self.multilabel:
-            return parallel_bce(logits, y, mask, pc, head.row_axis, head.class_axis, self.shard.num_classes)
-        return parallel_cross_entropy(logits, y, mask, pc, head.row_axis, head.class_axis, self.model.class_range[0])
+            return parallel_bce(logits, y, mask, pc, head.row_axis, head.class_axis, self.shard.num_classes,
+                                accuracy=True)
+        return parallel_cross_entropy(logits, y, mask, pc, head.row_axis, head.class_axis, self.model.class_range[0],
+                                      accuracy=True)
 
     def _global_grad_norm(self) -> torch.Tensor:
         """sqrt(sum over every parameter ELEMENT of g^2): each shard counted on one replica
         only (see ParallelScaleGNN.is_owner), summed over x, y, z. Gradients are already
-        identical across data-parallel groups, so dp needs no sum."""
+        identical across data-parallel groups, so dp needs no sum.
+
+        Bucketed (``perf.bucket_collectives``) where two or more 3D axes have several
+        ranks: one all-reduce over the world instead of one per axis, to which only the
+        owners of data-parallel group 0 contribute (the other groups hold the same
+        gradients). The float64 sum is then taken in another order: the norm may differ
+        in its last bits from the per-axis one, the clip coefficient (FP32) practically
+        never."""
+        axes = [ax for ax in PMM_AXES if self.grid.axis_size(ax) > 1]
+        world = self.perf.bucket_collectives and len(axes) > 1
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
-        for name, p in self.params:
-            if p.grad is not None and self.model.is_owner(name):
-                sq += grad_values(p.grad).detach().double().pow(2).sum()
-        for ax in PMM_AXES:
-            all_reduce(sq, self.grid, ax, self._stats, "clip")
+        if not world or self.dp_index == 0:
+            for name, p in self.params:
+                if p.grad is not None and self.model.is_owner(name):
+                    sq += grad_values(p.grad).detach().double().pow(2).sum()
+        if world:
+            all_reduce_world(sq, self.grid, self._stats, "clip")
+        else:
+            for ax in axes:
+                all_reduce(sq, self.grid, ax, self._stats, "clip")
         return sq.sqrt()
 
     def _resolve(self) -> None:
@@ -264,6 +285,8 @@ class ParallelEngine:
         c["other"] += max(0.0, ph.get("step", 0.0) - sampling - fwd_bwd - dp - opt)
         for kind, nbytes in self._stats.bytes.items():
             self.comm_bytes[kind] += nbytes
+        for kind, calls in self._stats.calls.items():
+            self.comm_calls[kind] += calls
         self._phases.reset()
         self._timer.reset()
         self._stats.reset()
@@ -275,17 +298,19 @@ class ParallelEngine:
         self._resolve()
         return self._components
 
-    def counters(self) -> tuple[dict[str, float], dict[str, int]]:
-        """(seconds per component, bytes per collective kind) since :meth:`reset_counters`."""
-        return dict(self.components), dict(self.comm_bytes)
+    def counters(self) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+        """(seconds per component, bytes per collective kind, calls per collective kind)
+        since :meth:`reset_counters`."""
+        return dict(self.components), dict(self.comm_bytes), dict(self.comm_calls)  # components first: it resolves
 
-    def reset_counters(self, components: dict | None = None, comm_bytes: dict | None = None) -> None:
+    def reset_counters(self, components: dict | None = None, comm_bytes: dict | None = None,
+                       comm_calls: dict | None = None) -> None:
         """Start the per-epoch counters afresh, or from a checkpoint's partial epoch."""
         self._resolve()  # drop what was timed before (evaluation, warm-up) with its events
-        self._components.clear()
-        self.comm_bytes.clear()
-        self._components.update(components or {})
-        self.comm_bytes.update(comm_bytes or {})
+        for counter, start in ((self._components, components), (self.comm_bytes, comm_bytes),
+                               (self.comm_calls, comm_calls)):
+            counter.clear()
+            counter.update(start or {})
 
     def synchronize(self) -> None:
         """Wait for the work queued on the device (host clocks then cover it)."""
@@ -307,13 +332,10 @@ class ParallelEngine:
                 self.model.train()
                 logits = self.model(batch, self.pc, self.dropout_seed, step)
                 y, mask = self._labels(batch)
-                loss, count = self._loss(logits, y, mask, self.pc)
+                loss, count, counts = self._loss(logits, y, mask, self.pc)  # counts: the batch's accuracy
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                self.pc.wait_pending()  # deferred weight-gradient all-reduces (V-D); none otherwise
-                head = self.model.head
-                counts = parallel_accuracy_counts(logits.detach(), y, [mask], self.pc, head.row_axis,
-                                                  head.class_axis, self.model.class_range[0], self.multilabel)
+                self.pc.wait_pending()  # deferred weight-gradient all-reduces (V-D, buckets); none otherwise
             with self._phases("dp"):
                 stats, nothing_to_learn = self._data_parallel(loss.detach(), count, counts)
             with self._phases("optimizer"):

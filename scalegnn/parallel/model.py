@@ -27,10 +27,11 @@ weights. Memory caveat: every rank briefly holds the full parameters
 Paper V switches, carried by the :class:`ParallelContext`: ``pc.fused`` evaluates
 RMSNorm + ReLU + dropout as one (``torch.compile``-d) element-wise function (V-C);
 ``pc.overlap`` with :meth:`ParallelScaleGNN.defer_weight_grad_sync` overlaps the
-backward all-reduces (V-D). With a double-permuted batch (``batch.alt``, Plexus 5.1)
-even layers multiply ``A`` with rows in sigma ids and odd layers ``A`` with columns
-in sigma ids, so activations alternate between the two labelings; dropout masks are
-keyed by vertex, so they equal the serial ones.
+backward all-reduces (V-D); ``pc.bucket`` with it merges the weight-gradient ones.
+With a double-permuted batch (``batch.alt``, Plexus 5.1) even layers multiply ``A``
+with rows in sigma ids and odd layers ``A`` with columns in sigma ids, so activations
+alternate between the two labelings; dropout masks are keyed by vertex, so they equal
+the serial ones.
 """
 
 from __future__ import annotations
@@ -111,20 +112,25 @@ class ParallelScaleGNN(nn.Module):
         self.class_range = rng(num_classes, head.class_axis)
 
     def defer_weight_grad_sync(self, pc: ParallelContext) -> None:
-        """Paper V-D: with ``pc.overlap``, the GEMMs leave each weight gradient partial and
-        a post-accumulate-grad hook launches its all-reduce (over the axis along which
-        the shard is replicated) as soon as autograd has accumulated it, so the sync
-        overlaps with the rest of backward; ``pc.wait_pending()`` completes them all.
-        RMSNorm weights keep their synchronous reduction inside the norm's backward."""
+        """Paper V-D (``pc.overlap``) and buckets (``pc.bucket``): the GEMMs leave each weight
+        gradient partial and a post-accumulate-grad hook hands it to
+        :meth:`ParallelContext.reduce_weight_grad` (an all-reduce over the axis along which
+        the shard is replicated) as soon as autograd has accumulated it;
+        ``pc.wait_pending()`` completes them all. RMSNorm gains (replicated along their
+        layer's row and third axes, summed over the row axis) join the buckets; without
+        buckets they keep their synchronous reduction inside the norm's backward."""
         if getattr(self, "_defer_pc", None) is not None:
             raise RuntimeError("weight-gradient hooks are already installed")
         self._defer_pc = pc
         for name, param in self.named_parameters():
             shard = self.shards[name]
-            if shard.rows is None:
-                continue
-            (axis,) = shard.replicated
-            param.register_post_accumulate_grad_hook(lambda p, axis=axis: pc.reduce_weight_grad(p.grad, axis))
+            if shard.rows is None:  # norm.<l>: its gradient sums over the rows of layer l's output
+                axis, norm = layer_layout(int(name.split(".")[1])).out[0], True
+            else:
+                (axis,), norm = shard.replicated, False
+            hook = pc.weight_grad_hook(param, axis, norm=norm)
+            if hook is not None:
+                param.register_post_accumulate_grad_hook(hook)
 
     def is_owner(self, name: str) -> bool:
         """True on exactly one replica of each shard (index 0 along its replicated axes):
@@ -188,7 +194,7 @@ class ParallelScaleGNN(nn.Module):
         hidden = cfg.hidden
         use_dropout = self.training and cfg.dropout > 0
         self._check_permutation(batch)
-        defer = pc.overlap and pc is getattr(self, "_defer_pc", None) and torch.is_grad_enabled()
+        defer = pc is getattr(self, "_defer_pc", None) and torch.is_grad_enabled()  # the hooks reduce dW
         # X_h0 = AR_z(X_in[x, z] W_in[z, y]) on (x, y); dW_in summed over x (Eq. 18).
         x = sharded_gemm(batch.x, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x", defer_dw=defer,
                          h_t=batch.x_t)

@@ -51,8 +51,8 @@ from ..optim import row_sparse_grad
 from ..perf import SpanTimer
 from ..ranges import split_bounds
 from ..sampling import SampledBlock
-from .collectives import (CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce, broadcast,
-                          all_reduce_async)
+from .collectives import (PMM_KINDS, CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
+                          all_reduce_async, broadcast, bucketed_all_reduce)
 from .grid import ProcessGrid
 from .layout import RowPartition, col_bounds, interval_overlap
 
@@ -72,8 +72,14 @@ class ParallelContext:
                   gradient all-reduce runs while its weight gradient is computed, and
                   weight-gradient reductions the caller defers (``defer_dw``) are
                   launched by :meth:`reduce_weight_grad` and finished by :meth:`wait_pending`
+        bucket    deferred weight-gradient reductions (the GEMMs' dW and, through
+                  :attr:`defer_norm_grads`, RMSNorm's dg) go over their axis in buckets,
+                  one call per (axis, wire dtype) a step (:meth:`weight_grad_hook`)
         fused     the element-wise tail of a layer, ``norm_relu_dropout`` or its
                   ``torch.compile``-d version (V-C); None keeps the unfused operators
+        gemm_dtype
+                  operand dtype of the local dense GEMM products (None: as is); see
+                  :meth:`mm`
         sparse_input_grad
                   with a CSR input (``h_t`` given to :func:`sharded_gemm`: the input
                   projection) the weight gradient is row-sparse: only the rows of the
@@ -87,7 +93,29 @@ class ParallelContext:
     overlap: bool = False
     fused: object | None = None
     sparse_input_grad: bool = False
+    bucket: bool = False
+    gemm_dtype: torch.dtype | None = None
     pending: list = field(default_factory=list)
+    # Set by weight_grad_hook for an RMSNorm weight: the norm's backward leaves dg partial.
+    defer_norm_grads: bool = field(default=False, init=False)
+    _expected: dict = field(default_factory=dict, init=False, repr=False)  # bucket key -> members a step
+    _open: dict = field(default_factory=dict, init=False, repr=False)  # bucket key -> [(tensor, kind)] so far
+
+    @property
+    def defers_weight_grads(self) -> bool:
+        """Whether weight gradients are left partial for :meth:`reduce_weight_grad`."""
+        return self.overlap or self.bucket
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """The local dense product ``a @ b`` of a GEMM (forward or backward). With
+        ``gemm_dtype`` (bf16) both operands are cast and the product, accumulated in
+        FP32 by the BLAS / tensor cores and rounded to bf16 by ``mm``, comes back as
+        ``a``'s dtype before any all-reduce, so everything around the GEMM stays FP32
+        (the same bits on every device: no device-only ``out_dtype``). A sparse operand
+        (the CSR input features) keeps its FP32 sparse product."""
+        if self.gemm_dtype is None or a.layout != torch.strided or b.layout != torch.strided:
+            return a @ b
+        return torch.mm(a.to(self.gemm_dtype), b.to(self.gemm_dtype)).to(a.dtype)
 
     def reduce_pmm(self, t: torch.Tensor, axis: str) -> torch.Tensor:
         return all_reduce(t, self.grid, axis, self.stats, f"pmm_{axis}", comm_dtype=self.pmm_comm_dtype)
@@ -98,14 +126,64 @@ class ParallelContext:
     def reduce(self, t: torch.Tensor, axis: str, kind: str, op: str = "sum") -> torch.Tensor:
         return all_reduce(t, self.grid, axis, self.stats, kind, op=op)
 
-    def reduce_weight_grad(self, grad: torch.Tensor, axis: str) -> None:
-        """Launch the deferred all-reduce of a weight gradient (in place); it completes
-        in :meth:`wait_pending`, overlapping with the rest of backward. A row-sparse
-        gradient is reduced through its values: its rows are agreed over ``axis``."""
-        self.pending.append(self.reduce_pmm_async(grad._values() if grad.is_sparse else grad, axis))
+    def _bucket_key(self, dtype: torch.dtype, axis: str, kind: str) -> tuple:
+        """Gradients share a bucket when they share the axis and the wire dtype: dW in
+        ``pmm_comm_dtype`` (a 3D-PMM partial sum), RMSNorm's dg in its own (FP32 rule)."""
+        wire = self.pmm_comm_dtype if kind in PMM_KINDS and self.pmm_comm_dtype is not None else dtype
+        return axis, wire
+
+    def weight_grad_hook(self, param: torch.Tensor, axis: str, norm: bool = False):
+        """Register ``param``, whose gradient is a partial sum over ``axis``, for the
+        deferred reduction; returns its post-accumulate-grad hook, or None where the
+        gradient keeps its reduction inside backward (an RMSNorm weight without
+        bucketing). ``norm``: an RMSNorm gain (FP32 wire, kind "norm"; its backward then
+        leaves dg partial), else a GEMM weight (kind ``pmm_<axis>``)."""
+        kind = "norm" if norm else f"pmm_{axis}"
+        if norm:
+            if not self.bucket:
+                return None
+            self.defer_norm_grads = True
+        if self.bucket:
+            key = self._bucket_key(param.dtype, axis, kind)
+            self._expected[key] = self._expected.get(key, 0) + 1
+        return lambda p: self.reduce_weight_grad(p.grad, axis, kind)
+
+    def reduce_weight_grad(self, grad: torch.Tensor, axis: str, kind: str | None = None) -> None:
+        """Reduce a deferred weight gradient over ``axis`` (in place), complete after
+        :meth:`wait_pending`. A row-sparse gradient is reduced through its values: its
+        rows are agreed over ``axis``.
+
+        Without buckets: launched at once, asynchronously (overlapping the rest of
+        backward). With buckets: held until every gradient registered for its bucket
+        has arrived, then the bucket goes in one call (asynchronous with ``overlap``,
+        else synchronous): the members that arrived first lose the part of the overlap
+        between their arrival and the bucket's completion, and the axis saves a call
+        per extra member."""
+        kind = kind or f"pmm_{axis}"
+        t = grad._values() if grad.is_sparse else grad
+        if not self.bucket:
+            self.pending.append(all_reduce_async(t, self.grid, axis, self.stats, kind,
+                                                 comm_dtype=self.pmm_comm_dtype if kind in PMM_KINDS else None))
+            return
+        key = self._bucket_key(t.dtype, axis, kind)
+        members = self._open.setdefault(key, [])
+        members.append((t, kind))
+        if len(members) >= self._expected.get(key, 0):
+            self._launch_bucket(key)
+
+    def _launch_bucket(self, key: tuple) -> None:
+        axis, wire = key
+        members = self._open.pop(key)
+        handle = bucketed_all_reduce(members, self.grid, axis, self.stats, comm_dtype=wire, async_op=self.overlap)
+        if handle is not None:
+            self.pending.append(handle)
 
     def wait_pending(self) -> None:
-        """Finish every launched weight-gradient reduction (before the optimizer)."""
+        """Finish every deferred weight-gradient reduction (before the optimizer). A bucket
+        still open (a registered gradient that did not come this step) goes now, in the
+        order the buckets were opened: the same on every rank."""
+        for key in list(self._open):
+            self._launch_bucket(key)
         pending, self.pending = self.pending, []
         for handle in pending:
             handle.wait()
@@ -154,7 +232,7 @@ class _ShardedGEMM(torch.autograd.Function):
         ctx.save_for_backward(h, w)
         ctx.pc, ctx.dh_axis, ctx.dw_axis, ctx.defer_dw, ctx.h_t = pc, dh_axis, dw_axis, defer_dw, h_t
         with pc.time("gemm"):
-            z = h @ w
+            z = pc.mm(h, w)
         return pc.reduce_pmm(z, reduce_axis)
 
     @staticmethod
@@ -164,7 +242,7 @@ class _ShardedGEMM(torch.autograd.Function):
         grad_h = grad_w = pending_h = None
         if ctx.needs_input_grad[0]:
             with pc.time("gemm"):
-                grad_h = (grad_z @ w.t()).contiguous()  # partial over the column blocks of W (axis dh_axis)
+                grad_h = pc.mm(grad_z, w.t()).contiguous()  # partial over the column blocks of W (axis dh_axis)
             if pc.overlap:  # V-D: the dH all-reduce runs while dW is computed
                 pending_h = pc.reduce_pmm_async(grad_h, ctx.dh_axis)
             else:
@@ -173,7 +251,7 @@ class _ShardedGEMM(torch.autograd.Function):
             grad_w = _row_sparse_dw(ctx.h_t, grad_z, w.shape, pc, ctx.dw_axis, ctx.defer_dw)
         elif ctx.needs_input_grad[1]:
             with pc.time("gemm"):  # partial over the row blocks of H (axis dw_axis)
-                grad_w = (h.t() @ grad_z if ctx.h_t is None else torch.sparse.mm(ctx.h_t, grad_z)).contiguous()
+                grad_w = (pc.mm(h.t(), grad_z) if ctx.h_t is None else torch.sparse.mm(ctx.h_t, grad_z)).contiguous()
             if not ctx.defer_dw:  # deferred: the caller's hook reduces it after accumulation
                 grad_w = pc.reduce_pmm(grad_w, ctx.dw_axis)
         if pending_h is not None:
@@ -480,7 +558,7 @@ def fused_layer_tail(z: torch.Tensor, weight: torch.Tensor | None, keep: torch.T
     two reductions stay outside the fused function (FP32 all-reduces of the sum of
     squares and, in backward, of ds and dg), everything element-wise inside it."""
     sum_sq = _NormSumSq.apply(z, pc, col_axis) if norm else None
-    if weight is not None:
+    if weight is not None and not pc.defer_norm_grads:  # deferred: the weight's hook reduces dg
         weight = _SumGrad.apply(weight, pc, row_axis, "norm")
     return pc.fused(z, sum_sq, weight, keep, hidden, eps, p)
 
@@ -496,7 +574,8 @@ class _LayerTail(torch.autograd.Function):
     passes, else 0, and u = dy * g (as :class:`_ParallelRMSNorm`):
         dot = AR_col(sum_j u_j x_j)        (each column replica holds one block)
         dx  = u * rinv - x * rinv^3 * dot / H
-        dg  = AR_row(sum_rows dy x rinv)   (g replicated along the row axis, rows differ)
+        dg  = AR_row(sum_rows dy x rinv)   (g replicated along the row axis, rows differ; with
+                                            ``pc.defer_norm_grads`` left partial for g's hook)
         dres = dout
     Without norm: dx = dy and no collective.
     """
@@ -531,7 +610,9 @@ class _LayerTail(torch.autograd.Function):
                 pc.reduce(dot, ctx.col_axis, "norm")
                 c = (rinv.pow(3) * dot / ctx.hidden).to(x.dtype)
             if want_dg:
-                grad_w = pc.reduce(grad_w.to(weight.dtype).contiguous(), ctx.row_axis, "norm")
+                grad_w = grad_w.to(weight.dtype).contiguous()
+                if not pc.defer_norm_grads:  # deferred: partial, the weight's hook reduces it (bucketed)
+                    grad_w = pc.reduce(grad_w, ctx.row_axis, "norm")
         if ctx.needs_input_grad[0]:
             grad_x = tail_backward_input(dout, x, r, c, weight, pas, ctx.den)
         grad_res = dout if ctx.needs_input_grad[2] else None
@@ -564,11 +645,16 @@ def parallel_dropout(x: torch.Tensor, key: int, row_ids: torch.Tensor, col_ids: 
 
 # ------------------------------------------------------------------------------ losses
 class _ParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy over labeled rows with class-sharded logits (Eq. 12).
+    """Mean cross-entropy over labeled rows with class-sharded logits (Eq. 12), and the
+    argmax accuracy counts of the same logits, in three collectives.
 
-    Per row i (FP32): m = AR_max,d(max_j o_ij), S = AR_d(sum_j exp(o_ij - m)),
-    o_target = AR_d(o_i,y_i on the rank that holds class y_i), loss_i = m + log S - o_target.
-    L = AR_a(sum_i mask_i loss_i) / AR_a(sum_i mask_i)  (a: the row axis).
+    Per row i (FP32): m = AR_max,d(max_j o_ij), then one AR_d of four columns:
+    S = sum_j exp(o_ij - m), o_target = o_i,y_i (on the rank that holds class y_i),
+    lower = #{j < y_i: o_ij = m} and hit = [o_i,y_i = m] (class counts, exact in FP32);
+    loss_i = m + log S - o_target. The argmax (first maximum, as torch.argmax) is y_i
+    iff hit and lower = 0: the prediction is right without an argmax collective.
+    One AR_a (a: the row axis) of [sum_i mask_i loss_i, sum_i mask_i, correct, total]
+    (FP64) gives L = loss sum / count and the accuracy counts over ``mask & y >= 0``.
 
     Backward: dO_ij = dL * mask_i / count * (softmax_ij - [j == y_i]). No all-reduce:
     every class replica computes the same row losses (the reductions are consumed
@@ -588,24 +674,36 @@ class _ParallelCrossEntropy(torch.autograd.Function):
         s = e.sum(-1)
         local_t = (y - class_start).clamp(min=0)
         has = (y >= class_start) & (y < class_start + n_cls) & (y >= 0)
-        tgt = torch.where(has, o.gather(1, local_t.clamp(max=max(n_cls - 1, 0))[:, None]).squeeze(1)
-                          if n_cls else o.new_zeros(n_rows), o.new_zeros(n_rows))
-        both = torch.stack([s, tgt], 1).contiguous()  # one FP32 all-reduce for sum-exp and target
-        pc.reduce(both, class_axis, "loss")
-        s, tgt = both[:, 0], both[:, 1]
+        if n_cls:
+            at_max = o == m[:, None]
+            ids = torch.arange(class_start, class_start + n_cls, device=o.device)
+            lower = (at_max & (ids[None, :] < y[:, None])).sum(-1)
+            at_t = local_t.clamp(max=n_cls - 1)[:, None]
+            tgt = torch.where(has, o.gather(1, at_t).squeeze(1), o.new_zeros(n_rows))
+            hit = has & at_max.gather(1, at_t).squeeze(1)
+        else:
+            lower = hit = tgt = o.new_zeros(n_rows)
+        # One FP32 all-reduce: sum-exp, target logit, and the two argmax counts.
+        four = torch.stack([s, tgt, lower.to(torch.float32), hit.to(torch.float32)], 1).contiguous()
+        pc.reduce(four, class_axis, "loss")
+        s, tgt = four[:, 0], four[:, 1]
+        keep = mask & (y >= 0)
+        correct = keep & (four[:, 3] > 0) & (four[:, 2] == 0)
         row_loss = torch.where(mask, m + torch.log(s) - tgt, torch.zeros_like(s))
-        tot = torch.stack([row_loss.sum(), mask.sum().to(torch.float32)]).double()
+        tot = torch.cat([torch.stack([row_loss.sum(), mask.sum().to(torch.float32)]).double(),
+                         torch.stack([correct.sum(), keep.sum()]).double()])
         pc.reduce(tot, row_axis, "loss")
         count = tot[1].clamp(min=1.0)  # the sum is 0 when no row counts: L = 0
         loss = tot[0] / count
         ctx.save_for_backward(e / s[:, None], local_t, has, mask, count)
         ctx.dtype = logits.dtype
         count_t = tot[1].to(torch.int64)
-        ctx.mark_non_differentiable(count_t)
-        return loss.to(logits.dtype), count_t
+        acc = tot[2:].clone()
+        ctx.mark_non_differentiable(count_t, acc)
+        return loss.to(logits.dtype), count_t, acc
 
     @staticmethod
-    def backward(ctx, dloss, _dcount):
+    def backward(ctx, dloss, _dcount, _dacc):
         prob, local_t, has, mask, count = ctx.saved_tensors
         g = prob.clone()
         if g.shape[1]:  # subtract 1 at the target class of the rows whose class is on this rank
@@ -615,19 +713,25 @@ class _ParallelCrossEntropy(torch.autograd.Function):
 
 
 def parallel_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, pc: ParallelContext,
-                           row_axis: str, class_axis: str, class_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+                           row_axis: str, class_axis: str, class_start: int, accuracy: bool = False):
     """Global mean CE; ``logits`` (Br_a, C_d) on (a, d), ``y`` (Br_a,) global class ids,
     ``mask`` (Br_a,) rows whose loss counts; ``class_start`` the first class of C_d.
     Returns (loss, count): the same scalars on every rank of the data-parallel group;
-    count is the number of rows that counted (loss is 0 with zero gradient if none)."""
-    return _ParallelCrossEntropy.apply(logits, y, mask, pc, row_axis, class_axis, class_start)
+    count is the number of rows that counted (loss is 0 with zero gradient if none).
+    ``accuracy``: (loss, count, acc) with acc the float64 [correct, total] of
+    :func:`parallel_accuracy_counts` for ``[mask]``, from the same collectives."""
+    loss, count, acc = _ParallelCrossEntropy.apply(logits, y, mask, pc, row_axis, class_axis, class_start)
+    return (loss, count, acc) if accuracy else (loss, count)
 
 
 class _ParallelBCE(torch.autograd.Function):
-    """Mean BCE-with-logits over labeled rows x all C classes, class-sharded.
+    """Mean BCE-with-logits over labeled rows x all C classes, class-sharded, and the
+    micro-F1 counts of the same logits (as :func:`parallel_accuracy_counts`).
 
     L = AR_a(AR_d(sum_{i in mask, j} bce(o_ij, y_ij))) / (AR_a(count) * C);
     dO_ij = dL * mask_i (sigmoid(o_ij) - y_ij) / (count * C): local and complete.
+    The loss sum travels with 2TP and 2TP + FP + FN in one FP64 AR_d, and with the
+    row count and those in one FP64 AR_a: two collectives for loss and accuracy.
     As in the cross-entropy, the count is never read by the host (L = 0 without rows).
     """
 
@@ -635,20 +739,25 @@ class _ParallelBCE(torch.autograd.Function):
     def forward(ctx, logits, y, mask, pc: ParallelContext, row_axis: str, class_axis: str, num_classes: int):
         o = logits.float()
         per = torch.nn.functional.binary_cross_entropy_with_logits(o, y.float(), reduction="none")
-        local = (per * mask[:, None]).sum().reshape(1)
+        pred, truth, mk = logits > 0, y > 0.5, mask[:, None]
+        tp = (pred & truth & mk).sum()
+        wrong = (pred & ~truth & mk).sum() + (~pred & truth & mk).sum()
+        local = torch.cat([(per * mask[:, None]).sum().reshape(1).double(),
+                           torch.stack([2 * tp, 2 * tp + wrong]).double()])
         pc.reduce(local, class_axis, "loss")
-        tot = torch.cat([local, mask.sum().to(torch.float32).reshape(1)]).double()
+        tot = torch.cat([local[:1], mask.sum().double().reshape(1), local[1:]])
         pc.reduce(tot, row_axis, "loss")
         denom = (tot[1] * num_classes).clamp(min=1.0)
         ctx.save_for_backward(o, y, mask, denom)
         ctx.dtype = logits.dtype
         loss = tot[0] / denom
         count_t = tot[1].to(torch.int64)
-        ctx.mark_non_differentiable(count_t)
-        return loss.to(logits.dtype), count_t
+        acc = tot[2:].clone()
+        ctx.mark_non_differentiable(count_t, acc)
+        return loss.to(logits.dtype), count_t, acc
 
     @staticmethod
-    def backward(ctx, dloss, _dcount):
+    def backward(ctx, dloss, _dcount, _dacc):
         o, y, mask, denom = ctx.saved_tensors
         g = (torch.sigmoid(o) - y.float()) * (dloss.float() / denom).float()
         g = torch.where(mask[:, None], g, 0.0)
@@ -656,10 +765,12 @@ class _ParallelBCE(torch.autograd.Function):
 
 
 def parallel_bce(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, pc: ParallelContext, row_axis: str,
-                 class_axis: str, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 class_axis: str, num_classes: int, accuracy: bool = False):
     """Global mean BCE-with-logits; ``y`` (Br_a, C_d) the multi-hot block of the logits.
-    Returns (loss, count of rows that counted), as :func:`parallel_cross_entropy`."""
-    return _ParallelBCE.apply(logits, y, mask, pc, row_axis, class_axis, num_classes)
+    Returns (loss, count of rows that counted), as :func:`parallel_cross_entropy`;
+    ``accuracy``: (loss, count, acc), acc the micro-F1 [2TP, 2TP + FP + FN] (float64)."""
+    loss, count, acc = _ParallelBCE.apply(logits, y, mask, pc, row_axis, class_axis, num_classes)
+    return (loss, count, acc) if accuracy else (loss, count)
 
 
 @torch.no_grad()
