@@ -413,9 +413,9 @@ class ParallelEngine:
     def evaluate(self) -> EvalResult:
         """Train/val/test accuracy (micro-F1 for multi-label), identical on every rank.
 
-        Memory: the full-graph forward is the run's peak on the CPU (B = N activations),
-        so the free heap the training steps left behind is handed back first, and the
-        forward's own freed activations after (:func:`_release_free_heap`)."""
+        Memory: the full-graph forward holds B = N activations (split over the ranks,
+        :meth:`full_logits`), so the free heap the training steps left behind is handed
+        back first, and the forward's own freed chunks after (:func:`_release_free_heap`)."""
         if self.device.type == "cpu":
             _release_free_heap()
         logits, batch = self.full_logits()

@@ -32,6 +32,10 @@ With a double-permuted batch (``batch.alt``, Plexus 5.1) even layers multiply ``
 with rows in sigma ids and odd layers ``A`` with columns in sigma ids, so activations
 alternate between the two labelings; dropout masks are keyed by vertex, so they equal
 the serial ones.
+
+The full-graph evaluation (:meth:`ParallelScaleGNN.evaluate_logits`) runs the same
+layer operators on row chunks, with every activation split over all G ranks between
+layers instead of replicated along the layout's third axis.
 """
 
 from __future__ import annotations
