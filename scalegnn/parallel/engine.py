@@ -403,17 +403,19 @@ class ParallelEngine:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def full_logits(self) -> tuple[torch.Tensor, ShardedBatch]:
-        """One distributed full-graph forward (paper VII-B): B = N, no rescaling."""
+        """One distributed full-graph forward (paper VII-B): B = N, no rescaling; the
+        logits of ``model(batch)`` in eval mode, computed with activations split over all
+        G ranks between layers and chunked within them (``ParallelScaleGNN.evaluate_logits``)."""
         batch = self.sampler.full_batch()
         self.model.eval()
-        return self.model(batch, self._eval_pc), batch
+        return self.model.evaluate_logits(batch, self._eval_pc), batch
 
     def evaluate(self) -> EvalResult:
         """Train/val/test accuracy (micro-F1 for multi-label), identical on every rank.
 
-        Memory: the full-graph forward is the run's peak on the CPU (B = N activations),
-        so the free heap the training steps left behind is handed back first, and the
-        forward's own freed activations after (:func:`_release_free_heap`)."""
+        Memory: the full-graph forward holds B = N activations (split over the ranks,
+        :meth:`full_logits`), so the free heap the training steps left behind is handed
+        back first, and the forward's own freed chunks after (:func:`_release_free_heap`)."""
         if self.device.type == "cpu":
             _release_free_heap()
         logits, batch = self.full_logits()

@@ -32,6 +32,10 @@ With a double-permuted batch (``batch.alt``, Plexus 5.1) even layers multiply ``
 with rows in sigma ids and odd layers ``A`` with columns in sigma ids, so activations
 alternate between the two labelings; dropout masks are keyed by vertex, so they equal
 the serial ones.
+
+The full-graph evaluation (:meth:`ParallelScaleGNN.evaluate_logits`) runs the same
+layer operators on row chunks, with every activation split over all G ranks between
+layers instead of replicated along the layout's third axis.
 """
 
 from __future__ import annotations
@@ -40,13 +44,19 @@ import torch
 from torch import nn
 
 from ..model import ModelConfig, ScaleGNN, dropout_key
+from ..sampling import SampledBlock
 from .dist_sampling import ShardedBatch
-from ..ranges import split_range
-from .grid import PMM_AXES, ProcessGrid
-from .layout import INPUT_LAYOUT, head_layout, layer_layout
-from .pmm import DropoutBlock, ParallelContext, fused_layer_tail, layer_tail, reshard, sharded_gemm, sharded_spmm
+from ..ranges import split_bounds, split_range
+from .grid import PMM_AXES, ProcessGrid, third_axis
+from .layout import INPUT_LAYOUT, head_layout, interval_overlap, layer_layout
+from .pmm import (DropoutBlock, ParallelContext, csr_rows, fused_layer_tail, gather_row_pieces, layer_tail,
+                  reshard, row_chunks, sharded_gemm, sharded_spmm)
 
-__all__ = ["ParallelScaleGNN", "ParamShard"]
+__all__ = ["ParallelScaleGNN", "ParamShard", "EVAL_CHUNK_BYTES"]
+
+# Bytes of one row chunk of a layer output in the full-graph evaluation: small beside a
+# block (N H / G), large enough that the chunks' collectives cost little per byte.
+EVAL_CHUNK_BYTES = 4 << 20
 
 
 class ParamShard:
@@ -131,6 +141,51 @@ class ParallelScaleGNN(nn.Module):
         sums over owners count every parameter element once (e.g. the global grad norm)."""
         return all(self.grid.axis_index(a) == 0 for a in self.shards[name].replicated)
 
+    # ------------------------------------------------------------------ one layer's parts
+    # The training forward and the evaluation forward share these: the layer formula
+    # lives here once, whether it runs on a whole block or on a chunk of its rows.
+    def _check_permutation(self, batch: ShardedBatch) -> None:
+        if batch.alt is not None and self.config.residual:
+            raise ValueError("double permutation needs residual connections off (--no-residual): the residual add "
+                             "would need an all-to-all row permutation per layer (Plexus' model has none)")
+
+    @staticmethod
+    def _plane(batch: ShardedBatch, layer: int):
+        """(A shard, row partition and vertex ids of the output rows) of ``layer``. With a
+        double-permuted batch (``batch.alt``) even layers multiply A with rows in sigma
+        ids (id-order input, sigma-order output), odd layers A with columns in sigma ids
+        (sigma-order input, id-order output)."""
+        alt = batch.alt
+        if alt is None:
+            return batch.adj[layer % 3], batch.rows, batch.nodes
+        if layer % 2 == 0:
+            return alt.adj[layer % 3], alt.rows, alt.ids
+        return alt.adj_t[layer % 3], batch.rows, batch.nodes
+
+    def _transform(self, x: torch.Tensor, adj: SampledBlock, layer: int, pc: ParallelContext,
+                   defer: bool = False) -> torch.Tensor:
+        """Z = AR_c(AR_r(A[t, r] @ X[r, c]) @ W_l[c, r]) on (t, r) (Eqs. 5-6, 27-28); ``adj``
+        may hold a chunk of A's rows (then Z holds the same rows)."""
+        lay = layer_layout(layer)
+        agg = sharded_spmm(x, adj, pc, lay.spmm_axis, grad_axis=lay.adj[0])
+        return sharded_gemm(agg, self.w[layer], pc, reduce_axis=lay.gemm_axis, dh_axis=lay.w[1],
+                            dw_axis=lay.h[0], defer_dw=defer)
+
+    def _tail(self, z: torch.Tensor, res: torch.Tensor | None, drop: DropoutBlock | None, layer: int,
+              pc: ParallelContext) -> torch.Tensor:
+        """dropout(relu(rmsnorm_r(Z))) + residual (Eqs. 7-10, 29) on the layer's output
+        layout; ``res`` the layer input resharded to it (None: no residual)."""
+        cfg = self.config
+        row_ax, col_ax = layer_layout(layer).out
+        norm_w = self.norm[layer] if cfg.norm else None
+        if pc.fused is not None:  # RMSNorm + ReLU + dropout in one torch.compile-d function (V-C)
+            keep = drop.keep() if drop is not None else None
+            z = fused_layer_tail(z, norm_w, keep, pc, col_ax, row_ax, cfg.hidden, cfg.norm_eps, cfg.dropout,
+                                 cfg.norm)
+            return z + res if res is not None else z
+        # RMSNorm + ReLU + dropout + residual: one autograd node, one kernel a phase
+        return layer_tail(z, norm_w, res, drop, pc, col_ax, row_ax, cfg.hidden, cfg.norm_eps, cfg.norm)
+
     def forward(self, batch: ShardedBatch, pc: ParallelContext, dropout_seed: int = 0, step: int = 0) -> torch.Tensor:
         """Logits block (Br_a, C_d) on the head layout (a, d) for this rank's batch shard.
 
@@ -142,25 +197,15 @@ class ParallelScaleGNN(nn.Module):
         rows = batch.rows
         hidden = cfg.hidden
         use_dropout = self.training and cfg.dropout > 0
-        alt = batch.alt  # double permutation: layers alternate between the two labelings
-        if alt is not None and cfg.residual:
-            raise ValueError("double permutation needs residual connections off (--no-residual): the residual add "
-                             "would need an all-to-all row permutation per layer (Plexus' model has none)")
+        self._check_permutation(batch)
         defer = pc is getattr(self, "_defer_pc", None) and torch.is_grad_enabled()  # the hooks reduce dW
         # X_h0 = AR_z(X_in[x, z] W_in[z, y]) on (x, y); dW_in summed over x (Eq. 18).
         x = sharded_gemm(batch.x, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x", defer_dw=defer,
                          h_t=batch.x_t)
         for layer in range(cfg.layers):
             lay = layer_layout(layer)
-            if alt is None:
-                adj, out_rows, out_ids = batch.adj[layer % 3], rows, batch.nodes
-            elif layer % 2 == 0:  # A with rows in sigma ids: id-order input, sigma-order output
-                adj, out_rows, out_ids = alt.adj[layer % 3], alt.rows, alt.ids
-            else:  # A with columns in sigma ids: sigma-order input, id-order output
-                adj, out_rows, out_ids = alt.adj_t[layer % 3], rows, batch.nodes
-            agg = sharded_spmm(x, adj, pc, lay.spmm_axis, grad_axis=lay.adj[0])
-            z = sharded_gemm(agg, self.w[layer], pc, reduce_axis=lay.gemm_axis, dh_axis=lay.w[1],
-                             dw_axis=lay.h[0], defer_dw=defer)
+            adj, out_rows, out_ids = self._plane(batch, layer)
+            z = self._transform(x, adj, layer, pc, defer)
             row_ax, col_ax = lay.out
             drop = None
             if use_dropout:
@@ -168,15 +213,98 @@ class ParallelScaleGNN(nn.Module):
                 lo, hi = out_rows.block(row_ax)  # the mask is keyed by vertex (id labeling): the serial mask
                 drop = DropoutBlock(dropout_key(dropout_seed, step, layer), out_ids[lo:hi].to(z.device),
                                     torch.arange(c0, c1, device=z.device), cfg.dropout)
-            norm_w = self.norm[layer] if cfg.norm else None
-            if pc.fused is not None:  # RMSNorm + ReLU + dropout in one torch.compile-d function (V-C)
-                keep = drop.keep() if drop is not None else None
-                z = fused_layer_tail(z, norm_w, keep, pc, col_ax, row_ax, hidden, cfg.norm_eps, cfg.dropout,
-                                     cfg.norm)
-                x = z + reshard(x, lay.feat, lay.out, rows, hidden, pc) if cfg.residual else z
-            else:  # RMSNorm + ReLU + dropout + residual: one autograd node, one kernel a phase
-                res = reshard(x, lay.feat, lay.out, rows, hidden, pc) if cfg.residual else None
-                x = layer_tail(z, norm_w, res, drop, pc, col_ax, row_ax, hidden, cfg.norm_eps, cfg.norm)
+            res = reshard(x, lay.feat, lay.out, rows, hidden, pc) if cfg.residual else None
+            x = self._tail(z, res, drop, layer, pc)
         head = self.head
         return sharded_gemm(x, self.w_out, pc, reduce_axis=head.reduce_axis, dh_axis=head.w[1],
                             dw_axis=head.feat[0], defer_dw=defer)
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate_logits(self, batch: ShardedBatch, pc: ParallelContext,
+                        chunk_bytes: int = EVAL_CHUNK_BYTES) -> torch.Tensor:
+        """The logits block of :meth:`forward` in eval mode (the same values; bit for bit
+        on the CPU where every all-reduce has at most two members), holding activations
+        at ~1/G per rank: the full-graph evaluation (paper VII-B), whose B = N
+        activations are the run's largest arrays.
+
+        Between layers a layer input on (r, c) is not replicated along its third axis t
+        as in training: each member of t keeps one row piece of the block
+        (``split_bounds`` over t), N H / G per rank. A layer then
+
+          1. gathers X[r, c] over t into one tensor (:func:`gather_row_pieces`), the only
+             block-sized array (N H / (G_r G_c)); the piece is dropped;
+          2. runs the layer on chunks of its output rows (``chunk_bytes`` of Z each): the
+             SpMM of the chunk's rows of A, the GEMM, the residual's reshard of those rows
+             and the tail (:meth:`_transform`, :meth:`_tail`: the training layer's
+             operators), all-reducing over r and c as in training;
+          3. keeps of each chunk the rows of its own piece of the output block along the
+             next layer's third axis (c), written into its piece buffer.
+
+        The input projection is chunked the same way (pieces along z); the head gathers
+        the last layer's output over its third axis and runs as in training. Per layer
+        the peak is the gathered input, the output piece and a few chunks, instead of
+        the input, H, Z, the tail's output and the reshard's buffers at N H / (G_r G_c)
+        each."""
+        cfg = self.config
+        self._check_permutation(batch)
+        hidden = cfg.hidden
+        rows_of = max(2, chunk_bytes // max(1, hidden * self.w_in.element_size()))
+        r, c = INPUT_LAYOUT
+        n = batch.rows.block(r)[1] - batch.rows.block(r)[0]
+
+        def projection(r0, r1):  # X_h0 = AR_z(X_in[x, z] W_in[z, y]) of rows [r0, r1) of the x block (Eq. 4)
+            xin = csr_rows(batch.x, r0, r1) if batch.x.is_sparse_csr else batch.x[r0:r1]
+            return sharded_gemm(xin, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x")
+
+        x = self._row_pieces(n, third_axis(r, c), c, projection, rows_of, pc)
+        in_rows = batch.rows
+        for layer in range(cfg.layers):
+            lay = layer_layout(layer)
+            (r, c), t = lay.feat, lay.adj[0]
+            adj, out_rows, _ = self._plane(batch, layer)
+            lo, hi = in_rows.block(r)
+            xg = gather_row_pieces(x, hi - lo, pc, t)  # X[r, c], the layer's one block-sized array
+            del x
+            t0, t1 = out_rows.block(t)
+
+            def layer_rows(r0, r1, layer=layer, lay=lay, adj=adj, xg=xg, t0=t0):
+                a = SampledBlock(adj=csr_rows(adj.adj, r0, r1), adj_t=None, row_offset=adj.row_offset + r0,
+                                 col_offset=adj.col_offset)
+                z = self._transform(xg, a, layer, pc)
+                res = (reshard(xg, lay.feat, lay.out, batch.rows, hidden, pc, target=(t0 + r0, t0 + r1))
+                       if cfg.residual else None)
+                return self._tail(z, res, None, layer, pc)
+
+            x = self._row_pieces(t1 - t0, c, r, layer_rows, rows_of, pc)
+            del xg, layer_rows  # the closure holds the gathered block too: both go before the next gather
+            in_rows = out_rows
+        head = self.head
+        a, b = head.feat
+        lo, hi = in_rows.block(a)
+        xg = gather_row_pieces(x, hi - lo, pc, head.out[1])
+        del x
+        return sharded_gemm(xg, self.w_out, pc, reduce_axis=head.reduce_axis, dh_axis=head.w[1],
+                            dw_axis=head.feat[0])
+
+    def _row_pieces(self, n: int, axis: str, col_axis: str, rows_fn, chunk_rows: int,
+                    pc: ParallelContext) -> torch.Tensor:
+        """My piece along ``axis`` (rows ``split_bounds(n, G_axis)``) of an n-row block,
+        columns the hidden range of ``col_axis``, that ``rows_fn(r0, r1)`` computes chunk
+        by chunk, replicated along ``axis`` (every member runs every chunk: the chunk's
+        collectives need them all)."""
+        bounds = split_bounds(n, self.grid.axis_size(axis))
+        k = self.grid.axis_index(axis)
+        mine = (bounds[k], bounds[k + 1])
+        out = None
+        for r0, r1 in row_chunks(n, chunk_rows):
+            y = rows_fn(r0, r1)
+            if out is None:
+                out = y.new_empty((mine[1] - mine[0], y.shape[1]))
+            lo, hi = interval_overlap((r0, r1), mine)
+            if hi > lo:
+                out[lo - mine[0]: hi - mine[0]] = y[lo - r0: hi - r0]
+        if out is None:  # an empty block: no chunk ran (nor on the peers, which share the block)
+            c0, c1 = split_range(self.config.hidden, self.grid.axis_size(col_axis), self.grid.axis_index(col_axis))
+            out = self.w_in.new_empty((0, c1 - c0))
+        return out

@@ -49,13 +49,15 @@ from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, t
 from ..model import dropout_keep_mask, rms_norm
 from ..optim import row_sparse_grad
 from ..perf import SpanTimer
+from ..ranges import split_bounds
 from ..sampling import SampledBlock
 from .collectives import (PMM_KINDS, CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
-                          all_reduce_async, bucketed_all_reduce)
+                          all_reduce_async, broadcast, bucketed_all_reduce)
 from .grid import ProcessGrid
 from .layout import RowPartition, col_bounds, interval_overlap
 
-__all__ = ["ParallelContext", "sharded_spmm", "sharded_gemm", "reshard", "parallel_rms_norm", "parallel_dropout",
+__all__ = ["ParallelContext", "sharded_spmm", "sharded_gemm", "reshard", "gather_row_pieces",
+           "csr_rows", "row_chunks", "parallel_rms_norm", "parallel_dropout",
            "norm_relu_dropout", "fused_layer_tail", "layer_tail", "DropoutBlock",
            "parallel_cross_entropy", "parallel_bce", "parallel_argmax", "parallel_accuracy_counts"]
 
@@ -311,13 +313,18 @@ def sharded_gemm(h: torch.Tensor, w: torch.Tensor, pc: ParallelContext, reduce_a
 
 
 # ------------------------------------------------------------------------------ reshard
-def _move_rows(x, src_ax, dst_ax, rows: RowPartition, pc: ParallelContext):
+def _move_rows(x, src_ax, dst_ax, rows: RowPartition, pc: ParallelContext, target: tuple[int, int] | None = None):
     """Row blocks along ``src_ax`` -> along ``dst_ax`` (columns unchanged), by an
-    uneven all-gather over ``src_ax`` of each member's overlap with my target rows."""
+    uneven all-gather over ``src_ax`` of each member's overlap with my target rows
+    (``target``: a batch-row range inside my ``dst_ax`` block, default all of it)."""
+    grid = pc.grid
+    if target is None:
+        target = rows.block(dst_ax)
+    elif src_ax == dst_ax:
+        lo, hi = rows.block(src_ax)
+        return x[target[0] - lo: target[1] - lo]
     if src_ax == dst_ax:
         return x
-    grid = pc.grid
-    target = rows.block(dst_ax)
     mine = rows.block(src_ax)
     sizes = []
     for i in range(grid.axis_size(src_ax)):
@@ -346,16 +353,17 @@ def _move_cols(x, src_ax, dst_ax, dim: int, pc: ParallelContext):
     return all_gather_uneven(piece.contiguous(), sizes, grid, src_ax, pc.stats, "reshard", dim=1)
 
 
-def _reshard_blocks(x, src, dst, rows: RowPartition, dim: int, pc: ParallelContext):
+def _reshard_blocks(x, src, dst, rows: RowPartition, dim: int, pc: ParallelContext,
+                    target: tuple[int, int] | None = None):
     (r1, c1), (r2, c2) = src, dst
-    if src == dst:
+    if src == dst and target is None:
         return x
     if r2 != c1:  # rows first: gather over r1 (members share c1 and r2), then over c1
-        x = _move_rows(x, r1, r2, rows, pc)
+        x = _move_rows(x, r1, r2, rows, pc, target)
         return _move_cols(x, c1, c2, dim, pc)
     if c2 != r1:  # columns first: gather over c1 (members share r1 and c2), then over r1
         x = _move_cols(x, c1, c2, dim, pc)
-        return _move_rows(x, r1, r2, rows, pc)
+        return _move_rows(x, r1, r2, rows, pc, target)
     raise NotImplementedError(f"reshard between transposed layouts {src} -> {dst} is not needed by the model")
 
 
@@ -374,15 +382,69 @@ class _Reshard(torch.autograd.Function):
 
 
 def reshard(x: torch.Tensor, src: tuple[str, str], dst: tuple[str, str], rows: RowPartition, dim: int,
-            pc: ParallelContext) -> torch.Tensor:
+            pc: ParallelContext, target: tuple[int, int] | None = None) -> torch.Tensor:
     """Move a (B, dim) matrix from layout ``src`` to layout ``dst`` (residual, IV-C4).
 
     Two uneven all-gathers over single axes, each receiving only the part of the
     target block that the sender holds (received volume = the target block size):
     for the layer residual ``(r, c) -> (t, r)`` first the rows (over r), then the
     columns (over c). Differentiable; the backward is the reverse reshard.
+
+    ``target``: only the batch rows ``[target[0], target[1])`` of my destination block,
+    without autograd (the evaluation's row chunks: every member of the two gathering
+    axes names the same range, as they share the destination row block).
     """
+    if target is not None:
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise ValueError("reshard of a row range is for the no-grad evaluation; call it under torch.no_grad()")
+        return _reshard_blocks(x, tuple(src), tuple(dst), rows, dim, pc, target)
     return _Reshard.apply(x, tuple(src), tuple(dst), rows, dim, pc)
+
+
+# ------------------------------------------------------------------------------ evaluation pieces
+def gather_row_pieces(piece: torch.Tensor, n: int, pc: ParallelContext, axis: str) -> torch.Tensor:
+    """The (n, W) block whose row pieces ``split_bounds(n, G_axis)`` the members of
+    ``axis`` hold (mine: ``piece``), gathered into one new (n, W) tensor: my piece is
+    copied to its rows and every member's rows are broadcast in place from it. Not an
+    all-gather: gloo's all-gather stages its output in a second buffer as large as the
+    block (measured: 2 x the output at peak), exactly the array the evaluation bounds.
+    Counted as kind "gather"."""
+    grid = pc.grid
+    parts = grid.axis_size(axis)
+    if parts == 1:
+        return piece
+    bounds = split_bounds(n, parts)
+    me = grid.axis_index(axis)
+    if piece.shape[0] != bounds[me + 1] - bounds[me]:
+        raise ValueError(f"piece has {piece.shape[0]} rows, member {me} of {axis} holds rows "
+                         f"[{bounds[me]}, {bounds[me + 1]}) of {n}")
+    out = piece.new_empty((n,) + tuple(piece.shape[1:]))
+    out[bounds[me]: bounds[me + 1]] = piece
+    for i in range(parts):
+        broadcast(out[bounds[i]: bounds[i + 1]], grid, axis, i, pc.stats, "gather")
+    return out
+
+
+def csr_rows(a: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """Rows ``[r0, r1)`` of a CSR matrix as a CSR matrix that shares its column ids and
+    values (only the ``r1 - r0 + 1`` row pointers are new): an evaluation row chunk of an
+    adjacency block or of the features, without copying the block."""
+    crow = a.crow_indices()
+    lo, hi = int(crow[r0]), int(crow[r1])
+    return torch.sparse_csr_tensor(crow[r0: r1 + 1] - lo, a.col_indices()[lo:hi], a.values()[lo:hi],
+                                   (r1 - r0, a.shape[1]), check_invariants=False)
+
+
+def row_chunks(n: int, rows: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in consecutive chunks of ``rows`` rows. A last chunk of one row joins the
+    one before: a one-row dense product runs as a matrix-vector product whose rounding
+    differs from the matrix product's, and the chunked evaluation equals the unchunked
+    one bit for bit only without it."""
+    rows = max(2, int(rows))
+    bounds = list(range(0, n, rows)) + [n]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 # ------------------------------------------------------------------------------ RMSNorm
