@@ -273,7 +273,7 @@ SPARSE_FEATURE_DENSITY = 0.05
 def training_features(x: torch.Tensor) -> torch.Tensor:
     """``x`` as CSR when it is sparse enough to profit, else unchanged: a dense ``x``
     stays dense, a CSR ``x`` (sparse features kept sparse from the file on) stays CSR."""
-    if x.layout == torch.strided and x.numel() and (x != 0).sum().item() < SPARSE_FEATURE_DENSITY * x.numel():
+    if x.layout == torch.strided and x.numel() and torch.count_nonzero(x).item() < SPARSE_FEATURE_DENSITY * x.numel():
         return x.to_sparse_csr()
     return x
 
