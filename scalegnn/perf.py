@@ -30,7 +30,7 @@ from .settings import setting
 __all__ = ["PerfConfig", "Prefetcher", "SpanTimer", "StepProfiler", "COMM_DTYPES", "GEMM_DTYPES", "PERMUTATIONS"]
 
 COMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-GEMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}  # None: the operands' own dtype
+GEMM_DTYPES = COMM_DTYPES  # the same two choices; None: as is (the operands' own dtype)
 PERMUTATIONS = ("none", "single", "double")
 
 

@@ -227,12 +227,17 @@ def test_reshard_moves_blocks_exactly(shape):
 
 
 # ----------------------------------------------------------------------------- comm precision
-def _bf16_worker(rank, world, shape):
+def _precision_batch(shape):
+    """The grid, graph and step-0 batch shard (B = 23) of the precision tests."""
     grid = ProcessGrid(*shape)
     graph = parallel_graph()
+    batch = DistributedSampler(build_rank_shard(graph, grid), grid, 23, seed=2).sample(0)
+    return grid, graph, batch
+
+
+def _bf16_worker(rank, world, shape):
+    grid, graph, batch = _precision_batch(shape)
     cfg = ModelConfig(hidden=10, layers=3, dropout=0.0)
-    shard = build_rank_shard(graph, grid)
-    batch = DistributedSampler(shard, grid, 23, seed=2).sample(0)
     model = ParallelScaleGNN(graph.num_features, graph.num_classes, cfg, grid, seed=1)
     out = {}
     for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
@@ -282,11 +287,8 @@ def test_bf16_gemm_operands_are_exactly_the_bf16_products():
 
 
 def _bf16_gemm_worker(rank, world, shape):
-    grid = ProcessGrid(*shape)
-    graph = parallel_graph()
+    grid, graph, batch = _precision_batch(shape)
     cfg = ModelConfig(hidden=10, layers=3, dropout=0.3)
-    shard = build_rank_shard(graph, grid)
-    batch = DistributedSampler(shard, grid, 23, seed=2).sample(0)
     out = {}
     for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         model = ParallelScaleGNN(graph.num_features, graph.num_classes, cfg, grid, seed=1).train()

@@ -126,11 +126,15 @@ class ParallelContext:
     def reduce(self, t: torch.Tensor, axis: str, kind: str, op: str = "sum") -> torch.Tensor:
         return all_reduce(t, self.grid, axis, self.stats, kind, op=op)
 
+    def _comm_dtype(self, kind: str) -> torch.dtype | None:
+        """The wire dtype a collective of ``kind`` asks for: ``pmm_comm_dtype`` for 3D-PMM
+        partial sums only (paper V-B), None (as is) for everything else."""
+        return self.pmm_comm_dtype if kind in PMM_KINDS else None
+
     def _bucket_key(self, dtype: torch.dtype, axis: str, kind: str) -> tuple:
         """Gradients share a bucket when they share the axis and the wire dtype: dW in
         ``pmm_comm_dtype`` (a 3D-PMM partial sum), RMSNorm's dg in its own (FP32 rule)."""
-        wire = self.pmm_comm_dtype if kind in PMM_KINDS and self.pmm_comm_dtype is not None else dtype
-        return axis, wire
+        return axis, self._comm_dtype(kind) or dtype
 
     def weight_grad_hook(self, param: torch.Tensor, axis: str, norm: bool = False):
         """Register ``param``, whose gradient is a partial sum over ``axis``, for the
@@ -163,7 +167,7 @@ class ParallelContext:
         t = grad._values() if grad.is_sparse else grad
         if not self.bucket:
             self.pending.append(all_reduce_async(t, self.grid, axis, self.stats, kind,
-                                                 comm_dtype=self.pmm_comm_dtype if kind in PMM_KINDS else None))
+                                                 comm_dtype=self._comm_dtype(kind)))
             return
         key = self._bucket_key(t.dtype, axis, kind)
         members = self._open.setdefault(key, [])
