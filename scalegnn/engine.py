@@ -26,7 +26,8 @@ import torch
 from .optim import SPARSE_INPUT_UPDATE, RowSparseAdamW
 from .settings import setting
 
-__all__ = ["OptimConfig", "StepResult", "EpochSums", "EvalResult", "make_optimizer", "accuracy_counts"]
+__all__ = ["OptimConfig", "StepResult", "EpochSums", "EvalResult", "make_optimizer", "accuracy_counts",
+           "micro_f1_counts"]
 
 
 @dataclass(kw_only=True)
@@ -139,15 +140,22 @@ def make_optimizer(params, cfg: OptimConfig, total_steps: int, row_sparse: bool 
     return opt, sched
 
 
+def micro_f1_counts(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Multi-label: the micro-F1 numerator 2TP and denominator 2TP+FP+FN of ``logits``
+    against the multi-hot ``y`` at a 0-logit threshold, over the rows of ``mask`` (all
+    rows without one), as an int64 tensor on the logits' device. Counts, not the ratio:
+    counts from several shards add up before dividing."""
+    pred, truth = logits > 0, y > 0.5
+    if mask is not None:
+        pred, truth = pred & mask[:, None], truth & mask[:, None]
+    tp = (pred & truth).sum()
+    return torch.stack([2 * tp, 2 * tp + (pred & ~truth).sum() + (~pred & truth).sum()])
+
+
 def accuracy_counts(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(correct, total) for single-label argmax accuracy; for multi-label, the
-    micro-F1 numerator 2TP and denominator 2TP+FP+FN with a 0-logit threshold,
-    so counts from several shards add up before dividing."""
+    """(correct, total) for single-label argmax accuracy; for multi-label,
+    :func:`micro_f1_counts`."""
     if y.dim() == 2:
-        pred = logits > 0
-        truth = y > 0.5
-        tp = (pred & truth).sum().item()
-        fp = (pred & ~truth).sum().item()
-        fn = (~pred & truth).sum().item()
-        return 2.0 * tp, float(2 * tp + fp + fn)
+        two_tp, denom = micro_f1_counts(logits, y).tolist()
+        return float(two_tp), float(denom)
     return float((logits.argmax(-1) == y).sum().item()), float(y.numel())

@@ -143,7 +143,7 @@ def _launch(members: list[tuple[torch.Tensor, str]], grid: ProcessGrid, axis: st
             comm_dtype: torch.dtype | None, async_op: bool, what: str):
     """One all-reduce over ``axis`` of every member (tensor, kind), in place; returns
     None (nothing to send), or (work or None when done, wire buffer or None, the
-    kind the call is counted under). The one place where tensors meet the wire:
+    kind the call is counted under, the members' tensors). The one place where tensors meet the wire:
     reduced as is when a single member needs no cast, else copied (cast) into one flat
     buffer in the wire dtype, reduced, and copied back by the caller (:func:`_unflatten`)."""
     members = [(t, kind) for t, kind in members if t.numel()]

@@ -251,7 +251,8 @@ class ParallelScaleGNN(nn.Module):
         hidden = cfg.hidden
         rows_of = max(2, chunk_bytes // max(1, hidden * self.w_in.element_size()))
         r, c = INPUT_LAYOUT
-        n = batch.rows.block(r)[1] - batch.rows.block(r)[0]
+        lo, hi = batch.rows.block(r)
+        n = hi - lo
 
         def projection(r0, r1):  # X_h0 = AR_z(X_in[x, z] W_in[z, y]) of rows [r0, r1) of the x block (Eq. 4)
             xin = csr_rows(batch.x, r0, r1) if batch.x.is_sparse_csr else batch.x[r0:r1]

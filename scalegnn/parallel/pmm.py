@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, tail_backward_stats, tail_forward
+from ..engine import micro_f1_counts
 from ..model import dropout_keep_mask, rms_norm
 from ..optim import row_sparse_grad
 from ..perf import SpanTimer
@@ -743,11 +744,8 @@ class _ParallelBCE(torch.autograd.Function):
     def forward(ctx, logits, y, mask, pc: ParallelContext, row_axis: str, class_axis: str, num_classes: int):
         o = logits.float()
         per = torch.nn.functional.binary_cross_entropy_with_logits(o, y.float(), reduction="none")
-        pred, truth, mk = logits > 0, y > 0.5, mask[:, None]
-        tp = (pred & truth & mk).sum()
-        wrong = (pred & ~truth & mk).sum() + (~pred & truth & mk).sum()
         local = torch.cat([(per * mask[:, None]).sum().reshape(1).double(),
-                           torch.stack([2 * tp, 2 * tp + wrong]).double()])
+                           micro_f1_counts(logits, y, mask).double()])
         pc.reduce(local, class_axis, "loss")
         tot = torch.cat([local[:1], mask.sum().double().reshape(1), local[1:]])
         pc.reduce(tot, row_axis, "loss")
@@ -804,21 +802,14 @@ def parallel_accuracy_counts(logits: torch.Tensor, y: torch.Tensor, masks: list[
 
     Single-label: argmax accuracy over rows with ``mask & y >= 0``. Multi-label: the
     micro-F1 numerator 2TP and denominator 2TP+FP+FN at logit 0 (as
-    :func:`scalegnn.engine.accuracy_counts`), summed over the class and row axes.
+    :func:`scalegnn.engine.micro_f1_counts`), summed over the class and row axes.
     """
-    vals = []
     if multilabel:
-        pred, truth = logits > 0, y > 0.5
-        for mk in masks:
-            mk = mk[:, None]
-            tp = (pred & truth & mk).sum()
-            fp = (pred & ~truth & mk).sum()
-            fn = (~pred & truth & mk).sum()
-            vals += [2 * tp, 2 * tp + fp + fn]
-        out = torch.stack(vals).to(torch.float64)
+        out = torch.cat([micro_f1_counts(logits, y, mk) for mk in masks]).to(torch.float64)
         pc.reduce(out, class_axis, kind)
     else:
         pred = parallel_argmax(logits, pc, class_axis, class_start)
+        vals = []
         for mk in masks:
             keep = mk & (y >= 0)
             vals += [((pred == y) & keep).sum(), keep.sum()]
