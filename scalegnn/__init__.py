@@ -18,11 +18,14 @@ warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitl
 
 __all__ = ["train", "Graph", "RunConfig", "make_config", "load_dataset", "__version__"]
 
-# The harness lives beside this package in the repository (analysis/, baselines/, sweeps/,
-# benchmarks/) and is installed inside it (scalegnn.analysis, ...: pyproject.toml maps the
-# folders), so that pip adds no top-level names. Run from a checkout (PYTHONPATH, no
-# install), the repository is one more place to look for scalegnn's subpackages.
+# The harness lives beside this package in the repository and is installed inside it
+# (scalegnn.analysis, ...: pyproject.toml's package-dir maps these folders), so that pip adds
+# no top-level names. Exactly these folders are scalegnn's subpackages, never tests/,
+# results/ or docs/; tests/test_architecture.py keeps this list equal to pyproject.toml's.
+_HARNESS = ("analysis", "baselines", "sweeps", "benchmarks")
+
 import os as _os
+import sys as _sys
 
 
 def _checkout() -> str | None:
@@ -37,9 +40,37 @@ def _checkout() -> str | None:
         return None
 
 
+class _HarnessFinder:
+    """Run from a checkout (an editable install, or ``PYTHONPATH=<checkout>`` with no
+    install, as on a GPU node), finds ``scalegnn.<folder>`` for the _HARNESS folders of
+    that checkout, as the installed package holds them; their own subpackages
+    (``scalegnn.baselines.distdgl``) then resolve through the folder's ``__path__``. It
+    answers only for the scalegnn package of its own checkout, and stands first in
+    ``sys.meta_path`` so that the checkout wins over an editable install of another one."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.package_dir = _os.path.join(root, "scalegnn")
+
+    def find_spec(self, fullname, path=None, target=None):
+        parent, _, name = fullname.rpartition(".")
+        if parent != "scalegnn" or name not in _HARNESS or not path \
+                or self.package_dir not in (_os.path.abspath(p) for p in path):
+            return None
+        folder = _os.path.join(self.root, name)
+        init = _os.path.join(folder, "__init__.py")
+        if not _os.path.isfile(init):
+            return None
+        from importlib.util import spec_from_file_location
+
+        return spec_from_file_location(fullname, init, submodule_search_locations=[folder])
+
+
 _CHECKOUT = _checkout()
-if _CHECKOUT is not None and _CHECKOUT not in __path__:
-    __path__.append(_CHECKOUT)
+if _CHECKOUT is not None and not any(getattr(f, "package_dir", None) == _os.path.join(_CHECKOUT, "scalegnn")
+                                     for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _HarnessFinder(_CHECKOUT))
+
 
 def __getattr__(name: str):
     """The API's names, imported when first asked for (PEP 562)."""

@@ -181,3 +181,103 @@ def test_no_test_module_imports_another():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             offenders += [f"{path.name} imports {n}" for n in names if n.startswith("tests.test_")]
     assert not offenders, "\n".join(offenders)
+
+
+# --------------------------------------------------------------------------- the package boundary
+# From a checkout, exactly the harness folders import as scalegnn.<folder> (scalegnn/__init__.py's
+# finder); installed, exactly what pyproject.toml packages: the wheel holds the one top-level name
+# `scalegnn` and no test file. tests/, results/, docs/ are never part of the package.
+
+# Run in a fresh interpreter with the checkout on PYTHONPATH: where each harness name is
+# found, and which other folders of the checkout import as scalegnn.<folder>. find_spec
+# resolves as `import` does without running the harness (no torch, no pandas needed).
+_PROBE = """
+import importlib, importlib.util, json, os, sys
+import scalegnn
+names = [d for d in sorted(os.listdir(sys.argv[1])) if os.path.isdir(os.path.join(sys.argv[1], d))]
+found = {n: getattr(importlib.util.find_spec("scalegnn." + n), "origin", None) for n in scalegnn._HARNESS}
+leaks = []
+for n in names:
+    if n.isidentifier() and n != "scalegnn" and n not in scalegnn._HARNESS:
+        try:
+            importlib.import_module("scalegnn." + n)
+            leaks.append(n)
+        except ModuleNotFoundError:
+            pass
+print(json.dumps({"scalegnn": scalegnn.__file__, "found": found, "leaks": leaks}))
+"""
+
+
+def _boundary_problems(root: Path, cwd: Path, *python_flags: str) -> list[str]:
+    """What is wrong with the package boundary of the checkout ``root``, seen by
+    ``python <flags>`` started in ``cwd`` with only ``PYTHONPATH=root``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, *python_flags, "-c", _PROBE, str(root)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    problems = [] if seen["scalegnn"] == str(root / "scalegnn" / "__init__.py") else [f"scalegnn is {seen['scalegnn']}"]
+    problems += [f"scalegnn.{n} is {origin}" for n, origin in seen["found"].items()
+                 if origin != str(root / n / "__init__.py")]
+    return problems + [f"scalegnn.{n} imports" for n in seen["leaks"]]
+
+
+def test_from_a_checkout_exactly_the_harness_folders_import_inside_scalegnn(tmp_path):
+    """With only PYTHONPATH=<checkout> (cwd elsewhere), with site-packages (where an
+    editable install of another checkout may sit: this checkout wins) and without
+    (-S: a bare GPU node), each harness name is this checkout's folder, and no other
+    folder (tests/, results/, docs/, ...) imports as scalegnn.<folder>."""
+    assert (ROOT / "tests").is_dir() and (ROOT / "results").is_dir()  # there is something to leak
+    assert _boundary_problems(ROOT, tmp_path) == []
+    assert _boundary_problems(ROOT, tmp_path, "-S") == []
+
+
+def test_in_this_process_tests_and_results_are_not_scalegnn_subpackages():
+    import importlib
+
+    import pytest
+
+    import scalegnn
+
+    assert Path(scalegnn.__file__).resolve() == ROOT / "scalegnn" / "__init__.py", "run from this checkout"
+    assert [Path(p).resolve() for p in scalegnn.__path__] == [ROOT / "scalegnn"]
+    for name in ("tests", "results", "docs"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"scalegnn.{name}")
+    for name in scalegnn._HARNESS:
+        module = importlib.import_module(f"scalegnn.{name}")
+        assert Path(module.__file__).resolve() == ROOT / name / "__init__.py"
+    assert Path(importlib.import_module("scalegnn.baselines.distdgl").__file__).resolve().parent \
+        == ROOT / "baselines" / "distdgl"  # a harness folder's own subpackage, through its __path__
+
+
+def test_the_finder_list_is_pyproject_list():
+    """The finder's folders (scalegnn._HARNESS), this file's PACKAGES and pyproject.toml's
+    package-dir table name the same folders, each installed as scalegnn.<folder>."""
+    import tomllib
+
+    import scalegnn
+
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert dirs == {f"scalegnn.{name}": name for name in scalegnn._HARNESS}
+    assert set(scalegnn._HARNESS) == set(PACKAGES) - {"scalegnn"}
+
+
+def test_the_boundary_checks_can_fail(tmp_path):
+    """A checkout whose scalegnn/__init__.py appends the repository to __path__ (the old
+    way) leaks tests/ and results/."""
+    root = tmp_path / "checkout"
+    for name in ("tests", "results", *PACKAGES):
+        (root / name).mkdir(parents=True)
+        (root / name / "__init__.py").write_text("")
+    (root / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    init = (ROOT / "scalegnn" / "__init__.py").read_text()
+    (root / "scalegnn" / "__init__.py").write_text(init)
+    assert _boundary_problems(root, tmp_path) == []  # the copy is sound
+    (root / "scalegnn" / "__init__.py").write_text(init + "\n__path__.append(_CHECKOUT)\n")
+    assert _boundary_problems(root, tmp_path) == ["scalegnn.results imports", "scalegnn.tests imports"]
