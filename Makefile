@@ -91,8 +91,11 @@ test-gpu:
 bench-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu --out results/bench/gpu
 
+# The pytest-benchmark micro-benchmarks (tests/benchmarks/, marked `bench`): `make test`
+# deselects them (pyproject.toml's addopts), this runs exactly them. The end-to-end
+# comparisons are `scalegnn bench ...` (benchmarks/peers.py).
 bench: $(STAMP)
-	$(PY) -m pytest benchmarks -q --benchmark-only
+	$(PY) -m pytest tests/benchmarks -q -m bench --benchmark-only
 
 clean-env:
 	rm -rf $(VENV)

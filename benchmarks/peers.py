@@ -16,7 +16,7 @@ Every command prints its table and writes ``OUT/<name>.json`` and ``OUT/<name>.m
 (default ``results/bench``). Timings are medians of interleaved repetitions measured
 in one run (peers and ours alternate, so background load hits both alike); the JSON
 keeps every repetition, the machine's load average and the command line.
-Micro-benchmarks for pytest-benchmark live in ``benchmarks/``.
+Micro-benchmarks for pytest-benchmark live in ``tests/benchmarks/`` (``make bench``).
 """
 
 from __future__ import annotations

@@ -268,9 +268,48 @@ def test_the_finder_list_is_pyproject_list():
     assert set(scalegnn._HARNESS) == set(PACKAGES) - {"scalegnn"}
 
 
+def _wheel_problems(names: list[str]) -> list[str]:
+    """What a wheel's file list must not hold: a top-level name besides scalegnn (and its
+    .dist-info), a test module or a conftest."""
+    problems = [f"top-level {top}" for top in sorted({n.split("/")[0] for n in names})
+                if top != "scalegnn" and not top.endswith(".dist-info")]
+    return problems + [n for n in names if n.rpartition("/")[2] == "conftest.py"
+                       or (n.rpartition("/")[2].startswith("test_") and n.endswith(".py"))]
+
+
+def test_the_wheel_holds_only_the_scalegnn_package_and_no_tests(tmp_path):
+    """Build the wheel (setuptools' PEP 517 backend, about a second) from a copy of what
+    pyproject.toml packages, and read its file list."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    import pytest
+
+    import scalegnn
+
+    pytest.importorskip("setuptools", minversion="68")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    proc = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                           "build_meta.build_wheel(sys.argv[1])", str(tmp_path / "dist")],
+                          cwd=src, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))).namelist()
+    assert _wheel_problems(names) == []
+    assert {f"scalegnn/{n}/__init__.py" for n in scalegnn._HARNESS} <= set(names)
+    assert "scalegnn/baselines/distdgl/__init__.py" in names and "scalegnn/sweeps/specs/fig5_ablation.toml" in names
+
+
 def test_the_boundary_checks_can_fail(tmp_path):
     """A checkout whose scalegnn/__init__.py appends the repository to __path__ (the old
-    way) leaks tests/ and results/."""
+    way) leaks tests/ and results/; a wheel file list with a test module or a second
+    top-level name is caught."""
     root = tmp_path / "checkout"
     for name in ("tests", "results", *PACKAGES):
         (root / name).mkdir(parents=True)
@@ -281,3 +320,28 @@ def test_the_boundary_checks_can_fail(tmp_path):
     assert _boundary_problems(root, tmp_path) == []  # the copy is sound
     (root / "scalegnn" / "__init__.py").write_text(init + "\n__path__.append(_CHECKOUT)\n")
     assert _boundary_problems(root, tmp_path) == ["scalegnn.results imports", "scalegnn.tests imports"]
+    assert _wheel_problems(["scalegnn/__init__.py", "scalegnn/benchmarks/test_step.py", "scalegnn/x/conftest.py",
+                            "tests/__init__.py", "scalegnn-0.1.0.dist-info/RECORD"]) \
+        == ["top-level tests", "scalegnn/benchmarks/test_step.py", "scalegnn/x/conftest.py"]
+
+
+def test_the_micro_benchmarks_run_only_where_m_names_bench():
+    """tests/benchmarks/ (pytest-benchmark) is in testpaths but never in `make test`
+    (addopts' -m), nor under another -m (one that replaces addopts'); `make bench`'s
+    -m bench selects exactly them."""
+    import os
+    import subprocess
+    import sys
+
+    def collected(*args: str) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               *args, "tests/benchmarks"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode in (0, 5), proc.stdout[-3000:] + proc.stderr[-3000:]  # 5: none selected
+        return [line for line in proc.stdout.splitlines() if line.startswith("tests/benchmarks/")]
+
+    assert collected() == [] and collected("-m", "not gpu") == []
+    selected = collected("-m", "bench")
+    assert len(selected) >= 3 and {s.split("::")[0] for s in selected} == \
+        {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "benchmarks").glob("test_*.py")}

@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
-from scalegnn.benchmarks.conftest import B, N
 from scalegnn import _fastsample
 from scalegnn.sampling import CompactIndexMap, extract_block, inclusion_probability, sample_vertices
+from tests.benchmarks.conftest import B, N
 
 P = inclusion_probability(N, B)
 _steps = itertools.count(1)

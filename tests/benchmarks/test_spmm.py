@@ -5,9 +5,9 @@ transpose (Eq. 17)."""
 import pytest
 import torch
 
-from scalegnn.benchmarks.conftest import B, N
 from scalegnn.model import spmm
 from scalegnn.sampling import extract_block, inclusion_probability, sample_vertices
+from tests.benchmarks.conftest import B, N
 
 
 @pytest.fixture(scope="module")
