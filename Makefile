@@ -93,7 +93,7 @@ bench-gpu:
 
 # The pytest-benchmark micro-benchmarks (tests/benchmarks/, marked `bench`): `make test`
 # deselects them (pyproject.toml's addopts), this runs exactly them. The end-to-end
-# comparisons are `scalegnn bench ...` (benchmarks/peers.py).
+# comparisons are `scalegnn bench ...` (benchmarks/bench_command.py).
 bench: $(STAMP)
 	$(PY) -m pytest tests/benchmarks -q -m bench --benchmark-only
 

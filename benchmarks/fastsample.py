@@ -37,7 +37,7 @@ import torch
 __all__ = ["neighbor_sampler_bench", "random_symmetric_graph"]
 
 
-# small helpers of their own: ``benchmarks.peers`` dispatches here, so this module does not import it
+# small helpers of their own: ``benchmarks.bench_command`` dispatches here, so this module does not import it
 def _machine() -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from scalegnn.benchmarks.peers import _machine, markdown_table, random_csr
+from scalegnn.benchmarks.bench_command import _machine, markdown_table, random_csr
 from scalegnn.device import device_info, peak_device_memory_bytes, reset_peak_memory, synchronize
 
 __all__ = ["main", "sampler_section", "scalegnn_section", "pyg_gcn_section", "pyg_sage_section"]

@@ -47,7 +47,7 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
 
     add_harness_commands(sub)
 
-    from scalegnn.benchmarks.peers import add_bench_command
+    from scalegnn.benchmarks.bench_command import add_bench_command
 
     add_bench_command(sub)
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "data":
             return _cmd_data(args)
         if args.command == "bench":
-            from scalegnn.benchmarks.peers import run_bench_command
+            from scalegnn.benchmarks.bench_command import run_bench_command
 
             return run_bench_command(args)
         if args.command in ("sweep", "report", "plan"):

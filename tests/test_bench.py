@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from scalegnn.benchmarks.peers import markdown_table, permutation_bench, random_csr, sampler_bench, scaling_bench
+from scalegnn.benchmarks.bench_command import markdown_table, permutation_bench, random_csr, sampler_bench, scaling_bench
 from scalegnn.cli import main
 
 

@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def csr():
-    from scalegnn.benchmarks.peers import random_csr
+    from scalegnn.benchmarks.bench_command import random_csr
 
     return random_csr(N, NNZ, seed=0)
 
