@@ -40,36 +40,35 @@ def _checkout() -> str | None:
         return None
 
 
-class _HarnessFinder:
+class _CheckoutFinder:
     """Run from a checkout (an editable install, or ``PYTHONPATH=<checkout>`` with no
-    install, as on a GPU node), finds ``scalegnn.<folder>`` for the _HARNESS folders of
-    that checkout, as the installed package holds them; their own subpackages
-    (``scalegnn.baselines.distdgl``) then resolve through the folder's ``__path__``. It
-    answers only for the scalegnn package of its own checkout, and stands first in
-    ``sys.meta_path`` so that the checkout wins over an editable install of another one."""
+    install, as on a GPU node), the modules of that checkout's scalegnn package:
+    ``scalegnn.<folder>`` for each _HARNESS folder (as the installed package holds them),
+    every other ``scalegnn.*`` module through its parent's ``__path__`` (``scalegnn.graph``,
+    ``scalegnn.baselines.distdgl``), and nothing else: ``scalegnn.tests`` is no module, and
+    a name this checkout lacks is not taken from an editable install of another checkout
+    (whose finder comes after this one: it stands first in ``sys.meta_path``)."""
 
     def __init__(self, root: str):
-        self.root = root
-        self.package_dir = _os.path.join(root, "scalegnn")
+        self.scalegnn_checkout = root
 
     def find_spec(self, fullname, path=None, target=None):
-        parent, _, name = fullname.rpartition(".")
-        if parent != "scalegnn" or name not in _HARNESS or not path \
-                or self.package_dir not in (_os.path.abspath(p) for p in path):
-            return None
-        folder = _os.path.join(self.root, name)
-        init = _os.path.join(folder, "__init__.py")
-        if not _os.path.isfile(init):
-            return None
-        from importlib.util import spec_from_file_location
+        root = self.scalegnn_checkout
+        if not fullname.startswith("scalegnn.") or not path \
+                or not all(_os.path.abspath(p).startswith(root + _os.sep) for p in path):
+            return None  # not a submodule of this checkout's scalegnn
+        from importlib.machinery import PathFinder
 
-        return spec_from_file_location(fullname, init, submodule_search_locations=[folder])
+        parent, _, name = fullname.rpartition(".")
+        spec = PathFinder.find_spec(fullname, [root] if parent == "scalegnn" and name in _HARNESS else path)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return spec
 
 
 _CHECKOUT = _checkout()
-if _CHECKOUT is not None and not any(getattr(f, "package_dir", None) == _os.path.join(_CHECKOUT, "scalegnn")
-                                     for f in _sys.meta_path):
-    _sys.meta_path.insert(0, _HarnessFinder(_CHECKOUT))
+if _CHECKOUT is not None and all(getattr(f, "scalegnn_checkout", None) != _CHECKOUT for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _CheckoutFinder(_CHECKOUT))
 
 
 def __getattr__(name: str):

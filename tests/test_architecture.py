@@ -188,37 +188,57 @@ def test_no_test_module_imports_another():
 # finder); installed, exactly what pyproject.toml packages: the wheel holds the one top-level name
 # `scalegnn` and no test file. tests/, results/, docs/ are never part of the package.
 
-# Run in a fresh interpreter with the checkout on PYTHONPATH: where each harness name is
-# found, and which other folders of the checkout import as scalegnn.<folder>. find_spec
-# resolves as `import` does without running the harness (no torch, no pandas needed).
+# Run in a fresh interpreter with the checkout (argv[1]) on PYTHONPATH and, where argv[2]
+# names one, an editable install of another checkout (setuptools' finder, appended after
+# the path finder: it maps scalegnn and that checkout's folders, and their children):
+# where each harness name is found, and which names import that must not (the checkout's
+# other folders; modules only the other checkout has). find_spec resolves the harness as
+# `import` does without running it (no torch, no pandas needed).
 _PROBE = """
 import importlib, importlib.util, json, os, sys
+from importlib.machinery import PathFinder
+root, other = sys.argv[1], sys.argv[2]
+MAPPING = {"scalegnn." + d: os.path.join(other, d) for d in os.listdir(other) if d != "scalegnn"} | \\
+    {"scalegnn": os.path.join(other, "scalegnn")} if other else {}
+
+
+class EditableInstallOfAnotherCheckout:
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname in MAPPING:
+            return importlib.util.spec_from_file_location(fullname, os.path.join(MAPPING[fullname], "__init__.py"),
+                                                          submodule_search_locations=[MAPPING[fullname]])
+        parent = fullname.rpartition(".")[0]
+        return PathFinder.find_spec(fullname, [MAPPING[parent]]) if parent in MAPPING else None
+
+
+sys.meta_path.append(EditableInstallOfAnotherCheckout)
 import scalegnn
-names = [d for d in sorted(os.listdir(sys.argv[1])) if os.path.isdir(os.path.join(sys.argv[1], d))]
 found = {n: getattr(importlib.util.find_spec("scalegnn." + n), "origin", None) for n in scalegnn._HARNESS}
+others = [d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and d.isidentifier()]
 leaks = []
-for n in names:
-    if n.isidentifier() and n != "scalegnn" and n not in scalegnn._HARNESS:
-        try:
-            importlib.import_module("scalegnn." + n)
-            leaks.append(n)
-        except ModuleNotFoundError:
-            pass
+for n in sorted([d for d in others if d != "scalegnn" and d not in scalegnn._HARNESS] + ["stale", "benchmarks.stale"]):
+    try:
+        importlib.import_module("scalegnn." + n)
+        leaks.append(n)
+    except ModuleNotFoundError:
+        pass
 print(json.dumps({"scalegnn": scalegnn.__file__, "found": found, "leaks": leaks}))
 """
 
 
-def _boundary_problems(root: Path, cwd: Path, *python_flags: str) -> list[str]:
+def _boundary_problems(root: Path, cwd: Path, *python_flags: str, other: Path | None = None) -> list[str]:
     """What is wrong with the package boundary of the checkout ``root``, seen by
-    ``python <flags>`` started in ``cwd`` with only ``PYTHONPATH=root``."""
+    ``python <flags>`` started in ``cwd`` with only ``PYTHONPATH=root`` (and, with
+    ``other``, an editable install of that checkout in the interpreter)."""
     import json
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, *python_flags, "-c", _PROBE, str(root)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, *python_flags, "-c", _PROBE, str(root), str(other or "")], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     problems = [] if seen["scalegnn"] == str(root / "scalegnn" / "__init__.py") else [f"scalegnn is {seen['scalegnn']}"]
@@ -227,14 +247,32 @@ def _boundary_problems(root: Path, cwd: Path, *python_flags: str) -> list[str]:
     return problems + [f"scalegnn.{n} imports" for n in seen["leaks"]]
 
 
+def _fake_checkout(root: Path, init: str, stale: bool = False) -> Path:
+    """A checkout with this pyproject.toml, ``init`` as scalegnn/__init__.py, an empty
+    package in each of the folders, tests/ and results/; with ``stale``, a module
+    ``stale`` in scalegnn/ and benchmarks/ (what another checkout may have)."""
+    for name in ("tests", "results", *PACKAGES):
+        (root / name).mkdir(parents=True)
+        (root / name / "__init__.py").write_text("")
+    if stale:
+        (root / "scalegnn" / "stale.py").write_text("")
+        (root / "benchmarks" / "stale.py").write_text("")
+    (root / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (root / "scalegnn" / "__init__.py").write_text(init)
+    return root
+
+
 def test_from_a_checkout_exactly_the_harness_folders_import_inside_scalegnn(tmp_path):
     """With only PYTHONPATH=<checkout> (cwd elsewhere), with site-packages (where an
-    editable install of another checkout may sit: this checkout wins) and without
-    (-S: a bare GPU node), each harness name is this checkout's folder, and no other
-    folder (tests/, results/, docs/, ...) imports as scalegnn.<folder>."""
+    editable install of another checkout may sit) and without (-S: a bare GPU node), and
+    beside an editable install of another checkout that has more modules: each harness
+    name is this checkout's folder, and nothing else imports as scalegnn.* (tests/,
+    results/, docs/, the other checkout's modules)."""
     assert (ROOT / "tests").is_dir() and (ROOT / "results").is_dir()  # there is something to leak
+    other = _fake_checkout(tmp_path / "other", (ROOT / "scalegnn" / "__init__.py").read_text(), stale=True)
     assert _boundary_problems(ROOT, tmp_path) == []
     assert _boundary_problems(ROOT, tmp_path, "-S") == []
+    assert _boundary_problems(ROOT, tmp_path, other=other) == []
 
 
 def test_in_this_process_tests_and_results_are_not_scalegnn_subpackages():
@@ -307,19 +345,26 @@ def test_the_wheel_holds_only_the_scalegnn_package_and_no_tests(tmp_path):
 
 
 def test_the_boundary_checks_can_fail(tmp_path):
-    """A checkout whose scalegnn/__init__.py appends the repository to __path__ (the old
-    way) leaks tests/ and results/; a wheel file list with a test module or a second
-    top-level name is caught."""
-    root = tmp_path / "checkout"
-    for name in ("tests", "results", *PACKAGES):
-        (root / name).mkdir(parents=True)
-        (root / name / "__init__.py").write_text("")
-    (root / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    """Planted in a copy of scalegnn/__init__.py: the repository appended to __path__ (the
+    old way) leaks tests/ and results/; the finder appended to sys.meta_path (after an
+    editable install of another checkout) loses the harness names to it; a finder that
+    lets a missing name fall through takes that checkout's modules. A wheel file list with a
+    test module or a second top-level name is caught."""
     init = (ROOT / "scalegnn" / "__init__.py").read_text()
-    (root / "scalegnn" / "__init__.py").write_text(init)
-    assert _boundary_problems(root, tmp_path) == []  # the copy is sound
-    (root / "scalegnn" / "__init__.py").write_text(init + "\n__path__.append(_CHECKOUT)\n")
-    assert _boundary_problems(root, tmp_path) == ["scalegnn.results imports", "scalegnn.tests imports"]
+    other = _fake_checkout(tmp_path / "other", init, stale=True)
+    raising = 'raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)'
+    assert "_sys.meta_path.insert(0, " in init and raising in init
+    planted = {"sound": init, "path": init + "\n__path__.append(_CHECKOUT)\n",
+               "last": init.replace("_sys.meta_path.insert(0, ", "_sys.meta_path.append("),
+               "falls through": init.replace(raising, "return None")}
+    seen = {how: _boundary_problems(_fake_checkout(tmp_path / how, text), tmp_path, "-S", other=other)
+            for how, text in planted.items()}  # -S: no editable install of this machine's own in the way
+    leaked = [f"scalegnn.{n} imports" for n in ("benchmarks.stale", "results", "stale", "tests")]
+    assert seen["sound"] == []
+    assert seen["path"] == ["scalegnn.results imports", "scalegnn.stale imports", "scalegnn.tests imports"]
+    assert seen["last"] == [f"scalegnn.{n} is {other / n / '__init__.py'}" for n in ("analysis", "baselines",
+                                                                                    "sweeps", "benchmarks")] + leaked
+    assert seen["falls through"] == leaked
     assert _wheel_problems(["scalegnn/__init__.py", "scalegnn/benchmarks/test_step.py", "scalegnn/x/conftest.py",
                             "tests/__init__.py", "scalegnn-0.1.0.dist-info/RECORD"]) \
         == ["top-level tests", "scalegnn/benchmarks/test_step.py", "scalegnn/x/conftest.py"]
