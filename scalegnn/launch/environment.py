@@ -1,11 +1,11 @@
-"""Process start-up: join a launched job (torchrun / SLURM / submitit / Flux) or spawn local workers.
+"""Where this process stands in a run: a rank of a job a launcher started (torchrun,
+SLURM, submitit, Flux), the starter of local workers, or the whole run in process.
 
-:func:`init_from_env` initializes ``torch.distributed`` from the environment a
-launcher left behind, always with an explicit timeout. :func:`spawn` starts
-``nprocs`` local workers, runs ``fn(rank, world, *args)`` in each and returns their
-results; a failing or dying worker makes it terminate the others and raise
-:class:`WorkerError` naming the rank, and a global deadline guarantees it never
-hangs. The distributed tests use it.
+:func:`detect_env` reads rank, world size, local rank and the rendezvous address
+from the launcher's variables; :func:`run_mode` decides how this process takes part
+in a run of a given grid; :func:`init_from_env` initializes ``torch.distributed``
+from the environment, always with an explicit timeout; :func:`local_rank_env` is the
+:class:`DistEnv` of a worker of a local job (:mod:`scalegnn.launch.job`).
 
 Device and backend. Each rank computes on the device its run asks for
 (:func:`scalegnn.device.resolve_device`: the local rank's GPU when one is visible
@@ -16,18 +16,7 @@ the rank's GPU so that torch creates the axis groups by splitting its communicat
 
 Threads (:mod:`scalegnn.threads`): :func:`run_threads` applies a run's ``--threads``
 choice to the process that runs it, counting the local ranks that share the node's
-cores (:func:`local_ranks_of_run`); :func:`spawn` hands the same choice to each local
-worker and starts the workers with OpenMP's passive wait in their environment.
-
-Failing fast (a job never hangs, never leaves processes behind): every collective,
-including those of the grid's axis groups, times out after the run's
-``collective_timeout_s``, so a rank that stops answering makes its peers raise; a
-rank that dies is seen by the spawner at once (its process sentinel); the spawner
-then stops every worker (SIGTERM, then SIGKILL) and raises :class:`WorkerError`
-with every rank's report (:mod:`scalegnn.run` turns it into the ``failed`` record).
-Workers watch the spawner and exit within a second when it is killed. Under
-torchrun / srun, the failing rank exits non-zero and the launcher stops the others
-(``srun --kill-on-bad-exit=1``).
+cores (:func:`local_ranks_of_run`); a local job hands the same choice to each worker.
 """
 
 from __future__ import annotations
@@ -36,26 +25,19 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
-import pickle
 import re
-import shutil
 import socket
-import tempfile
-import time
-import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from .. import threads as thread_policy
-from ..signals import Interrupted, held, stop_on_signals
 
-__all__ = ["DistEnv", "init_from_env", "init_process_group", "first_host", "spawn", "local_backend", "WorkerError",
-           "SpawnTimeout", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run"]
+__all__ = ["DistEnv", "detect_env", "run_mode", "RUN_MODES", "init_from_env", "init_process_group", "first_host",
+           "single_env", "local_rank_env", "local_backend", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run",
+           "slurm_tasks_on_node"]
 
 log = logging.getLogger("scalegnn.launch")
 
@@ -71,7 +53,7 @@ class DistEnv:
     backend: str  # "auto" until init_from_env resolves it from the device
     master_addr: str
     master_port: int
-    source: str  # "torchrun" | "slurm" | "submitit" | "flux" | "single"
+    source: str  # "torchrun" | "slurm" | "submitit" | "flux" | "local" (a worker of a local job) | "single"
     device: str = "cpu"  # this rank's torch device, set by init_from_env
     local_world_size: int = 1  # the job's processes on this node (the ranks that may share its cores)
 
@@ -237,314 +219,55 @@ def init_process_group(backend: str, device: torch.device, **kwargs) -> None:
         dist.init_process_group(backend, **kwargs)
 
 
-# --------------------------------------------------------------------------- local spawn
-class WorkerError(RuntimeError):
-    """A spawned worker failed: ``rank`` (None for a global timeout) and its traceback text.
+# --------------------------------------------------------------------------- how a process takes part
+# "joined": a rank of the job a launcher started; "local": this process starts the run's
+# --nproc workers on this host; "in process": the whole run is this one process.
+RUN_MODES = ("joined", "local", "in process")
 
-    ``errors`` holds every rank's report gathered before the workers were stopped
-    ({rank: text}); ``run_record`` rank 0's partial run record when it sent one;
-    ``user_error`` is True when the failure is a configuration or data error raised
-    before training started (a ``ValueError``: the CLI prints it as one line).
+
+def run_mode(parallel, env: DistEnv | None = None) -> str:
+    """How this process takes part in a run of ``parallel`` (its
+    :class:`~scalegnn.parallel.grid.ParallelConfig`), one of :data:`RUN_MODES`:
+
+    - "joined" when a launcher started this process as one of several ranks and
+      ``--nproc`` is unset or names that many ranks (a batch script's own process,
+      which sees its allocation's SLURM variables but is no task of a job step, is not
+      a rank: there ``--nproc`` starts local workers);
+    - "local" when ``--nproc`` asks for several local workers;
+    - "joined" as well for a multi-rank grid with neither (joining then reports that
+      no launcher started the ranks, and how to start them);
+    - "in process" otherwise: one process, the 1x1x1x1 grid of its run.
     """
-
-    def __init__(self, rank: int | None, traceback_text: str, errors: dict | None = None,
-                 run_record: dict | None = None, user_error: bool = False, message: str | None = None):
-        self.rank = rank
-        self.traceback_text = traceback_text
-        self.errors = dict(errors or {})
-        self.run_record = run_record
-        self.user_error = user_error
-        self.message = message
-        self.record_path: str | None = None
-        head = f"worker rank {rank} failed" if rank is not None else "spawned workers failed"
-        super().__init__(f"{head}:\n{traceback_text}")
+    env = detect_env() if env is None else env
+    if env.world_size > 1 and parallel.nproc in (None, env.world_size) and not _slurm_batch_script(env):
+        return "joined"
+    if (parallel.nproc or 1) > 1:
+        return "local"
+    return "joined" if parallel.world_size > 1 else "in process"
 
 
-class SpawnTimeout(WorkerError):
-    """The workers did not all finish within ``timeout_s``."""
+def _slurm_batch_script(env: DistEnv) -> bool:
+    """The process is the batch script of a SLURM allocation, not a task of a job step:
+    SLURM sets its allocation's task count there (SLURM_NTASKS), but only ``srun``
+    starts the tasks, each with its step's id (SLURM_STEP_ID)."""
+    return env.source == "slurm" and "SLURM_STEP_ID" not in os.environ
 
 
-def _context():
-    """A forkserver context preloading torch: each worker forks from a warm interpreter
-    (tens of ms) instead of importing torch afresh (seconds on a small box). The
-    preload takes effect when the fork server first starts and is reused after."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "scalegnn.parallel.launch"])
-    return ctx
+def single_env(parallel) -> DistEnv:
+    """The :class:`DistEnv` of a run that is this one process: rank 0 of 1, on the run's
+    device (``parallel``: its :class:`~scalegnn.parallel.grid.ParallelConfig`)."""
+    from ..device import resolve_device
+
+    return DistEnv(0, 1, 0, "none", "127.0.0.1", 0, "single", device=str(resolve_device(parallel.device)))
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (dead, not yet reaped) counts as dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+def local_rank_env(rank: int, world: int, parallel, backend: str) -> DistEnv:
+    """The :class:`DistEnv` of worker ``rank`` of a local job of ``world`` workers
+    (a local worker's local rank is its rank: NCCL ranks take one GPU each)."""
+    from ..device import resolve_device
 
-
-def _watch_parent(parent_pid: int, period_s: float = 1.0) -> None:
-    """Exit this worker when the spawning process is gone: no orphan keeps training
-    (or holding a GPU) after its launcher was killed. A daemon thread."""
-    import threading
-
-    def watch():
-        while True:
-            time.sleep(period_s)
-            if not _pid_alive(parent_pid):
-                os._exit(70)
-
-    threading.Thread(target=watch, name="scalegnn-parent-watch", daemon=True).start()
-
-
-def _name_process(rank: int) -> None:
-    """``scalegnn-r<rank>`` in ps/top (Linux /proc/self/comm, 15 chars at most)."""
-    try:
-        with open("/proc/self/comm", "w") as f:
-            f.write(f"scalegnn-r{rank}"[:15])
-    except OSError:
-        pass
-
-
-def _worker(rank, world, rendezvous, timeout_s, threads, conn, fn, args, parent_pid=None, backend="gloo"):
-    _name_process(rank)
-    if parent_pid is not None:
-        _watch_parent(parent_pid)
-    # SIGINT/SIGTERM (forwarded by the spawner, or Ctrl-C reaching the whole process
-    # group) stops this rank like any failure: it reports (rank 0 its partial record) and exits.
-    with stop_on_signals():
-        payload = _run_rank(rank, world, rendezvous, timeout_s, threads, fn, args, backend)
-        with held():  # a report cut short would read as a crash
-            try:
-                conn.send_bytes(payload)
-                conn.close()
-            except OSError:
-                pass  # the spawner no longer listens (it is stopping every rank): nothing left to tell
-            finally:
-                if dist.is_initialized():
-                    try:
-                        dist.destroy_process_group()
-                    except Exception:  # noqa: BLE001 - exiting anyway
-                        pass
-
-
-def _run_rank(rank, world, rendezvous, timeout_s, threads, fn, args, backend) -> bytes:
-    """Join the spawner's group, run ``fn``; its result or failure, pickled for the spawner."""
-    try:
-        thread_policy.inherited_process()  # the spawner set this process's OpenMP wait before torch loaded
-        thread_policy.apply(threads)
-        timeout = datetime.timedelta(seconds=timeout_s)
-        # The ranks meet in a file of the spawner's private folder (no TCP listener anyone
-        # could join or poison), and gloo's own connections stay on the loopback device.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
-        store = dist.FileStore(rendezvous, world)
-        # A local worker's local rank is its rank (whatever a surrounding job's variables say,
-        # e.g. SLURM_LOCALID of a one-task allocation): NCCL ranks take one GPU each.
-        os.environ["LOCAL_RANK"] = str(rank)
-        device = torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else None
-        init_process_group(backend, device, store=store, rank=rank, world_size=world, timeout=timeout)
-        result = fn(rank, world, *args)
-        return pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
-        record = getattr(exc, "run_record", None)
-        info = {"user_error": isinstance(exc, (ValueError, FileNotFoundError)) and record is None,
-                "message": f"{exc}", "run_record": record}
-        try:
-            return pickle.dumps(("err", traceback.format_exc(), info))
-        except Exception:  # noqa: BLE001 - an unpicklable record: send the text alone
-            return pickle.dumps(("err", traceback.format_exc(), {**info, "run_record": None}))
-
-
-def _stop(procs, grace_s: float = 2.0) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    end = time.monotonic() + grace_s
-    for p in procs:
-        p.join(max(0.0, end - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join(1.0)
-
-
-def _exit_text(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            import signal
-
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (the kernel's OOM killer, the scheduler, or a user)" if -code == 9 else ""
-        return f"was killed by {name}{hint} before returning a result"
-    return f"exited with code {code} before returning a result"
-
-
-# Messages of ranks that fail only because a peer died or stopped answering: the
-# first error reported is the one whose message is not of this kind, if any.
-_SECONDARY = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
-              "socket closed", "connection refused", "read error", "no route", "peer")
-
-
-def _secondary(text: str) -> bool:
-    tail = "\n".join(text.strip().splitlines()[-3:]).lower()
-    return any(s in tail for s in _SECONDARY)
-
-
-def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0,
-          threads_per_worker: "int | thread_policy.ThreadChoice" = 1, collective_timeout_s: float | None = None,
-          report_grace_s: float = 3.0, backend: str = "gloo", stop_grace_s: float = 10.0) -> list:
-    """Run ``fn(rank, nprocs, *args)`` in ``nprocs`` local workers; return their results.
-
-    ``backend`` is "gloo" (CPU tensors, and GPU tensors staged through the host: how
-    several ranks share one GPU) or "nccl" (rank r on GPU r, one rank per GPU).
-
-    Threads: each worker applies ``threads_per_worker`` (a count, or the run's
-    :class:`scalegnn.threads.ThreadChoice`, :func:`threads_of_run`) before ``fn``, and
-    starts with :data:`scalegnn.threads.WAIT_ENV` in its environment (put into this
-    process's environment where unset, before the first worker or the fork server
-    starts: OpenMP reads it when torch loads), so its idle OpenMP threads sleep.
-
-    ``fn`` must be importable (a module-level function) and its results picklable.
-    The workers meet in a file store in a private folder of this user (mode 0700,
-    removed afterwards): a local run opens no rendezvous port that another machine
-    or user could join, and gloo's connections use the loopback device (unless
-    ``GLOO_SOCKET_IFNAME`` says otherwise). The parent waits on every worker's pipe
-    and process sentinel. On the first error
-    or unexpected exit it waits at most ``report_grace_s`` for the other ranks to
-    report (ranks blocked on the lost peer fail at once; their reports, and rank 0's
-    partial run record, make the error message), then terminates the rest (SIGTERM,
-    then SIGKILL) and raises :class:`WorkerError` naming the first failing rank.
-    After ``timeout_s`` seconds in all it kills everything and raises
-    :class:`SpawnTimeout` (``None``: no deadline, for training runs).
-
-    Bounded failure time: a rank that dies is seen at once (its sentinel); a rank that
-    hangs makes its peers' collectives fail after ``collective_timeout_s`` (default:
-    ``timeout_s``, or 30 minutes without one). Workers exit by themselves within a
-    second or two when this process dies, so none is left orphaned.
-
-    Stopping: when :class:`scalegnn.signals.Interrupted` reaches this process (SIGINT
-    or SIGTERM under :func:`scalegnn.signals.stop_on_signals`), the signal is
-    forwarded to every worker, which stops and reports; after at most
-    ``stop_grace_s`` the rest are terminated and the exception is re-raised with
-    ``run_record`` (rank 0's partial record, if it sent one) and ``results``.
-    """
-    if nprocs < 1:
-        raise ValueError(f"nprocs must be >= 1, got {nprocs}")
-    if not isinstance(threads_per_worker, thread_policy.ThreadChoice):
-        threads_per_worker = thread_policy.choose(threads_per_worker, nprocs, spawner=True)
-    for key, value in thread_policy.WAIT_ENV.items():
-        os.environ.setdefault(key, value)  # inherited by the fork server (started below, once) and every worker
-    ctx = _context()
-    if collective_timeout_s is None:
-        collective_timeout_s = 1800.0 if timeout_s is None else timeout_s
-    pg_timeout = float(collective_timeout_s)
-    private = tempfile.mkdtemp(prefix="scalegnn-rendezvous-")  # mode 0700: only this user reaches the store
-    rendezvous = os.path.join(private, "store")
-    deadline = float("inf") if timeout_s is None else time.monotonic() + timeout_s
-    procs, conns = [], []
-    results: list = [None] * nprocs
-    pending: set[int] = set()  # started ranks that have neither reported nor died
-    failures: list[tuple[int, str, dict]] = []  # (rank, text, info) in arrival order
-
-    def take(rank: int) -> None:
-        pending.discard(rank)
-        try:
-            msg = pickle.loads(conns[rank].recv_bytes())
-        except (EOFError, OSError):
-            procs[rank].join(1.0)
-            failures.append((rank, _exit_text(procs[rank].exitcode), {}))
-            return
-        if msg[0] == "err":
-            failures.append((rank, msg[1], msg[2] if len(msg) > 2 else {}))
-        else:
-            results[rank] = msg[1]
-
-    def receive(wait_s: float | None) -> None:
-        """Take what pending ranks sent, and note those that died, waiting at most ``wait_s``."""
-        waitables = {conns[r]: r for r in pending}
-        waitables.update({procs[r].sentinel: r for r in pending})
-        for obj in multiprocessing.connection.wait(list(waitables), timeout=wait_s):
-            r = waitables[obj]
-            if r not in pending:
-                continue
-            if obj is conns[r] or conns[r].poll():
-                take(r)
-            else:  # died without writing: a crash, a signal or os._exit
-                procs[r].join(1.0)
-                pending.discard(r)
-                failures.append((r, _exit_text(procs[r].exitcode), {}))
-
-    try:
-        for rank in range(nprocs):
-            recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(rank, nprocs, rendezvous, pg_timeout, threads_per_worker, send, fn, args,
-                                                  os.getpid(), backend),
-                            name=f"scalegnn-worker-{rank}", daemon=True)
-            p.start()
-            send.close()
-            procs.append(p)
-            conns.append(recv)
-            pending.add(rank)
-        first_failure_at = None
-        while pending:
-            now = time.monotonic()
-            if failures and first_failure_at is None:
-                first_failure_at = now
-            if first_failure_at is not None and now - first_failure_at >= report_grace_s:
-                break
-            left = deadline - now
-            if left <= 0:
-                if failures:
-                    break
-                raise SpawnTimeout(None, f"timed out after {timeout_s:.0f} s; ranks {sorted(pending)} did not finish")
-            wait_s = None if left == float("inf") else left
-            if first_failure_at is not None:
-                wait_s = max(0.0, min(wait_s if wait_s is not None else report_grace_s,
-                                      first_failure_at + report_grace_s - now))
-            receive(wait_s)
-        if failures:
-            primary = next((f for f in failures if not _secondary(f[1])), failures[0])
-            rank, text, info = primary
-            errors = {r: t for r, t, _ in failures}
-            silent = sorted(pending)
-            if silent and len(failures) < nprocs:
-                text = f"{text}\n(ranks {silent} reported nothing within {report_grace_s:.0f} s of the first " \
-                       "failure: hung, or still computing; they were terminated)"
-            record = next((i.get("run_record") for r, _, i in failures if r == 0 and i.get("run_record")), None)
-            err = WorkerError(rank, text, errors=errors, run_record=record,
-                              user_error=bool(info.get("user_error")), message=info.get("message"))
-            err.results = results  # what the ranks that finished returned (None for the others)
-            raise err
-        for p in procs:
-            p.join(5.0)
-        return results
-    except Interrupted as stop:
-        # SIGINT/SIGTERM reached this process (scalegnn.run.run listens for them): pass
-        # it on, so that every rank stops and reports, rank 0 with its partial record.
-        for p in procs:
-            if p.is_alive():
-                try:
-                    os.kill(p.pid, stop.signum)
-                except ProcessLookupError:
-                    pass
-        end = time.monotonic() + stop_grace_s
-        while pending and time.monotonic() < end:
-            receive(max(0.0, end - time.monotonic()))
-        stop.results = results  # rank 0's record, if it had finished
-        stop.run_record = next((i.get("run_record") for r, _, i in failures if r == 0 and i.get("run_record")), None)
-        raise
-    finally:
-        _stop(procs)
-        for c in conns:
-            c.close()
-        shutil.rmtree(private, ignore_errors=True)
+    device = resolve_device(parallel.device, local_rank=rank)
+    return DistEnv(rank, world, rank, backend, "", 0, "local", device=str(device), local_world_size=world)
 
 
 # --------------------------------------------------------------------------- threads
@@ -554,16 +277,17 @@ def local_ranks_of_run(parallel) -> tuple[int, bool]:
     (:attr:`DistEnv.local_world_size`) when this process is one of them, else the
     ``--nproc`` local workers this process spawns, else 1."""
     info = detect_env()
-    if info.world_size > 1 and parallel.nproc in (None, info.world_size):
+    mode = run_mode(parallel, info)
+    if mode == "joined" and info.world_size > 1:
         return info.local_world_size, False
-    return parallel.nproc or 1, bool(parallel.nproc and parallel.nproc > 1)
+    return (parallel.nproc, True) if mode == "local" else (1, False)
 
 
 def threads_of_run(parallel) -> thread_policy.ThreadChoice:
     """The threads of each process of a run (``parallel``: its
     :class:`~scalegnn.parallel.grid.ParallelConfig`): the one this process applied for
     the run (:func:`run_threads`), else :func:`scalegnn.threads.choose` for its ``--threads``
-    and its local ranks now. What :func:`spawn` gives each local worker."""
+    and its local ranks now. What a local job gives each worker."""
     current = thread_policy.applied()
     if current is not None and current.setting == parallel.threads:
         return current
@@ -582,14 +306,6 @@ def run_threads(parallel):
     log.debug("threads: %s", choice.reason)
     with thread_policy.using(choice):
         yield choice
-
-
-def _loopback_interface() -> str:
-    """The name of the loopback network device (``lo`` on Linux)."""
-    try:
-        return next(name for _, name in socket.if_nameindex() if name.startswith("lo"))
-    except (OSError, StopIteration):
-        return "lo"
 
 
 def free_port() -> int:
