@@ -35,11 +35,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from scalegnn.config import RunConfig
 from scalegnn.device import to_device
 from scalegnn.engine import accuracy_counts
 from scalegnn.settings import setting
 
-from .common import BaselineData, EpochStats, broadcast_floats, rank_device, world_info
+from .common import BaselineData, DataParallelTrainer, EpochStats, baseline_data, broadcast_floats
 from .graphsage import split_accuracies_local
 from .partition import PARTITION_METHODS, partition_vertices
 
@@ -131,11 +132,11 @@ def _csr(rows, cols, vals, shape) -> torch.Tensor:
     return torch.sparse_csr_tensor(indptr, cols, vals, shape)
 
 
-class BNSTrainer:
-    def __init__(self, cfg, data: BaselineData):
+class BNSTrainer(DataParallelTrainer):
+    def __init__(self, cfg: RunConfig, data: BaselineData, env):
         opts = cfg.options  # BNSOptions
-        self.cfg, self.opts, self.data = cfg, opts, data
-        self.rank, self.world = world_info()
+        self.cfg, self.opts = cfg, opts
+        super().__init__(data, env)
         g = data.graph
         n = data.num_nodes
         t0 = time.perf_counter()
@@ -159,7 +160,6 @@ class BNSTrainer:
         bnd = src[~inner_src].unique()
         self.need = [bnd[self.part[bnd] == s] for s in range(self.world)]
         self.boundary_total = int(bnd.numel())
-        self.device = rank_device(cfg)
         self.features = to_device(select_local(data.features, self.inner), self.device)
         y = g.y[self.inner]
         tmask = torch.zeros(n, dtype=torch.bool)
@@ -279,11 +279,6 @@ def select_local(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return select_rows(x, rows)
 
 
-def make_trainer(cfg, data):
-    return BNSTrainer(cfg, data)
-
-
-def run(cfg, graph=None) -> dict:
-    from .common import run_baseline
-
-    return run_baseline(cfg, "scalegnn.baselines.bns_gcn:make_trainer", graph)
+def make_trainer(cfg: RunConfig, graph, env) -> BNSTrainer:
+    """This rank's trainer (the registry's ``trainer`` of --system bns-gcn)."""
+    return BNSTrainer(cfg, baseline_data(cfg, graph), env)

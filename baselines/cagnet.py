@@ -70,6 +70,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from scalegnn.config import RunConfig
 from scalegnn.device import resolve_backend, synchronize, to_device
 from scalegnn.engine import accuracy_counts, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, dropout_key, dropout_keep_mask, rms_norm
@@ -80,10 +81,10 @@ from scalegnn.sampling import train_mask_of
 from scalegnn.settings import setting
 
 from . import cagnet_ops as ops
-from .common import EpochStats, rank_device, split_accuracies, world_info
+from .common import DataParallelTrainer, EpochStats, baseline_data, split_accuracies
 
 __all__ = ["Cagnet1DOptions", "Cagnet15DOptions", "Cagnet2DOptions", "CagnetGCN", "CagnetTrainer", "SYSTEM_ALGORITHM",
-           "make_trainer", "run"]
+           "make_trainer"]
 
 SYSTEM_ALGORITHM = {"cagnet-1d": "1d", "cagnet-1.5d": "1.5d", "cagnet-2d": "2d"}
 
@@ -216,14 +217,13 @@ class CagnetGCN:
         return self._row_nnz[rank // self.plan.C][which]
 
 
-class CagnetTrainer:
+class CagnetTrainer(DataParallelTrainer):
     """One full-graph step per epoch with one of CAGNET's algorithms (``cfg.system``)."""
 
-    def __init__(self, cfg, data):
+    def __init__(self, cfg: RunConfig, data, env):
         self.cfg = cfg
         self.algorithm = SYSTEM_ALGORITHM[cfg.system]
-        self.rank, self.world = world_info()
-        self.device = rank_device(cfg)
+        super().__init__(data, env)
         R, C = grid_of(self.algorithm, self.world, cfg.options)
         if self.world > 1:
             grid = ProcessGrid(1, R, C, 1, backend=resolve_backend(cfg.parallel.backend, self.device))
@@ -293,11 +293,6 @@ class CagnetTrainer:
         }}
 
 
-def make_trainer(cfg, data):
-    return CagnetTrainer(cfg, data)
-
-
-def run(cfg, graph=None) -> dict:
-    from .common import run_baseline
-
-    return run_baseline(cfg, "scalegnn.baselines.cagnet:make_trainer", graph)
+def make_trainer(cfg: RunConfig, graph, env) -> CagnetTrainer:
+    """This rank's trainer (the registry's ``trainer`` of cagnet-1d, cagnet-1.5d and cagnet-2d)."""
+    return CagnetTrainer(cfg, baseline_data(cfg, graph), env)

@@ -1,25 +1,25 @@
-"""Shared pieces of the baseline adapters: data, the distributed helpers, the run record.
+"""Shared pieces of the baseline adapters: data, the data-parallel trainer, distributed helpers.
 
-Every adapter (``graphsage``, ``graphsaint``, ``salient``, ``bns-gcn``; ``distdgl``
-through its own environment) trains on the dataset split of ``scalegnn train`` from
-the same :class:`scalegnn.config.RunConfig` (its own settings in ``cfg.options``) and
-writes the record of ``scalegnn.records`` (``results/README.md``). An adapter is a
-*trainer* driven by the shared epoch loop (:func:`scalegnn.loop.train_epochs`), as
-ScaleGNN's engine is:
+Every adapter (``graphsage``, ``graphsaint``, ``salient``, ``bns-gcn``, ``cagnet-*``,
+``fastsample``; ``distdgl`` through its own environment) trains on the dataset split
+of ``scalegnn train`` from the same :class:`scalegnn.config.RunConfig` (its own
+settings in ``cfg.options``) and its run is launched and recorded as ScaleGNN's is
+(:func:`scalegnn.launch.launch`, :class:`scalegnn.session.RunSession`). An adapter is
+a :class:`DataParallelTrainer` driven by the shared epoch loop
+(:func:`scalegnn.loop.train_epochs`):
 
+    make_trainer(cfg, graph, env)      its registry entry: the trainer of one rank
+                                       (:func:`baseline_data` gives the graph as it needs it)
     trainer.steps_per_epoch            int (optimizer steps of this rank per epoch)
     trainer.batch_size                 int (seed vertices / sampled vertices per step)
-    trainer.device                     torch.device it trains on
+    trainer.device                     torch.device it trains on (``env.device``)
     trainer.train_epoch(epoch)  -> EpochStats      local sums; the loop reduces them
     trainer.evaluate()          -> (train, val, test) accuracies, the same on every rank
     trainer.record_extra()      -> dict            fields added to the record (optional)
 
 Training time excludes evaluation; the epoch time recorded is the slowest rank's.
-A multi-process run (``--nproc N``) spawns N local workers with
-:func:`scalegnn.parallel.launch.spawn`; on a cluster the same code joins a
-torchrun / srun job through :func:`scalegnn.parallel.launch.init_from_env`.
 
-Device. Every adapter trains on ``trainer.device`` (:func:`rank_device`: the run's
+Device. Every adapter trains on its rank's device (``env.device``: the run's
 ``--device``, auto taking the local rank's GPU when one is visible), the backend
 following it as for ScaleGNN; samplers and feature stores stay in host memory, as
 in the systems themselves, and each batch is copied over. The record says which
@@ -28,23 +28,20 @@ device ran, so a GPU run is never compared with a CPU one unawares.
 
 from __future__ import annotations
 
-import os
 import time
-import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from scalegnn import records
-from scalegnn.device import peak_device_memory_bytes, peak_memory_bytes, peak_rss_bytes, resolve_device, synchronize
+from scalegnn.config import RunConfig
+from scalegnn.device import synchronize
 from scalegnn.engine import accuracy_counts
 from scalegnn.graph import Graph
-from scalegnn.loop import DivergedError, EpochStats, Progress, train_epochs
-from scalegnn.signals import Interrupted, held
+from scalegnn.loop import EpochStats, Trainer
 
-__all__ = ["EpochStats", "BaselineData", "load_data", "run_baseline", "split_accuracies", "world_info", "rank_device",
-           "ddp", "all_reduce_sum"]
+__all__ = ["EpochStats", "BaselineData", "DataParallelTrainer", "baseline_data", "load_data", "split_accuracies",
+           "world_info", "ddp", "all_reduce_sum"]
 
 
 
@@ -65,13 +62,6 @@ def backward_and_step(optimizer, loss: torch.Tensor, components: dict, forward_s
 
 
 # --------------------------------------------------------------------------- distributed helpers
-def rank_device(cfg) -> torch.device:
-    """This rank's device for ``cfg.device``: a spawned worker's local rank is its rank,
-    a torchrun / srun rank's is in the launcher's variables."""
-    local = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID")
-    return resolve_device(cfg.parallel.device, int(local) if local is not None else world_info()[0])
-
-
 def ddp(model, world: int, device: torch.device):
     """``model`` wrapped in DistributedDataParallel on its device when several ranks train it."""
     if world == 1:
@@ -135,7 +125,7 @@ class BaselineData:
         return self.graph.num_nodes
 
 
-def load_data(cfg, graph: Graph | None = None) -> BaselineData:
+def load_data(cfg: RunConfig, graph: Graph | None = None) -> BaselineData:
     from scalegnn.datasets import load_graph
     from scalegnn.sampling import training_features
 
@@ -184,149 +174,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# --------------------------------------------------------------------------- the record
-def new_record(cfg, data_graph: Graph, world: int, batch_size: int, steps_per_epoch: int, backend: str | None,
-               device: torch.device | str = "cpu") -> dict:
-    g = data_graph
-    return records.new_record(
-        system=cfg.system, dataset=cfg.data.dataset, config=cfg.to_dict(),
-        grid={"dp": world, "x": 1, "y": 1, "z": 1},  # every baseline is data parallel only
-        world_size=world, seed=cfg.seed, env=records.environment_info(backend=backend, device=device),
-        graph=g.record_info(),
-        batch_size=batch_size, steps_per_epoch=steps_per_epoch, target_acc=cfg.loop.target_acc)
+# --------------------------------------------------------------------------- the trainer
+class DataParallelTrainer(Trainer):
+    """A baseline's trainer on one rank: ``data`` what it trains on, ``env`` where the
+    rank stands (its rank, the run's world, its device). Each rank sums its own steps
+    and times its own epochs, so the loop sums the epoch's loss and accuracy counts
+    over the ranks and takes the slowest rank's seconds (components and bytes stay
+    this rank's)."""
+
+    def __init__(self, data: BaselineData, env):
+        self.data = data
+        self.graph_info = data.graph.record_info()
+        self.rank, self.world = env.rank, env.world_size
+        self.device = torch.device(env.device)
+
+    def reduce(self, stats: EpochStats) -> EpochStats:
+        loss_sum, loss_n, correct, count = all_reduce_sum([stats.loss_sum, stats.loss_n, stats.correct, stats.count])
+        return EpochStats(loss_sum=loss_sum, loss_n=int(loss_n), correct=correct, count=count,
+                          components=stats.components, comm_bytes=stats.comm_bytes, extra=stats.extra)
+
+    def slowest(self, seconds: float) -> float:
+        return all_reduce_sum([seconds], op=dist.ReduceOp.MAX)[0]
 
 
-def finalize(record: dict, cfg, peaks: list[tuple]) -> dict:
-    """The record's closing fields; ``peaks`` has every rank's (peak memory, peak RSS,
-    peak device memory) (:func:`scalegnn.records.memory_fields`), empty when unknown."""
-    if peaks:
-        record.update(records.memory_fields(peaks))
-    else:
-        record["peak_memory_bytes_per_rank"], record["peak_memory_bytes"] = [], None
-    record["time_to_target_s"] = records.time_to_target(record["epochs"], cfg.loop.target_acc)
-    records.summarize(record)
-    return record
-
-
-def _reduce(stats: EpochStats) -> EpochStats:
-    """A rank's epoch sums summed over the ranks (components and bytes stay this rank's)."""
-    loss_sum, loss_n, correct, count = all_reduce_sum([stats.loss_sum, stats.loss_n, stats.correct, stats.count])
-    return EpochStats(loss_sum=loss_sum, loss_n=int(loss_n), correct=correct, count=count,
-                      components=stats.components, comm_bytes=stats.comm_bytes, extra=stats.extra)
-
-
-def _slowest(seconds: float) -> float:
-    return all_reduce_sum([seconds], op=dist.ReduceOp.MAX)[0]
-
-
-def _peaks(device) -> tuple:
-    return peak_memory_bytes(device), peak_rss_bytes(), peak_device_memory_bytes(device)
-
-
-def _gather_peaks(device) -> list[tuple]:
-    peak = _peaks(device)
-    rank, world = world_info()
-    if world == 1:
-        return [peak]
-    out = [None] * world
-    dist.all_gather_object(out, peak)
-    return out
-
-
-def train_in_process(cfg, make_trainer, graph: Graph | None = None, write: bool = True) -> dict:
-    """Build the trainer on this rank, run the epochs, return the record (rank 0 writes it)."""
-    rank, world = world_info()
+def baseline_data(cfg: RunConfig, graph: Graph | None = None) -> BaselineData:
+    """What every baseline does before building its trainer: seed every generator with
+    the run's seed, then load the raw graph (:func:`load_data`)."""
     seed_everything(cfg.seed)
-    data = load_data(cfg, graph)
-    trainer = make_trainer(cfg, data)
-    device = getattr(trainer, "device", torch.device("cpu"))
-    backend = _backend_name() if world > 1 else None
-    record = new_record(cfg, data.graph, world, trainer.batch_size, trainer.steps_per_epoch, backend, device)
-    try:
-        train_epochs(cfg.loop, trainer, record, reduce=_reduce, slowest=_slowest,
-                     callbacks=[Progress(cfg.system, cfg.data.dataset, cfg.loop, rank,
-                                         steps_per_epoch=trainer.steps_per_epoch, batch_size=trainer.batch_size)])
-        record["status"] = "ok"
-    except DivergedError as exc:
-        record["status"], record["error"] = "diverged", str(exc)
-    except Interrupted as exc:  # SIGINT/SIGTERM: scalegnn.run.run writes the record, naming the signal
-        record["status"] = "interrupted"
-        with held():
-            record.update(getattr(trainer, "record_extra", lambda: {})())
-            finalize(record, cfg, [_peaks(device)])  # peers may be gone: no collective
-        exc.run_record = record
-        raise
-    except Exception as exc:
-        record["status"] = "failed"
-        record["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
-        if world > 1:
-            raise  # a distributed job fails as a whole; the parent writes the failed record
-    finally:
-        close = getattr(trainer, "close", None)
-        if close is not None:
-            close()
-    with held():  # a stop signal now would cut the record short, not the run
-        record.update(getattr(trainer, "record_extra", lambda: {})())
-        finalize(record, cfg, _gather_peaks(device) if record["status"] != "failed" else [_peaks(device)])
-        if write and rank == 0:
-            record["path"] = str(records.write_record(record, cfg.loop.out_dir))
-    return record
-
-
-def _backend_name() -> str:
-    """The backend of the world's device collectives: "nccl" in an NCCL world (which
-    carries gloo beside it for CPU tensors), else the world's own."""
-    name = str(dist.get_backend())
-    return "nccl" if "nccl" in name else name
-
-
-def _spawned_worker(rank: int, world: int, cfg, factory_path: str, graph):
-    from scalegnn.systems import resolve
-
-    record = train_in_process(cfg, resolve(factory_path), graph)
-    return record if rank == 0 else None
-
-
-def run_baseline(cfg, factory_path: str, graph: Graph | None = None) -> dict:
-    """Run a baseline with ``cfg.parallel.nproc`` processes and return rank 0's record.
-
-    ``factory_path`` is ``"module:function"`` building the trainer from ``(cfg, data)``
-    (importable in the spawned workers). One process runs in this process; N > 1
-    spawns N workers; inside a torchrun / srun job (``WORLD_SIZE`` > 1) every rank
-    joins it.
-    """
-    from scalegnn.parallel.launch import WorkerError, init_from_env, local_backend, spawn, threads_of_run
-    from scalegnn.systems import resolve
-
-    make_trainer = resolve(factory_path)
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
-    check_world = getattr(cfg.options, "check_world", None)  # a system's own process grid, before any data loads
-    if check_world is not None:
-        check_world(int(os.environ["WORLD_SIZE"]) if launched else cfg.parallel.nproc)
-    if launched:
-        info = init_from_env(backend=cfg.parallel.backend, device=cfg.parallel.device)
-        try:
-            record = train_in_process(cfg, make_trainer, graph)
-        finally:
-            dist.destroy_process_group()
-        return record if info.rank == 0 else None
-    nproc = cfg.parallel.nproc
-    if nproc == 1:
-        return train_in_process(cfg, make_trainer, graph)
-    threads = threads_of_run(cfg.parallel)
-    backend = local_backend(cfg.parallel, nproc)
-    try:
-        return spawn(_spawned_worker, nproc, cfg, factory_path, graph, timeout_s=None, threads_per_worker=threads,
-                     backend=backend, collective_timeout_s=cfg.parallel.collective_timeout_s)[0]
-    except WorkerError as exc:
-        # The workers died before a record existed: write a failed one so a sweep sees the run.
-        data_graph = graph
-        if data_graph is None:
-            from scalegnn.datasets import load_graph
-
-            data_graph = load_graph(cfg.data, cfg.seed)
-        record = new_record(cfg, data_graph, nproc, 0, 0, backend)
-        record["status"], record["error"] = "failed", str(exc)[-4000:]
-        finalize(record, cfg, [])
-        record["path"] = str(records.write_record(record, cfg.loop.out_dir))
-        return record
+    return load_data(cfg, graph)

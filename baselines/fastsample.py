@@ -58,20 +58,21 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from scalegnn.config import RunConfig
 from scalegnn.device import to_device
 from scalegnn.model import node_loss
 from scalegnn.sampling import select_rows
 from scalegnn.settings import int_tuple, setting
 
-from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, owned_eval_batches, ddp, rank_device,
-                     split_accuracies, world_info)
+from .common import (BaselineData, DataParallelTrainer, EpochStats, all_reduce_sum, backward_and_step, baseline_data,
+                     ddp, owned_eval_batches, split_accuracies)
 from .fastsample_kernel import SampledBlocks, Scratch, TopologyCSC, available, sample_blocks, step_key
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
 from .models import SAGENet
 from .partition import PARTITION_METHODS, partition_vertices
 
 __all__ = ["FastSampleOptions", "FastSampleTrainer", "FeatureExchange", "hybrid_placement", "topology_sampler_traffic",
-           "blocks_forward", "make_trainer", "run", "EXCHANGE_KINDS"]
+           "blocks_forward", "make_trainer", "EXCHANGE_KINDS"]
 
 EXCHANGE_KINDS = ("feature_sizes", "feature_ids", "feature_rows")
 EVAL_KEY = 0x6576616C  # the "epoch" word of evaluation sampling keys
@@ -259,11 +260,11 @@ def blocks_forward(model: SAGENet, x: torch.Tensor, blocks) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the trainer
-class FastSampleTrainer:
-    def __init__(self, cfg, data: BaselineData):
+class FastSampleTrainer(DataParallelTrainer):
+    def __init__(self, cfg: RunConfig, data: BaselineData, env):
         opts = cfg.options  # FastSampleOptions
-        self.cfg, self.opts, self.data = cfg, opts, data
-        self.rank, self.world = world_info()
+        self.cfg, self.opts = cfg, opts
+        super().__init__(data, env)
         g = data.graph
         opts.fanouts = fanouts_for(cfg.model.layers, opts.fanouts, DEFAULT_FANOUTS)
         opts.eval_fanouts = fanouts_for(cfg.model.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
@@ -273,7 +274,6 @@ class FastSampleTrainer:
         self.part = hybrid_placement(g, self.world, opts.partition, cfg.seed, train)
         self.topology = TopologyCSC.from_edge_index(data.edge_index, data.num_nodes)  # replicated
         self.partition_s = time.perf_counter() - t0
-        self.device = rank_device(cfg)
         self.exchange = FeatureExchange(data.features, self.part, self.rank, self.world,
                                         self.device if self.device.type == "cuda" else "cpu")
         self.scratch = Scratch()
@@ -410,11 +410,6 @@ class BlockSAGE(torch.nn.Module):
         return blocks_forward(self.sage, x, blocks)
 
 
-def make_trainer(cfg, data):
-    return FastSampleTrainer(cfg, data)
-
-
-def run(cfg, graph=None) -> dict:
-    from .common import run_baseline
-
-    return run_baseline(cfg, "scalegnn.baselines.fastsample:make_trainer", graph)
+def make_trainer(cfg: RunConfig, graph, env) -> FastSampleTrainer:
+    """This rank's trainer (the registry's ``trainer`` of --system fastsample)."""
+    return FastSampleTrainer(cfg, baseline_data(cfg, graph), env)

@@ -20,14 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
+from scalegnn.config import RunConfig
 from scalegnn.csr import select_rows
 from scalegnn.device import to_device
 from scalegnn.engine import accuracy_counts
 from scalegnn.model import node_loss
 from scalegnn.settings import int_tuple, setting
 
-from .common import (BaselineData, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,
-                     split_accuracies, world_info)
+from .common import (BaselineData, DataParallelTrainer, EpochStats, backward_and_step, baseline_data,
+                     broadcast_floats, ddp, split_accuracies)
 from .models import SAGENet
 
 __all__ = ["GraphSAGEOptions", "GraphSAGETrainer", "make_trainer", "neighbor_loader"]
@@ -92,11 +93,11 @@ def neighbor_loader(data: BaselineData, seeds: torch.Tensor, fanouts, batch_size
                               input_nodes=seeds, batch_size=batch_size, shuffle=shuffle, generator=gen)
 
 
-class GraphSAGETrainer:
-    def __init__(self, cfg, data: BaselineData):
+class GraphSAGETrainer(DataParallelTrainer):
+    def __init__(self, cfg: RunConfig, data: BaselineData, env):
         opts = cfg.options  # GraphSAGEOptions
-        self.cfg, self.opts, self.data = cfg, opts, data
-        self.rank, self.world = world_info()
+        self.cfg, self.opts = cfg, opts
+        super().__init__(data, env)
         g = data.graph
         opts.fanouts = fanouts_for(cfg.model.layers, opts.fanouts, DEFAULT_FANOUTS)
         opts.eval_fanouts = fanouts_for(cfg.model.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
@@ -107,7 +108,6 @@ class GraphSAGETrainer:
         share = -(-train.numel() // self.world)
         self.steps_per_epoch = -(-share // opts.batch_size)
         torch.manual_seed(cfg.seed)
-        self.device = rank_device(cfg)
         self.model = SAGENet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout, opts.conv)
         self.model.to(self.device)
         self.ddp = ddp(self.model, self.world, self.device)
@@ -214,11 +214,6 @@ class _nullctx:
         return False
 
 
-def make_trainer(cfg, data):
-    return GraphSAGETrainer(cfg, data)
-
-
-def run(cfg, graph=None) -> dict:
-    from .common import run_baseline
-
-    return run_baseline(cfg, "scalegnn.baselines.graphsage:make_trainer", graph)
+def make_trainer(cfg: RunConfig, graph, env) -> GraphSAGETrainer:
+    """This rank's trainer (the registry's ``trainer`` of --system graphsage)."""
+    return GraphSAGETrainer(cfg, baseline_data(cfg, graph), env)

@@ -35,13 +35,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from scalegnn.config import RunConfig
 from scalegnn.csr import select_rows
 from scalegnn.device import to_device
 from scalegnn.sampling import train_mask_of
 from scalegnn.settings import setting
 
-from .common import (BaselineData, EpochStats, backward_and_step, broadcast_floats, ddp, rank_device,
-                     world_info)
+from .common import (BaselineData, DataParallelTrainer, EpochStats, backward_and_step, baseline_data,
+                     broadcast_floats, ddp)
 from .graphsage import split_accuracies_local
 from .models import SAINTNet
 
@@ -121,11 +122,11 @@ def saint_sampler(pyg, node_budget: int, num_steps: int, sample_coverage: int):
                                  sample_coverage=sample_coverage, log=False, num_workers=0)
 
 
-class GraphSAINTTrainer:
-    def __init__(self, cfg, data: BaselineData):
+class GraphSAINTTrainer(DataParallelTrainer):
+    def __init__(self, cfg: RunConfig, data: BaselineData, env):
         opts = cfg.options  # GraphSAINTOptions
-        self.cfg, self.opts, self.data = cfg, opts, data
-        self.rank, self.world = world_info()
+        self.cfg, self.opts = cfg, opts
+        super().__init__(data, env)
         g = data.graph
         n = data.num_nodes
         budget = opts.node_budget if opts.node_budget is not None else min(8000, max(1, round(n / 10)))
@@ -143,7 +144,6 @@ class GraphSAINTTrainer:
                                      opts.sample_coverage if self.norm == "sampled" else 0)
         self.preprocess_s = time.perf_counter() - t0
         torch.manual_seed(cfg.seed)
-        self.device = rank_device(cfg)
         self.model = SAINTNet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout).to(self.device)
         self.ddp = ddp(self.model, self.world, self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
@@ -206,11 +206,6 @@ class GraphSAINTTrainer:
         return {"preprocess_s": self.preprocess_s}
 
 
-def make_trainer(cfg, data):
-    return GraphSAINTTrainer(cfg, data)
-
-
-def run(cfg, graph=None) -> dict:
-    from .common import run_baseline
-
-    return run_baseline(cfg, "scalegnn.baselines.graphsaint:make_trainer", graph)
+def make_trainer(cfg: RunConfig, graph, env) -> GraphSAINTTrainer:
+    """This rank's trainer (the registry's ``trainer`` of --system graphsaint)."""
+    return GraphSAINTTrainer(cfg, baseline_data(cfg, graph), env)

@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from scalegnn.config import RunConfig
 from scalegnn.csr import select_rows
 from scalegnn.device import to_device
 from scalegnn.model import node_loss
 from scalegnn.settings import int_tuple, setting
 
-from .common import (BaselineData, EpochStats, all_reduce_sum, backward_and_step, owned_eval_batches, ddp, rank_device,
-                     split_accuracies, world_info)
+from .common import (BaselineData, DataParallelTrainer, EpochStats, all_reduce_sum, backward_and_step, baseline_data,
+                     ddp, owned_eval_batches, split_accuracies)
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
 from .models import SAGENet
 from .partition import PARTITION_METHODS, partition_vertices
@@ -257,11 +258,11 @@ class BatchPipeline:
         self.pool.shutdown(wait=True)
 
 
-class SalientTrainer:
-    def __init__(self, cfg, data: BaselineData):
+class SalientTrainer(DataParallelTrainer):
+    def __init__(self, cfg: RunConfig, data: BaselineData, env):
         opts = cfg.options  # SalientOptions
-        self.cfg, self.opts, self.data = cfg, opts, data
-        self.rank, self.world = world_info()
+        self.cfg, self.opts = cfg, opts
+        super().__init__(data, env)
         g = data.graph
         opts.fanouts = fanouts_for(cfg.model.layers, opts.fanouts, DEFAULT_FANOUTS)
         opts.eval_fanouts = fanouts_for(cfg.model.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
@@ -281,7 +282,6 @@ class SalientTrainer:
         self.cache_bytes = self._build_cache()
         self.cache_build_s = time.perf_counter() - t0
         torch.manual_seed(cfg.seed)
-        self.device = rank_device(cfg)
         self.model = SAGENet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout, "sage")
         self.model.to(self.device)
         self.ddp = ddp(self.model, self.world, self.device)
@@ -390,11 +390,6 @@ def _empty_like_x(store: FeatureStore) -> torch.Tensor:
     return _vstack([], store.width, store.sparse) if store.sparse else torch.zeros(0, store.width)
 
 
-def make_trainer(cfg, data):
-    return SalientTrainer(cfg, data)
-
-
-def run(cfg, graph=None) -> dict:
-    from .common import run_baseline
-
-    return run_baseline(cfg, "scalegnn.baselines.salient:make_trainer", graph)
+def make_trainer(cfg: RunConfig, graph, env) -> SalientTrainer:
+    """This rank's trainer (the registry's ``trainer`` of --system salient)."""
+    return SalientTrainer(cfg, baseline_data(cfg, graph), env)

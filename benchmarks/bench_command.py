@@ -410,7 +410,7 @@ def ablation_bench(grid: str = "1x2x2x2", dataset: str = "csbm:n=20000,avg_degre
     the bytes are exact."""
     from scalegnn.parallel.engine import COMPONENTS
     from scalegnn.parallel.grid import parse_grid
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     shape = parse_grid(grid)
     world = math.prod(shape)
@@ -453,7 +453,7 @@ def steps_bench(grids: tuple = ("1x1x1x2", "1x2x1x1", "1x2x2x2", "2x2x2x2"),
     on rank 0, bytes per step per collective kind."""
     from scalegnn.parallel.engine import COMPONENTS
     from scalegnn.parallel.grid import parse_grid
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     results, rows = [], []
     for g in grids:

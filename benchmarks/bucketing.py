@@ -80,7 +80,7 @@ def _worker(rank, world, shape, args: dict):
 
 def run(args) -> tuple[dict, str]:
     from scalegnn.parallel.grid import parse_grid
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     shape = parse_grid(args.grid)
     opts = {"dataset": args.dataset, "data_root": args.data_root, "batch_ratio": args.batch_ratio,

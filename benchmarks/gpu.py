@@ -138,12 +138,13 @@ def make_graph(nodes: int, avg_degree: float, features: int, classes: int, seed:
 def scalegnn_section(norm, info: dict, device: torch.device, target: float, max_epochs: int, lr: float,
                      compile_tail: bool) -> dict:
     from scalegnn.config import make_config
-    from scalegnn.trainer import run_training
+    from scalegnn.launch import train_rank
+    from scalegnn.launch.environment import single_env
 
     cfg = make_config(dataset=info["name"], batch_ratio=0.1, epochs=max_epochs, target_acc=target,
                       stop_at_target=True, progress=False, device=str(device), hidden=256, layers=3, dropout=0.5,
                       lr=lr, prefetch=True, compile=compile_tail)
-    rec = run_training(cfg, graph=norm, write=False)
+    rec = train_rank(cfg, norm, single_env(cfg.parallel), write=False)
     rows = rec["epochs"]
     steady = rows[1:] if len(rows) > 1 else rows
     deltas = [b["train_time_s"] - a["train_time_s"] for a, b in zip(rows, rows[1:])] or [rows[0]["train_time_s"]]

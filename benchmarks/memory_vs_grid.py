@@ -129,7 +129,7 @@ def _phase_worker(rank, world, grid_spec, shard_dir, settings):
 
 
 def phase_peaks(grid: str, shard_dir: Path, args) -> list:
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     settings = dict(dataset=args.dataset, hidden=args.hidden, batch_ratio=float(args.batch_ratio), epochs=1)
     return spawn(_phase_worker, grid_world_size(grid), grid, str(shard_dir), settings, timeout_s=3600)

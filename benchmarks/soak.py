@@ -15,7 +15,7 @@ epoch includes it). The JSON with every sample goes to
 ``--out`` (default ``results/soak/soak-<grid>.json``).
 
 The samples are taken by a callback of the epoch loop (:class:`scalegnn.loop.Callback`,
-passed to ``run_training`` on every rank), so the training code runs unmodified.
+passed to :func:`scalegnn.launch.train_rank` on every rank), so the training code runs unmodified.
 
 ``--diagnose`` also splits every sample by owner (:func:`memory_breakdown`): pages of
 mapped files (shared-library code and data, touched lazily), glibc's brk heap (the
@@ -43,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scalegnn.config import RunConfig
 from scalegnn.loop import Callback  # noqa: E402
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -169,9 +170,9 @@ class _EpochSampler(Callback):
                 self.snapshots.append(tracemalloc.take_snapshot())
 
 
-def _soak_worker(rank, world, cfg, diagnose=False, trim=False, traced=False):
-    from scalegnn.parallel.grid import ProcessGrid
-    from scalegnn.trainer import run_training
+def _soak_worker(rank, world, cfg: RunConfig, diagnose=False, trim=False, traced=False):
+    from scalegnn.launch import train_rank
+    from scalegnn.launch.environment import local_rank_env
 
     if traced:
         import tracemalloc
@@ -180,9 +181,9 @@ def _soak_worker(rank, world, cfg, diagnose=False, trim=False, traced=False):
     samples: list[int] = []
     details: list[dict] | None = [] if diagnose else None
     sampler = _EpochSampler(samples, details, trim, traced)
-    grid = ProcessGrid(*cfg.parallel.grid)
+    env = local_rank_env(rank, world, cfg.parallel, "gloo")
     t0 = time.perf_counter()
-    record = run_training(cfg, grid=grid, write=(rank == 0), callbacks=[sampler])
+    record = train_rank(cfg, None, env, failures="raise", write=(rank == 0), callbacks=[sampler])
     out = {"rank": rank, "rss": samples, "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "wall_s": time.perf_counter() - t0, "threads": len(os.listdir("/proc/self/task")),
            "record": {k: record[k] for k in ("run_id", "status", "steps_per_epoch", "batch_size", "path")
@@ -228,7 +229,7 @@ def _print_breakdown(results, mib: float) -> None:
 def main(argv=None) -> int:
     from scalegnn.config import make_config
     from scalegnn.parallel.grid import parse_grid
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="csbm:n=20000,avg_degree=10,classes=8,feature_dim=64")

@@ -43,9 +43,7 @@ def train(graph=None, *, config: RunConfig | None = None, **settings) -> dict | 
     object is recorded under ``dataset`` when given, else under its own name.
     Returns None on ranks other than 0 of a job a launcher started (torchrun, srun).
     """
-    from .run import run
-    from .systems import SCALEGNN_SYSTEMS
-    from .trainer import prepare_graph
+    from .launch import launch
 
     if config is not None and settings:
         raise ValueError(f"pass either config= or settings, not both (got config and {sorted(settings)})")
@@ -56,6 +54,4 @@ def train(graph=None, *, config: RunConfig | None = None, **settings) -> dict | 
         config = make_config(**settings)
     else:  # the configuration's seed splits a graph that has no split of its own, as settings' would
         g = as_graph(graph, name=config.data.dataset, seed=config.seed) if graph is not None else None
-    if g is not None and config.system in SCALEGNN_SYSTEMS:
-        g = prepare_graph(config, g)  # what `scalegnn train` does to a loaded dataset; the baselines take it raw
-    return run(config, g)
+    return launch(config, g)  # each system prepares the graph its own way (ScaleGNN normalizes it)

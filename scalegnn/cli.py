@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scalegnn: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - an out-of-memory or a failed distributed job
-        from .parallel.launch import WorkerError
-        from .trainer import OutOfMemory
+        from .launch.job import WorkerError
+        from .session import OutOfMemory
 
         if not isinstance(exc, (OutOfMemory, WorkerError)):
             raise

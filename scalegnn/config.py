@@ -120,7 +120,7 @@ class RunConfig:
     def output_folders(self) -> list[tuple[str, str]]:
         """(flag, folder) of every folder this run writes to: the settings declared with
         ``output=True`` (``--out``, ``--checkpoint-dir``, ``--profile``, a compared
-        system's own) that are set. :func:`scalegnn.run.run` checks them before any work."""
+        system's own) that are set. :func:`scalegnn.launch.launch` checks them before any work."""
         sections = [getattr(self, name) for name in SECTIONS] + ([self.options] if self.options is not None else [])
         return [(flag_of(f), str(getattr(section, f.name))) for section in sections for f in _settings(type(section))
                 if f.metadata.get("output") and getattr(section, f.name) is not None]

@@ -1,22 +1,24 @@
-"""The epoch loop every system trains with in this process: ScaleGNN and the baselines.
+"""The epoch loop every system trains with: ScaleGNN and the compared systems.
 
-A *trainer* supplies the epochs; the loop times them, evaluates, builds the epoch
-rows of the run record, reports and stops:
+A system supplies a :class:`Trainer`; the loop times its epochs, evaluates, builds
+the epoch rows of the run record, reports and stops:
 
     trainer.train_epoch(epoch)  -> EpochStats   sums over the epoch's steps (and, when
                                                 the trainer times itself, ``seconds``)
     trainer.evaluate()          -> (train, val, test) accuracies, the same on every rank
+    trainer.reduce(stats)       -> EpochStats   the sums over the ranks (where a rank's are its own)
+    trainer.slowest(seconds)    -> float        the slowest rank's time (where ranks time apart)
 
-Per epoch: ``train_epoch``; the sums reduced over ranks where the trainer's are
-local (``reduce``); training time added (the slowest rank's with ``slowest``;
-evaluation excluded, paper VI-C); a loss that is not finite stops the run as
+Per epoch: ``train_epoch``; the sums reduced over ranks; training time added
+(evaluation excluded, paper VI-C); a loss that is not finite stops the run as
 diverged; evaluation every ``eval_every`` epochs and after the last; the row
 appended to ``record["epochs"]``; every callback's :meth:`Callback.on_epoch_end`;
 the run stops at the target accuracy when asked, or when a callback says so.
 
 Callbacks carry what differs between systems and callers: the progress log
 (:class:`Progress`), ScaleGNN's epoch-end checkpoint and preemption, a benchmark's
-per-epoch sampling.
+per-epoch sampling. Where the epochs begin (a resumed run continues after its
+checkpoint) is the trainer's :meth:`Trainer.begin`.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from .engine import accuracy_counts
 from .records import EpochRow, new_epoch_row
 from .settings import fraction, setting
 
-__all__ = ["LoopConfig", "EpochStats", "Callback", "Progress", "DivergedError", "epoch_row", "train_epochs",
-           "reached_target"]
+__all__ = ["LoopConfig", "EpochStats", "Trainer", "LoopStart", "Callback", "Progress", "DivergedError", "epoch_row",
+           "train_epochs", "reached_target"]
 
 
 class DivergedError(RuntimeError):
@@ -85,6 +87,69 @@ class EpochStats:
         self.count += count
 
 
+@dataclass
+class LoopStart:
+    """Where a run's epochs begin: epoch 1 with no training time for a fresh run; for a
+    resumed one the epoch after its checkpoint, the training time it had, and
+    ``finished`` when it had already stopped (its target reached): no epoch is left."""
+
+    first_epoch: int = 1
+    train_time_s: float = 0.0
+    callbacks: tuple = ()
+    finished: bool = False
+
+
+class Trainer:
+    """What the loop trains: every system supplies one (``make_trainer(cfg, graph, env)``,
+    named by its registry entry, :mod:`scalegnn.systems`). The defaults are those of a
+    trainer whose sums and times are already the run's (ScaleGNN's engine: every rank
+    holds the global sums); a data-parallel trainer reduces them over its ranks.
+
+    Attributes: ``batch_size`` and ``steps_per_epoch`` (this rank's, for the record),
+    ``device`` (the ``torch.device`` it trains on), ``graph_info`` (the record's
+    ``graph``: what it trains on, :meth:`scalegnn.graph.Graph.record_info`), ``stage``
+    (what it is doing now: an out-of-memory error names it)."""
+
+    batch_size: int
+    steps_per_epoch: int
+    device = None
+    graph_info: dict | None = None
+    stage: str = "training"
+
+    def record_fields(self) -> dict:
+        """Fields of the record's skeleton that only this system has (ScaleGNN's
+        ``compile_time_s``)."""
+        return {}
+
+    def begin(self, record: dict) -> LoopStart:
+        """Where the epochs begin; ``record`` is the new record (a resumed run fills it
+        from its checkpoint here). A checkpoint of another run is refused here: a user
+        error, before the run's outcome is recorded."""
+        return LoopStart()
+
+    def train_epoch(self, epoch: int) -> EpochStats:
+        raise NotImplementedError
+
+    def evaluate(self) -> tuple[float, float, float]:
+        raise NotImplementedError
+
+    def reduce(self, stats: EpochStats) -> EpochStats:
+        """The epoch's sums over the run's ranks (default: they already are)."""
+        return stats
+
+    def slowest(self, seconds: float) -> float:
+        """The slowest rank's ``seconds`` (default: this rank's)."""
+        return seconds
+
+    def record_extra(self) -> dict:
+        """Fields added to the record when the run ends (``preprocess_s``, ScaleGNN's
+        checkpoint summary)."""
+        return {}
+
+    def close(self) -> None:
+        """The run is over, however it ended: stop threads, release what is held."""
+
+
 def epoch_row(epoch: int, train_time_s: float, stats: EpochStats) -> EpochRow:
     """The record's row of an epoch (:func:`scalegnn.records.new_epoch_row`), before evaluation."""
     return new_epoch_row(epoch, train_time_s, stats.loss_sum / max(stats.loss_n, 1),
@@ -127,32 +192,29 @@ class Progress(Callback):
         self.logger.close()
 
 
-def train_epochs(cfg: LoopConfig, trainer, record: dict, *, first_epoch: int = 1, train_time_s: float = 0.0,
-                 callbacks=(), reduce=None, slowest=None) -> None:
-    """Epochs ``first_epoch..cfg.epochs`` of ``trainer`` into ``record`` (see the module doc).
-
-    ``reduce(stats) -> stats`` sums a rank's epoch over the ranks (baselines: local
-    sums); ``slowest(seconds) -> seconds`` the slowest rank's time (training and
-    evaluation). Both default to this rank's own (ScaleGNN's engine: every rank
-    holds the global sums). Callbacks are closed when the loop ends, however it ends."""
+def train_epochs(cfg: LoopConfig, trainer: Trainer, record: dict, *, start: LoopStart | None = None,
+                 callbacks=()) -> None:
+    """Epochs ``start.first_epoch..cfg.epochs`` of ``trainer`` into ``record`` (see the
+    module doc); the training time continues from ``start.train_time_s``. Callbacks are
+    closed when the loop ends, however it ends."""
+    start = start or LoopStart()
+    train_time_s = start.train_time_s
     try:
         for cb in callbacks:
             cb.on_start(cfg.epochs)
-        for epoch in range(first_epoch, cfg.epochs + 1):
+        for epoch in range(start.first_epoch, cfg.epochs + 1):
             t0 = time.perf_counter()
             stats = trainer.train_epoch(epoch)
             seconds = stats.seconds if stats.seconds is not None else time.perf_counter() - t0
-            if reduce is not None:
-                stats = reduce(stats)
-            train_time_s += slowest(seconds) if slowest is not None else seconds
+            stats = trainer.reduce(stats)
+            train_time_s += trainer.slowest(seconds)
             row = epoch_row(epoch, train_time_s, stats)
             if not math.isfinite(row["loss"]):
                 raise DivergedError(f"loss became {row['loss']} at epoch {epoch}")
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
                 t1 = time.perf_counter()
                 row.update(zip(("train_acc", "val_acc", "test_acc"), trainer.evaluate()))
-                eval_s = time.perf_counter() - t1
-                row["eval_time_s"] = slowest(eval_s) if slowest is not None else eval_s
+                row["eval_time_s"] = trainer.slowest(time.perf_counter() - t1)
             record["epochs"].append(row)
             stop = [cb.on_epoch_end(row) for cb in callbacks]  # every callback sees the epoch
             if any(stop) or (cfg.stop_at_target and reached_target(row, cfg.target_acc)):

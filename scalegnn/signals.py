@@ -3,12 +3,19 @@
 :func:`stop_on_signals` makes the first SIGINT or SIGTERM raise :class:`Interrupted`
 in the main thread, wherever the run is: loading data, training, evaluating, saving
 a checkpoint (a save cut short has no ``meta.json`` and is ignored on resume).
-:func:`scalegnn.run.run` installs it around every run; every local ``--nproc``
-worker installs it too, and its spawner forwards the signal it got to them
-(:func:`scalegnn.parallel.launch.spawn`). The trainers mark their partial record
-``interrupted`` and hand it on the exception (``run_record``); ``run`` writes it,
-naming the signal, the epochs done and how to resume; ``scalegnn train`` exits with
-128 + the signal's number (130, 143) after one line, without a traceback.
+:func:`scalegnn.launch.launch` installs it around every run that no launcher owns;
+every worker of a local job installs it too, and the job forwards the signal it got
+to them (:class:`scalegnn.launch.job.LocalJob`). The run's session marks its partial
+record ``interrupted`` and hands it on the exception (``run_record``); the launcher
+writes it (:func:`scalegnn.session.write_interruption`), naming the signal, the
+epochs done and how to resume; ``scalegnn train`` exits with 128 + the signal's
+number (130, 143) after one line, without a traceback.
+
+In a rank of a job a launcher started (torchrun, srun), SIGTERM is the launcher
+stopping the job: :func:`terminate_raises` turns it into :class:`Terminated`, a
+failure the rank records. :class:`JobEnded` says a job ends for good from outside
+(``scancel``, a time limit with no requeue left: the sweep task raises it; a job's
+own deadline), recorded as ``cancelled`` or ``timeout``.
 
 Once a stop is under way, and while a run records itself (:func:`held`), further
 signals are ignored: a second Ctrl-C must not cut the record's write short (a stop
@@ -23,7 +30,8 @@ import contextlib
 import signal
 import threading
 
-__all__ = ["Interrupted", "STOP_SIGNALS", "stop_on_signals", "held", "signal_text", "stop_under_way"]
+__all__ = ["Interrupted", "Terminated", "JobEnded", "STOP_SIGNALS", "stop_on_signals", "held", "signal_text",
+           "stop_under_way", "terminate_raises", "sigterm_ignored"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -42,6 +50,24 @@ class Interrupted(BaseException):
     def exit_code(self) -> int:
         """The shell's convention for a process ended by a signal: 130 (SIGINT), 143 (SIGTERM)."""
         return 128 + self.signum
+
+
+class Terminated(RuntimeError):
+    """SIGTERM reached a rank of a launched job: the launcher stopping the job (torchrun
+    does when a peer died), ``scancel`` or a time limit."""
+
+
+class JobEnded(RuntimeError):
+    """The job was ended for good from outside the run: its scheduler (SIGTERM after
+    ``scancel``, or at the time limit with no requeue left) or its own deadline
+    (DistDGL's ``--dgl-timeout``). ``status`` is the run record's ``cancelled`` or
+    ``timeout``, ``reason`` says why."""
+
+    def __init__(self, status: str, reason: str):
+        if status not in ("cancelled", "timeout"):
+            raise ValueError(f"a job ends as cancelled or timeout, not {status!r}")
+        super().__init__(reason)
+        self.status, self.reason = status, reason
 
 
 def signal_text(signum: int) -> str:
@@ -102,3 +128,36 @@ def held():
         yield
     finally:
         _STATE.held -= 1
+
+
+def terminate_raises(rank: int):
+    """Make SIGTERM raise :class:`Terminated` in this rank, so the run ends as a
+    recorded failure instead of vanishing (torchrun SIGTERMs the survivors when one
+    rank dies). Left alone when someone already handles SIGTERM (submitit does: its
+    preemption path must requeue, not fail) or off the main thread. Returns the undo."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return lambda: None
+
+    def handler(signum, frame):
+        raise Terminated(f"rank {rank} received SIGTERM (the launcher stopped the job: a peer rank failed, "
+                         "scancel, or a time limit)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def sigterm_ignored():
+    """A failing rank records the failure without being cut short: torchrun SIGTERMs the
+    survivors as soon as it sees one rank dead, often while a survivor writes the
+    failed record, and the Terminated raised mid-write left no record at all. The rank
+    exits non-zero right afterwards anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -2,22 +2,23 @@
 
 A :class:`System` says what a system is called (its name on the command line and in
 records, its display name, its colour and marker in figures, its place in tables),
-how it runs (``run``: the function that trains one configuration and returns the run
-record; ``options``: the dataclass of its own settings, whose fields become its
-flags under ``scalegnn train --system NAME``; an options class may define
-``check_world(world)``, which refuses a process count its own grid cannot use before
-any data is loaded), what it can do (devices, several
-nodes, full graph or sampled) and how a sweep launches it (``grids``: the
-experiment's grid policy or pure data parallelism; ``sweep_options``: every option
-of the spec's ``[train]`` table or only the loop's, the system keeping its own
-published hyper-parameters).
+how it trains (``trainer``: ``make_trainer(cfg, graph, env)``, the
+:class:`scalegnn.loop.Trainer` of one rank, which :func:`scalegnn.launch.launch`
+runs in every mode; or, for a system that starts its own processes, ``job``:
+``job(cfg, graph) -> record``; ``options``: the dataclass of its own settings, whose
+fields become its flags under ``scalegnn train --system NAME``; an options class may
+define ``check_world(world)``, which refuses a process count its own grid cannot use
+before any data is loaded), what it can do (devices, several nodes, full graph or
+sampled) and how a sweep launches it (``grids``: the experiment's grid policy or pure
+data parallelism; ``sweep_options``: every option of the spec's ``[train]`` table or
+only the loop's, the system keeping its own published hyper-parameters).
 
-The command line, the sweeps, the tables, the report and the figures all read this
-registry. ``run`` and ``options`` are ``"module:attribute"`` strings, resolved when
-they are needed, so the registry can list the compared systems (``baselines/``)
-without importing them; :func:`register` adds one at run time (a test adds a toy
-system that way). Adding a system is one module and one entry here
-(``baselines/README.md`` shows how).
+The command line, the launcher, the sweeps, the tables, the report and the figures
+all read this registry. ``trainer``, ``job`` and ``options`` are ``"module:attribute"``
+strings, resolved when they are needed, so the registry can list the compared
+systems (``baselines/``) without importing them; :func:`register` adds one at run
+time (a test adds a toy system that way). Adding a system is one module and one
+entry here (``baselines/README.md`` shows how).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class System:
     display: str
     color: str = "#444444"
     marker: str = "o"
-    run: str | None = None  # "module:function": run(config, graph=None) -> run record; None: not runnable here
+    trainer: str | None = None  # "module:function": make_trainer(cfg, graph, env) -> scalegnn.loop.Trainer
+    job: str | None = None  # "module:function": job(cfg, graph) -> record, for a system that starts its own processes
     options: str | None = None  # "module:Class": the system's own settings (its flags)
     full_graph: bool = False  # trains on the whole graph each step (no sampling)
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -56,14 +58,19 @@ class System:
             raise ValueError(f"system {self.name}: grids must be 'spec' or 'dp', got {self.grids!r}")
         if self.sweep_options not in ("all", "loop"):
             raise ValueError(f"system {self.name}: sweep_options must be 'all' or 'loop', got {self.sweep_options!r}")
-        if self.run is None and not self.unavailable:
-            raise ValueError(f"system {self.name}: give it a run function or say why it is unavailable")
+        if self.trainer is None and self.job is None and not self.unavailable:
+            raise ValueError(f"system {self.name}: give it a trainer (or a job) or say why it is unavailable")
+        if self.trainer is not None and self.job is not None:
+            raise ValueError(f"system {self.name}: a trainer the launcher runs, or a job of its own, not both")
+        if (self.job is not None) != self.self_launching:
+            raise ValueError(f"system {self.name}: a system that starts its own processes (self_launching) gives "
+                             "a job, and only it does")
         if self.self_launching and self.multi_node:
             raise ValueError(f"system {self.name}: a self-launching system starts its processes on one node")
 
     @property
     def available(self) -> bool:
-        return self.run is not None
+        return self.trainer is not None or self.job is not None
 
     @property
     def style(self) -> tuple[str, str, str]:
@@ -115,8 +122,11 @@ def order_key(name: str) -> int:
 
 # In table order: the compared systems, then the full-graph 3D mode, then ScaleGNN.
 def _compared(name: str, display: str, color: str, marker: str, module: str, options: str, **kw) -> System:
-    """A system of ``baselines/``: data parallel only, its own published hyper-parameters."""
-    return System(name=name, display=display, color=color, marker=marker, run=f"scalegnn.baselines.{module}:run",
+    """A system of ``baselines/``: data parallel only, its own published hyper-parameters;
+    its trainer is the module's ``make_trainer`` (a self-launching one's job, its ``job``)."""
+    entry = {"job": f"scalegnn.baselines.{module}:job"} if kw.get("self_launching") else \
+        {"trainer": f"scalegnn.baselines.{module}:make_trainer"}
+    return System(name=name, display=display, color=color, marker=marker, **entry,
                   options=f"scalegnn.baselines.{module}:{options}", sweep_defaults=(("system", name),), **kw)
 
 
@@ -135,9 +145,9 @@ for _system in (
     _compared("cagnet-1.5d", "CAGNET 1.5D", "#dbdb8d", ">", "cagnet", "Cagnet15DOptions", full_graph=True),
     _compared("cagnet-2d", "CAGNET 2D", "#e377c2", "p", "cagnet", "Cagnet2DOptions", full_graph=True),
     System(name="fullgraph-3d", display="full-graph 3D", color="#7f7f7f", marker="*", full_graph=True,
-           run="scalegnn.run:run_scalegnn", grids="spec", sweep_options="all",
+           trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all",
            sweep_defaults=(("batch-ratio", 1.0),)),
     System(name="scalegnn", display="ScaleGNN", color="#d62728", marker="o",
-           run="scalegnn.run:run_scalegnn", grids="spec", sweep_options="all"),
+           trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all"),
 ):
     register(_system)

@@ -36,7 +36,7 @@ Passive waiting. ``OMP_WAIT_POLICY=PASSIVE`` makes an idle OpenMP thread sleep a
 once instead of spinning; the OpenMP runtime reads it once, when it is loaded (with
 torch), so it must be in the environment before torch is imported:
 :func:`prepare_process` does that for the command line (``scalegnn`` and ``python -m
-scalegnn`` call it first), and :mod:`scalegnn.parallel.launch` puts it in the
+scalegnn`` call it first), and :mod:`scalegnn.launch.job` puts it in the
 environment its local ranks start with. A value the user exported is kept.
 
 What was chosen, from what, and how OpenMP waits goes into the run record
@@ -358,7 +358,7 @@ def prepare_process() -> None:
 
 
 def inherited_process() -> None:
-    """A local rank started by :mod:`scalegnn.parallel.launch`: its environment was fixed
+    """A local rank started by :mod:`scalegnn.launch.job`: its environment was fixed
     before its interpreter (or the fork server it comes from) imported torch, so the
     OpenMP runtime waits as ``OMP_WAIT_POLICY`` in it says."""
     global _wait

@@ -14,7 +14,7 @@ The task file (JSON, ``OUT/.flux/tasks/``) holds the run and its full
 ``scalegnn train`` arguments (data root, shard folder, checkpoint options). Each
 task finds its rank, the world size and the rendezvous host in Flux's environment
 (``FLUX_TASK_RANK``, ``FLUX_JOB_SIZE``, ``FLUX_TASK_LOCAL_ID``, the first host of
-``flux getattr hostlist``: :func:`scalegnn.parallel.launch.detect_env`), as a
+``flux getattr hostlist``: :func:`scalegnn.launch.environment.detect_env`), as a
 SLURM task does from submitit's (:func:`scalegnn.sweeps.task.join_job`).
 
 Time limits: every ``flux run`` asks for ``SIGUSR2`` 120 s before its expiration
@@ -182,7 +182,7 @@ def _run_rank(run: dict, backend: str) -> int:
 
     from scalegnn.checkpoint import PREEMPTION, Preempted
     from scalegnn.config import RunConfig
-    from scalegnn.parallel.launch import detect_env
+    from scalegnn.launch.environment import detect_env
     from scalegnn.progress import configure_logging, default_log_level
 
     from .task import join_job, save_on_signal, train

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalegnn import systems as registry
+from scalegnn.config import RunConfig
 from scalegnn.config import command_line, train_flags
 from scalegnn.threads import AUTO
 
@@ -56,7 +57,7 @@ def multi_node_refusal(run: RunSpec, profile: ClusterProfile) -> str | None:
             f"{run.world_size} trainers need {nodes} nodes of {profile.gpus_per_node} on {profile.name}")
 
 
-def with_checkpoints(cfg, folder: Path, every: str = ""):
+def with_checkpoints(cfg: RunConfig, folder: Path, every: str = ""):
     """``cfg`` checkpointing into ``<run folder>/checkpoint`` and resuming from it on
     every submission -- a resume without a checkpoint starts from scratch, so the first
     submission and every requeue run the same configuration -- every ``every`` (the
@@ -67,7 +68,7 @@ def with_checkpoints(cfg, folder: Path, every: str = ""):
         cfg.checkpoint, dir=str(folder / "checkpoint"), resume=True, every=str(every) if every else cfg.checkpoint.every))
 
 
-def with_threads(cfg, threads_per_task: int):
+def with_threads(cfg: RunConfig, threads_per_task: int):
     """``cfg`` with the profile's ``threads_per_task`` (or ``--threads-per-task``) as its
     ``--threads`` when that gives a count and the run's own setting is ``auto``; 0 leaves
     the run's (``auto``: :mod:`scalegnn.threads` picks from the cores free on the node)."""

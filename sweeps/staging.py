@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from scalegnn.config import RunConfig
 from scalegnn.systems import SCALEGNN_SYSTEMS as STAGED_SYSTEMS  # the systems whose trainer reads --shard-dir
 
 __all__ = ["StageSet", "StageTask", "resolve_data_root", "stage_for", "with_data", "STAGED_SYSTEMS"]
@@ -87,7 +88,7 @@ class StageSet:
         return (Path(self.folder) / "manifest.json").is_file()
 
 
-def stage_for(cfg, out: str | os.PathLike, data_root: str) -> StageSet | None:
+def stage_for(cfg: RunConfig, out: str | os.PathLike, data_root: str) -> StageSet | None:
     """The shard set a run with configuration ``cfg`` reads, or None when it loads the
     graph itself (a baseline, one rank, or shards it names itself)."""
     grid = tuple(cfg.parallel.grid)
@@ -101,7 +102,7 @@ def stage_for(cfg, out: str | os.PathLike, data_root: str) -> StageSet | None:
                     str(Path(out).resolve() / "shards" / key), split, split_seed)
 
 
-def with_data(cfg, data_root: str, stage: StageSet | None):
+def with_data(cfg: RunConfig, data_root: str, stage: StageSet | None):
     """``cfg`` with what a sweep adds to the spec's data settings: the data root (unless
     the spec set one) and its shard folder when it is staged."""
     data = cfg.data

@@ -20,22 +20,23 @@ import time
 from pathlib import Path
 
 from scalegnn.config import RunConfig
+from scalegnn.signals import JobEnded
 
 from .staging import STAGED_SYSTEMS
 
-__all__ = ["train", "join_job", "JobEnded", "slurm_job_verdict", "SweepTask", "save_on_signal"]
+__all__ = ["train", "join_job", "slurm_job_verdict", "SweepTask", "save_on_signal"]
 
 log = logging.getLogger("scalegnn.sweeps")
 
 
-def train(cfg) -> int:
-    """Run one configuration on this task (:func:`scalegnn.run.run`) as ``scalegnn train``
-    would: rank 0 prints the summary line and the record's path to the job's log;
-    0 when the run's record is ok (or this rank writes none), else 1."""
+def train(cfg: RunConfig) -> int:
+    """Run one configuration on this task (:func:`scalegnn.launch.launch`) as ``scalegnn
+    train`` would: rank 0 prints the summary line and the record's path to the job's
+    log; 0 when the run's record is ok (or this rank writes none), else 1."""
+    from scalegnn.launch import launch
     from scalegnn.records import summary_line
-    from scalegnn.run import run
 
-    record = run(cfg)
+    record = launch(cfg)
     if record is None:
         return 0
     print(summary_line(record))
@@ -50,14 +51,14 @@ except ImportError:  # pragma: no cover - exercised only without submitit
     _TaskBase = object
 
 
-def join_job(cfg, backend: str):
+def join_job(cfg: RunConfig, backend: str):
     """Join the launched job from its scheduler's environment
-    (:func:`scalegnn.parallel.launch.detect_env`: submitit, Flux, SLURM): export the
+    (:func:`scalegnn.launch.environment.detect_env`: submitit, Flux, SLURM): export the
     rank, world size and rendezvous in torchrun's variables, which every system's
     launcher reads, and initialize ``torch.distributed`` for ScaleGNN runs (the
     baselines initialize their own gloo groups). The world group's timeout is the
     run's ``--collective-timeout``: the axis groups inherit it. Returns the DistEnv."""
-    from scalegnn.parallel.launch import detect_env, init_from_env
+    from scalegnn.launch.environment import detect_env, init_from_env
 
     info = detect_env()
     os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank),
@@ -66,16 +67,6 @@ def join_job(cfg, backend: str):
     if cfg.system in STAGED_SYSTEMS:
         init_from_env(timeout=datetime.timedelta(seconds=cfg.parallel.collective_timeout_s), backend=backend)
     return info
-
-
-class JobEnded(RuntimeError):
-    """Raised in a rank when the scheduler stops its job for good (SIGTERM after
-    ``scancel``, or at the time limit with no requeue): ``status`` is the run record's
-    ``cancelled`` or ``timeout``, ``reason`` says why."""
-
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
 
 
 def slurm_job_verdict(job_id: str | None = None) -> tuple[str, str] | None:
@@ -118,11 +109,13 @@ def _end_record(folder: Path, run: dict, since: float, status: str, reason: str,
 
     The run's own record when there is one: the trainer's partial record carried by
     the exception, else the newest record this attempt wrote in the folder (``failed``
-    when the signal broke a collective, ``running`` after a preemption save); it is
-    rewritten under its run id with the new status (the replacement rule of resumed
-    runs). Without any, a minimal record of the run (no epochs) is written.
+    when the signal broke a collective, ``running`` after a preemption save, or already
+    ended); it is rewritten under its run id with the new status (the replacement rule
+    of resumed runs). Without any, the run's stand-in record
+    (:func:`scalegnn.session.stand_in_record`: its checkpoint's, else no epochs).
     """
     from scalegnn import records
+    from scalegnn.session import conclude, new_run_id, stand_in_record
 
     rec = getattr(exc, "run_record", None) if exc is not None else None
     if rec is None:
@@ -133,22 +126,18 @@ def _end_record(folder: Path, run: dict, since: float, status: str, reason: str,
                 found = records.read_record(path)
             except records.RecordError:
                 continue
-            if found["status"] in ("failed", "running"):
+            if found["status"] in ("failed", "running", "cancelled", "timeout"):
                 rec = found
                 break
     if rec is None:
-        grid = [int(g) for g in run["grid"].split("x")]
-        rec = records.new_record(
-            system=run["system"], dataset=run["dataset"], config=run["config"],
-            grid=dict(zip(("dp", "x", "y", "z"), grid)), world_size=run["world_size"], seed=run["seed"],
-            env=records.environment_info(), graph=None, batch_size=None, steps_per_epoch=None,
-            target_acc=run.get("target_acc"))
+        cfg = RunConfig.from_dict(run["config"])
+        rec = stand_in_record(cfg, new_run_id(cfg), run["world_size"])
     rec = {k: v for k, v in rec.items() if k != "path"}
     seen = ((rec.get("error") or "").strip().splitlines() or [""])[0]
-    rec["status"] = status
+    conclude(rec, JobEnded(status, reason))
     # what the ranks saw when the signal broke their step (a collective cut short), unless it is the signal itself
-    rec["error"] = reason if not seen or JobEnded.__name__ in seen or reason in seen else \
-        f"{reason} (the interrupted attempt saw: {seen})"
+    if seen and JobEnded.__name__ not in seen and reason not in seen:
+        rec["error"] = f"{reason} (the interrupted attempt saw: {seen})"
     return records.write_record(rec, folder)
 
 
@@ -156,7 +145,7 @@ class SweepTask(_TaskBase):
     """One run, executed by every task (rank) of its submitit job.
 
     Each task sets up ``torch.distributed`` from submitit's environment
-    (:func:`scalegnn.parallel.launch.init_from_env`: rank = submitit's global rank,
+    (:func:`scalegnn.launch.environment.init_from_env`: rank = submitit's global rank,
     world = its task count, rendezvous on the first host), then runs
     ``scalegnn train`` with the run's arguments; rank 0 writes the record. A
     self-launching system (DistDGL) runs in one task, which starts the run's ranks.

@@ -22,6 +22,21 @@ def _not_inside_a_launched_job(monkeypatch):
         monkeypatch.delenv(var)
 
 
+@pytest.fixture(autouse=True)
+def _default_log_level(monkeypatch):
+    """Every test starts at the default log level: ``--log-level`` (configure_logging)
+    exports the level for child processes (SCALEGNN_LOG_LEVEL) and sets the scalegnn
+    logger's, and a CLI test's ``warning`` used to silence the INFO lines that a later
+    test's subprocess is checked for. Both are put back after the test."""
+    import logging
+
+    logger = logging.getLogger("scalegnn")
+    level = logger.level
+    monkeypatch.delenv("SCALEGNN_LOG_LEVEL", raising=False)
+    yield
+    logger.setLevel(level)
+
+
 @pytest.fixture
 def isolated_data(tmp_path, monkeypatch):
     """Its own dataset cache, an empty default data root, and never any network:

@@ -14,7 +14,7 @@ import pytest
 from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.config import make_config
-from scalegnn.trainer import run_training
+from scalegnn.launch import launch
 from tests.files import SHARED_DATA
 
 
@@ -24,6 +24,6 @@ def test_cora_full_graph_accuracy(tmp_path):
     cfg = make_config(dataset="cora", data_root=str(SHARED_DATA), batch_ratio=1.0, epochs=100, seed=0,
                     out_dir=str(tmp_path), progress=False, model=ModelConfig(hidden=64, layers=2, dropout=0.5),
                     optim=OptimConfig(lr=0.01, weight_decay=5e-4))
-    record = run_training(cfg)
+    record = launch(cfg)
     assert record["status"] == "ok"
     assert record["summary"]["test_acc_at_best_val"] >= 0.76

@@ -16,7 +16,7 @@ import torch
 import scalegnn
 from scalegnn.config import make_config
 from scalegnn.graph import Graph
-from scalegnn.run import run
+from scalegnn.launch import launch
 from tests.files import SHARED_DATA, assert_same_graph
 from tests.graphs import random_graph
 
@@ -42,7 +42,7 @@ def test_a_pyg_cora_is_the_loaders_cora_and_trains_the_same(tmp_path, shared_dat
     assert_same_graph(graph, scalegnn.load_dataset("cora", data_root=shared_data))
     settings = dict(batch_ratio=0.5, layers=2, hidden=32, epochs=4, eval_every=2, seed=3)
     ours = scalegnn.train(data, dataset="cora", out_dir=str(tmp_path / "api"), **settings)
-    cli = run(make_config(dataset="cora", data_root=str(shared_data), out_dir=str(tmp_path / "cli"), **settings))
+    cli = launch(make_config(dataset="cora", data_root=str(shared_data), out_dir=str(tmp_path / "cli"), **settings))
     assert ours["status"] == "ok" and ours["dataset"] == "cora" and Path(ours["path"]).parent == tmp_path / "api"
     assert [e["loss"] for e in ours["epochs"]] == [e["loss"] for e in cli["epochs"]]
     assert ours["summary"]["test_acc_at_best_val"] == cli["summary"]["test_acc_at_best_val"]

@@ -8,6 +8,7 @@ import torch
 from scalegnn import records
 from scalegnn.cli import main
 from scalegnn.config import make_config
+from scalegnn.launch.environment import single_env
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("torch_sparse")
@@ -15,6 +16,7 @@ pytest.importorskip("torch_sparse")
 warnings.filterwarnings("ignore", message=".*pyg-lib.*")
 
 from scalegnn.baselines.common import load_data  # noqa: E402
+from scalegnn.launch import launch
 
 TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
 
@@ -59,7 +61,8 @@ def test_sparse_input_layer_equals_the_pyg_layer(kind):
 def test_graphsage_batches_are_subgraphs_with_seeds_first(tiny, data_root, tmp_path):
     from scalegnn.baselines.graphsage import GraphSAGETrainer
 
-    trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path, batch_size=50), tiny)
+    cfg = cfg_for("graphsage", data_root, tmp_path, batch_size=50)
+    trainer = GraphSAGETrainer(cfg, tiny, single_env(cfg.parallel))
     edges = edge_set(tiny)
     seeds = trainer._rank_seeds(1)
     seen = []
@@ -78,8 +81,8 @@ def test_graphsage_batches_are_subgraphs_with_seeds_first(tiny, data_root, tmp_p
 def test_graphsaint_subgraphs_are_induced_with_normalization(tiny, data_root, tmp_path):
     from scalegnn.baselines.graphsaint import GraphSAINTTrainer
 
-    trainer = GraphSAINTTrainer(cfg_for("graphsaint", data_root, tmp_path, node_budget=80, sample_coverage=10,
-                                        normalization="sampled"), tiny)
+    cfg = cfg_for("graphsaint", data_root, tmp_path, node_budget=80, sample_coverage=10, normalization="sampled")
+    trainer = GraphSAINTTrainer(cfg, tiny, single_env(cfg.parallel))
     edges = edge_set(tiny)
     for _, sub in zip(range(3), trainer.sampler):
         nodes = sub.n_id
@@ -140,7 +143,8 @@ def test_graphsage_layerwise_inference_is_the_full_graph_forward(tiny, data_root
     from scalegnn.baselines.graphsage import GraphSAGETrainer
 
     for conv in ("sage", "gcn"):
-        trainer = GraphSAGETrainer(cfg_for("graphsage", data_root, tmp_path, conv=conv), tiny)
+        cfg = cfg_for("graphsage", data_root, tmp_path, conv=conv)
+        trainer = GraphSAGETrainer(cfg, tiny, single_env(cfg.parallel))
         trainer.model.eval()
         with torch.no_grad():
             ref = trainer.model(tiny.features.to_dense() if tiny.features.layout != torch.strided
@@ -209,8 +213,9 @@ def test_baseline_flags_are_validated(data_root, tmp_path, capsys):
 def _salient_rank(rank, world, cfg):
     from scalegnn.baselines.common import load_data
     from scalegnn.baselines.salient import SalientTrainer
+    from scalegnn.launch.environment import local_rank_env
 
-    trainer = SalientTrainer(cfg, load_data(cfg))
+    trainer = SalientTrainer(cfg, load_data(cfg), local_rank_env(rank, world, cfg.parallel, "gloo"))
     st = trainer.train_epoch(1)
     return {"log": trainer.batch_log, "part": trainer.part, "cache": trainer.store.cache_ids,
             "reported": st.extra["cache"]}
@@ -218,7 +223,7 @@ def _salient_rank(rank, world, cfg):
 
 def test_salient_cache_hit_rate_equals_an_independent_count(data_root, tmp_path):
     from scalegnn.baselines.salient import SalientOptions
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     cfg = cfg_for("salient", data_root, tmp_path, nproc=2, options=SalientOptions(
         batch_size=40, cache_budget=0.1, partition="random", record_batches=True))  # record_batches: tests only
@@ -242,9 +247,7 @@ def test_salient_cache_hit_rate_equals_an_independent_count(data_root, tmp_path)
 
 
 def test_salient_and_graphsage_two_processes_write_records(data_root, tmp_path):
-    from scalegnn.baselines import salient
-
-    rec = salient.run(cfg_for("salient", data_root, tmp_path, nproc=2, epochs=2, batch_size=64))
+    rec = launch(cfg_for("salient", data_root, tmp_path, nproc=2, epochs=2, batch_size=64))
     assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["grid"]["dp"] == 2
     assert 0 <= rec["cache_hit_rate"] <= 1 and rec["epochs"][0]["cache"]["hits"] >= 0
     assert len(rec["peak_memory_bytes_per_rank"]) == 2
@@ -254,10 +257,8 @@ def test_salient_and_graphsage_two_processes_write_records(data_root, tmp_path):
 def test_bns_gcn_at_rate_one_matches_the_single_process_run(data_root, tmp_path):
     """p = 1: partition-parallel training with the all_to_all exchange (forward and
     backward) is exactly full-graph training: the same losses epoch after epoch."""
-    from scalegnn.baselines import bns_gcn
-
-    one = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, boundary_rate=1.0))
-    two = bns_gcn.run(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, nproc=2, boundary_rate=1.0))
+    one = launch(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, boundary_rate=1.0))
+    two = launch(cfg_for("bns-gcn", data_root, tmp_path, epochs=3, nproc=2, boundary_rate=1.0))
     assert two["status"] == "ok" and two["epochs"][0]["comm_bytes"]["boundary"] > 0
     la = [r["loss"] for r in one["epochs"]]
     lb = [r["loss"] for r in two["epochs"]]

@@ -28,7 +28,7 @@ def test_distdgl_refuses_a_gpu_before_any_work(tmp_path):
 
     cfg = cfg_for("distdgl", tmp_path, device="cuda", dataset="no-such-dataset", python="/nonexistent/python")
     with pytest.raises(ValueError, match="runs on the CPU only .* use --device cpu or auto"):
-        harness.run(cfg)
+        harness.job(cfg)
     assert "CPU builds" in harness.CPU_ONLY
 
 
@@ -37,9 +37,9 @@ OPTIONS = {"bns-gcn": dict(boundary_rate=1.0, partition="random"), "graphsage": 
 
 
 def _run(system, tmp_path, device):
-    from scalegnn.run import run
+    from scalegnn.launch import launch
 
-    return run(cfg_for(system, tmp_path, device=device, **OPTIONS[system]))
+    return launch(cfg_for(system, tmp_path, device=device, **OPTIONS[system]))
 
 
 @pytest.mark.gpu

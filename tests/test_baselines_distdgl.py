@@ -13,6 +13,7 @@ from scalegnn import records
 from scalegnn.config import make_config
 
 from scalegnn.baselines.distdgl import harness
+from scalegnn.launch import launch
 
 TINY = "csbm:n=1000,avg_degree=6,classes=3,feature_dim=12"
 
@@ -63,7 +64,7 @@ def _run(tmp_path, **opt):
     opts = harness.DistDGLOptions(num_parts=2, batch_size=100, timeout_s=240, keep_workdir=True, **opt)
     cfg = make_config("distdgl", dataset=TINY, data_root=str(tmp_path / "data"), epochs=2,
                       out_dir=str(tmp_path / "runs"), hidden=16, nproc=2, target_acc=0.05, options=opts)
-    return harness.run(cfg), opts
+    return launch(cfg), opts
 
 
 @pytest.mark.slow

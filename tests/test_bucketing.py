@@ -22,7 +22,7 @@ from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.parallel.collectives import CommStats, all_reduce, bucketed_all_reduce
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.parallel.launch import spawn
+from scalegnn.launch.job import spawn
 from scalegnn.perf import PerfConfig
 from tests.graphs import nprocs, parallel_graph
 

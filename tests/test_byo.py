@@ -16,8 +16,7 @@ from scalegnn.cli import main
 from scalegnn.config import make_config
 from scalegnn.datasets import DatasetError, load_dataset
 from scalegnn.graph import Graph, GraphValidationError
-from scalegnn.run import _training_worker, run_distributed_training
-from scalegnn.trainer import run_training
+from scalegnn.launch import launch, local_rank
 
 N, F, C = 120, 64, 3
 
@@ -66,9 +65,9 @@ def forbid_densify():
     sp._base._spbase.todense = refuse
 
 
-def _no_densify_worker(rank, world, cfg, run_id):
+def _no_densify_worker(rank, world, cfg, graph, run_id, backend):
     forbid_densify()  # in this spawned rank (a fresh process: the parent's patches are not inherited)
-    return _training_worker(rank, world, cfg, run_id)
+    return local_rank(rank, world, cfg, graph, run_id, backend)
 
 
 # --------------------------------------------------------------------------- (a) one command
@@ -106,15 +105,15 @@ def test_the_sparse_path_never_densifies_the_features(isolated_data, monkeypatch
     base = dict(dataset=f"npz:{path}", epochs=2, eval_every=1, hidden=8, progress=False,
                 out_dir=str(isolated_data / "runs"))
     for _ in range(2):  # parsed, then from the cache
-        rec = run_training(make_config(batch_ratio=0.3, permute="single", **base))
+        rec = launch(make_config(batch_ratio=0.3, permute="single", **base))
         assert rec["status"] == "ok" and rec["graph"]["sparse_features"], rec.get("error")
     shards = isolated_data / "shards"
     assert main(["data", "shard", f"npz:{path}", "--grid", "1x2x1x2", "--out", str(shards)]) == 0
-    runs = [make_config(batch_ratio=0.3, grid=(1, 2, 1, 2), **base),
-            make_config(batch_ratio=0.3, grid=(1, 2, 1, 2), shard_dir=str(shards), **base),
-            make_config("fullgraph-3d", grid=(1, 2, 1, 2), **base)]
+    runs = [make_config(batch_ratio=0.3, grid=(1, 2, 1, 2), nproc=4, **base),
+            make_config(batch_ratio=0.3, grid=(1, 2, 1, 2), nproc=4, shard_dir=str(shards), **base),
+            make_config("fullgraph-3d", grid=(1, 2, 1, 2), nproc=4, **base)]
     for cfg in runs:
-        rec = run_distributed_training(cfg, nproc=4, timeout_s=240, worker=_no_densify_worker)
+        rec = launch(cfg, timeout_s=240, rank_main=_no_densify_worker)
         assert rec["status"] == "ok", rec.get("error")
         assert all(row["test_acc"] is not None for row in rec["epochs"])  # evaluated every epoch
         assert rec["graph"]["sparse_features"] is True
@@ -134,9 +133,9 @@ def test_sparse_file_trains_exactly_as_the_same_matrix_stored_dense(isolated_dat
     recs = []
     for path in (sparse, dense):
         cfg = make_config(dataset=f"npz:{path}", epochs=3, eval_every=1, hidden=8, batch_ratio=0.3, grid=grid,
-                          progress=False, out_dir=str(isolated_data / "runs"))
-        recs.append(run_training(cfg) if grid == (1, 1, 1, 1) else run_distributed_training(cfg, nproc=4,
-                                                                                             timeout_s=240))
+                          nproc=None if grid == (1, 1, 1, 1) else 4, progress=False,
+                          out_dir=str(isolated_data / "runs"))
+        recs.append(launch(cfg, timeout_s=240))
     assert recs[0]["graph"]["sparse_features"] and not recs[1]["graph"]["sparse_features"]
     assert _losses(recs[0]) == _losses(recs[1])
     for a, b in zip(recs[0]["epochs"], recs[1]["epochs"]):
@@ -153,7 +152,7 @@ def test_denser_features_agree_within_float_rounding(isolated_data):
     x = (rng.random((N, F)) < 0.2) * rng.random((N, F)).astype(np.float32)
     sparse = sparse_npz(isolated_data / "s.npz", x=x)
     dense = sparse_npz(isolated_data / "d.npz", dense=True, x=x)
-    recs = [run_training(make_config(dataset=f"npz:{p}", epochs=3, hidden=8, batch_ratio=0.3, progress=False,
+    recs = [launch(make_config(dataset=f"npz:{p}", epochs=3, hidden=8, batch_ratio=0.3, progress=False,
                                      out_dir=str(isolated_data / "runs"))) for p in (sparse, dense)]
     assert _losses(recs[0]) == pytest.approx(_losses(recs[1]), rel=1e-5)
 
@@ -274,7 +273,7 @@ def test_split_flag_replaces_the_files_split_and_the_record_says_so(isolated_dat
     cfg = make_config(dataset=f"npz:{path}", split="random:0.6,0.2,0.2", split_seed=7, epochs=1, hidden=8,
                       progress=False, out_dir=str(isolated_data / "runs"))
     assert cfg.data.split == "random:0.6,0.2,0.2"
-    rec = run_training(cfg)
+    rec = launch(cfg)
     assert rec["graph"]["split"] == ("random 60/20/20 seed 7 (--split random:0.6,0.2,0.2; replaces: "
                                      f"{load_dataset(f'npz:{path}').meta['split']})")
     g = load_dataset(f"npz:{path}", split="random:0.6,0.2,0.2", split_seed=7)
@@ -447,7 +446,7 @@ def test_missing_node_data_is_stated_not_silent(isolated_data):
     with _Lines("scalegnn.datasets") as log:
         cfg = make_config(dataset=f"mtx:{isolated_data / 'g.mtx'}", epochs=1, hidden=8, progress=False,
                           out_dir=str(isolated_data / "runs"))
-        rec = run_training(cfg)
+        rec = launch(cfg)
     graph = rec["graph"]
     assert graph["features"] == "random N(0,1), dim 128" and graph["labels"].startswith("from ")
     assert graph["stand_in"] == ("random N(0,1), dim 128 stand in for the features (no features file beside "

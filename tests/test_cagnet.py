@@ -98,7 +98,7 @@ def _serial(name):
 @pytest.fixture(scope="module")
 def runs():
     """Every (world, algorithm, grid, model) step: [(world, per-rank results)]."""
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     out = {1: [_worker(0, 1)]}
     for world in (2, 4, 6):
@@ -139,7 +139,7 @@ def test_logits_and_weight_gradients_equal_the_serial_model(world, runs, serial)
 def test_on_the_gpu_too(serial):
     """The same steps with the blocks, activations and collectives on a GPU (4 ranks
     sharing it through gloo), against the serial model on the CPU."""
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     per_rank = spawn(_worker, 4, "cuda", timeout_s=240)
     assert all(res["device"].startswith("cuda") for rank in per_rank for res in rank)

@@ -6,6 +6,7 @@ of (seed, step, layer), and everything else is in the checkpoint)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -21,7 +22,7 @@ from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.perf import PerfConfig
 from scalegnn.config import RunConfig, make_config
-from scalegnn.trainer import run_training
+from scalegnn.launch import launch
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 
@@ -147,18 +148,18 @@ def test_resumed_serial_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, 
     """Interrupt at a random step (seeded, printed on failure) and resume: the per-step
     loss sequence, the per-epoch rows and the final weights are exactly equal."""
     log = StepLog(monkeypatch)
-    ref = run_training(config(tmp_path))
+    ref = launch(config(tmp_path))
     ref_losses, ref_weights = list(log.losses), {k: v.clone() for k, v in log.engine.model.state_dict().items()}
     spe, total = ref["steps_per_epoch"], ref["steps_per_epoch"] * 4
     seed = random.randrange(1 << 30)
     crash = random.Random(seed).randrange(2, total) if where == "random" else 2 * spe + 1
     log.losses, log.crash_at = [], crash
     ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="2", resume=True)
-    first = run_training(config(tmp_path, checkpoint=ckpt))
+    first = launch(config(tmp_path, checkpoint=ckpt))
     assert first["status"] == "failed" and f"simulated crash at step {crash}" in first["error"]
     done = dict(log.losses)
     log.losses, log.crash_at = [], None
-    second = run_training(config(tmp_path, checkpoint=ckpt))
+    second = launch(config(tmp_path, checkpoint=ckpt))
     resumed_from = second["resumed"][0]["step"]
     assert resumed_from == crash - crash % 2 and resumed_from <= crash, seed  # the newest save before the crash
     assert log.losses[0][0] == resumed_from
@@ -176,28 +177,28 @@ def test_resumed_serial_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, 
 
 def test_resume_without_a_checkpoint_starts_fresh_and_mismatches_are_refused(tmp_path):
     ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="5", resume=True)
-    rec = run_training(config(tmp_path, epochs=2, checkpoint=ckpt))  # --resume on the first submission
+    rec = launch(config(tmp_path, epochs=2, checkpoint=ckpt))  # --resume on the first submission
     assert rec["status"] == "ok" and "resumed" not in rec
     assert ck.latest(tmp_path / "ck") is not None
     with pytest.raises(CheckpointError, match=r"another config \(model.hidden: checkpoint 16, now 32"):
-        run_training(config(tmp_path, epochs=2, checkpoint=ckpt, model=ModelConfig(hidden=32, layers=2, dropout=0.3)))
+        launch(config(tmp_path, epochs=2, checkpoint=ckpt, model=ModelConfig(hidden=32, layers=2, dropout=0.3)))
     # resuming a finished run re-runs nothing after the last checkpoint but the tail, identically
-    again = run_training(config(tmp_path, epochs=2, checkpoint=ckpt))
+    again = launch(config(tmp_path, epochs=2, checkpoint=ckpt))
     assert again["run_id"] == rec["run_id"] and _rows(again) == _rows(rec)
 
 
 def test_time_based_checkpoints(tmp_path):
     ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="0.001s")
-    rec = run_training(config(tmp_path, epochs=1, checkpoint=ckpt))
+    rec = launch(config(tmp_path, epochs=1, checkpoint=ckpt))
     assert rec["checkpoint"]["saves"] == rec["steps_per_epoch"]  # due after every step
     assert ck.read_meta(ck.latest(tmp_path / "ck"))["step"] == rec["steps_per_epoch"]
 
 
 # ----------------------------------------------------------------------------- parallel resume
-def _losses_worker(rank, world, cfg, run_id, kill_at=None):
+def _losses_worker(rank, world, cfg, graph, run_id, backend, kill_at=None):
     """A spawned rank that records (step, loss) and can SIGKILL itself at one step."""
+    from scalegnn.launch import local_rank
     from scalegnn.parallel.engine import ParallelEngine
-    from scalegnn.run import _training_worker
 
     losses = []
     real = ParallelEngine.train_step
@@ -210,17 +211,18 @@ def _losses_worker(rank, world, cfg, run_id, kill_at=None):
         return res
 
     ParallelEngine.train_step = step
-    record = _training_worker(rank, world, cfg, run_id)
+    record = local_rank(rank, world, cfg, graph, run_id, backend)
     return {"record": record, "losses": losses} if rank == 0 else None
 
 
 def _run(cfg, kill_at=None):
     import functools
 
-    from scalegnn.run import run_distributed_training
+    from scalegnn.launch import launch
 
     worker = functools.partial(_losses_worker, kill_at=kill_at)
-    return run_distributed_training(cfg, nproc=cfg.world_size, timeout_s=150, worker=worker)
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, nproc=cfg.world_size))
+    return launch(cfg, timeout_s=150, rank_main=worker)
 
 
 @pytest.mark.distributed
@@ -261,19 +263,19 @@ def test_a_finished_run_continues_to_more_epochs_exactly(tmp_path, monkeypatch):
     4-epoch run's; the record says what changed. Going below the epochs already done
     is refused by name."""
     log = StepLog(monkeypatch)
-    ref = run_training(_constant(tmp_path, epochs=4))
+    ref = launch(_constant(tmp_path, epochs=4))
     ref_losses, spe = list(log.losses), ref["steps_per_epoch"]
     ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every=str(spe), resume=True)
-    first = run_training(_constant(tmp_path, epochs=2, checkpoint=ckpt))
+    first = launch(_constant(tmp_path, epochs=2, checkpoint=ckpt))
     assert first["status"] == "ok" and len(first["epochs"]) == 2
     log.losses = []
-    more = run_training(_constant(tmp_path, epochs=4, checkpoint=ckpt))
+    more = launch(_constant(tmp_path, epochs=4, checkpoint=ckpt))
     assert more["status"] == "ok" and more["run_id"] == first["run_id"]
     assert more["resumed"][-1]["step"] == 2 * spe and more["resumed"][-1]["changed"] == {"epochs": [2, 4]}
     assert log.losses == ref_losses[2 * spe:]  # float ==
     assert _rows(more) == _rows(ref)
     with pytest.raises(CheckpointError, match=r"is at epoch 4, past --epochs 3; pass --epochs 4 or more"):
-        run_training(_constant(tmp_path, epochs=3, checkpoint=ckpt))
+        launch(_constant(tmp_path, epochs=3, checkpoint=ckpt))
 
 
 def test_continuing_a_cosine_run_restretches_the_schedule_and_says_so(tmp_path, monkeypatch):
@@ -283,7 +285,7 @@ def test_continuing_a_cosine_run_restretches_the_schedule_and_says_so(tmp_path, 
     import math
 
     ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="5", resume=True)
-    first = run_training(config(tmp_path, epochs=2, checkpoint=ckpt))
+    first = launch(config(tmp_path, epochs=2, checkpoint=ckpt))
     spe = first["steps_per_epoch"]
     lrs = []
     real = ParallelEngine.train_step
@@ -293,7 +295,7 @@ def test_continuing_a_cosine_run_restretches_the_schedule_and_says_so(tmp_path, 
         return real(engine, s)
 
     monkeypatch.setattr(ParallelEngine, "train_step", step)
-    more = run_training(config(tmp_path, epochs=4, checkpoint=ckpt))
+    more = launch(config(tmp_path, epochs=4, checkpoint=ckpt))
     entry = more["resumed"][-1]
     assert more["status"] == "ok" and len(more["epochs"]) == 4
     assert entry["changed"] == {"epochs": [2, 4]} and "cosine" in entry["note"] and "stretched" in entry["note"]
@@ -325,7 +327,7 @@ def test_preemption_request_saves_at_the_next_step_and_resumes_exactly(tmp_path,
     the loop saves at step 6, off its checkpoint period, raises Preempted and records
     the run as still running; resuming reproduces the uninterrupted losses."""
     log = StepLog(monkeypatch)
-    ref = run_training(config(tmp_path))
+    ref = launch(config(tmp_path))
     ref_losses = list(log.losses)
     real = ParallelEngine.train_step
 
@@ -341,7 +343,7 @@ def test_preemption_request_saves_at_the_next_step_and_resumes_exactly(tmp_path,
     ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="1000", resume=True)
     try:
         with pytest.raises(ck.Preempted, match=r"preempted \(SIGUSR2\): checkpoint saved at step 6"):
-            run_training(config(tmp_path, checkpoint=ckpt))
+            launch(config(tmp_path, checkpoint=ckpt))
     finally:
         ck.PREEMPTION.disarm()
         signal.signal(signal.SIGUSR2, previous)
@@ -349,15 +351,16 @@ def test_preemption_request_saves_at_the_next_step_and_resumes_exactly(tmp_path,
     (path,) = [p for p in (tmp_path / "runs").iterdir() if p.name != f"{ref['run_id']}.json"]
     assert json.loads(path.read_text())["status"] == "running"
     log = StepLog(monkeypatch)
-    resumed = run_training(config(tmp_path, checkpoint=ckpt))
+    resumed = launch(config(tmp_path, checkpoint=ckpt))
     assert resumed["status"] == "ok" and resumed["resumed"][0]["step"] == 6
     assert log.losses == ref_losses[6:] and _rows(resumed) == _rows(ref)  # float ==
 
 
 def _preempt_worker(rank, world, cfg):
     """Rank 1 alone gets the request (after step 3); every rank must stop at one step."""
+    from scalegnn.launch import train_rank
+    from scalegnn.launch.environment import local_rank_env
     from scalegnn.parallel.engine import ParallelEngine
-    from scalegnn.parallel.grid import ProcessGrid
 
     real = ParallelEngine.train_step
 
@@ -370,7 +373,8 @@ def _preempt_worker(rank, world, cfg):
     ParallelEngine.train_step = step
     ck.PREEMPTION.arm()
     try:
-        run_training(cfg, grid=ProcessGrid(*cfg.parallel.grid), run_id="preempt-test-000000000000")
+        train_rank(cfg, None, local_rank_env(rank, world, cfg.parallel, "gloo"), run_id="preempt-test-000000000000",
+                   failures="raise")
     except ck.Preempted as exc:
         return exc.step
     return None
@@ -378,7 +382,7 @@ def _preempt_worker(rank, world, cfg):
 
 @pytest.mark.distributed
 def test_ranks_agree_on_the_preemption_step(tmp_path):
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="1000")
     cfg = config(tmp_path, grid=(1, 2, 1, 1), epochs=2, checkpoint=ckpt)

@@ -22,10 +22,10 @@ from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.parallel.launch import spawn
+from scalegnn.launch.job import spawn
 from scalegnn.perf import PerfConfig
 from scalegnn.config import make_config
-from scalegnn.trainer import run_training
+from scalegnn.launch import launch
 from tests.devices import DEVICES, HAS_GPU, needs_gpu
 from tests.host_sync import HostSyncDetector
 from tests.graphs import parallel_graph
@@ -71,7 +71,7 @@ def test_cli_device_flags_reach_the_config(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- the record
 def test_record_names_the_device_and_both_memory_peaks(tmp_path):
-    rec = run_training(make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
+    rec = launch(make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
                                  epochs=1, progress=False, device="cpu", hidden=8, layers=1))
     env = records.read_record(rec["path"])["env"]
     assert env["device_type"] == "cpu" and env["device"].startswith("cpu (")
@@ -164,18 +164,18 @@ PINNED = {
 
 
 def small_run(tmp_path, grid, **over):
+    """A small run on ``grid``: several ranks as local workers (--nproc)."""
+    ranks = grid[0] * grid[1] * grid[2] * grid[3]
     return make_config(**{**dict(dataset=SMALL, batch_ratio=0.2, epochs=3, out_dir=str(tmp_path / "runs"),
                                  progress=False, hidden=16, layers=3, dropout=0.2, data_root=str(tmp_path / "data"),
-                                 grid=grid, lr=1e-2, grad_clip=1.0, device="cpu"), **over})
+                                 grid=grid, nproc=ranks if ranks > 1 else None, lr=1e-2, grad_clip=1.0,
+                                 device="cpu"), **over})
 
 
 @pytest.mark.parametrize("grid", list(PINNED), ids=lambda g: "x".join(map(str, g)))
 def test_cpu_epoch_losses_equal_those_of_main_before_devices(tmp_path, grid):
-    from scalegnn.run import run_distributed_training
-
     cfg = small_run(tmp_path, grid)
-    rec = run_training(cfg) if cfg.world_size == 1 else run_distributed_training(cfg, nproc=cfg.world_size,
-                                                                                 timeout_s=180)
+    rec = launch(cfg, timeout_s=180)
     losses, tests = PINNED[grid]
     assert [r["loss"] for r in rec["epochs"]] == pytest.approx(losses, rel=1e-6)
     assert [r["test_acc"] for r in rec["epochs"]] == tests
@@ -188,9 +188,9 @@ def test_single_rank_training_on_the_gpu_matches_the_cpu_run(tmp_path):
     """The same run on cuda and on cpu: losses within float32 reordering (cuSPARSE and
     cuBLAS sum in other orders; 1e-4 relative over 3 epochs of 10 steps), the same
     test accuracy within one vertex, and a record that says where it ran."""
-    cpu = run_training(small_run(tmp_path, (1, 1, 1, 1)))
+    cpu = launch(small_run(tmp_path, (1, 1, 1, 1)))
     cfg = small_run(tmp_path, (1, 1, 1, 1), device="cuda", prefetch=True)
-    rec = run_training(cfg)
+    rec = launch(cfg)
     assert rec["status"] == "ok"
     assert [r["loss"] for r in rec["epochs"]] == pytest.approx([r["loss"] for r in cpu["epochs"]], rel=1e-4)
     assert abs(rec["epochs"][-1]["test_acc"] - cpu["epochs"][-1]["test_acc"]) <= 1 / 150 + 1e-12
@@ -209,12 +209,10 @@ def test_single_rank_training_on_the_gpu_matches_the_cpu_run(tmp_path):
 def test_multi_rank_grids_share_one_gpu_through_gloo(tmp_path, grid):
     """The training loop on several ranks on one GPU (gloo stages the collectives):
     the epoch losses of the CPU run of the same grid, within float32 reordering."""
-    from scalegnn.run import run_distributed_training
-
     cfg = small_run(tmp_path, grid)
-    cpu = run_distributed_training(cfg, nproc=cfg.world_size, timeout_s=300)
+    cpu = launch(cfg, timeout_s=300)
     cfg = small_run(tmp_path, grid, device="cuda", backend="gloo")
-    rec = run_distributed_training(cfg, nproc=cfg.world_size, timeout_s=300)
+    rec = launch(cfg, timeout_s=300)
     assert rec["status"] == "ok" and rec["env"]["device_type"] == "cuda" and rec["env"]["backend"] == "gloo"
     assert [r["loss"] for r in rec["epochs"]] == pytest.approx([r["loss"] for r in cpu["epochs"]], rel=1e-4)
     assert len(rec["peak_device_memory_bytes_per_rank"]) == cfg.world_size

@@ -30,7 +30,7 @@ from scalegnn.benchmarks.elementwise import mask_before_issue_l  # the frozen fo
 from scalegnn.model import dropout_keep_mask, rms_norm
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.parallel.launch import spawn
+from scalegnn.launch.job import spawn
 from scalegnn.parallel.pmm import DropoutBlock, ParallelContext, layer_tail, parallel_rms_norm
 
 needs_numba = pytest.mark.skipif(not ew.available(), reason="numba is not installed")

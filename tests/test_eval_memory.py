@@ -19,7 +19,7 @@ from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.parallel.launch import spawn
+from scalegnn.launch.job import spawn
 from scalegnn.parallel.pmm import row_chunks
 from scalegnn.perf import PerfConfig
 from tests.devices import DEVICES

@@ -23,6 +23,7 @@ warnings.filterwarnings("ignore", message=".*pyg-lib.*")
 from scalegnn.baselines.fastsample import (FeatureExchange, blocks_forward, hybrid_placement,  # noqa: E402
                                   topology_sampler_traffic)
 from scalegnn.baselines.fastsample_kernel import TopologyCSC, available, sample_blocks  # noqa: E402
+from scalegnn.launch import launch
 
 TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
 needs_numba = pytest.mark.skipif(not available(), reason="numba is not installed")
@@ -299,7 +300,7 @@ def test_two_round_exchange_delivers_exactly_the_rows_and_counts_their_bytes():
     the full matrix; per rank and step, ids sent = 8 x remote rows, rows received =
     remote rows x F x 4, one round of each kind; the bytes sent over all ranks equal the
     bytes received. Three ranks, one of which asks for nothing in the second step."""
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     n, width, world = 30, 5, 3
     part = torch.arange(n) % world
@@ -384,13 +385,11 @@ def test_cli_two_processes_write_an_ok_record_with_the_exchange_bytes(tmp_path, 
 
 @needs_numba
 def test_training_with_the_torch_path_equals_training_with_the_kernel(tmp_path):
-    from scalegnn.baselines import fastsample
-
     losses = {}
     for kernel in ("numba", "torch"):
         cfg = make_config("fastsample", dataset=TINY, data_root=_data_root(), epochs=2, hidden=16, layers=2,
                           dropout=0.0, batch_size=64, out_dir=str(tmp_path), progress=False, kernel=kernel)
-        rec = fastsample.run(cfg)
+        rec = launch(cfg)
         assert rec["status"] == "ok"
         losses[kernel] = [(r["loss"], r["test_acc"]) for r in rec["epochs"]]
     assert losses["numba"] == losses["torch"]
@@ -416,7 +415,7 @@ def test_single_process_accuracy_is_close_to_graphsage(tmp_path):
             cfg = make_config(name, dataset=ACC_DATA, data_root=_data_root(), epochs=5, hidden=32, layers=2,
                               dropout=0.0, lr=0.01, batch_size=64, fanouts=(10, 5), seed=seed, out_dir=str(tmp_path),
                               progress=False)
-            rec = mod.run(cfg)
+            rec = launch(cfg)
             assert rec["status"] == "ok"
             acc[name].append(rec["epochs"][-1]["test_acc"])
     mean = {k: sum(v) / len(v) for k, v in acc.items()}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scalegnn import records
-from scalegnn.parallel.launch import _flux_port, detect_env
+from scalegnn.launch.environment import _flux_port, detect_env
 from scalegnn.sweeps import load_profile
 from scalegnn.sweeps.folders import run_state
 from scalegnn.sweeps.jobs import group_runs

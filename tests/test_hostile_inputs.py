@@ -412,13 +412,13 @@ def _refuse_work(monkeypatch):
     """Loading data or spawning ranks fails the test: every output folder must be
     checked before either (the bad path used to surface after training)."""
     import scalegnn.datasets
-    import scalegnn.run
+    import scalegnn.launch.job
 
     def refuse(*args, **kwargs):
         raise AssertionError("work started before the output folders were checked")
 
     monkeypatch.setattr(scalegnn.datasets, "load_dataset", refuse)
-    monkeypatch.setattr(scalegnn.run, "spawn", refuse)
+    monkeypatch.setattr(scalegnn.launch.job.LocalJob, "start", refuse)
 
 
 def _bad_outputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:

@@ -177,14 +177,14 @@ def test_prefetcher_order_errors_and_shutdown():
 
 def test_single_process_prefetch_gives_identical_training_and_leaves_no_thread(tmp_path):
     from scalegnn.config import make_config
-    from scalegnn.trainer import run_training
+    from scalegnn.launch import launch
 
     before = {t.ident for t in threading.enumerate()}
     base = dict(dataset="csbm:n=400,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.3, epochs=2,
                 out_dir=str(tmp_path), progress=False, data_root=str(tmp_path / "data"),
                 model=ModelConfig(hidden=8, layers=2, dropout=0.3))
-    plain = run_training(make_config(**base))
-    pre = run_training(make_config(**base, perf=PerfConfig(prefetch=True)))
+    plain = launch(make_config(**base))
+    pre = launch(make_config(**base, perf=PerfConfig(prefetch=True)))
     assert [r["loss"] for r in pre["epochs"]] == [r["loss"] for r in plain["epochs"]]  # across the epoch boundary
     assert pre["epochs"][-1]["test_acc"] == plain["epochs"][-1]["test_acc"]
     assert pre["config"]["perf"]["prefetch"] is True and pre["compile_time_s"] == 0.0
@@ -256,7 +256,7 @@ def _switch_worker(rank, world, shape):
 
 @pytest.mark.distributed
 def test_parallel_switches_leave_training_unchanged():
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     results = spawn(_switch_worker, 4, (1, 2, 1, 2), timeout_s=240)
     for res in results:
@@ -324,13 +324,13 @@ def test_compile_time_is_recorded_apart_and_profile_writes_a_trace(tmp_path):
     import json
 
     from scalegnn.config import make_config
-    from scalegnn.trainer import run_training
+    from scalegnn.launch import launch
 
     base = dict(dataset="csbm:n=300,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.1, epochs=1,
                 out_dir=str(tmp_path), progress=False, data_root=str(tmp_path / "data"),
                 model=ModelConfig(hidden=8, layers=2, dropout=0.2))
-    plain = run_training(make_config(**base))
-    fused = run_training(make_config(**base, perf=PerfConfig(compile=True, compile_backend="aot_eager",
+    plain = launch(make_config(**base))
+    fused = launch(make_config(**base, perf=PerfConfig(compile=True, compile_backend="aot_eager",
                                                            profile=str(tmp_path / "prof"))))
     assert fused["compile_time_s"] > 0 and plain["compile_time_s"] == 0.0
     assert fused["epochs"][0]["loss"] == pytest.approx(plain["epochs"][0]["loss"], rel=1e-5)

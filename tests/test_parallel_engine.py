@@ -23,7 +23,7 @@ from scalegnn.engine import OptimConfig, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.parallel.engine import ParallelEngine, _dropout_seed
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.parallel.launch import spawn
+from scalegnn.launch.job import spawn
 from scalegnn.sampling import UniformVertexSampler, steps_per_epoch
 from tests.devices import DEVICES
 from tests.reference import SerialReference
@@ -194,18 +194,17 @@ def test_bf16_communication_trains_close_to_fp32():
     assert res[1]["comm_bytes"]["pmm_x"] * 2 == res[0]["comm_bytes"]["pmm_x"]
 
 
-def test_run_distributed_training_record_matches_serial_run(tmp_path):
-    """The training loop on 4 spawned gloo ranks writes one record whose per-epoch
-    losses equal the serial run's (tolerance as above), with 3D-PMM byte counts."""
-    from scalegnn.run import run_distributed_training
+def test_a_local_job_writes_one_record_that_matches_the_serial_run(tmp_path):
+    """The training loop on 4 spawned gloo ranks (--nproc 4) writes one record whose
+    per-epoch losses equal the serial run's (tolerance as above), with 3D-PMM byte counts."""
     from scalegnn.config import make_config
-    from scalegnn.trainer import run_training
+    from scalegnn.launch import launch
 
     base = dict(dataset="csbm:n=300,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.3, epochs=2,
                 out_dir=str(tmp_path / "runs"), progress=False, data_root=str(tmp_path / "data"),
                 model=ModelConfig(hidden=8, layers=2, dropout=0.2))
-    serial = run_training(make_config(**base))
-    par = run_distributed_training(make_config(grid=(1, 2, 1, 2), **base), nproc=4, timeout_s=180)
+    serial = launch(make_config(**base))
+    par = launch(make_config(grid=(1, 2, 1, 2), nproc=4, **base), timeout_s=180)
     assert par["status"] == "ok" and par["world_size"] == 4 and par["env"]["backend"] == "gloo"
     assert [r["loss"] for r in par["epochs"]] == pytest.approx([r["loss"] for r in serial["epochs"]], rel=RTOL)
     assert par["epochs"][-1]["test_acc"] == pytest.approx(serial["epochs"][-1]["test_acc"], abs=1e-12)
@@ -214,4 +213,4 @@ def test_run_distributed_training_record_matches_serial_run(tmp_path):
     assert set(calls) == set(par["epochs"][-1]["comm_bytes"]) and serial["epochs"][-1]["comm_calls"] == {}
     assert par["summary"]["comm_calls_per_step"] == {k: v / par["steps_per_epoch"] for k, v in sorted(calls.items())}
     with pytest.raises(ValueError, match="--nproc 3 does not match the grid 1x2x1x2"):
-        run_distributed_training(make_config(grid=(1, 2, 1, 2), **base), nproc=3)
+        launch(make_config(grid=(1, 2, 1, 2), nproc=3, **base))

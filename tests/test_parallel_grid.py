@@ -17,7 +17,8 @@ from scalegnn.device import resolve_device
 from scalegnn.parallel.collectives import CommStats, all_gather_uneven, all_reduce, broadcast
 from scalegnn.parallel.grid import AXES, ProcessGrid, parse_grid
 from scalegnn.ranges import split_bounds, split_range
-from scalegnn.parallel.launch import SpawnTimeout, WorkerError, detect_env, first_host, spawn
+from scalegnn.launch.environment import detect_env, first_host
+from scalegnn.launch.job import SpawnTimeout, WorkerError, spawn
 from tests.devices import DEVICES
 
 pytestmark = pytest.mark.distributed

@@ -20,7 +20,7 @@ from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.parallel.launch import spawn
+from scalegnn.launch.job import spawn
 from scalegnn.parallel.layout import RowPartition, col_bounds, layer_layout
 from scalegnn.parallel.model import ParallelScaleGNN
 from scalegnn.parallel.pmm import ParallelContext, parallel_bce, parallel_cross_entropy, reshard

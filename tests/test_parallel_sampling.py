@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
-from scalegnn.parallel.launch import spawn
+from scalegnn.launch.job import spawn
 from scalegnn.parallel.sharding import build_rank_shard, build_shard, load_shard, save_shards, shard_command
 from scalegnn.sampling import UniformVertexSampler
 from tests.graphs import parallel_graph, tile_rank_samples

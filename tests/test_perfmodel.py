@@ -64,13 +64,13 @@ def test_collectives_follow_the_layout_table():
 def test_predicted_bytes_match_a_recorded_run(tmp_path):
     """Bytes per step per collective kind of a real 4-rank run (2 x 1 x 2 x 1) vs the model."""
     from scalegnn.model import ModelConfig
-    from scalegnn.run import run_distributed_training
     from scalegnn.config import make_config
+    from scalegnn.launch import launch
 
     cfg = make_config(dataset="csbm:n=1200,avg_degree=8,classes=4,feature_dim=16", data_root=str(tmp_path / "d"),
-                    batch_ratio=0.25, epochs=1, out_dir=str(tmp_path), progress=False, grid=(2, 1, 2, 1),
+                    batch_ratio=0.25, epochs=1, out_dir=str(tmp_path), progress=False, grid=(2, 1, 2, 1), nproc=4,
                     model=ModelConfig(hidden=16, layers=3, dropout=0.0))
-    rec = run_distributed_training(cfg, nproc=4, timeout_s=180)
+    rec = launch(cfg, timeout_s=180)
     w = Workload.from_record(rec)
     pred = predicted_bytes_per_step(w, (2, 1, 2, 1))
     got = {k: v / rec["steps_per_epoch"] for k, v in rec["epochs"][0]["comm_bytes"].items()}

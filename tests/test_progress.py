@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from scalegnn.loop import EpochStats, Trainer
 from scalegnn.progress import EpochLogger, configure_logging, mode_from_progress
 
 ROWS = [
@@ -117,29 +118,39 @@ def test_configure_logging_adds_one_handler_and_leaves_the_root_logger_alone(mon
     configure_logging("INFO")
 
 
-def test_baseline_epoch_loop_logs_one_line_per_epoch(logged, tmp_path):
+def test_baseline_epoch_loop_logs_one_line_per_epoch(logged, tmp_path, monkeypatch):
     """The baselines' in-process runs go through the one loop and report through the
     same logger (no --quiet blindness)."""
-    from scalegnn.baselines.common import train_in_process
+    import dataclasses
+
+    from scalegnn import systems as registry
     from scalegnn.config import make_config
-    from scalegnn.loop import EpochStats
+    from scalegnn.launch import launch
 
-    class Trainer:
-        steps_per_epoch, batch_size = 2, 10
-
-        def train_epoch(self, epoch):
-            return EpochStats(loss_sum=2.0 / epoch, loss_n=2, correct=5, count=10,
-                              components={"forward_backward": 0.0})
-
-        def evaluate(self):
-            return 0.5, 0.5, 0.5
-
+    fixed = dataclasses.replace(registry.get("graphsage"), trainer="tests.test_progress:fixed_trainer")
+    monkeypatch.setitem(registry._REGISTRY, "graphsage", fixed)
     tiny = "csbm:n=200,avg_degree=4,classes=2,feature_dim=4"
     cfg = make_config("graphsage", dataset=tiny, epochs=3,
-                      eval_every=2, progress=False, data_root=str(tmp_path))
-    record = train_in_process(cfg, lambda cfg, data: Trainer(), write=False)
+                      eval_every=2, progress=False, data_root=str(tmp_path), out_dir=str(tmp_path / "runs"))
+    record = launch(cfg)
     assert record["status"] == "ok"
     lines = logged.getvalue().strip().splitlines()
     assert len(record["epochs"]) == 3 and len(lines) == 3
     assert f"graphsage {tiny} epoch 1/3: loss 1.0000, batch acc 0.5000" in lines[0]
     assert "test acc 0.5000" in lines[1] and "test acc" not in lines[0]
+
+
+class _FixedTrainer(Trainer):
+    """Two steps an epoch of known losses, and fixed accuracies."""
+
+    steps_per_epoch, batch_size = 2, 10
+
+    def train_epoch(self, epoch):
+        return EpochStats(loss_sum=2.0 / epoch, loss_n=2, correct=5, count=10, components={"forward_backward": 0.0})
+
+    def evaluate(self):
+        return 0.5, 0.5, 0.5
+
+
+def fixed_trainer(cfg, graph, env):
+    return _FixedTrainer()

@@ -20,7 +20,7 @@ input                                       message
                                             --nproc 2 to spawn local workers, or launch 2 processes with
                                             torchrun/srun
 grid product != torchrun/srun world size    the grid ... needs G ranks but the job has W (torchrun); launch G
-                                            processes or change --grid   (scalegnn.parallel.launch)
+                                            processes or change --grid   (scalegnn.launch)
 --batch-size 1   (also under --nproc 2)     batch size must be between 2 and N=600, got 1; use
                                             --batch-ratio 1.0 for full-graph training
 --batch-size 601 (N = 600)                  batch size must be between 2 and N=600, got 601; ...
@@ -83,7 +83,7 @@ from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.config import RunConfig, make_config
-from scalegnn.trainer import run_training
+from scalegnn.launch import launch
 from tests.files import minimal_record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -230,10 +230,10 @@ def test_killing_the_launcher_leaves_no_orphan_workers(tmp_path):
         run.kill_all()
 
 
-def _oom_worker(rank, world, cfg, run_id):
+def _oom_worker(rank, world, cfg, graph, run_id, backend):
     """Rank 1 runs out of memory at step 2 (CUDA's error type; the CPU path is the same)."""
+    from scalegnn.launch import local_rank
     from scalegnn.parallel.engine import ParallelEngine
-    from scalegnn.run import _training_worker
 
     real = ParallelEngine.train_step
 
@@ -243,18 +243,16 @@ def _oom_worker(rank, world, cfg, run_id):
         return real(engine, s)
 
     ParallelEngine.train_step = step
-    return _training_worker(rank, world, cfg, run_id)
+    return local_rank(rank, world, cfg, graph, run_id, backend)
 
 
 @pytest.mark.distributed
 def test_a_rank_that_raises_fails_the_run_with_its_error_and_an_oom_hint(tmp_path):
-    from scalegnn.run import run_distributed_training
-
     cfg = make_config(dataset=SMALL, data_root=str(tmp_path / "data"), out_dir=str(tmp_path / "runs"),
-                    batch_ratio=0.1, epochs=3, grid=(1, 2, 1, 1), progress=False,
+                    batch_ratio=0.1, epochs=3, grid=(1, 2, 1, 1), nproc=2, progress=False,
                     model=ModelConfig(hidden=16, layers=2))
     t0 = time.monotonic()
-    rec = run_distributed_training(cfg, nproc=2, timeout_s=120, worker=_oom_worker)
+    rec = launch(cfg, timeout_s=120, rank_main=_oom_worker)
     assert time.monotonic() - t0 < 60
     assert rec["status"] == "failed" and records.read_record(rec["path"])["status"] == "failed"
     assert rec["error"].startswith("rank 1: "), rec["error"]
@@ -266,12 +264,10 @@ def test_a_rank_that_raises_fails_the_run_with_its_error_and_an_oom_hint(tmp_pat
 
 @pytest.mark.distributed
 def test_divergence_in_a_distributed_run_is_recorded_as_diverged(tmp_path):
-    from scalegnn.run import run_distributed_training
-
     cfg = make_config(dataset=SMALL, data_root=str(tmp_path / "data"), out_dir=str(tmp_path / "runs"),
-                    batch_ratio=0.2, epochs=5, grid=(1, 1, 1, 2), progress=False,
+                    batch_ratio=0.2, epochs=5, grid=(1, 1, 1, 2), nproc=2, progress=False,
                     model=ModelConfig(hidden=16, layers=2), optim=OptimConfig(lr=1e30))
-    rec = run_distributed_training(cfg, nproc=2, timeout_s=120)
+    rec = launch(cfg, timeout_s=120)
     assert rec["status"] == "diverged" and "loss became" in rec["error"], rec["error"]
     assert records.read_record(rec["path"])["status"] == "diverged"
 
@@ -395,7 +391,7 @@ def test_a_stop_while_loading_the_data_still_leaves_a_record(tmp_path, monkeypat
     import scalegnn.trainer as trainer
     from scalegnn.signals import Interrupted
 
-    def stopped(cfg):
+    def stopped(cfg, graph=None):
         raise Interrupted(signal.SIGTERM)
 
     monkeypatch.setattr(trainer, "prepare_graph", stopped)
@@ -477,7 +473,7 @@ def test_out_of_memory_names_the_rank_the_stage_and_a_fix(tmp_path, monkeypatch,
         return real(engine, *args)
 
     monkeypatch.setattr(ParallelEngine, where, boom)
-    rec = run_training(make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
+    rec = launch(make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"),
                                  epochs=2, progress=False, model=ModelConfig(hidden=16, layers=2)))
     assert rec["status"] == "failed"
     assert f"OutOfMemory: rank 0 ran out of memory during {stage} (grid 1x1x1x1, B=60, hidden 16)" in rec["error"]
@@ -487,7 +483,7 @@ def test_out_of_memory_names_the_rank_the_stage_and_a_fix(tmp_path, monkeypatch,
 def test_out_of_memory_while_loading_is_one_clear_line(tmp_path, monkeypatch, capsys):
     import scalegnn.trainer as train
 
-    def no_memory(cfg):
+    def no_memory(cfg, graph=None):
         raise MemoryError()
 
     monkeypatch.setattr(train, "prepare_graph", no_memory)
@@ -612,8 +608,8 @@ def test_a_resumed_run_keeps_its_run_id_and_the_record_says_so(tmp_path):
     ck = CheckpointConfig(dir=str(tmp_path / "ck"), every="4", resume=True)
     cfg = make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"), epochs=1,
                     progress=False, model=ModelConfig(hidden=16, layers=2), checkpoint=ck)
-    first = run_training(cfg)
-    again = run_training(RunConfig.from_dict(cfg.to_dict()))
+    first = launch(cfg)
+    again = launch(RunConfig.from_dict(cfg.to_dict()))
     assert again["run_id"] == first["run_id"] and again["resumed"][0]["step"] == 8
     assert [p.name for p in (tmp_path / "r").iterdir()] == [f"{first['run_id']}.json"]
 
@@ -631,7 +627,7 @@ def _calls(tree):
 # Reviewed exceptions. Third-party pickles (Planetoid, LINKX, ogb) are no longer among
 # them: scalegnn/datasets/safe_pickle.py reads them with a restricted unpickler.
 ALLOWED = {
-    ("scalegnn/parallel/launch.py", "pickle.loads"): "results from this process's own workers, over a pipe",
+    ("scalegnn/launch/job.py", "pickle.loads"): "results from this process's own workers, over a pipe",
 }
 
 
@@ -827,7 +823,7 @@ def test_a_local_run_listens_on_loopback_only():
     the network could join or poison a local run): now the ranks meet in a file of a
     private folder, and every TCP listener of the parent and its workers (gloo's) is
     bound to the loopback address."""
-    from scalegnn.parallel.launch import spawn
+    from scalegnn.launch.job import spawn
 
     found = spawn(_report_listeners, 2, os.getpid(), timeout_s=60)[0]
     assert found, "no listener seen: the check itself is broken"

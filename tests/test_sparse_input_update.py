@@ -31,7 +31,7 @@ from scalegnn.engine import OptimConfig, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.parallel.engine import ParallelEngine, _dropout_seed
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.parallel.launch import spawn
+from scalegnn.launch.job import spawn
 from scalegnn.parallel.pmm import ParallelContext, sharded_gemm
 from scalegnn.perf import PerfConfig
 from scalegnn.sampling import UniformVertexSampler, steps_per_epoch

@@ -277,7 +277,8 @@ def test_slurm_job_verdict_reads_why_sigterm_came(tmp_path, monkeypatch, fields,
 def test_an_ended_run_is_recorded_under_its_own_run_id(tmp_path):
     """_end_record rewrites the attempt's failed record (same run id) as cancelled; without
     one it writes a minimal record; run_state reads it (submitted.json is not a record)."""
-    from scalegnn.sweeps.task import JobEnded, _end_record
+    from scalegnn.signals import JobEnded
+    from scalegnn.sweeps.task import _end_record
 
     folder = tmp_path / "run"
     run = {"system": "scalegnn", "dataset": "cora", "grid": "1x2x1x1", "world_size": 2, "seed": 0,
@@ -368,7 +369,7 @@ def test_local_sweep_end_to_end_then_resubmission_submits_nothing(tmp_path, monk
 
 
 def test_collective_timeout_reaches_the_sweep_tasks_process_group(monkeypatch):
-    import scalegnn.parallel.launch as launch
+    import scalegnn.launch.environment as launch
     from scalegnn.sweeps.task import join_job
 
     seen = []

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from scalegnn import systems as registry
+from scalegnn.baselines.common import DataParallelTrainer, baseline_data
 from scalegnn.cli import main as cli
 from scalegnn.engine import OptimConfig
 from scalegnn.loop import EpochStats
@@ -28,13 +29,11 @@ class ToyOptions:
     smoothing: int = setting(1, help="times the features are averaged over neighbours before the linear model")
 
 
-class ToyTrainer:
+class ToyTrainer(DataParallelTrainer):
     """A linear model on neighbour-averaged features, one full-batch step per epoch."""
 
-    batch_size = None
-    device = torch.device("cpu")
-
-    def __init__(self, cfg, data):
+    def __init__(self, cfg, data, env):
+        super().__init__(data, env)
         graph = data.graph
         adj, degree = graph.to_torch_csr(), graph.degrees().clamp(min=1).unsqueeze(1).float()
         x = graph.x.float()
@@ -65,21 +64,15 @@ class ToyTrainer:
                      for i in (self.graph.train_idx, self.graph.val_idx, self.graph.test_idx))
 
 
-def make_trainer(cfg, data):
-    return ToyTrainer(cfg, data)
-
-
-def run_toy(cfg, graph=None) -> dict:
-    from scalegnn.baselines.common import run_baseline
-
-    return run_baseline(cfg, "tests.test_systems:make_trainer", graph)
+def make_trainer(cfg, graph, env):
+    return ToyTrainer(cfg, baseline_data(cfg, graph), env)
 
 
 @pytest.fixture
 def toy():
     """The toy in the registry for one test (after ScaleGNN: tables list it last)."""
     entry = registry.register(registry.System(
-        name="toy", display="Toy model", color="#000000", marker="x", run="tests.test_systems:run_toy",
+        name="toy", display="Toy model", color="#000000", marker="x", trainer="tests.test_systems:make_trainer",
         options="tests.test_systems:ToyOptions", sweep_defaults=(("system", "toy"),)))
     yield entry
     registry.unregister("toy")

@@ -10,7 +10,7 @@ from scalegnn import records
 from scalegnn.cli import main
 from scalegnn.config import make_config
 from scalegnn.parallel.engine import COMPONENTS
-from scalegnn.trainer import run_training
+from scalegnn.launch import launch
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 
@@ -23,9 +23,9 @@ def small_config(tmp_path, **over):
 
 
 def test_same_seed_gives_the_same_loss_curve(tmp_path):
-    a = run_training(small_config(tmp_path))
-    b = run_training(small_config(tmp_path))
-    c = run_training(small_config(tmp_path, seed=1))
+    a = launch(small_config(tmp_path))
+    b = launch(small_config(tmp_path))
+    c = launch(small_config(tmp_path, seed=1))
     losses = lambda r: [row["loss"] for row in r["epochs"]]  # noqa: E731
     assert losses(a) == losses(b)
     assert losses(a) != losses(c)
@@ -33,7 +33,7 @@ def test_same_seed_gives_the_same_loss_curve(tmp_path):
 
 
 def test_record_fields_and_timing_semantics(tmp_path):
-    rec = run_training(small_config(tmp_path, epochs=4, eval_every=2, target_acc=0.05))
+    rec = launch(small_config(tmp_path, epochs=4, eval_every=2, target_acc=0.05))
     on_disk = records.read_record(rec["path"])
     assert on_disk["system"] == "scalegnn" and on_disk["world_size"] == 1
     assert on_disk["grid"] == {"dp": 1, "x": 1, "y": 1, "z": 1}
@@ -53,13 +53,13 @@ def test_record_fields_and_timing_semantics(tmp_path):
 
 
 def test_stop_at_target_and_full_graph_label(tmp_path):
-    rec = run_training(small_config(tmp_path, epochs=20, target_acc=0.05, stop_at_target=True, batch_ratio=1.0))
+    rec = launch(small_config(tmp_path, epochs=20, target_acc=0.05, stop_at_target=True, batch_ratio=1.0))
     assert len(rec["epochs"]) == 1
     assert rec["system"] == "fullgraph-3d" and rec["steps_per_epoch"] == 1
 
 
 def test_divergence_is_recorded(tmp_path):
-    rec = run_training(small_config(tmp_path, lr=1e30, epochs=5))
+    rec = launch(small_config(tmp_path, lr=1e30, epochs=5))
     assert rec["status"] == "diverged" and "loss became" in rec["error"]
     assert records.read_record(rec["path"])["status"] == "diverged"
 

@@ -19,7 +19,7 @@ localhost (``../shared/notes/distdgl-on-one-host.md`` has the facts):
 4. every process is started in its own session and is killed by its process group
    id when the job ends, fails or times out: no orphan survives a run.
 
-Trainer rank 0 writes ``result-0.json``; :func:`run` turns it into the run record.
+Trainer rank 0 writes ``result-0.json``; :func:`job` turns it into the run record.
 """
 
 from __future__ import annotations
@@ -37,15 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from scalegnn import records
+from scalegnn.config import RunConfig
 from scalegnn.csr import is_csr
-
+from scalegnn.loop import DivergedError
+from scalegnn.session import JobFailed
 from scalegnn.settings import int_tuple, setting
-from scalegnn.signals import Interrupted
+from scalegnn.signals import JobEnded
 
-from ..common import finalize, new_record
-
-__all__ = ["DistDGLOptions", "run", "dgl_python", "DistDGLUnavailable"]
+__all__ = ["DistDGLOptions", "job", "dgl_python", "DistDGLUnavailable"]
 
 SCRIPT = Path(__file__).with_name("dgl_run.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -197,9 +196,13 @@ def _tail(path: Path, n: int = 3000) -> str:
         return ""
 
 
-def run(cfg, graph=None) -> dict:
-    """Partition, launch servers and trainers on localhost, wait, convert, clean up."""
+def job(cfg: RunConfig, graph=None) -> dict:
+    """Partition, launch servers and trainers on localhost, wait, record (the registry's
+    ``job`` of --system distdgl: DistDGL starts its own processes). The record is a
+    :class:`~scalegnn.session.RunSession`'s, as every system's: the DGL job's outcome
+    (trainer 0's result, a failed or silent process, the deadline) becomes its status."""
     from scalegnn.datasets import load_graph
+    from scalegnn.session import RunSession
 
     if cfg.parallel.device.startswith("cuda"):
         raise ValueError("--system distdgl runs on the CPU only (PyPI's DGL wheels, <= 2.1, are CPU builds); "
@@ -213,23 +216,58 @@ def run(cfg, graph=None) -> dict:
     world = cfg.parallel.nproc
     if world % parts:
         raise ValueError(f"--nproc {world} trainers cannot be spread evenly over --dgl-parts {parts} machines")
-    per_machine = world // parts
+    if parts > 1 and shutil.which("unshare") is None:
+        raise DistDGLUnavailable("more than one DGL partition on one host needs `unshare` (util-linux) "
+                                 "to give each simulated machine its own /dev/shm; use --dgl-parts 1")
     opts.eval_fanouts = opts.eval_fanouts or opts.fanouts
-    layers = len(opts.fanouts)
-    record = new_record(cfg, graph, world, opts.batch_size, 0, "gloo")  # device: the CPU (below)
+    dgl_job = _DGLJob(cfg, graph, py, parts, world)
+    session = RunSession(cfg, world_size=world, backend="gloo", device="cpu")
+    record = session.open(dgl_job)
     record["device_note"] = CPU_ONLY
-    record["config"]["model"]["layers"] = layers  # DistDGL's model depth is its number of fanouts
+    record["config"]["model"]["layers"] = len(opts.fanouts)  # DistDGL's model depth is its number of fanouts
     record["config"]["options"].pop("pids", None)
-    work = Path(tempfile.mkdtemp(prefix="scalegnn-distdgl-"))
-    # A private /dev/shm per simulated machine: required for K > 1, and with one machine it
-    # still guarantees that a killed server leaves no shared-memory segment behind.
-    isolate = parts > 1 or (shutil.which("unshare") is not None and Path("/dev/shm").is_dir())
-    shm_root = Path(tempfile.mkdtemp(prefix="scalegnn-dgl-shm-", dir="/dev/shm")) if isolate else None
-    procs = _Procs()
-    t_start = time.monotonic()
-    deadline = t_start + opts.timeout_s
-    try:
-        _write_graph(graph, work / "graph.npz")
+    session.peaks = []  # the trainers' own, from their result (this process trains nothing)
+    with session.running():
+        result = dgl_job.run(record)
+        if result is not None:
+            rss = result.get("peak_memory_bytes_per_rank") or [result["peak_memory_bytes"]]
+            session.peaks = [(p, p, None) for p in rss]  # CPU trainers: the RSS is the peak, no device memory
+        dgl_job.raise_outcome(result)
+    return record
+
+
+class _DGLJob:
+    """One DistDGL job on this host: its work folder, its processes and its outcome. It
+    stands in for a trainer before the run's session: what it trains on, its batch
+    size, and (closing) its processes stopped and its folders removed."""
+
+    device = "cpu"  # DistDGL's PyPI wheels are CPU builds
+    stage = "the DistDGL job"
+
+    def __init__(self, cfg: RunConfig, graph, python: str, parts: int, world: int):
+        self.cfg, self.graph, self.python, self.parts, self.world = cfg, graph, python, parts, world
+        opts = cfg.options
+        self.graph_info = graph.record_info()
+        self.batch_size, self.steps_per_epoch = opts.batch_size, 0  # trainer 0's result gives the steps
+        self.work = Path(tempfile.mkdtemp(prefix="scalegnn-distdgl-"))
+        # A private /dev/shm per simulated machine: required for K > 1, and with one machine it
+        # still guarantees that a killed server leaves no shared-memory segment behind.
+        isolate = parts > 1 or (shutil.which("unshare") is not None and Path("/dev/shm").is_dir())
+        self.shm_root = Path(tempfile.mkdtemp(prefix="scalegnn-dgl-shm-", dir="/dev/shm")) if isolate else None
+        self.procs = _Procs()
+        self.started = time.monotonic()
+        self.failure: str | None = None
+
+    def record_fields(self) -> dict:
+        return {}
+
+    def run(self, record: dict) -> dict | None:
+        """Partition, start the servers and trainers, wait; trainer 0's result (None when
+        it wrote none). ``self.failure`` says what went wrong with the processes."""
+        cfg, opts, work, parts, world, py = self.cfg, self.cfg.options, self.work, self.parts, self.world, self.python
+        per_machine = world // parts
+        deadline = self.started + opts.timeout_s
+        _write_graph(self.graph, work / "graph.npz")
         cmd = [py, str(SCRIPT), "partition", "--graph", str(work / "graph.npz"), "--out", str(work / "parts"),
                "--parts", str(parts), "--method", opts.partition, "--trainers-per-machine", str(per_machine)]
         cmd += ["--balance-train"] if opts.balance_train else []
@@ -240,17 +278,17 @@ def run(cfg, graph=None) -> dict:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(1.0, deadline - time.monotonic()),
                                 env=_clean_env()).returncode
         if rc != 0:
-            raise RuntimeError(f"DGL partition_graph failed (exit {rc}):\n{_tail(part_log)}")
+            raise JobFailed(f"DGL partition_graph failed (exit {rc}):\n{_tail(part_log)}")
         record["partition_s"] = time.perf_counter() - t0
         part_config = str(work / "parts" / "graph.json")
         ports = _free_ports(parts, span=opts.num_servers)
         ip_config = work / "ip_config.txt"
         ip_config.write_text("".join(f"127.0.0.1 {p}\n" for p in ports))
         shm = [None] * parts
-        if shm_root is not None:
+        if self.shm_root is not None:
             for m in range(parts):
-                (shm_root / f"m{m}").mkdir()
-                shm[m] = str(shm_root / f"m{m}")
+                (self.shm_root / f"m{m}").mkdir()
+                shm[m] = str(self.shm_root / f"m{m}")
         num_client = world  # trainers x (1 + samplers) x machines; samplers = 0
         common = {"DGL_NUM_SERVER": str(opts.num_servers), "DGL_NUM_CLIENT": str(num_client),
                   "DGL_NUM_SAMPLER": "0", "DGL_CONF_PATH": part_config, "DGL_IP_CONFIG": str(ip_config),
@@ -259,9 +297,9 @@ def run(cfg, graph=None) -> dict:
             for j in range(opts.num_servers):
                 env = {**_clean_env(), **common, "DGL_ROLE": "server",
                        "DGL_SERVER_ID": str(m * opts.num_servers + j)}
-                procs.start(f"server-{m}-{j}", _isolate([py, str(SCRIPT), "server"], shm[m]), env,
-                            work / f"server-{m}-{j}.log")
-        from scalegnn.parallel.launch import free_port, threads_of_run
+                self.procs.start(f"server-{m}-{j}", _isolate([py, str(SCRIPT), "server"], shm[m]), env,
+                                 work / f"server-{m}-{j}.log")
+        from scalegnn.launch.environment import free_port, threads_of_run
 
         master_port = free_port()
         threads = threads_of_run(cfg.parallel).intra_op  # --threads, for the trainers (the servers keep 1)
@@ -272,25 +310,27 @@ def run(cfg, graph=None) -> dict:
                 spec = {"machine": m, "seed": cfg.seed + rank, "ip_config": str(ip_config),
                         "graph_name": "graph", "part_config": part_config, "fanouts": list(opts.fanouts),
                         "eval_fanouts": list(opts.eval_fanouts), "batch_size": opts.batch_size,
-                        "eval_batch_size": opts.eval_batch_size, "hidden": cfg.model.hidden, "dropout": cfg.model.dropout,
-                        "lr": cfg.optim.lr, "weight_decay": cfg.optim.weight_decay, "epochs": cfg.loop.epochs,
-                        "eval_every": cfg.loop.eval_every, "target_acc": cfg.loop.target_acc,
-                        "stop_at_target": cfg.loop.stop_at_target, "num_classes": graph.num_classes,
-                        "out_dir": str(work), "fail_at_epoch": opts.fail_at_epoch, "threads": threads,
+                        "eval_batch_size": opts.eval_batch_size, "hidden": cfg.model.hidden,
+                        "dropout": cfg.model.dropout, "lr": cfg.optim.lr, "weight_decay": cfg.optim.weight_decay,
+                        "epochs": cfg.loop.epochs, "eval_every": cfg.loop.eval_every,
+                        "target_acc": cfg.loop.target_acc, "stop_at_target": cfg.loop.stop_at_target,
+                        "num_classes": self.graph.num_classes, "out_dir": str(work),
+                        "fail_at_epoch": opts.fail_at_epoch, "threads": threads,
                         "collective_timeout_s": max(60.0, min(opts.timeout_s, 600.0))}
                 spec_path = work / f"trainer-{rank}.json"
                 spec_path.write_text(json.dumps(spec))
                 env = {**_clean_env(), **common, "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client",
                        "DGL_GROUP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
                        "RANK": str(rank), "WORLD_SIZE": str(world), "OMP_NUM_THREADS": str(threads)}
-                p = procs.start(f"trainer-{rank}", _isolate([py, str(SCRIPT), "trainer", "--spec", str(spec_path)],
-                                                            shm[m]), env, work / f"trainer-{rank}.log")
+                p = self.procs.start(f"trainer-{rank}", _isolate([py, str(SCRIPT), "trainer", "--spec",
+                                                                  str(spec_path)], shm[m]),
+                                     env, work / f"trainer-{rank}.log")
                 trainers.append((rank, p))
-        opts.pids[:] = procs.pids
-        failure = _wait_trainers(trainers, procs, deadline, work)
+        opts.pids[:] = self.procs.pids
+        self.failure = _wait_trainers(trainers, self.procs, deadline, work)
         # The last trainer's exit_client() shuts the servers down; give them a moment.
         end = time.monotonic() + 20.0
-        while failure is None and any(p.poll() is None for n, p in procs.items if n.startswith("server")) \
+        while self.failure is None and any(p.poll() is None for n, p in self.procs.items if n.startswith("server")) \
                 and time.monotonic() < end:
             time.sleep(0.2)
         result_path = work / "result-0.json"
@@ -300,40 +340,39 @@ def run(cfg, graph=None) -> dict:
             record["steps_per_epoch"] = result["steps_per_epoch"]
             record["env"]["libraries"]["dgl"] = result["env"]["dgl"]
             record["env"]["dgl_env"] = result["env"]
-            record["status"], record["error"] = result["status"], result["error"]
-            rss = result.get("peak_memory_bytes_per_rank") or [result["peak_memory_bytes"]]
-            peaks = [(p, p, None) for p in rss]  # CPU trainers: the RSS is the peak, no device memory
-        else:
-            peaks = []
-        if failure is not None:
-            if record["status"] in ("running", "ok"):
-                record["status"] = "timeout" if failure.startswith("timeout") else "failed"
-            record["error"] = (record["error"] or "") + failure
-        elif record["status"] == "running":
-            record["status"], record["error"] = "failed", "trainer 0 wrote no result"
-        finalize(record, cfg, peaks)
-    except BaseException as exc:
-        if record["status"] in ("running", "ok"):
-            record["status"] = "interrupted" if isinstance(exc, Interrupted) else "failed"
-        record["error"] = f"{type(exc).__name__}: {exc}"
-        finalize(record, cfg, [])
-        if isinstance(exc, Interrupted):
-            exc.run_record = record  # scalegnn.run.run writes it, naming the signal
-        if isinstance(exc, (KeyboardInterrupt, Interrupted, DistDGLUnavailable)):
-            raise
-    finally:
-        procs.stop_all()
-        opts.pids[:] = procs.pids
-        record["distdgl_pids"] = procs.pids
-        record["distdgl_wall_s"] = time.monotonic() - t_start
-        if shm_root is not None:
-            shutil.rmtree(shm_root, ignore_errors=True)
-        if not opts.keep_workdir:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            record["distdgl_workdir"] = str(work)
-    record["path"] = str(records.write_record(record, cfg.loop.out_dir))
-    return record
+        return result
+
+    def raise_outcome(self, result: dict | None) -> None:
+        """The job's outcome as the run session reads outcomes: nothing when trainer 0
+        finished ok, else the error of what ended it (its deadline, a failed process, the
+        trainers' own divergence or failure)."""
+        said = (result or {}).get("error") or ""
+        if self.failure is not None:
+            if self.failure.startswith("timeout"):
+                raise JobEnded("timeout", said + self.failure)
+            raise JobFailed(said + self.failure)
+        status = (result or {}).get("status")
+        if status == "diverged":
+            raise DivergedError(said)
+        if result is None or status == "running":
+            raise JobFailed("trainer 0 wrote no result")
+        if status != "ok":
+            raise JobFailed(said or f"trainer 0 ended with status {status}")
+
+    def record_extra(self) -> dict:
+        extra = {"distdgl_pids": self.procs.pids, "distdgl_wall_s": time.monotonic() - self.started}
+        if self.cfg.options.keep_workdir:
+            extra["distdgl_workdir"] = str(self.work)
+        return extra
+
+    def close(self) -> None:
+        """Stop every process of the job (by process group) and remove its folders."""
+        self.procs.stop_all()
+        self.cfg.options.pids[:] = self.procs.pids
+        if self.shm_root is not None:
+            shutil.rmtree(self.shm_root, ignore_errors=True)
+        if not self.cfg.options.keep_workdir:
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 def _clean_env() -> dict:

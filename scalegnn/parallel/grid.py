@@ -192,7 +192,7 @@ class ProcessGrid:
             if not dist.is_available() or not dist.is_initialized():
                 raise RuntimeError(
                     "ProcessGrid needs torch.distributed to be initialized first "
-                    "(scalegnn.parallel.launch.init_from_env or spawn), or use ProcessGrid.single() for one process"
+                    "(scalegnn.launch.environment.init_from_env or a local job), or use ProcessGrid.single() for one process"
                 )
             rank, world_size = dist.get_rank(), dist.get_world_size()
         else:
@@ -330,7 +330,7 @@ class ProcessGrid:
         path needs an NCCL world bound to a GPU and its subgroup timeouts go through
         backend options, while this constructor gives every axis group the run's
         collective timeout on any backend and torch version, and an NCCL world bound
-        to its GPU (:func:`scalegnn.parallel.launch.init_process_group`) already makes
+        to its GPU (:func:`scalegnn.launch.environment.init_process_group`) already makes
         ``new_group`` split the world communicator."""
         import torch
         from torch.distributed.device_mesh import DeviceMesh

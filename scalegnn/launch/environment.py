@@ -1,0 +1,333 @@
+"""Where this process stands in a run: a rank of a job a launcher started (torchrun,
+SLURM, submitit, Flux), the starter of local workers, or the whole run in process.
+
+:func:`detect_env` reads rank, world size, local rank and the rendezvous address
+from the launcher's variables; :func:`run_mode` decides how this process takes part
+in a run of a given grid; :func:`init_from_env` initializes ``torch.distributed``
+from the environment, always with an explicit timeout; :func:`local_rank_env` is the
+:class:`DistEnv` of a worker of a local job (:mod:`scalegnn.launch.job`).
+
+Device and backend. Each rank computes on the device its run asks for
+(:func:`scalegnn.device.resolve_device`: the local rank's GPU when one is visible
+and ``--device`` is auto or cuda) and the backend follows it: NCCL (RCCL on ROCm)
+for GPU tensors, gloo for CPU tensors. An NCCL world also carries gloo for the
+host-side control traffic (checkpoint agreement, object gathers), and is bound to
+the rank's GPU so that torch creates the axis groups by splitting its communicator.
+
+Threads (:mod:`scalegnn.threads`): :func:`run_threads` applies a run's ``--threads``
+choice to the process that runs it, counting the local ranks that share the node's
+cores (:func:`local_ranks_of_run`); a local job hands the same choice to each worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .. import threads as thread_policy
+
+__all__ = ["DistEnv", "detect_env", "run_mode", "RUN_MODES", "init_from_env", "init_process_group", "first_host",
+           "single_env", "local_rank_env", "local_backend", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run",
+           "slurm_tasks_on_node"]
+
+log = logging.getLogger("scalegnn.launch")
+
+
+# --------------------------------------------------------------------------- environment
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the launched job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str  # "auto" until init_from_env resolves it from the device
+    master_addr: str
+    master_port: int
+    source: str  # "torchrun" | "slurm" | "submitit" | "flux" | "local" (a worker of a local job) | "single"
+    device: str = "cpu"  # this rank's torch device, set by init_from_env
+    local_world_size: int = 1  # the job's processes on this node (the ranks that may share its cores)
+
+
+def first_host(nodelist: str) -> str:
+    """The first hostname of a SLURM node list: ``"nid[001-004,007],gpu5"`` -> ``"nid001"``.
+
+    Handles the compressed forms SLURM writes (``prefix[a-b,c]suffix`` groups,
+    zero padding kept literally); for anything stranger set MASTER_ADDR yourself.
+    """
+    nodelist = nodelist.strip()
+    if not nodelist:
+        raise ValueError("SLURM_NODELIST is empty; set MASTER_ADDR to the first node's hostname")
+    depth, first = 0, nodelist
+    for i, ch in enumerate(nodelist):  # the first top-level comma ends the first group
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            first = nodelist[:i]
+            break
+    # Replace each bracket range list by its first element: "[001-004,007]" -> "001".
+    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[-,]", m.group(1))[0], first)
+
+
+def _default_port(job_id: str | None) -> int:
+    """A rendezvous port derived from the job id (20000..39999), so two jobs sharing a
+    node rarely collide; 29500 (torch's default) without a numeric job id."""
+    return 20000 + int(job_id) % 20000 if job_id and job_id.isdigit() else 29500
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except ValueError as e:
+        raise ValueError(f"environment variable {name}={os.environ[name]!r} must be an integer") from e
+
+
+def _flux_hostlist() -> str:
+    """The enclosing Flux instance's host list (``flux getattr hostlist``, RFC 29 form
+    such as ``tuolumne[1001-1004]``): the nodes of a ``flux batch`` allocation, in
+    broker-rank order, so its first host runs task 0 of a ``flux run`` over all of them."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["flux", "getattr", "hostlist"], capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(f"FLUX_TASK_RANK is set but `flux getattr hostlist` failed ({exc}); set MASTER_ADDR to "
+                         "the first node's hostname") from None
+    return out.stdout.strip()
+
+
+def _flux_port(job_id: str | None) -> int:
+    """A rendezvous port from a Flux job id (20000..39999): Flux prints ids in F58
+    (``ƒ2Mq8...``) or decimal; non-decimal ids are hashed, so two jobs rarely collide."""
+    import zlib
+
+    if job_id and not job_id.isdigit():
+        return 20000 + zlib.crc32(job_id.encode()) % 20000
+    return _default_port(job_id)
+
+
+def detect_env() -> DistEnv:
+    """Read rank, world size, local rank and the rendezvous address from the environment.
+
+    Precedence: torchrun (``RANK``/``WORLD_SIZE``), submitit (``SUBMITIT_EXECUTOR``,
+    via ``submitit.JobEnvironment()``), Flux (``FLUX_TASK_RANK``/``FLUX_JOB_SIZE``/
+    ``FLUX_TASK_LOCAL_ID``, the first host of ``flux getattr hostlist``; before SLURM,
+    because a Flux instance started under SLURM passes its broker's ``SLURM_*``
+    variables on to every task), SLURM (``SLURM_PROCID``/``SLURM_NTASKS``), else a
+    single process.
+    """
+    backend = "auto"  # the device decides (init_from_env): a visible GPU alone does not make a run use it
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            raise ValueError("RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; launch with torchrun")
+        world = _env_int("WORLD_SIZE")  # LOCAL_WORLD_SIZE is torchrun's; without it, assume one node
+        return DistEnv(_env_int("RANK"), world, int(env.get("LOCAL_RANK", 0)), backend,
+                       env["MASTER_ADDR"], _env_int("MASTER_PORT"), "torchrun",
+                       local_world_size=_env_int("LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world)
+    if env.get("SUBMITIT_EXECUTOR"):
+        import submitit
+
+        job = submitit.JobEnvironment()
+        addr = env.get("MASTER_ADDR") or job.hostnames[0]
+        port = int(env.get("MASTER_PORT") or _default_port(str(job.raw_job_id)))
+        return DistEnv(job.global_rank, job.num_tasks, job.local_rank, backend, addr, port, "submitit",
+                       local_world_size=-(-job.num_tasks // max(1, job.num_nodes)))
+    if "FLUX_TASK_RANK" in env:
+        if "FLUX_JOB_SIZE" not in env:
+            raise ValueError("FLUX_TASK_RANK is set but FLUX_JOB_SIZE is not; launch the tasks with `flux run`")
+        rank, world = _env_int("FLUX_TASK_RANK"), _env_int("FLUX_JOB_SIZE")
+        local = _env_int("FLUX_TASK_LOCAL_ID") if "FLUX_TASK_LOCAL_ID" in env else 0
+        addr = env.get("MASTER_ADDR") or first_host(_flux_hostlist())
+        port = int(env.get("MASTER_PORT") or _flux_port(env.get("FLUX_JOB_ID")))
+        nodes = _env_int("FLUX_JOB_NNODES") if env.get("FLUX_JOB_NNODES") else 1
+        return DistEnv(rank, world, local, backend, addr, port, "flux", local_world_size=-(-world // max(1, nodes)))
+    if "SLURM_PROCID" in env:
+        if "SLURM_NTASKS" not in env:
+            raise ValueError("SLURM_PROCID is set but SLURM_NTASKS is not; launch the job step with srun")
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+        addr = env.get("MASTER_ADDR") or first_host(nodelist)
+        port = int(env.get("MASTER_PORT") or _default_port(env.get("SLURM_JOB_ID")))
+        world = _env_int("SLURM_NTASKS")
+        return DistEnv(_env_int("SLURM_PROCID"), world, int(env.get("SLURM_LOCALID", 0)),
+                       backend, addr, port, "slurm", local_world_size=slurm_tasks_on_node(env) or world)
+    return DistEnv(0, 1, 0, backend, "127.0.0.1", 0, "single")
+
+
+def slurm_tasks_on_node(env=os.environ) -> int | None:
+    """The tasks of this SLURM job step on this node: ``SLURM_STEP_TASKS_PER_NODE`` (or
+    ``SLURM_TASKS_PER_NODE``, compressed as ``"4(x2),3"``) at index ``SLURM_NODEID``, else
+    ``SLURM_NTASKS_PER_NODE``; None when SLURM says neither."""
+    text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if text:
+        counts = []
+        for part in text.split(","):
+            m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+            if m is None:
+                counts = []
+                break
+            counts += [int(m.group(1))] * int(m.group(2) or 1)
+        node = int(env.get("SLURM_NODEID", "0")) if env.get("SLURM_NODEID", "0").isdigit() else 0
+        if counts:
+            return counts[min(node, len(counts) - 1)]
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+    return int(per_node) if per_node.isdigit() else None
+
+
+def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), backend: str | None = None,
+                  device: str | None = None) -> DistEnv:
+    """Initialize ``torch.distributed`` from the launcher's environment; returns the :class:`DistEnv`.
+
+    ``device`` is the run's ``--device`` (default auto), resolved for this rank's
+    local rank; ``backend`` the run's ``--backend`` (default: the device's). A single
+    process (no launcher variables) is left uninitialized: use ``ProcessGrid.single()``.
+    """
+    from ..device import resolve_backend, resolve_device
+
+    info = detect_env()
+    dev = resolve_device(device or "auto", info.local_rank)
+    info = dataclasses.replace(info, backend=resolve_backend(backend or "auto", dev), device=str(dev))
+    if info.backend == "nccl" and info.local_rank >= torch.cuda.device_count():
+        raise ValueError(f"local rank {info.local_rank} has no GPU of its own ({torch.cuda.device_count()} on this "
+                         "node) and NCCL runs one rank per GPU: launch at most one rank per GPU per node, or use "
+                         "--backend gloo (slow) or --device cpu")
+    if info.source == "single" or dist.is_initialized():
+        return info
+    init_process_group(info.backend, dev, init_method=f"tcp://{info.master_addr}:{info.master_port}",
+                       rank=info.rank, world_size=info.world_size, timeout=timeout)
+    return info
+
+
+def init_process_group(backend: str, device: torch.device, **kwargs) -> None:
+    """``dist.init_process_group`` for a device backend. NCCL worlds get gloo beside
+    NCCL for CPU tensors (the control traffic: checkpoint agreement, object gathers)
+    and are bound to ``device``, which makes NCCL create its communicator at once and
+    lets torch split it for the grid's axis groups instead of building each anew."""
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, **kwargs)
+    else:
+        dist.init_process_group(backend, **kwargs)
+
+
+# --------------------------------------------------------------------------- how a process takes part
+# "joined": a rank of the job a launcher started; "local": this process starts the run's
+# --nproc workers on this host; "in process": the whole run is this one process.
+RUN_MODES = ("joined", "local", "in process")
+
+
+def run_mode(parallel, env: DistEnv | None = None) -> str:
+    """How this process takes part in a run of ``parallel`` (its
+    :class:`~scalegnn.parallel.grid.ParallelConfig`), one of :data:`RUN_MODES`:
+
+    - "joined" when a launcher started this process as one of several ranks and
+      ``--nproc`` is unset or names that many ranks (a batch script's own process,
+      which sees its allocation's SLURM variables but is no task of a job step, is not
+      a rank: there ``--nproc`` starts local workers);
+    - "local" when ``--nproc`` asks for several local workers;
+    - "joined" as well for a multi-rank grid with neither (joining then reports that
+      no launcher started the ranks, and how to start them);
+    - "in process" otherwise: one process, the 1x1x1x1 grid of its run.
+    """
+    env = detect_env() if env is None else env
+    if env.world_size > 1 and parallel.nproc in (None, env.world_size) and not _slurm_batch_script(env):
+        return "joined"
+    if (parallel.nproc or 1) > 1:
+        return "local"
+    return "joined" if parallel.world_size > 1 else "in process"
+
+
+def _slurm_batch_script(env: DistEnv) -> bool:
+    """The process is the batch script of a SLURM allocation, not a task of a job step:
+    SLURM sets its allocation's task count there (SLURM_NTASKS), but only ``srun``
+    starts the tasks, each with its step's id (SLURM_STEP_ID)."""
+    return env.source == "slurm" and "SLURM_STEP_ID" not in os.environ
+
+
+def single_env(parallel) -> DistEnv:
+    """The :class:`DistEnv` of a run that is this one process: rank 0 of 1, on the run's
+    device (``parallel``: its :class:`~scalegnn.parallel.grid.ParallelConfig`)."""
+    from ..device import resolve_device
+
+    return DistEnv(0, 1, 0, "none", "127.0.0.1", 0, "single", device=str(resolve_device(parallel.device)))
+
+
+def local_rank_env(rank: int, world: int, parallel, backend: str) -> DistEnv:
+    """The :class:`DistEnv` of worker ``rank`` of a local job of ``world`` workers
+    (a local worker's local rank is its rank: NCCL ranks take one GPU each)."""
+    from ..device import resolve_device
+
+    device = resolve_device(parallel.device, local_rank=rank)
+    return DistEnv(rank, world, rank, backend, "", 0, "local", device=str(device), local_world_size=world)
+
+
+# --------------------------------------------------------------------------- threads
+def local_ranks_of_run(parallel) -> tuple[int, bool]:
+    """(the processes of a run on this node, which share its cores; whether this process
+    spawns them): the ranks of the job a launcher started on this node
+    (:attr:`DistEnv.local_world_size`) when this process is one of them, else the
+    ``--nproc`` local workers this process spawns, else 1."""
+    info = detect_env()
+    mode = run_mode(parallel, info)
+    if mode == "joined" and info.world_size > 1:
+        return info.local_world_size, False
+    return (parallel.nproc, True) if mode == "local" else (1, False)
+
+
+def threads_of_run(parallel) -> thread_policy.ThreadChoice:
+    """The threads of each process of a run (``parallel``: its
+    :class:`~scalegnn.parallel.grid.ParallelConfig`): the one this process applied for
+    the run (:func:`run_threads`), else :func:`scalegnn.threads.choose` for its ``--threads``
+    and its local ranks now. What a local job gives each worker."""
+    current = thread_policy.applied()
+    if current is not None and current.setting == parallel.threads:
+        return current
+    ranks, spawner = local_ranks_of_run(parallel)
+    return thread_policy.choose(parallel.threads, ranks, spawner=spawner)
+
+
+@contextlib.contextmanager
+def run_threads(parallel):
+    """Apply the run's thread choice to this process for the ``with`` block (the intra-op
+    count it had comes back afterwards): a single process, a rank of a launched job, or
+    the spawner of ``--nproc`` workers (which decides once for all of them, before any
+    starts, and passes the choice on: :func:`threads_of_run`)."""
+    ranks, spawner = local_ranks_of_run(parallel)
+    choice = thread_policy.choose(parallel.threads, ranks, spawner=spawner)
+    log.debug("threads: %s", choice.reason)
+    with thread_policy.using(choice):
+        yield choice
+
+
+def free_port() -> int:
+    """A TCP port free right now (for launchers that need one; racy by nature)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_backend(parallel, nproc: int) -> str:
+    """The backend of ``nproc`` local workers of a run (``parallel``: its
+    :class:`~scalegnn.parallel.grid.ParallelConfig`; rank r on GPU r % count). NCCL
+    refuses two ranks on one GPU, so more GPU ranks than GPUs need ``--backend gloo``."""
+    from ..device import resolve_backend, resolve_device
+
+    device = resolve_device(parallel.device, local_rank=0)
+    backend = resolve_backend(parallel.backend, device)
+    if backend == "nccl" and nproc > 1 and ":" in parallel.device:
+        raise ValueError(f"--device {parallel.device} with --nproc {nproc}: NCCL runs one rank per GPU, so the ranks "
+                         "take GPUs 0..N-1; use --device cuda (or auto), or --backend gloo to share one GPU")
+    if backend == "nccl" and nproc > torch.cuda.device_count():
+        raise ValueError(f"--nproc {nproc} on {torch.cuda.device_count()} GPU(s): NCCL runs one rank per GPU; "
+                         f"use --nproc {torch.cuda.device_count()} or fewer, --backend gloo to let ranks share "
+                         "GPUs (slow, for tests), or --device cpu")
+    return backend
