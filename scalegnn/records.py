@@ -107,8 +107,9 @@ def new_record(*, system: str, dataset: str, config: dict, grid: dict, world_siz
                graph: dict | None, batch_size: int | None, steps_per_epoch: int | None,
                target_acc: float | None, run_id: str | None = None, **extra) -> RunRecord:
     """A run record as it stands before the first epoch (status ``running``); ``extra``
-    fields (e.g. ``compile_time_s``) go in as given. The one skeleton every writer
-    (the trainer, the baselines, the launcher's failed record) starts from."""
+    fields (e.g. ``compile_time_s``) go in as given. The one skeleton every record
+    starts from (:mod:`scalegnn.session`: a run's own, and the stand-in of a run that
+    lost the rank holding it)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id or new_run_id(system, dataset),
