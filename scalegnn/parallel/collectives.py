@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..perf import SpanTimer
+from ..timing import SpanTimer
 from .grid import ProcessGrid
 
 __all__ = ["CommStats", "all_reduce", "all_reduce_world", "all_reduce_async", "bucketed_all_reduce", "PendingReduce",
@@ -60,7 +60,7 @@ class CommStats:
     on CPU (gloo is synchronous), the wait of an asynchronous one (the overlapped
     part is hidden, so it is not counted). On GPU (``device`` cuda) a collective
     only enqueues work, so :meth:`span` records CUDA events instead and
-    :meth:`flush` resolves them (:class:`scalegnn.perf.SpanTimer` does both).
+    :meth:`flush` resolves them (:class:`scalegnn.timing.SpanTimer` does both).
     ``timing=False`` keeps the byte counts and skips every clock.
     """
 

@@ -49,8 +49,9 @@ from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
 from ..graph import Graph
 from ..model import ModelConfig
 from ..optim import grad_values, row_sparse_grad, use_sparse_input_update
-from ..perf import PerfConfig, Prefetcher, SpanTimer, StepProfiler
+from ..perf import PerfConfig, Prefetcher, StepProfiler
 from ..sampling import steps_per_epoch
+from ..timing import SpanTimer
 from .collectives import CommStats, all_reduce, all_reduce_world
 from .dist_sampling import DistributedSampler, ShardedBatch
 from .grid import PMM_AXES, ProcessGrid

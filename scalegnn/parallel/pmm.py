@@ -49,9 +49,9 @@ from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, t
 from ..engine import micro_f1_counts
 from ..model import dropout_keep_mask, rms_norm
 from ..optim import row_sparse_grad
-from ..perf import SpanTimer
 from ..ranges import split_bounds
 from ..sampling import SampledBlock
+from ..timing import SpanTimer
 from .collectives import (PMM_KINDS, CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
                           all_reduce_async, broadcast, bucketed_all_reduce)
 from .grid import ProcessGrid
