@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalegnn.device import to_device
-from scalegnn.engine import accuracy_counts
+from scalegnn.metrics import accuracy_counts
 from scalegnn.settings import setting
 
 from .common import BaselineData, EpochStats, broadcast_floats, rank_device, world_info

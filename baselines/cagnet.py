@@ -71,7 +71,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from scalegnn.device import resolve_backend, synchronize, to_device
-from scalegnn.engine import accuracy_counts, make_optimizer
+from scalegnn.engine import make_optimizer
+from scalegnn.metrics import accuracy_counts
 from scalegnn.model import ModelConfig, ScaleGNN, dropout_key, dropout_keep_mask, rms_norm
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid

@@ -38,9 +38,9 @@ import torch.distributed as dist
 
 from scalegnn import records
 from scalegnn.device import peak_device_memory_bytes, peak_memory_bytes, peak_rss_bytes, resolve_device, synchronize
-from scalegnn.engine import accuracy_counts
 from scalegnn.graph import Graph
 from scalegnn.loop import DivergedError, EpochStats, Progress, train_epochs
+from scalegnn.metrics import accuracy_counts
 from scalegnn.signals import Interrupted, held
 
 __all__ = ["EpochStats", "BaselineData", "load_data", "run_baseline", "split_accuracies", "world_info", "rank_device",

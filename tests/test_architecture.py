@@ -21,7 +21,7 @@ FLOORS = [
                      "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
                      "scalegnn._elementwise",
                      "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
-                     "scalegnn.threads", "scalegnn.timing"]),
+                     "scalegnn.threads", "scalegnn.timing", "scalegnn.metrics"]),
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.optim", "scalegnn.engine",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     ("parallel", ["scalegnn.parallel"]),

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, tail_backward_stats, tail_forward
-from ..engine import micro_f1_counts
 from ..model import dropout_keep_mask, rms_norm
 from ..optim import row_sparse_grad
+from ..metrics import micro_f1_counts
 from ..ranges import split_bounds
 from ..sampling import SampledBlock
 from ..timing import SpanTimer
@@ -802,7 +802,7 @@ def parallel_accuracy_counts(logits: torch.Tensor, y: torch.Tensor, masks: list[
 
     Single-label: argmax accuracy over rows with ``mask & y >= 0``. Multi-label: the
     micro-F1 numerator 2TP and denominator 2TP+FP+FN at logit 0 (as
-    :func:`scalegnn.engine.micro_f1_counts`), summed over the class and row axes.
+    :func:`scalegnn.metrics.micro_f1_counts`), summed over the class and row axes.
     """
     if multilabel:
         out = torch.cat([micro_f1_counts(logits, y, mk) for mk in masks]).to(torch.float64)
