@@ -48,8 +48,9 @@ from ..device import synchronize
 from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
 from ..graph import Graph
 from ..model import ModelConfig
-from ..optim import grad_values, row_sparse_grad, use_sparse_input_update
+from ..optim import use_sparse_input_update
 from ..perf import PerfConfig, Prefetcher, StepProfiler
+from ..rowsparse import grad_values, row_sparse_grad
 from ..sampling import steps_per_epoch
 from ..timing import SpanTimer
 from .collectives import CommStats, all_reduce, all_reduce_world

@@ -47,9 +47,9 @@ import torch
 
 from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, tail_backward_stats, tail_forward
 from ..model import dropout_keep_mask, rms_norm
-from ..optim import row_sparse_grad
 from ..metrics import micro_f1_counts
 from ..ranges import split_bounds
+from ..rowsparse import row_sparse_grad
 from ..sampling import SampledBlock
 from ..timing import SpanTimer
 from .collectives import (PMM_KINDS, CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
@@ -84,7 +84,7 @@ class ParallelContext:
         sparse_input_grad
                   with a CSR input (``h_t`` given to :func:`sharded_gemm`: the input
                   projection) the weight gradient is row-sparse: only the rows of the
-                  features present in the batch (:mod:`scalegnn.optim`)
+                  features present in the batch (:mod:`scalegnn.rowsparse`)
     """
 
     grid: ProcessGrid
@@ -269,7 +269,7 @@ def _row_sparse_dw(x_t: torch.Tensor, grad_z: torch.Tensor, shape, pc: ParallelC
     """dW = X^T dZ (Eq. 18) for a CSR input, as a row-sparse gradient: row f of X^T dZ
     is zero unless feature f has an entry in the batch rows, so only those rows are
     computed (no dense (F_z, H) temporary) and returned as the coalesced sparse COO
-    tensor of :func:`scalegnn.optim.row_sparse_grad`.
+    tensor of :func:`scalegnn.rowsparse.row_sparse_grad`.
 
     The replicas along ``dw_axis`` hold different batch rows, hence different present
     features; they agree on the union (an int32 all-reduce of F_z flags, counted with
