@@ -8,7 +8,7 @@ Model. The GCN of the serial full-graph reference (:class:`scalegnn.model.ScaleG
 with B = N: input projection, L x [SpMM, GEMM, RMSNorm, ReLU, dropout, residual],
 output head; ``--no-norm``/``--no-residual`` are ScaleGNN's flags only, so CAGNET runs
 train with the defaults), with the same initial weights (built from the same seed)
-and the same dropout masks (:func:`scalegnn.model.dropout_keep_mask`, a function of
+and the same dropout masks (:func:`scalegnn.functional.dropout_keep_mask`, a function of
 global vertex and hidden ids). Every weight is replicated on every process (Table II);
 every SpMM is CAGNET's. Per layer, on process P(i, j):
 
@@ -72,8 +72,9 @@ import torch.nn.functional as F
 
 from scalegnn.device import resolve_backend, synchronize, to_device
 from scalegnn.engine import make_optimizer
+from scalegnn.functional import dropout_keep_mask, rms_norm
 from scalegnn.metrics import accuracy_counts
-from scalegnn.model import ModelConfig, ScaleGNN, dropout_key, dropout_keep_mask, rms_norm
+from scalegnn.model import ModelConfig, ScaleGNN, dropout_key
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.csr import select_rows

@@ -35,7 +35,7 @@ __all__ = ["elementwise_bench", "main", "mask_before_issue_l"]
 
 
 def mask_before_issue_l(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
-    """scalegnn.model.dropout_keep_mask's formula as it was before issue L, frozen: the
+    """scalegnn.functional.dropout_keep_mask's formula as it was before issue L, frozen: the
     baseline of this benchmark and the specification the tests hold both kernel paths to."""
     m1, m2, gold = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64), 0x9E3779B97F4A7C15 - (1 << 64)
 

@@ -22,7 +22,7 @@ FLOORS = [
                      "scalegnn._elementwise",
                      "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
                      "scalegnn.threads", "scalegnn.timing", "scalegnn.metrics",
-                     "scalegnn.rowsparse"]),
+                     "scalegnn.rowsparse", "scalegnn.functional"]),
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.optim", "scalegnn.engine",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     ("parallel", ["scalegnn.parallel"]),

@@ -27,7 +27,7 @@ import torch
 
 from scalegnn import _elementwise as ew
 from scalegnn.benchmarks.elementwise import mask_before_issue_l  # the frozen formula: the spec
-from scalegnn.model import dropout_keep_mask, rms_norm
+from scalegnn.functional import dropout_keep_mask, rms_norm
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.parallel.launch import spawn
@@ -125,7 +125,7 @@ def _unfused(x, g, res, drop, hidden, norm, pc=None, col_axis="x", row_axis="y")
 
 
 def _serial64(x, g, res, drop, norm):
-    """The serial formula (scalegnn.model.rms_norm) in float64 autograd."""
+    """The serial formula (scalegnn.functional.rms_norm) in float64 autograd."""
     z = rms_norm(x, g, EPS) if norm else x
     z = torch.relu(z)
     if drop is not None:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, tail_backward_stats, tail_forward
-from ..model import dropout_keep_mask, rms_norm
+from ..functional import dropout_keep_mask, rms_norm
 from ..metrics import micro_f1_counts
 from ..ranges import split_bounds
 from ..rowsparse import row_sparse_grad
