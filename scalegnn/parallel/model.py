@@ -167,7 +167,7 @@ class ParallelScaleGNN(nn.Module):
         """Z = AR_c(AR_r(A[t, r] @ X[r, c]) @ W_l[c, r]) on (t, r) (Eqs. 5-6, 27-28); ``adj``
         may hold a chunk of A's rows (then Z holds the same rows)."""
         lay = layer_layout(layer)
-        agg = sharded_spmm(x, adj, pc, lay.spmm_axis, grad_axis=lay.adj[0])
+        agg = sharded_spmm(x, adj.adj, adj.adj_t, pc, lay.spmm_axis, grad_axis=lay.adj[0])
         return sharded_gemm(agg, self.w[layer], pc, reduce_axis=lay.gemm_axis, dh_axis=lay.w[1],
                             dw_axis=lay.h[0], defer_dw=defer)
 

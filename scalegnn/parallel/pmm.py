@@ -50,7 +50,6 @@ from ..functional import dropout_keep_mask, rms_norm
 from ..metrics import micro_f1_counts
 from ..ranges import split_bounds
 from ..rowsparse import row_sparse_grad
-from ..sampling import SampledBlock
 from ..timing import SpanTimer
 from .collectives import (PMM_KINDS, CommStats, PendingReduce, _maybe_time, all_gather_uneven, all_reduce,
                           all_reduce_async, broadcast, bucketed_all_reduce)
@@ -218,12 +217,13 @@ class _ShardedSpMM(torch.autograd.Function):
         return pc.reduce_pmm(grad_x, ctx.grad_axis), None, None, None, None, None
 
 
-def sharded_spmm(x: torch.Tensor, block: SampledBlock, pc: ParallelContext, spmm_axis: str,
-                 grad_axis: str) -> torch.Tensor:
-    """Aggregation of one layer: ``x`` (Br_r, H_c) on (r, c), ``block`` the A shard on
-    (t, r) with its transpose. Returns H (Br_t, H_c) on (t, c), replicated along r.
+def sharded_spmm(x: torch.Tensor, adj: torch.Tensor, adj_t: torch.Tensor | None, pc: ParallelContext,
+                 spmm_axis: str, grad_axis: str) -> torch.Tensor:
+    """Aggregation of one layer: ``x`` (Br_r, H_c) on (r, c), ``adj`` (Br_t, Br_r) the CSR
+    shard of A on (t, r) and ``adj_t`` its transpose (None: no backward, as in the
+    evaluation). Returns H (Br_t, H_c) on (t, c), replicated along r.
     ``spmm_axis`` = r, ``grad_axis`` = t (the axis of A's row blocks)."""
-    return _ShardedSpMM.apply(x, block.adj, block.adj_t, pc, spmm_axis, grad_axis)
+    return _ShardedSpMM.apply(x, adj, adj_t, pc, spmm_axis, grad_axis)
 
 
 # ------------------------------------------------------------------------------ GEMM
