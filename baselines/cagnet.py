@@ -42,7 +42,7 @@ first epoch) next to the analytic volume of
 tests hold equal byte for byte.
 
 3D. CAGNET's Split-3D-SpMM (section IV-D) is *not* covered by the repository's 3D PMM
-path (``fullgraph-3d``, the Plexus algorithm of :mod:`scalegnn.parallel.pmm`): both put
+path (``fullgraph-3d``, the Plexus algorithm of :mod:`scalegnn.parallel.products`): both put
 processes on a 3D mesh, but Plexus keeps every operand stationary and only all-reduces
 partial sums along one axis per multiplication (the layer rotation), while Split-3D
 runs 2D SUMMA per layer of the mesh (broadcasting blocks of the sparse A and of H

@@ -1,5 +1,5 @@
 """The element-wise functions of a layer's tail, shared by the serial model and the
-sharded one (:mod:`scalegnn.parallel.pmm`) and by the CAGNET baseline.
+sharded one (:mod:`scalegnn.parallel.tail`) and by the CAGNET baseline.
 
 Shape legend: B rows (vertices), H hidden columns; a caller holding a column slice
 passes what it needs of the full row (the all-reduced sum of squares, the global

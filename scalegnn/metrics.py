@@ -5,7 +5,7 @@
     micro_f1_counts   [2TP, 2TP + FP + FN] at logit 0, an int64 device tensor
 
 micro-F1 = 2TP / (2TP + FP + FN); accuracy = correct / total. The serial loop, the
-baselines and the class-sharded loss and accuracy of :mod:`scalegnn.parallel.pmm`
+baselines and the class-sharded loss and accuracy of :mod:`scalegnn.parallel.losses`
 all count with these.
 """
 

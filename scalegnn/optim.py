@@ -5,7 +5,7 @@ only the input features present in its rows, so the input projection's weight
 gradient ``dW_in = X^T dZ`` is zero outside those rows. Dense AdamW still reads and
 writes every row of W_in and both moments each step. Here the gradient of W_in
 arrives row-sparse (:mod:`scalegnn.rowsparse`: the touched rows and their values, built
-by :func:`scalegnn.parallel.pmm.sharded_gemm`) and only those rows are updated.
+by :func:`scalegnn.parallel.products.sharded_gemm`) and only those rows are updated.
 
 What is and is not exact. Dense AdamW moves a row whose gradient is zero too:
 

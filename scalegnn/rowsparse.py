@@ -2,7 +2,7 @@
 
 The input projection's weight gradient with sparse features, ``dW_in = X^T dZ`` (F, H),
 is zero in the rows of the features absent from the batch. The sharded GEMM's backward
-makes it (:func:`scalegnn.parallel.pmm.sharded_gemm`, only the R present rows) and
+makes it (:func:`scalegnn.parallel.products.sharded_gemm`, only the R present rows) and
 the optimizer consumes it (:class:`scalegnn.optim.RowSparseAdamW`, only those rows
 updated). Between them it is a coalesced sparse COO tensor with one sparse dimension:
 

@@ -29,10 +29,11 @@ from scalegnn import optim as so
 from scalegnn.csr import csr_matrix, csr_transpose
 from scalegnn.engine import OptimConfig, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
+from scalegnn.parallel.context import ParallelContext
 from scalegnn.parallel.engine import ParallelEngine, _dropout_seed
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.parallel.launch import spawn
-from scalegnn.parallel.pmm import ParallelContext, sharded_gemm
+from scalegnn.parallel.products import sharded_gemm
 from scalegnn.perf import PerfConfig
 from scalegnn.rowsparse import row_sparse_grad
 from scalegnn.sampling import UniformVertexSampler, steps_per_epoch

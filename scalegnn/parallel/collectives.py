@@ -35,7 +35,6 @@ cast to BF16, all-reduce, cast back. RMSNorm and cross-entropy reductions stay F
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -103,15 +102,6 @@ class CommStats:
         self.bytes.clear()
         self.calls.clear()
         self._timer.reset()
-
-
-@contextmanager
-def _maybe_time(timer: SpanTimer | None, name: str):
-    if timer is None:
-        yield
-    else:
-        with timer(name):
-            yield
 
 
 def _op(op: str):

@@ -54,11 +54,13 @@ from ..rowsparse import grad_values, row_sparse_grad
 from ..sampling import steps_per_epoch
 from ..timing import SpanTimer
 from .collectives import CommStats, all_reduce, all_reduce_world
+from .context import ParallelContext
 from .dist_sampling import DistributedSampler, ShardedBatch
 from .grid import PMM_AXES, ProcessGrid
+from .losses import parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
 from .model import ParallelScaleGNN
-from .pmm import ParallelContext, norm_relu_dropout, parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
 from .sharding import RankShard, build_rank_shard
+from .tail import norm_relu_dropout
 
 __all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS"]
 

@@ -43,14 +43,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._elementwise import DropoutBlock
 from ..model import ModelConfig, ScaleGNN, dropout_key
 from ..sampling import SampledBlock
+from .context import ParallelContext
 from .dist_sampling import ShardedBatch
 from ..ranges import split_bounds, split_range
 from .grid import PMM_AXES, ProcessGrid, third_axis
 from .layout import INPUT_LAYOUT, head_layout, interval_overlap, layer_layout
-from .pmm import (DropoutBlock, ParallelContext, csr_rows, fused_layer_tail, gather_row_pieces, layer_tail,
-                  reshard, row_chunks, sharded_gemm, sharded_spmm)
+from .products import csr_rows, gather_row_pieces, reshard, row_chunks, sharded_gemm, sharded_spmm
+from .tail import fused_layer_tail, layer_tail
 
 __all__ = ["ParallelScaleGNN", "ParamShard", "EVAL_CHUNK_BYTES"]
 
