@@ -10,11 +10,11 @@ rows whose loss counts; o the logits in FP32.
     parallel_argmax           the global argmax class of each row
     parallel_accuracy_counts  (correct, total) per row mask, for the evaluation
 
-Each loss reduces over the class axis what its rows need, then one FP64 all-reduce
-over the row axis of [loss sum, count, accuracy counts]: L divided by the count
-clamped to 1 (L = 0 with zero gradient when no row counts, without the host reading
-the count), the count and the batch's accuracy counts (:mod:`scalegnn.metrics`)
-returned beside L without a gradient.
+Each loss reduces over the class axis what its rows need, then both end alike
+(:func:`_row_totals`): one FP64 all-reduce over the row axis of [loss sum, count,
+accuracy counts], L divided by the count clamped to 1 (L = 0 with zero gradient when
+no row counts, without the host reading the count), the count and the batch's
+accuracy counts (:mod:`scalegnn.metrics`) returned beside L without a gradient.
 
 Gradients, under the package's convention (:mod:`scalegnn.parallel`): every class
 replica computes the same row losses from the reduced values (they are consumed
@@ -29,6 +29,25 @@ from ..metrics import micro_f1_counts
 from .context import ParallelContext
 
 __all__ = ["parallel_cross_entropy", "parallel_bce", "parallel_argmax", "parallel_accuracy_counts"]
+
+
+def _row_totals(ctx, loss_sum: torch.Tensor, mask: torch.Tensor, acc: torch.Tensor, pc: ParallelContext,
+                row_axis: str, per_row: int, dtype: torch.dtype):
+    """The end of both losses' forward: one FP64 AR over the row axis of
+    [loss sum, count, *acc], count = sum_i mask_i, then
+
+        L = loss sum / max(count * per_row, 1)       (0 when no row counts)
+
+    ``loss_sum`` and ``acc`` this rank's rows' (already summed over the class axis);
+    ``per_row`` the loss terms a row adds (1, or C for the BCE). Returns L in ``dtype``,
+    the count (int64), the accuracy counts (float64), both marked non-differentiable on
+    ``ctx``, and the FP64 denominator for the backward. Nothing is read by the host."""
+    tot = torch.cat([loss_sum.double().reshape(1), mask.sum().double().reshape(1), acc.double()])
+    pc.reduce(tot, row_axis, "loss")
+    denom = (tot[1] * per_row).clamp(min=1.0)
+    count, acc = tot[1].to(torch.int64), tot[2:].clone()
+    ctx.mark_non_differentiable(count, acc)
+    return (tot[0] / denom).to(dtype), count, acc, denom
 
 
 class _ParallelCrossEntropy(torch.autograd.Function):
@@ -77,17 +96,11 @@ class _ParallelCrossEntropy(torch.autograd.Function):
         keep = mask & (y >= 0)
         correct = keep & (four[:, 3] > 0) & (four[:, 2] == 0)
         row_loss = torch.where(mask, m + torch.log(s) - tgt, torch.zeros_like(s))
-        tot = torch.cat([torch.stack([row_loss.sum(), mask.sum().to(torch.float32)]).double(),
-                         torch.stack([correct.sum(), keep.sum()]).double()])
-        pc.reduce(tot, row_axis, "loss")
-        count = tot[1].clamp(min=1.0)  # the sum is 0 when no row counts: L = 0
-        loss = tot[0] / count
-        ctx.save_for_backward(e / s[:, None], local_t, has, mask, count)
+        loss, count, acc, denom = _row_totals(ctx, row_loss.sum(), mask, torch.stack([correct.sum(), keep.sum()]),
+                                              pc, row_axis, 1, logits.dtype)
+        ctx.save_for_backward(e / s[:, None], local_t, has, mask, denom)
         ctx.dtype = logits.dtype
-        count_t = tot[1].to(torch.int64)
-        acc = tot[2:].clone()
-        ctx.mark_non_differentiable(count_t, acc)
-        return loss.to(logits.dtype), count_t, acc
+        return loss, count, acc
 
     @staticmethod
     def backward(ctx, dloss, _dcount, _dacc):
@@ -129,16 +142,10 @@ class _ParallelBCE(torch.autograd.Function):
         local = torch.cat([(per * mask[:, None]).sum().reshape(1).double(),
                            micro_f1_counts(logits, y, mask).double()])
         pc.reduce(local, class_axis, "loss")
-        tot = torch.cat([local[:1], mask.sum().double().reshape(1), local[1:]])
-        pc.reduce(tot, row_axis, "loss")
-        denom = (tot[1] * num_classes).clamp(min=1.0)
+        loss, count, acc, denom = _row_totals(ctx, local[0], mask, local[1:], pc, row_axis, num_classes, logits.dtype)
         ctx.save_for_backward(o, y, mask, denom)
         ctx.dtype = logits.dtype
-        loss = tot[0] / denom
-        count_t = tot[1].to(torch.int64)
-        acc = tot[2:].clone()
-        ctx.mark_non_differentiable(count_t, acc)
-        return loss.to(logits.dtype), count_t, acc
+        return loss, count, acc
 
     @staticmethod
     def backward(ctx, dloss, _dcount, _dacc):
