@@ -28,10 +28,10 @@ from __future__ import annotations
 import torch
 
 from .._elementwise import DropoutBlock, row_sum_squares, tail_backward_input, tail_backward_stats, tail_forward
-from ..functional import dropout_keep_mask, rms_norm
+from ..functional import rms_norm
 from .context import ParallelContext
 
-__all__ = ["parallel_rms_norm", "norm_relu_dropout", "fused_layer_tail", "layer_tail", "parallel_dropout"]
+__all__ = ["parallel_rms_norm", "norm_relu_dropout", "fused_layer_tail", "layer_tail"]
 
 
 # ------------------------------------------------------------------------------ RMSNorm
@@ -211,20 +211,11 @@ def layer_tail(z: torch.Tensor, weight: torch.Tensor | None, res: torch.Tensor |
                norm: bool) -> torch.Tensor:
     """``dropout(relu(rmsnorm(z))) + res`` of ``z`` (Br_row, H_col) on (row_axis, col_axis)
     in one autograd node (:class:`_LayerTail`); equals ``parallel_rms_norm`` -> relu ->
-    ``parallel_dropout`` -> add (the unfused reference) up to the rounding of the row
-    sums. ``weight`` (H_col,) the slice of g (None: no gain); ``res`` (Br_row, H_col)
-    the resharded layer input (None: no residual); ``drop`` the block's dropout (None:
-    none); ``norm`` False skips RMSNorm (and its collectives)."""
+    dropout (``* keep / (1 - p)``) -> add (the unfused reference) up to the rounding of
+    the row sums. ``weight`` (H_col,) the slice of g (None: no gain); ``res``
+    (Br_row, H_col) the resharded layer input (None: no residual); ``drop`` the block's
+    dropout (None: none); ``norm`` False skips RMSNorm (and its collectives)."""
     if norm is False and weight is not None:
         raise ValueError("a norm weight was given with norm=False; pass weight=None")
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (z, weight, res))
     return _LayerTail.apply(z, weight, res, pc, col_axis, row_axis, hidden, eps, norm, drop, save)
-
-
-# ------------------------------------------------------------------------------ dropout
-def parallel_dropout(x: torch.Tensor, key: int, row_ids: torch.Tensor, col_ids: torch.Tensor,
-                     p: float) -> torch.Tensor:
-    """Dropout (Eq. 9) of a block whose rows are global vertices ``row_ids`` and whose
-    columns are global hidden ids ``col_ids``: the block of the serial mask, exactly."""
-    keep = dropout_keep_mask(key, row_ids, col_ids, p)
-    return x * keep / (1.0 - p)
