@@ -11,9 +11,10 @@ The same arithmetic in three forms:
 
     layer_tail         one autograd node, its element-wise work in the kernels of
                        :mod:`scalegnn._elementwise` (numba on the CPU, torch elsewhere):
-                       what the model runs
+                       what the model runs by default
     fused_layer_tail   the reductions here, the element-wise rest in
-                       :func:`norm_relu_dropout`, compiled by ``torch.compile`` (V-C)
+                       :func:`norm_relu_dropout`, compiled by ``torch.compile`` (V-C):
+                       what the model runs with ``pc.fused``
     parallel_rms_norm  RMSNorm alone, unfused: the reference the two are tested against
 
 Gradients, under the package's convention (:mod:`scalegnn.parallel`): each replica
