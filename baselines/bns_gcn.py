@@ -37,7 +37,7 @@ from torch import nn
 
 from scalegnn.config import RunConfig
 from scalegnn.device import to_device
-from scalegnn.engine import accuracy_counts
+from scalegnn.metrics import accuracy_counts
 from scalegnn.settings import setting
 
 from .common import BaselineData, DataParallelTrainer, EpochStats, baseline_data, broadcast_floats

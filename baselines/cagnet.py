@@ -8,7 +8,7 @@ Model. The GCN of the serial full-graph reference (:class:`scalegnn.model.ScaleG
 with B = N: input projection, L x [SpMM, GEMM, RMSNorm, ReLU, dropout, residual],
 output head; ``--no-norm``/``--no-residual`` are ScaleGNN's flags only, so CAGNET runs
 train with the defaults), with the same initial weights (built from the same seed)
-and the same dropout masks (:func:`scalegnn.model.dropout_keep_mask`, a function of
+and the same dropout masks (:func:`scalegnn.functional.dropout_keep_mask`, a function of
 global vertex and hidden ids). Every weight is replicated on every process (Table II);
 every SpMM is CAGNET's. Per layer, on process P(i, j):
 
@@ -42,7 +42,7 @@ first epoch) next to the analytic volume of
 tests hold equal byte for byte.
 
 3D. CAGNET's Split-3D-SpMM (section IV-D) is *not* covered by the repository's 3D PMM
-path (``fullgraph-3d``, the Plexus algorithm of :mod:`scalegnn.parallel.pmm`): both put
+path (``fullgraph-3d``, the Plexus algorithm of :mod:`scalegnn.parallel.products`): both put
 processes on a 3D mesh, but Plexus keeps every operand stationary and only all-reduces
 partial sums along one axis per multiplication (the layer rotation), while Split-3D
 runs 2D SUMMA per layer of the mesh (broadcasting blocks of the sparse A and of H
@@ -72,8 +72,10 @@ import torch.nn.functional as F
 
 from scalegnn.config import RunConfig
 from scalegnn.device import resolve_backend, synchronize, to_device
-from scalegnn.engine import accuracy_counts, make_optimizer
-from scalegnn.model import ModelConfig, ScaleGNN, dropout_key, dropout_keep_mask, rms_norm
+from scalegnn.engine import make_optimizer
+from scalegnn.functional import dropout_keep_mask, rms_norm
+from scalegnn.metrics import accuracy_counts
+from scalegnn.model import ModelConfig, ScaleGNN, dropout_key
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.csr import select_rows

@@ -26,7 +26,7 @@ along ``x`` the process column P(:, j).
     2D     R = pr, C = pc: A, A^T and H in 2D blocks, rows over pr, columns over pc
            (A's columns: vertices over pc; H's columns: hidden over pc).
 
-Gradient convention (as in :mod:`scalegnn.parallel.pmm`): every operator returns
+Gradient convention (as in :mod:`scalegnn.parallel`): every operator returns
 *complete* gradients for the activation blocks it was given (identical on the
 replicas of a block); a weight gradient is this rank's *contribution*, and the
 contributions of distinct ranks are disjoint parts of the sum, so the trainer

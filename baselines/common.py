@@ -36,9 +36,9 @@ import torch.distributed as dist
 
 from scalegnn.config import RunConfig
 from scalegnn.device import synchronize
-from scalegnn.engine import accuracy_counts
 from scalegnn.graph import Graph
 from scalegnn.loop import EpochStats, Trainer
+from scalegnn.metrics import accuracy_counts
 
 __all__ = ["EpochStats", "BaselineData", "DataParallelTrainer", "baseline_data", "load_data", "split_accuracies",
            "world_info", "ddp", "all_reduce_sum"]

@@ -23,7 +23,7 @@ import torch
 from scalegnn.config import RunConfig
 from scalegnn.csr import select_rows
 from scalegnn.device import to_device
-from scalegnn.engine import accuracy_counts
+from scalegnn.metrics import accuracy_counts
 from scalegnn.model import node_loss
 from scalegnn.settings import int_tuple, setting
 

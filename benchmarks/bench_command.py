@@ -415,7 +415,7 @@ def ablation_bench(grid: str = "1x2x2x2", dataset: str = "csbm:n=20000,avg_degre
     shape = parse_grid(grid)
     world = math.prod(shape)
     if any(sw.get("compile") for _, sw in ABLATION):  # warm the compile cache once, not in every rank
-        from scalegnn.parallel.pmm import norm_relu_dropout
+        from scalegnn.parallel.tail import norm_relu_dropout
 
         fused = torch.compile(norm_relu_dropout, dynamic=True, backend=compile_backend)
         for training in (True, False):

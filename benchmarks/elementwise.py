@@ -16,7 +16,7 @@ shared machine).
   runs) and the numba kernel (what the CPU runs);
 * the layer tail, forward + backward: the unfused operators before issue 12
   (``parallel_rms_norm`` -> relu -> ``* keep / (1-p)`` -> residual add, its mask by
-  the old formula) against :func:`scalegnn.parallel.pmm.layer_tail` (numba kernels,
+  the old formula) against :func:`scalegnn.parallel.tail.layer_tail` (numba kernels,
   and its torch path).
 
 No pass/fail: timings live here, correctness in tests/test_elementwise.py.
@@ -35,7 +35,7 @@ __all__ = ["elementwise_bench", "main", "mask_before_issue_l"]
 
 
 def mask_before_issue_l(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
-    """scalegnn.model.dropout_keep_mask's formula as it was before issue L, frozen: the
+    """scalegnn.functional.dropout_keep_mask's formula as it was before issue L, frozen: the
     baseline of this benchmark and the specification the tests hold both kernel paths to."""
     m1, m2, gold = 0xBF58476D1CE4E5B9 - (1 << 64), 0x94D049BB133111EB - (1 << 64), 0x9E3779B97F4A7C15 - (1 << 64)
 
@@ -78,7 +78,8 @@ def elementwise_bench(shapes=((2247, 256), (22470, 256)), p: float = 0.5, reps: 
     from scalegnn import _elementwise as ew
     from scalegnn.parallel.collectives import CommStats
     from scalegnn.parallel.grid import ProcessGrid
-    from scalegnn.parallel.pmm import DropoutBlock, ParallelContext, layer_tail, parallel_rms_norm
+    from scalegnn.parallel.context import ParallelContext
+    from scalegnn.parallel.tail import layer_tail, parallel_rms_norm
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(seed)
@@ -102,7 +103,7 @@ def elementwise_bench(shapes=((2247, 256), (22470, 256)), p: float = 0.5, reps: 
         g = (torch.rand(h, generator=gen) + 0.5).requires_grad_()
         res = torch.randn(b, h, generator=gen).requires_grad_()
         dout = torch.randn(b, h, generator=gen)
-        drop = DropoutBlock(7, rows, cols, p)
+        drop = ew.DropoutBlock(7, rows, cols, p)
 
         def clear():  # each call's gradients are fresh (autograd hands them over, no accumulation)
             x.grad = g.grad = res.grad = None

@@ -26,8 +26,7 @@ import torch
 from .optim import SPARSE_INPUT_UPDATE, RowSparseAdamW
 from .settings import setting
 
-__all__ = ["OptimConfig", "StepResult", "EpochSums", "EvalResult", "make_optimizer", "accuracy_counts",
-           "micro_f1_counts"]
+__all__ = ["OptimConfig", "StepResult", "EpochSums", "EvalResult", "make_optimizer"]
 
 
 @dataclass(kw_only=True)
@@ -139,23 +138,3 @@ def make_optimizer(params, cfg: OptimConfig, total_steps: int, row_sparse: bool 
         sched = None
     return opt, sched
 
-
-def micro_f1_counts(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Multi-label: the micro-F1 numerator 2TP and denominator 2TP+FP+FN of ``logits``
-    against the multi-hot ``y`` at a 0-logit threshold, over the rows of ``mask`` (all
-    rows without one), as an int64 tensor on the logits' device. Counts, not the ratio:
-    counts from several shards add up before dividing."""
-    pred, truth = logits > 0, y > 0.5
-    if mask is not None:
-        pred, truth = pred & mask[:, None], truth & mask[:, None]
-    tp = (pred & truth).sum()
-    return torch.stack([2 * tp, 2 * tp + (pred & ~truth).sum() + (~pred & truth).sum()])
-
-
-def accuracy_counts(logits: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(correct, total) for single-label argmax accuracy; for multi-label,
-    :func:`micro_f1_counts`."""
-    if y.dim() == 2:
-        two_tp, denom = micro_f1_counts(logits, y).tolist()
-        return float(two_tp), float(denom)
-    return float((logits.argmax(-1) == y).sum().item()), float(y.numel())

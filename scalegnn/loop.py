@@ -27,7 +27,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .engine import accuracy_counts
+from .metrics import accuracy_counts
 from .records import EpochRow, new_epoch_row
 from .settings import fraction, setting
 

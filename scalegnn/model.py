@@ -12,9 +12,10 @@ Shape legend:
     O = X_hL W_out                                      (Eq. 11)
 
 The parallel model in :mod:`scalegnn.parallel` shards exactly these parameters;
-dropout uses a counter-based mask (:func:`dropout_keep_mask`) that is a function of
-(key, global row id, global column id), so a rank can compute the mask of its own
-block and the union of all blocks equals the serial mask bit for bit.
+dropout uses a counter-based mask (:func:`scalegnn.functional.dropout_keep_mask`)
+that is a function of (key, global row id, global column id), so a rank can compute
+the mask of its own block and the union of all blocks equals the serial mask bit for
+bit.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .functional import dropout_keep_mask, rms_norm
 from .settings import setting
 
-__all__ = ["ModelConfig", "ScaleGNN", "spmm", "rms_norm", "dropout_keep_mask", "dropout_key", "node_loss"]
+__all__ = ["ModelConfig", "ScaleGNN", "spmm", "dropout_key", "node_loss"]
 
 
 @dataclass(kw_only=True)
@@ -70,37 +72,9 @@ def spmm(adj: torch.Tensor, adj_t: torch.Tensor, x: torch.Tensor) -> torch.Tenso
     return _SpMM.apply(adj, adj_t, x)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, sum_sq: torch.Tensor | None = None,
-             dim: int | None = None) -> torch.Tensor:
-    """RMSNorm (Eq. 7): x / sqrt(mean_j x_j^2 + eps) * g.
-
-    ``sum_sq`` and ``dim`` let the parallel model pass the all-reduced FP32 sum of
-    squares over the full hidden dimension (Eq. 29) while holding a column slice.
-    """
-    if sum_sq is None:
-        acc = x if x.dtype == torch.float64 else x.float()  # FP32 at least, as the parallel all-reduce
-        sum_sq, dim = acc.pow(2).sum(-1, keepdim=True), x.shape[-1]
-    y = x * torch.rsqrt(sum_sq / dim + eps).to(x.dtype)
-    return y * weight if weight is not None else y
-
-
 def dropout_key(seed: int, step: int, layer: int) -> int:
-    """One 62-bit key per (seed, step, layer) for :func:`dropout_keep_mask`."""
+    """One 62-bit key per (seed, step, layer) for :func:`scalegnn.functional.dropout_keep_mask`."""
     return ((seed * 1_000_003 + step) * 131 + layer) & ((1 << 62) - 1)
-
-
-def dropout_keep_mask(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
-    """Bernoulli(1-p) keep mask (len(row_ids), len(col_ids)) from a splitmix64 hash.
-
-    Entry (i, j) depends only on (key, row_ids[i], col_ids[j]): any block of the
-    global mask can be computed alone, which is what makes dropout in the 3D
-    parallel model identical to the serial one under a shared seed. The hash is
-    defined in :mod:`scalegnn._elementwise` (a one-pass numba kernel on the CPU, torch
-    int64 ops elsewhere; the same bits).
-    """
-    from ._elementwise import keep_mask  # lazy: importing the model does not pay numba's import
-
-    return keep_mask(key, row_ids, col_ids, p)
 
 
 def node_loss(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,8 @@ Why. With sparse bag-of-words features (Facebook: 4,714 columns) a mini-batch to
 only the input features present in its rows, so the input projection's weight
 gradient ``dW_in = X^T dZ`` is zero outside those rows. Dense AdamW still reads and
 writes every row of W_in and both moments each step. Here the gradient of W_in
-arrives as a coalesced sparse COO tensor (the touched rows and their values, built by
-:func:`scalegnn.parallel.pmm.sharded_gemm`) and only those rows are updated.
+arrives row-sparse (:mod:`scalegnn.rowsparse`: the touched rows and their values, built
+by :func:`scalegnn.parallel.products.sharded_gemm`) and only those rows are updated.
 
 What is and is not exact. Dense AdamW moves a row whose gradient is zero too:
 
@@ -56,8 +56,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["RowSparseAdamW", "SPARSE_INPUT_UPDATE", "use_sparse_input_update", "row_sparse_grad",
-           "lazy_adamw_rows_", "grad_values"]
+__all__ = ["RowSparseAdamW", "SPARSE_INPUT_UPDATE", "use_sparse_input_update", "lazy_adamw_rows_"]
 
 SPARSE_INPUT_UPDATE = ("auto", "on", "off")
 
@@ -84,19 +83,6 @@ def use_sparse_input_update(mode: str, sparse_features: bool, device: torch.devi
     if not sparse_features or mode == "off":
         return False
     return mode == "on" or (torch.device(device).type == "cpu" and _KERNEL_OK)
-
-
-def row_sparse_grad(rows: torch.Tensor, values: torch.Tensor, shape) -> torch.Tensor:
-    """The gradient of a (F, H) weight that is zero outside ``rows`` (sorted, unique):
-    a coalesced sparse COO tensor with one sparse dimension, values (R, H)."""
-    return torch.sparse_coo_tensor(rows.reshape(1, -1), values, tuple(shape), is_coalesced=True)
-
-
-def grad_values(grad: torch.Tensor) -> torch.Tensor:
-    """The stored values of a gradient: itself if dense, its (R, H) rows if row-sparse
-    (unique rows by construction, so norms and scalings apply to them as to a dense one;
-    autograd's accumulation into ``.grad`` drops the coalesced flag, not the property)."""
-    return grad._values() if grad.is_sparse else grad
 
 
 # ------------------------------------------------------------------------------ the rule
@@ -172,8 +158,9 @@ def lazy_adamw_rows_(p: torch.Tensor, grad: torch.Tensor, state: dict, *, lr: fl
                      eps: float, weight_decay: float, found_inf: torch.Tensor | None = None,
                      kernel: bool | None = None, host: bool | None = None) -> None:
     """One step of the rule (module doc) on ``p`` (F, H) in place, with ``grad`` the
-    row-sparse gradient (:func:`row_sparse_grad`) and ``state`` AdamW's state of ``p``
-    (``step`` a float32 0-dim tensor, ``exp_avg``, ``exp_avg_sq``), updated in place.
+    row-sparse gradient (:func:`scalegnn.rowsparse.row_sparse_grad`) and ``state``
+    AdamW's state of ``p`` (``step`` a float32 0-dim tensor, ``exp_avg``,
+    ``exp_avg_sq``), updated in place.
 
     ``found_inf``: 0-dim float tensor, 1 = skip this step entirely. ``kernel``: None
     picks the compiled CPU kernel when it can run, False forces the torch path (the

@@ -213,7 +213,7 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
 
     def ar(axis, kind, elems, nbytes=4, grad=False):
         # A weight or gain gradient joins its step's bucket over (axis, wire bytes) when
-        # bucketing is on (scalegnn.parallel.pmm.ParallelContext.weight_grad_hook).
+        # bucketing is on (scalegnn.parallel.context.ParallelContext.weight_grad_hook).
         if g[axis] > 1 and elems > 0:
             out.append(Collective(axis, kind, "all_reduce", float(elems), nbytes,
                                   ("grad", axis, nbytes) if grad and w.bucket else None))

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from scalegnn.engine import EvalResult, OptimConfig, accuracy_counts
+from scalegnn.engine import EvalResult, OptimConfig
 from scalegnn.graph import Graph
+from scalegnn.metrics import accuracy_counts
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.sampling import UniformVertexSampler, steps_per_epoch
 

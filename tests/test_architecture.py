@@ -15,24 +15,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # folders; all import as scalegnn.*
 
-# Lowest first. The longest matching prefix decides a module's floor.
+# Lowest first. An entry names one module, or with ".*" a package and every module in it;
+# the longest match decides a module's floor, and a module that matches none has none.
 FLOORS = [
     ("foundations", ["scalegnn.fileio", "scalegnn.device", "scalegnn.ranges", "scalegnn.settings",
                      "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
                      "scalegnn._elementwise",
-                     "scalegnn.datasets", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
-                     "scalegnn.threads", "scalegnn.launch.environment", "scalegnn.launch.job"]),
+                     "scalegnn.datasets.*", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
+                     "scalegnn.threads", "scalegnn.timing", "scalegnn.metrics",
+                     "scalegnn.rowsparse", "scalegnn.functional"]),
+    # Where a process stands in a run and its local workers: threads, signals and devices only.
+    ("process launch", ["scalegnn.launch.environment", "scalegnn.launch.job"]),
+    # The parallel core: below every application component, so none of them leaks into it.
+    ("parallel grid", ["scalegnn.parallel", "scalegnn.parallel.grid"]),
+    ("parallel collectives", ["scalegnn.parallel.collectives", "scalegnn.parallel.layout"]),
+    ("parallel context", ["scalegnn.parallel.context"]),
+    ("parallel operators", ["scalegnn.parallel.products", "scalegnn.parallel.tail", "scalegnn.parallel.losses"]),
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.optim", "scalegnn.engine",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
-    ("parallel", ["scalegnn.parallel"]),
+    # The parallel application: the core put to work on the components' model and data.
+    ("parallel data", ["scalegnn.parallel.sharding", "scalegnn.parallel.dist_sampling"]),
+    ("parallel model", ["scalegnn.parallel.model"]),
+    ("parallel engine", ["scalegnn.parallel.engine"]),
     ("trainers", ["scalegnn.config", "scalegnn.trainer", "scalegnn.session", "scalegnn.launch", "scalegnn.perfmodel",
-                  "scalegnn.baselines"]),
-    ("analysis", ["scalegnn.analysis"]),
-    ("harness", ["scalegnn.sweeps", "scalegnn.benchmarks"]),
+                  "scalegnn.baselines.*"]),
+    ("analysis", ["scalegnn.analysis.*"]),
+    ("harness", ["scalegnn.sweeps.*", "scalegnn.benchmarks.*"]),
     # The package itself re-exports the API (scalegnn.train, scalegnn.Graph, ...): it is the top.
     ("front", ["scalegnn", "scalegnn.api", "scalegnn.cli", "scalegnn.demo", "scalegnn.__main__"]),
 ]
-
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -105,10 +116,12 @@ def test_the_harness_folders_are_imported_inside_the_scalegnn_package():
 
 def floor_of(module: str) -> int | None:
     best = None
-    for level, (_, prefixes) in enumerate(FLOORS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
-                best = (level, len(prefix))
+    for level, (_, entries) in enumerate(FLOORS):
+        for entry in entries:
+            name = entry.removesuffix(".*")
+            inside = entry.endswith(".*") and module.startswith(name + ".")
+            if (module == name or inside) and (best is None or len(name) > best[1]):
+                best = (level, len(name))
     return None if best is None else best[0]
 
 
@@ -164,7 +177,9 @@ def test_the_checks_can_fail():
     """The two checks catch what they are for, on a made-up graph."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert floor_of("scalegnn.cli") > floor_of("scalegnn.sweeps.launcher") > floor_of("scalegnn.trainer") \
-        > floor_of("scalegnn.parallel.engine") > floor_of("scalegnn.model") > floor_of("scalegnn.graph")
+        > floor_of("scalegnn.parallel.engine") > floor_of("scalegnn.model") > floor_of("scalegnn.parallel.products") \
+        > floor_of("scalegnn.parallel.context") > floor_of("scalegnn.parallel.grid") > floor_of("scalegnn.graph")
+    assert floor_of("scalegnn.parallel.unlisted") is None and floor_of("scalegnn.unlisted") is None
     assert "scalegnn.parallel.grid" in GRAPH["scalegnn.config"]  # imports are really read
     assert _resolve("scalegnn.parallel.grid.cube_3d") == "scalegnn.parallel.grid"
 

@@ -103,8 +103,8 @@ def test_bucketed_all_reduce_closed_form_accounting_and_errors():
 # ----------------------------------------------------------------------------- the loss carries the accuracy
 def _loss_worker(rank, world, shape, num_classes, multilabel):
     from scalegnn.parallel.layout import col_bounds
-    from scalegnn.parallel.pmm import (ParallelContext, parallel_accuracy_counts, parallel_bce,
-                                       parallel_cross_entropy)
+    from scalegnn.parallel.context import ParallelContext
+    from scalegnn.parallel.losses import parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
     from scalegnn.ranges import split_range
 
     grid = ProcessGrid(*shape)
@@ -296,9 +296,11 @@ def test_bucketed_training_with_data_parallel_and_a_three_rank_axis(shape):
 # ----------------------------------------------------------------------------- fused tail: deferred dg
 def _fused_worker(rank, world, shape):
     from scalegnn.parallel.dist_sampling import DistributedSampler
+    from scalegnn.parallel.context import ParallelContext
+    from scalegnn.parallel.losses import parallel_cross_entropy
     from scalegnn.parallel.model import ParallelScaleGNN
-    from scalegnn.parallel.pmm import ParallelContext, norm_relu_dropout, parallel_cross_entropy
     from scalegnn.parallel.sharding import build_rank_shard
+    from scalegnn.parallel.tail import norm_relu_dropout
 
     grid = ProcessGrid(*shape)
     graph = parallel_graph(seed=2)

@@ -305,7 +305,7 @@ def test_prefetch_stream_waits_for_training_and_training_waits_for_it():
 def test_compiled_fused_tail_on_the_gpu_equals_eager():
     """torch.compile (inductor, the real GPU backend) of RMSNorm + ReLU + dropout: the
     same values and gradients as the eager formula within float32 reordering."""
-    from scalegnn.parallel.pmm import norm_relu_dropout
+    from scalegnn.parallel.tail import norm_relu_dropout
 
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(0)

@@ -3,7 +3,7 @@
 * The dropout mask: the numba kernel and the torch path equal, bit for bit, a frozen
   copy of the original formula (below), for random keys, ids, p, odd and empty shapes,
   non-contiguous and int32 id tensors.
-* The fused tail (scalegnn.parallel.pmm.layer_tail): given the same row statistics,
+* The fused tail (scalegnn.parallel.tail.layer_tail): given the same row statistics,
   the forward output and dx equal the unfused torch chain bit for bit (the kernels
   use its operations in its order); end to end it equals the unfused operators
   (parallel_rms_norm -> relu -> dropout -> add) within TOL32 (the row sums are added
@@ -27,11 +27,12 @@ import torch
 
 from scalegnn import _elementwise as ew
 from scalegnn.benchmarks.elementwise import mask_before_issue_l  # the frozen formula: the spec
-from scalegnn.model import dropout_keep_mask, rms_norm
+from scalegnn.functional import dropout_keep_mask, rms_norm
 from scalegnn.parallel.collectives import CommStats
+from scalegnn.parallel.context import ParallelContext
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn
-from scalegnn.parallel.pmm import DropoutBlock, ParallelContext, layer_tail, parallel_rms_norm
+from scalegnn.parallel.tail import layer_tail, parallel_rms_norm
 
 needs_numba = pytest.mark.skipif(not ew.available(), reason="numba is not installed")
 TOL32 = dict(rtol=1e-5, atol=1e-6)
@@ -109,7 +110,7 @@ def _inputs(b, h, dtype, seed=0, norm=True, gain=True, residual=True, p=0.3):
     x = torch.randn(b, h, generator=gen, dtype=dtype)
     g = (torch.rand(h, generator=gen, dtype=dtype) + 0.5) if norm and gain else None
     res = torch.randn(b, h, generator=gen, dtype=dtype) if residual else None
-    drop = DropoutBlock(12345, torch.randint(0, 10_000, (b,), generator=gen), torch.arange(3, 3 + h), p) \
+    drop = ew.DropoutBlock(12345, torch.randint(0, 10_000, (b,), generator=gen), torch.arange(3, 3 + h), p) \
         if p > 0 else None
     return x, g, res, drop
 
@@ -125,7 +126,7 @@ def _unfused(x, g, res, drop, hidden, norm, pc=None, col_axis="x", row_axis="y")
 
 
 def _serial64(x, g, res, drop, norm):
-    """The serial formula (scalegnn.model.rms_norm) in float64 autograd."""
+    """The serial formula (scalegnn.functional.rms_norm) in float64 autograd."""
     z = rms_norm(x, g, EPS) if norm else x
     z = torch.relu(z)
     if drop is not None:
@@ -215,11 +216,11 @@ def test_fused_tail_checks_its_inputs():
     x, g, res, drop = _inputs(4, 3, torch.float32)
     with pytest.raises(ValueError, match="norm=False"):
         layer_tail(x, g, res, None, _pc(), "x", "y", 3, EPS, norm=False)
-    bad = DropoutBlock(1, torch.arange(5), torch.arange(3), 0.5)
+    bad = ew.DropoutBlock(1, torch.arange(5), torch.arange(3), 0.5)
     with pytest.raises(ValueError, match="do not match"):
         layer_tail(x, g, res, bad, _pc(), "x", "y", 3, EPS, norm=True)
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
-        DropoutBlock(1, torch.arange(5), torch.arange(3), 1.0)
+        ew.DropoutBlock(1, torch.arange(5), torch.arange(3), 1.0)
 
 
 def test_fused_tail_in_eval_saves_nothing_and_matches():
@@ -254,7 +255,7 @@ def _two_rank_worker(rank, world, shape, col_axis, row_axis, backend, planted=Fa
     x, g, res, drop = _inputs(b, h, torch.float32, seed=9)
     r0, r1 = split_range(b, grid.axis_size(row_axis), grid.axis_index(row_axis))
     c0, c1 = split_range(h, grid.axis_size(col_axis), grid.axis_index(col_axis))
-    blk = DropoutBlock(drop.key, drop.rows[r0:r1], drop.cols[c0:c1], drop.p)
+    blk = ew.DropoutBlock(drop.key, drop.rows[r0:r1], drop.cols[c0:c1], drop.p)
     pc = ParallelContext(grid, CommStats())
     got = _fwd_bwd(lambda x_, g_, r_: layer_tail(x_, g_, r_, blk, pc, col_axis, row_axis, h, EPS, True),
                    x[r0:r1, c0:c1], g[c0:c1], res[r0:r1, c0:c1], dout=_dout((b, h), torch.float32)[r0:r1, c0:c1])

@@ -20,7 +20,7 @@ from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn
-from scalegnn.parallel.pmm import row_chunks
+from scalegnn.parallel.products import row_chunks
 from scalegnn.perf import PerfConfig
 from tests.devices import DEVICES
 from tests.graphs import nprocs, parallel_graph

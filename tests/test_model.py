@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from scalegnn.model import ModelConfig, ScaleGNN, dropout_keep_mask, node_loss, rms_norm, spmm
+from scalegnn.functional import dropout_keep_mask, rms_norm
+from scalegnn.model import ModelConfig, ScaleGNN, node_loss, spmm
 from tests.graphs import random_graph
 
 from scalegnn.sampling import UniformVertexSampler

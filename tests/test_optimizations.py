@@ -30,7 +30,8 @@ from scalegnn import sampling as S
 from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
 from scalegnn.parallel.engine import COMPONENTS
-from scalegnn.perf import PerfConfig, Prefetcher, SpanTimer
+from scalegnn.perf import PerfConfig, Prefetcher
+from scalegnn.timing import SpanTimer
 from tests.devices import needs_gpu
 from tests.reference import SerialReference
 from tests.graphs import parallel_graph

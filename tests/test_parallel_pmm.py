@@ -18,12 +18,14 @@ import torch
 from scalegnn.device import resolve_device
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
 from scalegnn.parallel.collectives import CommStats
+from scalegnn.parallel.context import ParallelContext
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn
 from scalegnn.parallel.layout import RowPartition, col_bounds, layer_layout
+from scalegnn.parallel.losses import parallel_bce, parallel_cross_entropy
 from scalegnn.parallel.model import ParallelScaleGNN
-from scalegnn.parallel.pmm import ParallelContext, parallel_bce, parallel_cross_entropy, reshard
+from scalegnn.parallel.products import reshard
 from scalegnn.parallel.sharding import build_rank_shard
 from scalegnn.sampling import UniformVertexSampler
 from tests.devices import DEVICES
@@ -265,7 +267,7 @@ def test_bf16_gemm_operands_are_exactly_the_bf16_products():
     """``gemm_dtype=bf16`` makes the three local products of a GEMM (Z = H W, dH = dZ W^T,
     dW = H^T dZ) bf16 products returned in FP32, bit for bit; the CSR input projection
     stays an FP32 sparse product. One process: no reduction reorders anything."""
-    from scalegnn.parallel.pmm import sharded_gemm
+    from scalegnn.parallel.products import sharded_gemm
 
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(37, 16, generator=gen, requires_grad=True)

@@ -16,9 +16,9 @@ from scalegnn.model import ModelConfig
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
+from scalegnn.parallel.context import ParallelContext
 from scalegnn.launch.job import spawn
 from scalegnn.parallel.layout import PLANES
-from scalegnn.parallel.pmm import ParallelContext
 from scalegnn.parallel.sharding import (RankShard, build_shard, load_shard, row_slice, save_shards,
                                         share_planes)
 from scalegnn.sampling import CSRBlock

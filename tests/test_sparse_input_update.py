@@ -29,11 +29,13 @@ from scalegnn import optim as so
 from scalegnn.csr import csr_matrix, csr_transpose
 from scalegnn.engine import OptimConfig, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
+from scalegnn.parallel.context import ParallelContext
 from scalegnn.parallel.engine import ParallelEngine, _dropout_seed
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn
-from scalegnn.parallel.pmm import ParallelContext, sharded_gemm
+from scalegnn.parallel.products import sharded_gemm
 from scalegnn.perf import PerfConfig
+from scalegnn.rowsparse import row_sparse_grad
 from scalegnn.sampling import UniformVertexSampler, steps_per_epoch
 from tests.graphs import parallel_graph
 
@@ -121,7 +123,7 @@ def test_lazy_update_equals_the_reference_rule_bit_for_bit(kernel, wd):
         rows = touched.nonzero().squeeze(1)
         vals = torch.randn(rows.numel(), H, generator=gen) * 10.0 ** float(torch.randint(-4, 1, (), generator=gen))
         found_inf = torch.tensor(1.0 if s in skips else 0.0)
-        so.lazy_adamw_rows_(p, so.row_sparse_grad(rows, vals, (F, H)), state, lr=lr, betas=(b1, b2), eps=eps,
+        so.lazy_adamw_rows_(p, row_sparse_grad(rows, vals, (F, H)), state, lr=lr, betas=(b1, b2), eps=eps,
                             weight_decay=wd, found_inf=found_inf, kernel=kernel)
         if s not in skips:
             t += 1
@@ -144,7 +146,7 @@ def test_the_torch_path_without_host_reads_equals_the_host_path():
         g2 = torch.Generator().manual_seed(4)
         for s in range(6):
             rows = torch.tensor([1, 4, 5, 9]) if s % 2 else torch.tensor([0, 4])
-            grad = so.row_sparse_grad(rows, torch.randn(rows.numel(), H, generator=g2), (F, H))
+            grad = row_sparse_grad(rows, torch.randn(rows.numel(), H, generator=g2), (F, H))
             so.lazy_adamw_rows_(p, grad, state, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1,
                                 found_inf=torch.tensor(1.0 if s == 3 else 0.0), kernel=False, host=host)
         results.append((p, state))
@@ -167,7 +169,7 @@ def test_a_row_touched_every_step_follows_adamw_and_the_others_sparse_adams_mome
     opt_r = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.02, fused=False)
     for _ in range(20):
         g = torch.randn(F, H, generator=gen)
-        lazy.grad = so.row_sparse_grad(torch.arange(F), g.clone(), (F, H))
+        lazy.grad = row_sparse_grad(torch.arange(F), g.clone(), (F, H))
         ref.grad = g.clone()
         opt_l.step()
         opt_r.step()
@@ -180,8 +182,8 @@ def test_a_row_touched_every_step_follows_adamw_and_the_others_sparse_adams_mome
     for touched in _touch_pattern(20, F, 6):
         rows = touched.nonzero().squeeze(1)
         vals = torch.randn(rows.numel(), H, generator=gen)
-        lazy.grad = so.row_sparse_grad(rows, vals.clone(), (F, H))
-        ref.grad = so.row_sparse_grad(rows, vals.clone(), (F, H))
+        lazy.grad = row_sparse_grad(rows, vals.clone(), (F, H))
+        ref.grad = row_sparse_grad(rows, vals.clone(), (F, H))
         opt_l.step()
         opt_r.step()
     torch.testing.assert_close(lazy.detach(), ref.detach(), rtol=1e-5, atol=1e-6)
@@ -206,7 +208,7 @@ def test_dense_gradients_take_the_fused_adamw_bit_for_bit_and_the_state_round_tr
             opt.load_state_dict(torch.load(buf, weights_only=True))
         for gw, gb, touched in steps:
             rows = touched.nonzero().squeeze(1)
-            w.grad = so.row_sparse_grad(rows, gw[rows], w.shape) if kind is so.RowSparseAdamW else gw.clone()
+            w.grad = row_sparse_grad(rows, gw[rows], w.shape) if kind is so.RowSparseAdamW else gw.clone()
             b.grad = gb.clone()
             opt.step()
         return w.detach(), b.detach(), opt
@@ -351,7 +353,7 @@ def _serial_dp_union_reference(steps, gd=2):
             p.grad = sum(gr[i] for gr in grads) / len(grads)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         rows = present.nonzero().squeeze(1)
-        model.w_in.grad = so.row_sparse_grad(rows, model.w_in.grad[rows], model.w_in.shape)
+        model.w_in.grad = row_sparse_grad(rows, model.w_in.grad[rows], model.w_in.shape)
         opt.step()
     return {n: p.detach() for n, p in model.named_parameters()}
 

@@ -2,15 +2,44 @@
 3D-PMM operators, sharding, communication-free distributed sampling, the parallel
 model and engine, and process launch.
 
+The parallel core, lowest first (each imports only the ones above it and the
+foundations; never an application module such as scalegnn.model or scalegnn.sampling):
+
     grid.py          ProcessGrid (axes dp, x, y, z), parse_grid, the grid chooser
     collectives.py   all_reduce / all_gather_uneven over named axes, CommStats
     layout.py        the layer-rotation table and row/column block ranges
-    pmm.py           sharded SpMM / GEMM / reshard / RMSNorm / losses (autograd)
+    context.py       ParallelContext: grid, accounting, timers, wire dtypes, the
+                     deferred (bucketed) weight-gradient reductions
+    products.py      sharded SpMM / GEMM (autograd), reshard, the evaluation's row pieces
+    tail.py          RMSNorm + ReLU + dropout + residual of a sharded block (V-C)
+    losses.py        cross-entropy / BCE over class-sharded logits, argmax, accuracy counts
+
+Above the application components (model, sampling, optim, engine, ...), in order:
+
     sharding.py      per-rank shards, save_shards / load_shard / shard_command
     dist_sampling.py DistributedSampler (Algorithm 2, no collectives)
     model.py         ParallelScaleGNN (shards of the serial ScaleGNN)
     engine.py        ParallelEngine: the one engine, every grid (1x1x1x1 included), every device
+
+and apart, importing only the foundations:
+
     launch.py        init_from_env, spawn, run_distributed_training
+
+tests/test_architecture.py holds these floors.
+
+Gradient convention of the operators (products, tail, losses). A matrix laid out on
+(a, b) is replicated along the third axis. Every operator returns *complete*
+gradients: after its backward, each replica of an input block holds the full gradient
+of that block (identical on all replicas), never a partial sum. The all-reduces that
+make this true follow from the forward by the chain rule (paper III-C, Eqs. 13-19;
+:mod:`~scalegnn.parallel.products` derives them for the 3D PMM). Operators whose
+replicas consume a replicated value *differently* (RMSNorm's row sum of squares: each
+replica uses it for its own columns) need an all-reduce in backward as well; operators
+whose replicas consume it identically (the cross-entropy's log-sum-exp: every class
+replica computes the same row loss) do not. Each backward states which case it is.
+The one exception is asked for by name: a weight gradient left partial (``defer_dw``,
+an RMSNorm gain under bucketing) for the reduction of
+:class:`~scalegnn.parallel.context.ParallelContext`.
 """
 
 from .grid import ProcessGrid, parse_grid

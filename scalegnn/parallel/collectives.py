@@ -35,13 +35,12 @@ cast to BF16, all-reduce, cast back. RMSNorm and cross-entropy reductions stay F
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from ..perf import SpanTimer
+from ..timing import SpanTimer
 from .grid import ProcessGrid
 
 __all__ = ["CommStats", "all_reduce", "all_reduce_world", "all_reduce_async", "bucketed_all_reduce", "PendingReduce",
@@ -60,7 +59,7 @@ class CommStats:
     on CPU (gloo is synchronous), the wait of an asynchronous one (the overlapped
     part is hidden, so it is not counted). On GPU (``device`` cuda) a collective
     only enqueues work, so :meth:`span` records CUDA events instead and
-    :meth:`flush` resolves them (:class:`scalegnn.perf.SpanTimer` does both).
+    :meth:`flush` resolves them (:class:`scalegnn.timing.SpanTimer` does both).
     ``timing=False`` keeps the byte counts and skips every clock.
     """
 
@@ -103,15 +102,6 @@ class CommStats:
         self.bytes.clear()
         self.calls.clear()
         self._timer.reset()
-
-
-@contextmanager
-def _maybe_time(timer: SpanTimer | None, name: str):
-    if timer is None:
-        yield
-    else:
-        with timer(name):
-            yield
 
 
 def _op(op: str):

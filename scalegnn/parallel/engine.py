@@ -48,15 +48,19 @@ from ..device import synchronize
 from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
 from ..graph import Graph
 from ..model import ModelConfig
-from ..optim import grad_values, row_sparse_grad, use_sparse_input_update
-from ..perf import PerfConfig, Prefetcher, SpanTimer, StepProfiler
+from ..optim import use_sparse_input_update
+from ..perf import PerfConfig, Prefetcher, StepProfiler
+from ..rowsparse import grad_values, row_sparse_grad
 from ..sampling import steps_per_epoch
+from ..timing import SpanTimer
 from .collectives import CommStats, all_reduce, all_reduce_world
+from .context import ParallelContext
 from .dist_sampling import DistributedSampler, ShardedBatch
 from .grid import PMM_AXES, ProcessGrid
+from .losses import parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
 from .model import ParallelScaleGNN
-from .pmm import ParallelContext, norm_relu_dropout, parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
 from .sharding import RankShard, build_rank_shard
+from .tail import norm_relu_dropout
 
 __all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS"]
 

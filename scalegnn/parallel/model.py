@@ -43,14 +43,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._elementwise import DropoutBlock
 from ..model import ModelConfig, ScaleGNN, dropout_key
 from ..sampling import SampledBlock
+from .context import ParallelContext
 from .dist_sampling import ShardedBatch
 from ..ranges import split_bounds, split_range
 from .grid import PMM_AXES, ProcessGrid, third_axis
 from .layout import INPUT_LAYOUT, head_layout, interval_overlap, layer_layout
-from .pmm import (DropoutBlock, ParallelContext, csr_rows, fused_layer_tail, gather_row_pieces, layer_tail,
-                  reshard, row_chunks, sharded_gemm, sharded_spmm)
+from .products import csr_rows, gather_row_pieces, reshard, row_chunks, sharded_gemm, sharded_spmm
+from .tail import fused_layer_tail, layer_tail
 
 __all__ = ["ParallelScaleGNN", "ParamShard", "EVAL_CHUNK_BYTES"]
 
@@ -167,7 +169,7 @@ class ParallelScaleGNN(nn.Module):
         """Z = AR_c(AR_r(A[t, r] @ X[r, c]) @ W_l[c, r]) on (t, r) (Eqs. 5-6, 27-28); ``adj``
         may hold a chunk of A's rows (then Z holds the same rows)."""
         lay = layer_layout(layer)
-        agg = sharded_spmm(x, adj, pc, lay.spmm_axis, grad_axis=lay.adj[0])
+        agg = sharded_spmm(x, adj.adj, adj.adj_t, pc, lay.spmm_axis, grad_axis=lay.adj[0])
         return sharded_gemm(agg, self.w[layer], pc, reduce_axis=lay.gemm_axis, dh_axis=lay.w[1],
                             dw_axis=lay.h[0], defer_dw=defer)
 

@@ -1,0 +1,83 @@
+"""Seconds per component of a step, measured without making the device wait.
+
+    SpanTimer   ``with timer("spmm"): ...`` adds the span's seconds under its name:
+                the host clock on CPU, a pair of CUDA events on GPU
+
+The collectives' accounting (:class:`scalegnn.parallel.collectives.CommStats`), the
+sharded operators' compute spans and the engine's phases all time with it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["SpanTimer"]
+
+
+class SpanTimer:
+    """Cumulative seconds per component name: ``with timer("spmm"): ...``.
+
+    On CPU every kernel is synchronous, so the host clock around a span is its time.
+    On GPU kernels are asynchronous: a span records a pair of CUDA events on the
+    current stream and :meth:`flush` waits for the last event and adds up
+    ``elapsed_time`` of every pair. No synchronization happens inside a span, and
+    the engine flushes once per epoch, so timing never makes a step wait for the
+    GPU. ``enabled=False`` makes spans free.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", enabled: bool = True):
+        self.device = torch.device(device)
+        self.enabled = enabled
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._events: list[tuple[str, object, object]] = []
+        self._cuda = self.device.type == "cuda"
+
+    @contextmanager
+    def __call__(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(torch.cuda.current_stream(self.device))
+            try:
+                yield
+            finally:
+                end.record(torch.cuda.current_stream(self.device))
+                self._events.append((name, start, end))
+        else:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[name] += time.perf_counter() - t0
+
+    def add(self, name: str, seconds: float) -> None:
+        if self.enabled:
+            self.seconds[name] += seconds
+
+    def flush(self) -> dict[str, float]:
+        """Resolve pending GPU events, waiting for the last one (no-op on CPU); returns the totals."""
+        if self._events:
+            self._events[-1][2].synchronize()
+            self.poll()
+        return self.seconds
+
+    def poll(self) -> None:
+        """Resolve the GPU event pairs that have completed, without waiting (events of
+        one stream complete in order), so a long epoch does not keep every pair alive."""
+        done = 0
+        for name, start, end in self._events:
+            if not end.query():
+                break
+            self.seconds[name] += start.elapsed_time(end) / 1e3
+            done += 1
+        del self._events[:done]
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self._events.clear()
