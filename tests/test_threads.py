@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from scalegnn import threads as T
-from scalegnn.parallel import launch
+from scalegnn.launch import environment
+from scalegnn.launch.job import spawn
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
@@ -156,7 +157,7 @@ def test_workers_a_process_spawns_share_its_cpus_however_it_is_pinned(monkeypatc
     ({}, None),
 ])
 def test_slurm_tasks_on_this_node(env, want):
-    assert launch.slurm_tasks_on_node(env) == want
+    assert environment.slurm_tasks_on_node(env) == want
 
 
 def _clear_launchers(monkeypatch):
@@ -170,28 +171,28 @@ def test_each_launcher_says_how_many_ranks_share_the_node(monkeypatch):
     from scalegnn.parallel.grid import ParallelConfig
 
     _clear_launchers(monkeypatch)
-    assert launch.local_ranks_of_run(ParallelConfig()) == (1, False)
-    assert launch.local_ranks_of_run(ParallelConfig(grid=(1, 2, 2, 1), nproc=4)) == (4, True)  # spawns 4 here
+    assert environment.local_ranks_of_run(ParallelConfig()) == (1, False)
+    assert environment.local_ranks_of_run(ParallelConfig(grid=(1, 2, 2, 1), nproc=4)) == (4, True)  # spawns 4 here
     monkeypatch.setenv("MASTER_ADDR", "h")
     monkeypatch.setenv("MASTER_PORT", "29500")
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: 2 nodes x 4
-    assert launch.detect_env().local_world_size == 4
-    assert launch.local_ranks_of_run(ParallelConfig(grid=(1, 2, 2, 2))) == (4, False)
-    assert launch.local_ranks_of_run(ParallelConfig(grid=(8, 1, 1, 1), nproc=8)) == (4, False)  # nproc = Gd
+    assert environment.detect_env().local_world_size == 4
+    assert environment.local_ranks_of_run(ParallelConfig(grid=(1, 2, 2, 2))) == (4, False)
+    assert environment.local_ranks_of_run(ParallelConfig(grid=(8, 1, 1, 1), nproc=8)) == (4, False)  # nproc = Gd
     _clear_launchers(monkeypatch)
     monkeypatch.setenv("FLUX_TASK_RANK", "0")
     monkeypatch.setenv("FLUX_JOB_SIZE", "8")
     monkeypatch.setenv("FLUX_JOB_NNODES", "2")
-    assert launch.detect_env().local_world_size == 4
+    assert environment.detect_env().local_world_size == 4
     _clear_launchers(monkeypatch)
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "6")
     monkeypatch.setenv("SLURM_NODELIST", "n1")
-    assert launch.detect_env().local_world_size == 6  # SLURM says nothing per node: all of them, here
+    assert environment.detect_env().local_world_size == 6  # SLURM says nothing per node: all of them, here
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3(x2)")
-    assert launch.detect_env().local_world_size == 3
+    assert environment.detect_env().local_world_size == 3
 
 
 # ----------------------------------------------------------------------------- spawned ranks
@@ -204,13 +205,13 @@ def _report_threads(rank, world):
 
 def test_spawned_ranks_start_passive_with_the_choice_of_the_run():
     choice = T.decide("auto", cpus=4, busy=0.0, local_ranks=2)  # 2 threads each
-    out = launch.spawn(_report_threads, 2, timeout_s=120, threads_per_worker=choice)
+    out = spawn(_report_threads, 2, timeout_s=120, threads_per_worker=choice)
     for rank in out:
         assert rank["wait"] == os.environ["OMP_WAIT_POLICY"]  # set before the workers' OpenMP loaded
         assert (rank["intra"], rank["inter"]) == (2, 2)
         assert rank["record"]["setting"] == "auto" and rank["record"]["inputs"]["local_ranks"] == 2
         assert rank["record"]["omp_wait_policy"] == rank["wait"] and rank["record"]["omp_wait_policy_known"]
-    plain = launch.spawn(_report_threads, 1, timeout_s=120)  # the default: one thread, as given
+    plain = spawn(_report_threads, 1, timeout_s=120)  # the default: one thread, as given
     assert plain[0]["intra"] == 1 and plain[0]["record"]["setting"] == 1
 
 
