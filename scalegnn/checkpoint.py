@@ -138,7 +138,9 @@ class CheckpointConfig:
     resume: bool = setting(False, scope="scalegnn", action="store_true",
                            help="continue from the newest complete checkpoint in --checkpoint-dir; starts from scratch "
                            "when there is none, so a requeued job can always pass it")
-    keep: int = setting(2, flag="--keep-checkpoints", scope="scalegnn", help="complete checkpoints kept on disk")
+    # rare: a resumed run reads only the newest complete checkpoint; keeping more only costs disk
+    keep: int = setting(2, flag="--keep-checkpoints", scope="scalegnn", rare=True,
+                        help="complete checkpoints kept on disk")
 
     def __post_init__(self):
         if self.every is not None:

@@ -17,10 +17,11 @@ A setting has one name: its field. The run record stores ``config.<section>.<fie
 (:meth:`RunConfig.to_dict`, read back by :meth:`RunConfig.from_dict`), and the
 ``scalegnn train`` parser is built from the fields (:func:`add_train_arguments`): the
 flag is ``--<field>`` unless the field names another (:func:`flag_table` lists
-every flag with its setting). The CLI parses flags into a RunConfig
-(:func:`parse_train_args`), sweeps parse their runs' options (flags) into RunConfigs
-at submission and hand them to their tasks, and the launcher hands RunConfigs to its
-workers. :func:`make_config` is the same in Python (settings by field name), and
+every flag with its setting); its ``--help`` leaves out the flags of the settings
+declared ``rare``, which ``--help-all`` and ``--help-topic TOPIC`` show. The CLI
+parses flags into a RunConfig (:func:`parse_train_args`), sweeps parse their runs'
+options (flags) into RunConfigs at submission and hand them to their tasks, and the
+launcher hands RunConfigs to its workers. :func:`make_config` is the same in Python (settings by field name), and
 :func:`command_line` writes a RunConfig back as the flags that give it.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -169,8 +171,10 @@ def _checked(parse):
     return wrapper
 
 
-def _add(group, cls, f: dataclasses.Field, dest: str, **extra) -> None:
-    kw = {**f.metadata["argparse"], **extra}
+def _add(group, cls, f: dataclasses.Field, dest: str) -> argparse.Action:
+    kw = dict(f.metadata["argparse"])
+    if cls is RunConfig and f.name == "system":
+        kw["choices"] = registry.names(available=True)  # the registry's, when the parser is built
     default = f.default if f.default is not dataclasses.MISSING else \
         (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
     help_text = f.metadata["help"]
@@ -189,7 +193,7 @@ def _add(group, cls, f: dataclasses.Field, dest: str, **extra) -> None:
         kw["type"] = _checked(kw["type"])
     if "choices" not in kw and kw.get("action") in (None, "store"):
         kw.setdefault("metavar", f.name.upper())
-    group.add_argument(flag_of(f), dest=dest, default=argparse.SUPPRESS, **kw)
+    return group.add_argument(flag_of(f), dest=dest, default=argparse.SUPPRESS, **kw)
 
 
 def _settings(cls):
@@ -201,28 +205,122 @@ def _options_class(system: str):
     return registry.resolve(entry.options) if entry.options else None
 
 
+def _system_settings(system: str):
+    """(dest, class, field) of every setting ``scalegnn train --system SYSTEM`` has, in --help order."""
+    out = [(f.name, RunConfig, f) for f in _settings(RunConfig)]
+    for section, cls in SECTIONS.items():
+        out += [(f"{section}.{f.name}", cls, f) for f in _settings(cls)
+                if f.metadata["scope"] == "common" or system in SCALEGNN_SYSTEMS]
+    options_cls = _options_class(system)
+    if options_cls is not None:
+        out += [(f"options.{f.name}", options_cls, f) for f in _settings(options_cls)]
+    return out
+
+
 def add_train_arguments(parser: argparse.ArgumentParser, system: str = "scalegnn") -> None:
     """The flags of ``scalegnn train --system SYSTEM``: the common settings (every
     system reads them), then the system's own (ScaleGNN's sections, or the fields of
     the system's options dataclass). Flags default to "not given": a configuration
-    starts from the dataclasses' defaults and takes only what the flags set."""
+    starts from the dataclasses' defaults and takes only what the flags set.
+
+    A parser that prints help (``add_help``) leaves the flags of the ``rare`` settings
+    out of it (they parse as any other) and gets ``--help-all`` (the help with every
+    flag) and ``--help-topic TOPIC`` (the flags of one section), named in its epilog."""
+    help_all = None
+    if parser.add_help:
+        parser.formatter_class = _HelpFormatter
+        help_all = _add_help_options(parser, system)
     common = parser.add_argument_group("common settings (every system)")
-    own_title = f"{registry.get(system).display} settings"
-    own = parser.add_argument_group(own_title if system in SCALEGNN_SYSTEMS else
-                                    f"{own_title} (--system {system})")
-    for f in _settings(RunConfig):
-        _add(common, RunConfig, f, f.name, **({"choices": registry.names(available=True)} if f.name == "system"
-                                              else {}))
-    for section, cls in SECTIONS.items():
-        for f in _settings(cls):
-            scope = f.metadata["scope"]
-            if scope == "scalegnn" and system not in SCALEGNN_SYSTEMS:
-                continue
-            _add(common if scope == "common" else own, cls, f, f"{section}.{f.name}")
-    options_cls = _options_class(system)
-    if options_cls is not None:
-        for f in _settings(options_cls):
-            _add(own, options_cls, f, f"options.{f.name}")
+    own = parser.add_argument_group(_own_title(system))
+    for dest, cls, f in _system_settings(system):
+        common_setting = f.metadata["scope"] == "common" and _topic(dest) != "options"  # options: the system's own
+        action = _add(common if common_setting else own, cls, f, dest)
+        if f.metadata["rare"] and help_all is not None:
+            help_all.hide(action)
+    if help_all is not None:
+        parser.epilog = help_all.epilog()
+
+
+def _own_title(system: str) -> str:
+    title = f"{registry.get(system).display} settings"
+    return title if system in SCALEGNN_SYSTEMS else f"{title} (--system {system})"
+
+
+# ---------------------------------------------------------------------------- --help-all, --help-topic
+def _topic(dest: str) -> str:
+    """The ``--help-topic`` of a setting: its section (``options``: a compared system's
+    own), or ``run`` for the run's own ``--system`` and ``--seed``."""
+    return dest.split(".", 1)[0] if "." in dest else "run"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, except that a line never breaks inside a flag (argparse's own would
+    split ``--help-all`` after ``--help-``)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+
+def _add_help_options(parser: argparse.ArgumentParser, system: str) -> "_HelpAll":
+    command = parser.prog + ("" if system == "scalegnn" else f" --system {system}")
+    topics = list(dict.fromkeys(_topic(dest) for dest, _, _ in _system_settings(system)))
+    help_all = parser.add_argument("--help-all", action=_HelpAll, command=command,
+                                   help="show this help with every flag, the rarely set ones too, and exit")
+    parser.add_argument("--help-topic", action=_HelpTopic, system=system, command=command, choices=topics,
+                        metavar="TOPIC", help=f"show the flags of one section of the run configuration and exit: "
+                        f"{', '.join(topics)}")
+    return help_all
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: the parser's help with the hidden (rare) flags shown, then exit."""
+
+    def __init__(self, option_strings, dest, command: str, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+        self.command = command  # "scalegnn train [--system NAME]"
+        self.hidden: dict[argparse.Action, str] = {}  # a flag left out of --help -> its help
+
+    def hide(self, action: argparse.Action) -> None:
+        """Leave ``action`` out of ``--help`` (and its usage line); it parses as before."""
+        self.hidden[action] = action.help
+        action.help = argparse.SUPPRESS
+
+    def epilog(self) -> str:
+        """The last line of ``--help``: what it leaves out and how to see it."""
+        n = len(self.hidden)
+        return (f"{n} rarely set flag{'' if n == 1 else 's'} not shown here (accepted as ever): `{self.command} "
+                f"--help-all` lists every flag, `{self.command} --help-topic TOPIC` the flags of one section.")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for action, text in self.hidden.items():
+            action.help = text
+        parser.epilog = f"`{self.command} --help-topic TOPIC` lists the flags of one section."
+        parser.print_help()
+        parser.exit()
+
+
+class _HelpTopic(argparse.Action):
+    """``--help-topic TOPIC``: the flags of one topic (the rare ones too), then exit."""
+
+    def __init__(self, option_strings, dest, system: str, command: str, **kw):
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kw)
+        self.system, self.command = system, command
+
+    def __call__(self, parser, namespace, topic, option_string=None):
+        sets = {"run": "config.system and config.seed", "options": "config.options"}.get(topic, f"config.{topic}")
+        shown = argparse.ArgumentParser(prog=parser.prog, add_help=False, formatter_class=_HelpFormatter,
+                                        description=f"The flags of `{self.command}` that set {sets} (the run "
+                                        f"record's names); `{self.command} --help-all` lists every flag.")
+        group = shown.add_argument_group(_own_title(self.system) if topic == "options" else f"{topic} settings")
+        for dest, cls, f in _system_settings(self.system):
+            if _topic(dest) == topic:
+                _add(group, cls, f, dest)
+        shown.print_help()
+        parser.exit()
 
 
 def train_flags(system: str) -> set[str]:
@@ -270,18 +368,6 @@ def parse_train_args(argv: list[str], prog: str = "scalegnn train") -> tuple[Run
     add_train_arguments(parser, known.system if known.system in registry.names() else "scalegnn")
     ns = parser.parse_args(argv)
     return config_from_given(vars(ns)), ns
-
-
-def _system_settings(system: str):
-    """(dest, class, field) of every setting ``scalegnn train --system SYSTEM`` has, in --help order."""
-    out = [(f.name, RunConfig, f) for f in _settings(RunConfig)]
-    for section, cls in SECTIONS.items():
-        out += [(f"{section}.{f.name}", cls, f) for f in _settings(cls)
-                if f.metadata["scope"] == "common" or system in SCALEGNN_SYSTEMS]
-    options_cls = _options_class(system)
-    if options_cls is not None:
-        out += [(f"options.{f.name}", options_cls, f) for f in _settings(options_cls)]
-    return out
 
 
 def make_config(system: str = "scalegnn", **settings) -> RunConfig:

@@ -34,17 +34,20 @@ class OptimConfig:
     """AdamW with an optional cosine schedule and global-norm gradient clipping."""
 
     lr: float = setting(1e-3, help="learning rate (AdamW; the baselines' Adam)")
+    # not rare: every system reads it, and a tuning sweep sets it beside --lr and --dropout
     weight_decay: float = setting(0.0, help="weight decay")
-    schedule: str = setting("constant", scope="scalegnn", choices=("constant", "cosine"),
+    # rare: no spec of sweeps/specs changes the schedule or clips; these are for a run that needs them
+    schedule: str = setting("constant", scope="scalegnn", rare=True, choices=("constant", "cosine"),
                             help="learning-rate schedule: constant, or cosine decay to 0 over the run")
-    grad_clip: float | None = setting(None, scope="scalegnn", help="clip the global gradient L2 norm to this value")
+    grad_clip: float | None = setting(None, scope="scalegnn", rare=True,
+                                      help="clip the global gradient L2 norm to this value")
     # Default off, from the evidence (Facebook, ratio 0.1, 100 epochs, seeds 0-2): test accuracy at the best
     # validation epoch 0.9406 +- 0.0053 on vs 0.9430 +- 0.0046 off (lower on every seed, by 0.1-0.3 points;
     # final test 0.9425 vs 0.9420), while the fused AdamW already makes the whole optimizer ~1.4 % of an epoch
     # and the row-sparse path saves ~0.3 ms of a ~70 ms step (epoch ratio on/off 0.98, within noise). It pays
-    # where the input is much wider than what a batch touches; there, say auto or on.
+    # where the input is much wider than what a batch touches; there, say auto or on. rare: for such inputs only.
     sparse_input_update: str = setting(
-        "off", scope="scalegnn", choices=SPARSE_INPUT_UPDATE,
+        "off", scope="scalegnn", rare=True, choices=SPARSE_INPUT_UPDATE,
         help="with sparse (CSR) features, compute the input weight's gradient and AdamW update only on the rows of "
              "the features present in the batch (lazy AdamW: an untouched row keeps its moments and skips the "
              "momentum step; weight decay stays exact on every row): on, off (dense AdamW on every row, the "

@@ -40,8 +40,11 @@ class ModelConfig:
     hidden: int = setting(256, help="hidden dimension d_h")
     layers: int = setting(3, help="GCN layers L")
     dropout: float = setting(0.5, help="dropout probability")
-    norm: bool = setting(True, scope="scalegnn", help="RMSNorm after every layer's convolution (--no-norm: off)")
-    residual: bool = setting(True, scope="scalegnn", help="residual connections (--no-residual: off)")
+    # rare: the paper's model has both; turning one off is an ablation (fullgraph-3d's Plexus permutation
+    # turns the residual off by itself)
+    norm: bool = setting(True, scope="scalegnn", rare=True,
+                         help="RMSNorm after every layer's convolution (--no-norm: off)")
+    residual: bool = setting(True, scope="scalegnn", rare=True, help="residual connections (--no-residual: off)")
     norm_eps: float = 1e-6
 
     def __post_init__(self):

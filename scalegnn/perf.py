@@ -75,14 +75,17 @@ class PerfConfig:
     comm_overlap: bool = setting(False, scope="scalegnn", action="store_true",
                                  help="asynchronous gradient all-reduces in backward, overlapped with the "
                                  "weight-gradient GEMM")
-    bucket_collectives: bool = setting(True, scope="scalegnn",
+    # rare: on by default; --no-bucket-collectives only measures what bucketing saves
+    bucket_collectives: bool = setting(True, scope="scalegnn", rare=True,
                                        help="reduce the weight and norm gradients of a step in one all-reduce per "
                                        "axis (and the clip norm in one call); --no-bucket-collectives: one call each")
-    profile: str | None = setting(None, scope="scalegnn", metavar="DIR", output=True,
+    # rare: a diagnostic (a trace to read in a profiler), not a setting of a measured run
+    profile: str | None = setting(None, scope="scalegnn", metavar="DIR", output=True, rare=True,
                                   help="write a torch.profiler trace of a few training steps per rank to DIR")
     permute: str = setting("none", scope="scalegnn", choices=PERMUTATIONS,
                            help="vertex permutation for shard load balance (Plexus 5.1); double needs --no-residual")
-    sampler: str = setting("auto", scope="scalegnn", choices=SAMPLER_BACKENDS,
+    # rare: auto takes the fastest kernel here; naming one is for the sampler's benchmarks and tests
+    sampler: str = setting("auto", scope="scalegnn", rare=True, choices=SAMPLER_BACKENDS,
                            help="Algorithm 2 kernel: numba on CPU when installed (auto), else vectorized torch")
     instrument: bool = True
     compile_backend: str = "inductor"

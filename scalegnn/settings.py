@@ -16,6 +16,12 @@ options dataclass, that system alone (they are shown under ``--system NAME --hel
 ``--checkpoint-dir``, ``--profile``): every such folder is checked before any work
 (:meth:`scalegnn.config.RunConfig.output_folders`), so a finished run is never lost
 to a bad path.
+
+``rare`` marks a setting that a first run or a typical sweep never sets (an ablation
+switch, a diagnostic, a knob whose default is the evidence's choice): ``scalegnn
+train --help`` hides its flag, which stays accepted as before, and ``--help-all``
+(every flag) and ``--help-topic TOPIC`` (one section's flags) show it. Each rare
+setting says why at its declaration.
 """
 
 from __future__ import annotations
@@ -28,18 +34,19 @@ SCOPES = ("common", "scalegnn")
 
 
 def setting(default=dataclasses.MISSING, *, help: str, flag: str | None = None, scope: str = "common",
-            render=None, output: bool = False, default_factory=dataclasses.MISSING, **argparse_kw):
+            render=None, output: bool = False, rare: bool = False, default_factory=dataclasses.MISSING,
+            **argparse_kw):
     """A dataclass field that is a user setting: ``help`` for ``--help``, ``flag`` when
     the command line calls it otherwise than ``--<name>``, ``scope`` (see the module
     doc), ``render`` when a value is written back as a flag value otherwise than
     :func:`render_value` does (the inverse of ``type``), ``output`` when its value is
-    a folder the run writes to (see the module doc), and extra ``argparse``
-    keywords (``type``, ``choices``, ``action``, ``const``, ``metavar``) where the
-    annotation alone does not say how to parse it."""
+    a folder the run writes to, ``rare`` when ``--help`` hides its flag (both: see the
+    module doc), and extra ``argparse`` keywords (``type``, ``choices``, ``action``,
+    ``const``, ``metavar``) where the annotation alone does not say how to parse it."""
     if scope not in SCOPES and not scope.startswith("system:"):
         raise ValueError(f"scope must be one of {SCOPES} or 'system:NAME', got {scope!r}")
     metadata = {"help": help, "flag": flag, "scope": scope, "render": render, "output": output,
-                "argparse": argparse_kw}
+                "rare": rare, "argparse": argparse_kw}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 

@@ -1,16 +1,23 @@
-"""Training loop and CLI: repeatability, records, early stop, divergence, errors."""
+"""Training loop and CLI: repeatability, records, early stop, divergence, errors, the help."""
 
+import argparse
+import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from scalegnn import records
-from scalegnn.cli import main
-from scalegnn.config import make_config
+from scalegnn import systems as registry
+from scalegnn.cli import build_parser, main
+from scalegnn.config import (SCALEGNN_SYSTEMS, SECTIONS, RunConfig, add_train_arguments, command_line,
+                             config_from_given, flag_table, make_config, parse_train_args, train_flags)
 from scalegnn.parallel.engine import COMPONENTS
 from scalegnn.launch import launch
+from scalegnn.settings import flag_of, is_setting
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 
@@ -100,3 +107,125 @@ def test_python_dash_m_help_lists_the_options():
     for flag in ("--dataset", "--data-root", "--batch-size", "--batch-ratio", "--layers", "--hidden", "--dropout",
                  "--lr", "--epochs", "--eval-every", "--target-acc", "--seed", "--out", "--grid", "--nproc"):
         assert flag in out, flag
+
+
+# ----------------------------------------------------------------------------- train --help, --help-all, --help-topic
+FLAG_LINE = re.compile(r"^  (-\S+)")  # an option's line: its flag at argparse's indent (wrapped help sits further in)
+HELP_FLAGS = {"-h", "--help", "--help-all", "--help-topic", "--log-level"}  # scalegnn train's own, not settings'
+
+
+def _flag_lines(text: str) -> list[str]:
+    """The first flag of every option line of a help (``-h, --help ...`` -> ``-h``)."""
+    return [m.group(1).rstrip(",") for line in text.splitlines() if (m := FLAG_LINE.match(line))]
+
+
+def _all_flags(text: str) -> set[str]:
+    """Every flag named on the option lines of a help (``--norm, --no-norm`` -> both)."""
+    lines = [line.strip().split("  ")[0] for line in text.splitlines() if FLAG_LINE.match(line)]
+    return {part.split(" ")[0] for invocation in lines for part in invocation.split(", ")}
+
+
+def _help(capsys, monkeypatch, argv) -> str:
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 0
+    return capsys.readouterr().out
+
+
+def _settings_flags(system: str) -> dict[str, str]:
+    """flag -> setting path of every setting ``system`` has, from the flag table (results/README.md)."""
+    return {flag: path for flag, path, scope in flag_table()
+            if scope in ("common", system) or (scope == "scalegnn" and system in SCALEGNN_SYSTEMS)}
+
+
+def _rare_flags(system: str) -> set[str]:
+    """The flags of ``system``'s settings declared ``rare``, read from the dataclasses."""
+    entry = registry.get(system)
+    classes = [RunConfig, *SECTIONS.values(), *([registry.resolve(entry.options)] if entry.options else [])]
+    return {flag_of(f) for cls in classes for f in dataclasses.fields(cls) if is_setting(f) and f.metadata["rare"]
+            and (f.metadata["scope"] != "scalegnn" or system in SCALEGNN_SYSTEMS)}
+
+
+def _train_help(option: str) -> str:
+    return subprocess.run([sys.executable, "-m", "scalegnn", "train", option], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "80"}).stdout
+
+
+def test_train_help_shows_at_most_40_flag_lines_and_names_the_rest():
+    short, full = _train_help("--help"), _train_help("--help-all")
+    assert len(_flag_lines(short)) <= 40, _flag_lines(short)
+    assert len(_flag_lines(full)) > 40  # the count can fail: on every flag shown, as `--help` showed them
+    epilog = " ".join(short.split()[-20:])
+    assert "`scalegnn train --help-all` lists every flag" in epilog
+    assert "`scalegnn train --help-topic TOPIC` the flags of one section" in epilog
+
+
+@pytest.mark.parametrize("system", registry.names(available=True))
+def test_help_all_lists_every_flag_and_help_leaves_out_only_the_rare(system, capsys, monkeypatch):
+    argv = ["train", "--system", system]
+    short, full = _help(capsys, monkeypatch, argv + ["--help"]), _help(capsys, monkeypatch, argv + ["--help-all"])
+    assert _all_flags(full) == train_flags(system) | HELP_FLAGS
+    # one line per option: a wrapped help line that starts with a flag (`--help (default: ...)`) is not counted
+    assert len(_flag_lines(full)) == len(_settings_flags(system)) + 4  # -h, --help-all, --help-topic, --log-level
+    rare = _rare_flags(system)
+    assert set(_flag_lines(full)) - set(_flag_lines(short)) == rare and rare
+    assert len(_flag_lines(short)) <= 40
+    command = "scalegnn train" + ("" if system == "scalegnn" else f" --system {system}")
+    text = " ".join(short.split())
+    assert f"{len(rare)} rarely set flag" in text and f"`{command} --help-all` lists every flag" in text
+
+
+RARE = {  # every rare flag of ScaleGNN -> a command line that sets it, and make_config's settings of that run
+    "--split-seed": (["--split", "random:0.5,0.25,0.25", "--split-seed", "7"],
+                     dict(split="random:0.5,0.25,0.25", split_seed=7)),
+    "--shard-dir": (["--shard-dir", "shards"], dict(shard_dir="shards")),
+    "--norm": (["--no-norm"], dict(norm=False)),
+    "--residual": (["--no-residual"], dict(residual=False)),
+    "--schedule": (["--schedule", "cosine"], dict(schedule="cosine")),
+    "--grad-clip": (["--grad-clip", "1.5"], dict(grad_clip=1.5)),
+    "--sparse-input-update": (["--sparse-input-update", "on"], dict(sparse_input_update="on")),
+    "--keep-checkpoints": (["--keep-checkpoints", "5"], dict(keep=5)),
+    "--bucket-collectives": (["--no-bucket-collectives"], dict(bucket_collectives=False)),
+    "--profile": (["--profile", "trace"], dict(profile="trace")),
+    "--sampler": (["--sampler", "torch"], dict(sampler="torch")),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(RARE))
+def test_a_rare_flag_parses_into_the_same_config(flag):
+    argv, settings = RARE[flag]
+    argv = ["--dataset", "cora", *argv]
+    cfg = parse_train_args(argv)[0]
+    assert cfg == make_config(dataset="cora", **settings) != parse_train_args(["--dataset", "cora"])[0]
+    plain = argparse.ArgumentParser(add_help=False)  # no help, so nothing hidden: the parser of every flag
+    add_train_arguments(plain, "scalegnn")
+    assert config_from_given(vars(plain.parse_args(argv))) == cfg
+    given = vars(build_parser().parse_args(["train", *argv]))
+    assert config_from_given({k: v for k, v in given.items() if k not in ("command", "log_level")}) == cfg
+    assert parse_train_args(command_line(cfg))[0] == cfg and " ".join(argv[2:]) in " ".join(command_line(cfg))
+
+
+def test_the_rare_flags_are_the_ones_tested_above():
+    assert set(RARE) == _rare_flags("scalegnn")  # a new rare flag: add a line to RARE
+
+
+@pytest.mark.parametrize("system", ["scalegnn", "graphsage", "distdgl"])
+def test_each_help_topic_lists_exactly_its_sections_flags(system, capsys, monkeypatch):
+    topics: dict[str, set[str]] = {}  # from the flag table, not from the parser
+    for flag, path in _settings_flags(system).items():
+        topics.setdefault(path.split(".")[0] if "." in path else "run", set()).add(flag)
+    if system == "scalegnn":
+        assert set(topics) == {"run", *SECTIONS}
+    else:
+        assert "options" in topics and "perf" not in topics
+    for topic, flags in topics.items():
+        text = _help(capsys, monkeypatch, ["train", "--system", system, "--help-topic", topic])
+        assert set(_flag_lines(text)) == flags, topic
+
+
+def test_an_unknown_help_topic_names_the_topics(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--system", "graphsage", "--help-topic", "perf"])
+    assert stop.value.code == 2
+    assert "invalid choice: 'perf'" in capsys.readouterr().err

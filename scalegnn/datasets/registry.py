@@ -43,8 +43,10 @@ class DataConfig:
                                 help="the train/val/test split, replacing the dataset's own: random:TRAIN,VAL,TEST "
                                 "fractions of the labeled vertices (> 0, sum <= 1), e.g. random:0.6,0.2,0.2 (default: "
                                 "the dataset's split; a file without one gets random:0.5,0.25,0.25)")
-    split_seed: int | None = setting(None, help="seed of the --split draw (default: --seed)")
-    shard_dir: str | None = setting(None, scope="scalegnn",
+    # rare: --seed already seeds the split; a split apart from the weights is a study of its own
+    split_seed: int | None = setting(None, rare=True, help="seed of the --split draw (default: --seed)")
+    # rare: a sweep stages the shards and passes this itself; by hand, only after `scalegnn data shard`
+    shard_dir: str | None = setting(None, scope="scalegnn", rare=True,
                                     help="read this rank's graph shard from files written by `scalegnn data shard` "
                                     "instead of loading the whole graph on every rank")
 
