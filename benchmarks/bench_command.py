@@ -365,8 +365,8 @@ ABLATION = (
 def _ablation_worker(rank, world, shape, dataset, data_root, batch_ratio, hidden, layers, steps, warmup, configs,
                      compile_backend):
     from scalegnn.config import make_config
-    from scalegnn.engine import OptimConfig
     from scalegnn.model import ModelConfig
+    from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
     from scalegnn.parallel.grid import ProcessGrid
     from scalegnn.perf import PerfConfig
@@ -487,9 +487,9 @@ def scaling_bench(nnzs: tuple = (10**6, 4 * 10**6, 16 * 10**6), avg_degree: int 
 
 
 def _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers):
-    from scalegnn.engine import OptimConfig
     from scalegnn.graph import Graph
     from scalegnn.model import ModelConfig
+    from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import ParallelEngine
 
     rows, results = [], []

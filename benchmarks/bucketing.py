@@ -27,8 +27,8 @@ from pathlib import Path
 
 def _worker(rank, world, shape, args: dict):
     from scalegnn.config import make_config
-    from scalegnn.engine import OptimConfig
     from scalegnn.model import ModelConfig
+    from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import ParallelEngine
     from scalegnn.parallel.grid import ProcessGrid
     from scalegnn.perf import PerfConfig

@@ -6,7 +6,7 @@ component, each owned by its component's module::
     data        DataConfig        scalegnn.datasets       dataset, data_root, shard_dir
     sampling    SamplingConfig    scalegnn.sampling       batch_size, batch_ratio
     model       ModelConfig       scalegnn.model          hidden, layers, dropout, norm, residual
-    optim       OptimConfig       scalegnn.engine         lr, weight_decay, schedule, grad_clip
+    optim       OptimConfig       scalegnn.optim          lr, weight_decay, schedule, grad_clip
     loop        LoopConfig        scalegnn.loop           epochs, eval_every, target_acc, ...
     parallel    ParallelConfig    scalegnn.parallel.grid  grid, nproc, device, backend, collective timeout, threads
     checkpoint  CheckpointConfig  scalegnn.checkpoint     dir, every, resume, keep
@@ -36,9 +36,9 @@ from typing import Any
 from . import systems as registry
 from .checkpoint import CheckpointConfig
 from .datasets import DataConfig
-from .engine import OptimConfig
 from .loop import LoopConfig
 from .model import ModelConfig
+from .optim import OptimConfig
 from .parallel.grid import PMM_AXES, ParallelConfig, cube_3d
 from .perf import PerfConfig
 from .sampling import SamplingConfig

@@ -14,7 +14,7 @@ Reads top to bottom:
      graph) every ``eval_every`` epochs, excluded from training time
 
 The epoch never reads a device value: step results are summed on the device
-(:class:`scalegnn.engine.EpochSums`) and read once at its end, after which
+(:class:`scalegnn.loop.EpochSums`) and read once at its end, after which
 divergence (a loss that is not finite) is checked.
 """
 
@@ -30,9 +30,8 @@ import torch.distributed as dist
 from . import checkpoint as ckpt_mod
 from .checkpoint import CheckpointError, Checkpointer, Preempted
 from .config import RunConfig
-from .engine import EpochSums
 from .graph import Graph
-from .loop import Callback, DivergedError, EpochStats, LoopStart, Trainer, reached_target
+from .loop import Callback, DivergedError, EpochStats, EpochSums, LoopStart, Trainer, reached_target
 from .sampling import resolve_batch_size
 
 __all__ = ["ScaleGNNTrainer", "make_trainer", "prepare_graph", "make_engine"]

@@ -18,8 +18,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.collectives import CommStats, all_reduce, bucketed_all_reduce
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn

@@ -17,8 +17,8 @@ import torch
 
 from scalegnn import checkpoint as ck
 from scalegnn.checkpoint import CheckpointConfig, CheckpointError
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.perf import PerfConfig
 from scalegnn.config import RunConfig, make_config

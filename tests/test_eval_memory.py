@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from scalegnn.device import resolve_device
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn

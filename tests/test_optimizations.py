@@ -27,8 +27,8 @@ import torch
 
 from scalegnn import _fastsample
 from scalegnn import sampling as S
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import COMPONENTS
 from scalegnn.perf import PerfConfig, Prefetcher
 from scalegnn.timing import SpanTimer

@@ -188,8 +188,8 @@ def test_double_permuted_shard_files_train_like_the_in_memory_double_permutation
     """`scalegnn data shard --permute double` writes what the engine builds in memory
     for --permute double: the same steps and evaluation; a run with another --permute
     or --seed, or with the residual on, is refused with the fix named."""
-    from scalegnn.engine import OptimConfig
     from scalegnn.model import ModelConfig
+    from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import ParallelEngine
     from scalegnn.parallel.sharding import check_shard_manifest
     from scalegnn.perf import PerfConfig

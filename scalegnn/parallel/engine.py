@@ -45,10 +45,10 @@ import torch
 
 from ..csr import is_csr
 from ..device import synchronize
-from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
 from ..graph import Graph
+from ..loop import EvalResult, StepResult
 from ..model import ModelConfig
-from ..optim import use_sparse_input_update
+from ..optim import OptimConfig, make_optimizer, use_sparse_input_update
 from ..perf import PerfConfig, Prefetcher, StepProfiler
 from ..rowsparse import grad_values, row_sparse_grad
 from ..sampling import steps_per_epoch
