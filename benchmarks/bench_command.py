@@ -184,9 +184,9 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
         return run
 
     methods = {}
-    from scalegnn import _fastsample
+    from scalegnn import _sampling_kernel
 
-    if _fastsample.available():
+    if _sampling_kernel.available():
         methods["ours (numba kernel)"] = ours("numba", block)
     methods["ours (vectorized torch)"] = ours("torch", block, cmap)
     gen = torch.Generator().manual_seed(seed)
@@ -303,7 +303,7 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
                "line_bytes_touched": line_bytes, "line_floor_ms": line_bytes / bandwidth * 1e3,
                "cpu_times_s": cpu_times, "cpu_median_ms": cpu_med,
                "cpu_fastest_peer": min(peer_names, key=cpu_med.get) if peer_names else None,
-               "load_avg_before": load_before, "machine": _machine(), "numba": _fastsample.available()}
+               "load_avg_before": load_before, "machine": _machine(), "numba": _sampling_kernel.available()}
     md = (f"Sampler step (sample B, extract, rescale, both CSRs) on a generated graph, N = {n:,}, "
           f"nnz = {nnz:,}, B = {batch:,}; {threads} torch threads; median of {reps} interleaved repetitions "
           f"(load average {load_before} -> {payload['machine']['load_avg_1m']}).\n\n")

@@ -58,12 +58,12 @@ state has AdamW's keys and dtypes (``step``, ``exp_avg``, ``exp_avg_sq``), so
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ._numba import numba
 from .settings import setting
 
 __all__ = ["OptimConfig", "make_optimizer", "RowSparseAdamW", "SPARSE_INPUT_UPDATE", "use_sparse_input_update",
@@ -71,13 +71,7 @@ __all__ = ["OptimConfig", "make_optimizer", "RowSparseAdamW", "SPARSE_INPUT_UPDA
 
 SPARSE_INPUT_UPDATE = ("auto", "on", "off")
 
-try:  # optional dependency (extra "fast"), as the sampler's kernel
-    import numba
-
-    _HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    numba = None
-    _HAVE_NUMBA = False
+_HAVE_NUMBA = numba is not None  # optional (extra "fast"); this kernel keeps its own fallback (_KERNEL_OK)
 
 
 def use_sparse_input_update(mode: str, sparse_features: bool, device: torch.device) -> bool:

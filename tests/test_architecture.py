@@ -19,8 +19,8 @@ PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # fold
 # the longest match decides a module's floor, and a module that matches none has none.
 FLOORS = [
     ("foundations", ["scalegnn.fileio", "scalegnn.device", "scalegnn.ranges", "scalegnn.settings",
-                     "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
-                     "scalegnn._elementwise",
+                     "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._numba",
+                     "scalegnn._sampling_kernel", "scalegnn._elementwise",
                      "scalegnn.datasets.*", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
                      "scalegnn.threads", "scalegnn.timing", "scalegnn.metrics",
                      "scalegnn.rowsparse", "scalegnn.functional"]),

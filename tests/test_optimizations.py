@@ -25,7 +25,7 @@ import threading
 import pytest
 import torch
 
-from scalegnn import _fastsample
+from scalegnn import _numba, _sampling_kernel
 from scalegnn import sampling as S
 from scalegnn.model import ModelConfig
 from scalegnn.optim import OptimConfig
@@ -37,7 +37,7 @@ from tests.reference import SerialReference
 from tests.graphs import parallel_graph
 from tests.graphs import random_graph
 
-needs_numba = pytest.mark.skipif(not _fastsample.available(), reason="numba not installed")
+needs_numba = pytest.mark.skipif(not _sampling_kernel.available(), reason="numba not installed")
 
 
 def _same_csr(a, b) -> bool:
@@ -77,7 +77,7 @@ def test_multithreaded_kernel_equals_one_thread_and_torch(threads, monkeypatch):
     (the threshold is lowered so a small graph splits), and no thread is left behind."""
     import threading
 
-    monkeypatch.setattr(_fastsample, "PARALLEL_MIN_NNZ", 1)
+    monkeypatch.setattr(_sampling_kernel, "PARALLEL_MIN_NNZ", 1)
     g = random_graph(n=400, m=6000, seed=threads)
     sample = S.sample_vertices(400, 170, seed=2, step=threads)
     p = S.inclusion_probability(400, 170)
@@ -87,10 +87,10 @@ def test_multithreaded_kernel_equals_one_thread_and_torch(threads, monkeypatch):
         r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, torch.tensor([*rows, *cols])).tolist()
         args = (blk.indptr, blk.indices, blk.values, sample[r_lo:r_hi] - rows[0], sample[c_lo:c_hi], cols[0],
                 cols[1], r_lo - c_lo, p)
-        one = _fastsample.extract(*args, threads=1)
-        many = _fastsample.extract(*args, threads=threads)
+        one = _sampling_kernel.extract(*args, threads=1)
+        many = _sampling_kernel.extract(*args, threads=threads)
         assert all(torch.equal(a, b) for a, b in zip(one, many))
-        assert len(_fastsample._row_chunks(_fastsample._row_work_kernel(blk.indptr.numpy(), args[3].numpy()),
+        assert len(_sampling_kernel._row_chunks(_sampling_kernel._row_work_kernel(blk.indptr.numpy(), args[3].numpy()),
                                            threads)) > 1
         ref = S.extract_block(blk, sample, p, backend="torch")
         assert torch.equal(many[0], ref.adj.crow_indices()) and torch.equal(many[1], ref.adj.col_indices())
@@ -114,7 +114,7 @@ def test_keyed_extraction_handles_two_labelings():
     alt = torch.sort(sigma[sample]).values
     ids = torch.argsort(sigma)[alt]  # vertex of every sigma id
     order = torch.searchsorted(sample, ids)  # row of ref for every row of the sigma-ordered block
-    backends = ["torch"] + (["numba"] if _fastsample.available() else [])
+    backends = ["torch"] + (["numba"] if _sampling_kernel.available() else [])
     for backend in backends:
         a = S.extract_block(S.CSRBlock.from_graph(rows_relabeled), alt, p, backend=backend, col_sample=sample,
                             keys=(ids, sample)).adj.to_dense()
@@ -133,7 +133,7 @@ def test_sample_draw_is_uniform_and_independent_of_numba(monkeypatch):
         s = S.sample_vertices(n, b, 3, 4)
         assert s.numel() == b and torch.equal(s, torch.unique(s))
     big = S.sample_vertices(200000, 20000, 1, 2)
-    monkeypatch.setattr(_fastsample, "_HAVE_NUMBA", False)
+    monkeypatch.setattr(_numba, "_HAVE_NUMBA", False)
     assert torch.equal(big, S.sample_vertices(200000, 20000, 1, 2))
 
 
@@ -142,7 +142,7 @@ def test_torch_fallback_without_numba(monkeypatch):
     blk = S.CSRBlock.from_graph(g)
     sample = S.sample_vertices(200, 60, 0, 0)
     ref = S.extract_block(blk, sample, 0.3, backend="torch")
-    monkeypatch.setattr(_fastsample, "_HAVE_NUMBA", False)
+    monkeypatch.setattr(_numba, "_HAVE_NUMBA", False)
     monkeypatch.setattr(S, "NUMBA_MIN_NNZ", 0)  # "auto" would pick numba for this block
     assert _same_csr(S.extract_block(blk, sample, 0.3).adj, ref.adj)
     with pytest.raises(ValueError, match="pip install numba"):
