@@ -21,6 +21,7 @@ Micro-benchmarks for pytest-benchmark live in ``tests/benchmarks/`` (``make benc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -366,6 +367,7 @@ def _ablation_worker(rank, world, shape, dataset, data_root, batch_ratio, hidden
                      compile_backend):
     from scalegnn.config import make_config
     from scalegnn.model import ModelConfig
+    from scalegnn.numerics import NumericsConfig
     from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
     from scalegnn.parallel.grid import ProcessGrid
@@ -376,13 +378,15 @@ def _ablation_worker(rank, world, shape, dataset, data_root, batch_ratio, hidden
     grid = ProcessGrid(*shape)
     graph = prepare_graph(make_config(dataset=dataset, data_root=data_root, progress=False))
     batch = resolve_batch_size(graph.num_nodes, batch_ratio=batch_ratio)
+    numeric = {f.name for f in dataclasses.fields(NumericsConfig)}  # bf16 comm; the others only go faster
     out = []
     for name, switches in configs:
         if switches.get("compile"):
             torch._dynamo.reset()  # compile afresh per config, so its compile time is its own
-        perf = PerfConfig(compile_backend=compile_backend, **switches)
+        perf = PerfConfig(compile_backend=compile_backend, **{k: v for k, v in switches.items() if k not in numeric})
+        numerics = NumericsConfig(**{k: v for k, v in switches.items() if k in numeric})
         eng = ParallelEngine(graph, ModelConfig(hidden=hidden, layers=layers, dropout=0.5), OptimConfig(), batch,
-                             seed=0, epochs=1, grid=grid, perf=perf)
+                             seed=0, epochs=1, grid=grid, perf=perf, numerics=numerics)
         try:
             for s in range(warmup):
                 eng.train_step(s)

@@ -31,7 +31,7 @@ FLOORS = [
     ("parallel collectives", ["scalegnn.parallel.collectives", "scalegnn.parallel.layout"]),
     ("parallel context", ["scalegnn.parallel.context"]),
     ("parallel operators", ["scalegnn.parallel.products", "scalegnn.parallel.tail", "scalegnn.parallel.losses"]),
-    ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.optim",
+    ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.numerics", "scalegnn.perf", "scalegnn.optim",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     # The parallel application: the core put to work on the components' model and data.
     ("parallel data", ["scalegnn.parallel.sharding", "scalegnn.parallel.dist_sampling"]),

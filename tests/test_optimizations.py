@@ -28,6 +28,7 @@ import torch
 from scalegnn import _numba, _sampling_kernel
 from scalegnn import sampling as S
 from scalegnn.model import ModelConfig
+from scalegnn.numerics import NumericsConfig
 from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import COMPONENTS
 from scalegnn.perf import PerfConfig, Prefetcher
@@ -218,16 +219,17 @@ def test_span_timer_cuda_events():
 STEPS = 4
 _BASE = dict(model=ModelConfig(hidden=10, layers=3, dropout=0.3), optim=OptimConfig(lr=1e-2, grad_clip=0.5))
 _NORES = dict(model=ModelConfig(hidden=10, layers=3, dropout=0.3, residual=False), optim=OptimConfig(lr=1e-2))
-RUNS = {
-    "base": (_BASE, PerfConfig()),
-    "prefetch": (_BASE, PerfConfig(prefetch=True)),
-    "overlap": (_BASE, PerfConfig(comm_overlap=True)),
-    "bf16": (_BASE, PerfConfig(comm_dtype="bf16")),
-    "bf16+overlap+prefetch": (_BASE, PerfConfig(comm_dtype="bf16", comm_overlap=True, prefetch=True)),
-    "gemm-bf16": (_BASE, PerfConfig(gemm_dtype="bf16")),
-    "compile": (_BASE, PerfConfig(compile=True, compile_backend="aot_eager")),
-    "uninstrumented": (_BASE, PerfConfig(instrument=False)),
-    "double": (_NORES, PerfConfig(permute="double")),
+RUNS = {  # name: (model and optimizer, the engine's perf and numerics sections)
+    "base": (_BASE, dict(perf=PerfConfig())),
+    "prefetch": (_BASE, dict(perf=PerfConfig(prefetch=True))),
+    "overlap": (_BASE, dict(perf=PerfConfig(comm_overlap=True))),
+    "bf16": (_BASE, dict(numerics=NumericsConfig(comm_dtype="bf16"))),
+    "bf16+overlap+prefetch": (_BASE, dict(numerics=NumericsConfig(comm_dtype="bf16"),
+                                          perf=PerfConfig(comm_overlap=True, prefetch=True))),
+    "gemm-bf16": (_BASE, dict(numerics=NumericsConfig(gemm_dtype="bf16"))),
+    "compile": (_BASE, dict(perf=PerfConfig(compile=True, compile_backend="aot_eager"))),
+    "uninstrumented": (_BASE, dict(perf=PerfConfig(instrument=False))),
+    "double": (_NORES, dict(numerics=NumericsConfig(permute="double"))),
 }
 
 
@@ -239,9 +241,9 @@ def _switch_worker(rank, world, shape):
 
     grid = ProcessGrid(*shape)
     out = {}
-    for name, (cfg, perf) in RUNS.items():
+    for name, (cfg, sections) in RUNS.items():
         eng = ParallelEngine(parallel_graph(seed=0), cfg["model"], cfg["optim"], 23, seed=0, epochs=2, grid=grid,
-                             perf=perf)
+                             **sections)
         t0 = time.perf_counter()
         steps = [eng.train_step(s) for s in range(STEPS)]
         wall = time.perf_counter() - t0
@@ -317,7 +319,7 @@ def test_double_permutation_needs_no_residual():
 
     with pytest.raises(ValueError, match="--no-residual"):
         ParallelEngine(parallel_graph(), ModelConfig(hidden=8), OptimConfig(), 10, grid=ProcessGrid.single(),
-                       perf=PerfConfig(permute="double"))
+                       numerics=NumericsConfig(permute="double"))
 
 
 # ------------------------------------------------------------------------------ loop, record, CLI
@@ -340,18 +342,19 @@ def test_compile_time_is_recorded_apart_and_profile_writes_a_trace(tmp_path):
     assert trace["traceEvents"]
 
 
-def test_cli_flags_fill_perf_config():
+def test_cli_flags_fill_perf_and_numerics_config():
     from scalegnn.config import parse_train_args
 
     cfg, _ = parse_train_args(
         ["--dataset", "cora", "--prefetch", "--comm-dtype", "bf16", "--compile", "--comm-overlap",
          "--profile", "/tmp/p", "--permute", "double", "--no-residual", "--sampler", "torch", "--gemm-dtype", "bf16"])
-    perf = cfg.perf
-    assert (perf.prefetch, perf.comm_dtype, perf.compile, perf.comm_overlap, perf.profile, perf.permute,
-            perf.sampler, perf.gemm_dtype) == (True, "bf16", True, True, "/tmp/p", "double", "torch", "bf16")
-    assert perf.local_gemm_dtype is torch.bfloat16
+    perf, numerics = cfg.perf, cfg.numerics
+    assert (perf.prefetch, numerics.comm_dtype, perf.compile, perf.comm_overlap, perf.profile, numerics.permute,
+            perf.sampler, numerics.gemm_dtype) == (True, "bf16", True, True, "/tmp/p", "double", "torch", "bf16")
+    assert numerics.local_gemm_dtype is torch.bfloat16
     assert parse_train_args(["--dataset", "cora"])[0].perf == PerfConfig()
+    assert parse_train_args(["--dataset", "cora"])[0].numerics == NumericsConfig()
     with pytest.raises(ValueError, match="comm_dtype"):
-        PerfConfig(comm_dtype="fp8")
+        NumericsConfig(comm_dtype="fp8")
     with pytest.raises(ValueError, match="gemm_dtype"):
-        PerfConfig(gemm_dtype="fp16")
+        NumericsConfig(gemm_dtype="fp16")
