@@ -72,7 +72,7 @@ import torch.nn.functional as F
 
 from scalegnn.config import RunConfig
 from scalegnn.device import resolve_backend, synchronize, to_device
-from scalegnn.engine import make_optimizer
+from scalegnn.optim import make_optimizer
 from scalegnn.functional import dropout_keep_mask, rms_norm
 from scalegnn.metrics import accuracy_counts
 from scalegnn.model import ModelConfig, ScaleGNN, dropout_key

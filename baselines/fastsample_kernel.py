@@ -55,7 +55,7 @@ __all__ = ["SampledBlocks", "Block", "TopologyCSC", "Scratch", "sample_blocks", 
 M32 = 0xFFFFFFFF
 _C1, _C2 = 0x21F0AAAD, 0x735A2D97  # lowbias32 multipliers (< 2^31: products of 32-bit values fit an int64)
 
-from scalegnn._fastsample import available, numba  # numba, optional: None without it (the torch path runs)
+from scalegnn._numba import available, numba  # numba, optional: None without it (the torch path runs)
 
 _HAVE_NUMBA = available()
 

@@ -21,6 +21,7 @@ Micro-benchmarks for pytest-benchmark live in ``tests/benchmarks/`` (``make benc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -184,9 +185,9 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
         return run
 
     methods = {}
-    from scalegnn import _fastsample
+    from scalegnn import _sampling_kernel
 
-    if _fastsample.available():
+    if _sampling_kernel.available():
         methods["ours (numba kernel)"] = ours("numba", block)
     methods["ours (vectorized torch)"] = ours("torch", block, cmap)
     gen = torch.Generator().manual_seed(seed)
@@ -303,7 +304,7 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
                "line_bytes_touched": line_bytes, "line_floor_ms": line_bytes / bandwidth * 1e3,
                "cpu_times_s": cpu_times, "cpu_median_ms": cpu_med,
                "cpu_fastest_peer": min(peer_names, key=cpu_med.get) if peer_names else None,
-               "load_avg_before": load_before, "machine": _machine(), "numba": _fastsample.available()}
+               "load_avg_before": load_before, "machine": _machine(), "numba": _sampling_kernel.available()}
     md = (f"Sampler step (sample B, extract, rescale, both CSRs) on a generated graph, N = {n:,}, "
           f"nnz = {nnz:,}, B = {batch:,}; {threads} torch threads; median of {reps} interleaved repetitions "
           f"(load average {load_before} -> {payload['machine']['load_avg_1m']}).\n\n")
@@ -365,8 +366,9 @@ ABLATION = (
 def _ablation_worker(rank, world, shape, dataset, data_root, batch_ratio, hidden, layers, steps, warmup, configs,
                      compile_backend):
     from scalegnn.config import make_config
-    from scalegnn.engine import OptimConfig
     from scalegnn.model import ModelConfig
+    from scalegnn.numerics import NumericsConfig
+    from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
     from scalegnn.parallel.grid import ProcessGrid
     from scalegnn.perf import PerfConfig
@@ -376,13 +378,15 @@ def _ablation_worker(rank, world, shape, dataset, data_root, batch_ratio, hidden
     grid = ProcessGrid(*shape)
     graph = prepare_graph(make_config(dataset=dataset, data_root=data_root, progress=False))
     batch = resolve_batch_size(graph.num_nodes, batch_ratio=batch_ratio)
+    numeric = {f.name for f in dataclasses.fields(NumericsConfig)}  # bf16 comm; the others only go faster
     out = []
     for name, switches in configs:
         if switches.get("compile"):
             torch._dynamo.reset()  # compile afresh per config, so its compile time is its own
-        perf = PerfConfig(compile_backend=compile_backend, **switches)
+        perf = PerfConfig(compile_backend=compile_backend, **{k: v for k, v in switches.items() if k not in numeric})
+        numerics = NumericsConfig(**{k: v for k, v in switches.items() if k in numeric})
         eng = ParallelEngine(graph, ModelConfig(hidden=hidden, layers=layers, dropout=0.5), OptimConfig(), batch,
-                             seed=0, epochs=1, grid=grid, perf=perf)
+                             seed=0, epochs=1, grid=grid, perf=perf, numerics=numerics)
         try:
             for s in range(warmup):
                 eng.train_step(s)
@@ -487,9 +491,9 @@ def scaling_bench(nnzs: tuple = (10**6, 4 * 10**6, 16 * 10**6), avg_degree: int 
 
 
 def _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers):
-    from scalegnn.engine import OptimConfig
     from scalegnn.graph import Graph
     from scalegnn.model import ModelConfig
+    from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import ParallelEngine
 
     rows, results = [], []

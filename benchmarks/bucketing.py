@@ -27,8 +27,9 @@ from pathlib import Path
 
 def _worker(rank, world, shape, args: dict):
     from scalegnn.config import make_config
-    from scalegnn.engine import OptimConfig
     from scalegnn.model import ModelConfig
+    from scalegnn.numerics import NumericsConfig
+    from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import ParallelEngine
     from scalegnn.parallel.grid import ProcessGrid
     from scalegnn.perf import PerfConfig
@@ -41,10 +42,10 @@ def _worker(rank, world, shape, args: dict):
     engines = {}
     for overlap in args["overlaps"]:
         for bucket in (False, True):
-            perf = PerfConfig(bucket_collectives=bucket, comm_overlap=overlap, comm_dtype=args["comm_dtype"])
+            perf = PerfConfig(bucket_collectives=bucket, comm_overlap=overlap)
             eng = ParallelEngine(graph, ModelConfig(hidden=args["hidden"], layers=args["layers"]),
                                  OptimConfig(grad_clip=args["grad_clip"]), batch, seed=0, epochs=1000, grid=grid,
-                                 perf=perf)
+                                 perf=perf, numerics=NumericsConfig(comm_dtype=args["comm_dtype"]))
             engines[(overlap, bucket)] = eng
     step = {k: 0 for k in engines}
     for key, eng in engines.items():

@@ -68,7 +68,7 @@ def _ms(ts: list[float]) -> float:
 def sampler_section(device: torch.device, n: int = 10**6, nnz: int = 2 * 10**7, b: int = 10**5,
                     reps: int = 20) -> dict:
     """Algorithm 2 on the device against the CPU kernel, same sample, same blocks."""
-    from scalegnn import _fastsample
+    from scalegnn import _sampling_kernel
     from scalegnn import sampling as S
     from scalegnn.graph import Graph
     from scalegnn.parallel.dist_sampling import DistributedSampler
@@ -91,7 +91,7 @@ def sampler_section(device: torch.device, n: int = 10**6, nnz: int = 2 * 10**7, 
         return S.extract_block(dblk, on_dev[i], p, cmap, backend="torch", bounds=bounds[i])
 
     dev_ts = _timed(on_device, device, reps)
-    cpu_backend = "numba" if _fastsample.available() else "torch"
+    cpu_backend = "numba" if _sampling_kernel.available() else "torch"
     cpu_map = S.CompactIndexMap(n)
     cpu_ts = _timed(lambda: S.extract_block(blk, samples[0], p, cpu_map, backend=cpu_backend), "cpu", reps)
     got = S.extract_block(dblk, samples[1].to(device), p, S.CompactIndexMap(n, 0, device), backend="torch")

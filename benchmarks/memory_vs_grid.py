@@ -115,7 +115,7 @@ def _phase_worker(rank, world, grid_spec, shard_dir, settings):
     phase("shard")
     batch = resolve_batch_size(shard.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
     eng = ParallelEngine(None, cfg.model, cfg.optim, batch, seed=cfg.seed, epochs=1, grid=ProcessGrid(*shape),
-                         shard=shard, perf=cfg.perf)
+                         shard=shard, perf=cfg.perf, numerics=cfg.numerics)
     phase("engine")
     for step in range(eng.steps_per_epoch):
         eng.train_step(step)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._fastsample import Unavailable, _run, available as _numba_available, numba
+from ._numba import Unavailable, available as _numba_available, numba, run as _run
 
 __all__ = ["DropoutBlock", "keep_mask", "keep_mask_torch", "available", "row_sum_squares", "tail_forward",
            "tail_backward_stats", "tail_backward_input", "stats_dtype", "warm_up"]

@@ -305,11 +305,15 @@ def _normalized(config: dict) -> dict:
 
 
 def _current_layout(config: dict) -> dict:
-    """A checkpoint's saved config in today's layout (run records' schema 2: one section
-    per component); checkpoints written before it keep the flat layout of schema 1."""
+    """A checkpoint's saved config in today's layout (run records' schema 3: one section
+    per component, ``numerics`` apart from ``perf``), read through
+    :func:`scalegnn.records.upgrade`: checkpoints written before schema 2 keep the
+    flat layout of schema 1, those written before schema 3 the comm and GEMM dtypes
+    and the permutation in ``perf``."""
     from .records import upgrade
 
-    config = upgrade({"schema_version": 1 if "data" not in config else 2, "config": dict(config)})["config"]
+    version = 1 if "data" not in config else 3 if "numerics" in config else 2
+    config = upgrade({"schema_version": version, "config": dict(config)})["config"]
     return {k: v for k, v in config.items() if v is not None or k not in ("system", "seed")}
 
 

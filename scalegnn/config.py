@@ -6,11 +6,12 @@ component, each owned by its component's module::
     data        DataConfig        scalegnn.datasets       dataset, data_root, shard_dir
     sampling    SamplingConfig    scalegnn.sampling       batch_size, batch_ratio
     model       ModelConfig       scalegnn.model          hidden, layers, dropout, norm, residual
-    optim       OptimConfig       scalegnn.engine         lr, weight_decay, schedule, grad_clip
+    optim       OptimConfig       scalegnn.optim          lr, weight_decay, schedule, grad_clip
     loop        LoopConfig        scalegnn.loop           epochs, eval_every, target_acc, ...
     parallel    ParallelConfig    scalegnn.parallel.grid  grid, nproc, device, backend, collective timeout, threads
     checkpoint  CheckpointConfig  scalegnn.checkpoint     dir, every, resume, keep
-    perf        PerfConfig        scalegnn.perf           the paper's section V switches
+    numerics    NumericsConfig    scalegnn.numerics       comm_dtype, gemm_dtype, permute: change the numbers
+    perf        PerfConfig        scalegnn.perf           prefetch, compile, comm_overlap, ...: speed only
     options     the system's own options dataclass (scalegnn.systems; None for ScaleGNN)
 
 A setting has one name: its field. The run record stores ``config.<section>.<field>``
@@ -38,9 +39,10 @@ from typing import Any
 from . import systems as registry
 from .checkpoint import CheckpointConfig
 from .datasets import DataConfig
-from .engine import OptimConfig
 from .loop import LoopConfig
 from .model import ModelConfig
+from .numerics import NumericsConfig
+from .optim import OptimConfig
 from .parallel.grid import PMM_AXES, ParallelConfig, cube_3d
 from .perf import PerfConfig
 from .sampling import SamplingConfig
@@ -52,7 +54,7 @@ __all__ = ["RunConfig", "SECTIONS", "SCALEGNN_SYSTEMS", "add_train_arguments", "
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "sampling": SamplingConfig, "model": ModelConfig,
                              "optim": OptimConfig, "loop": LoopConfig, "parallel": ParallelConfig,
-                             "checkpoint": CheckpointConfig, "perf": PerfConfig}
+                             "checkpoint": CheckpointConfig, "numerics": NumericsConfig, "perf": PerfConfig}
 
 
 @dataclass(kw_only=True)
@@ -69,6 +71,7 @@ class RunConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
     options: Any = None
 
@@ -339,8 +342,8 @@ def config_from_given(given: dict) -> RunConfig:
         if "sampling.batch_size" in given:
             raise ValueError("--system fullgraph-3d trains on the whole graph: drop --batch-size")
         defaults = {"sampling.batch_ratio": 1.0}
-        if "perf.permute" not in given:  # Plexus' double permutation, whose shards need the residual off
-            defaults.update({"perf.permute": "double", "model.residual": False})
+        if "numerics.permute" not in given:  # Plexus' double permutation, whose shards need the residual off
+            defaults.update({"numerics.permute": "double", "model.residual": False})
         given = {**defaults, **given}
     if "sampling.batch_size" in given and "sampling.batch_ratio" in given:
         raise ValueError("give exactly one of --batch-size (a vertex count) and --batch-ratio (a fraction of N)")

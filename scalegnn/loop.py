@@ -19,6 +19,23 @@ Callbacks carry what differs between systems and callers: the progress log
 (:class:`Progress`), ScaleGNN's epoch-end checkpoint and preemption, a benchmark's
 per-epoch sampling. Where the epochs begin (a resumed run continues after its
 checkpoint) is the trainer's :meth:`Trainer.begin`.
+
+What an engine step and an evaluation round return sit here too, beside the sums
+they become. ScaleGNN's trainer (:mod:`scalegnn.trainer`) drives the engine
+(:class:`scalegnn.parallel.engine.ParallelEngine`, one for every grid, the single
+process included) and never looks inside it:
+
+    engine.steps_per_epoch            int
+    engine.train_step(step)  -> StepResult     (Algorithm 1, one optimizer update)
+    engine.evaluate()        -> EvalResult     (full-graph forward, no sampling)
+    engine.counters()        ({component: seconds}, {collective kind: bytes}, {collective kind:
+    engine.reset_counters()  calls}) since the last reset (the loop resets them per epoch)
+    engine.synchronize()     wait for the device (before a host clock reading)
+
+A step's numbers stay on the device: :class:`StepResult` holds tensors, and
+:class:`EpochSums` adds them up without reading them, so a GPU is never made to
+wait for the host inside an epoch; the trainer reads the sums once at the epoch's
+end, into the :class:`EpochStats` the loop takes.
 """
 
 from __future__ import annotations
@@ -27,12 +44,14 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from .metrics import accuracy_counts
 from .records import EpochRow, new_epoch_row
 from .settings import fraction, setting
 
-__all__ = ["LoopConfig", "EpochStats", "Trainer", "LoopStart", "Callback", "Progress", "DivergedError", "epoch_row",
-           "train_epochs", "reached_target"]
+__all__ = ["LoopConfig", "EpochStats", "StepResult", "EpochSums", "EvalResult", "Trainer", "LoopStart", "Callback",
+           "Progress", "DivergedError", "epoch_row", "train_epochs", "reached_target"]
 
 
 class DivergedError(RuntimeError):
@@ -85,6 +104,66 @@ class EpochStats:
         self.loss_n += 1
         self.correct += correct
         self.count += count
+
+
+@dataclass
+class StepResult:
+    """One step, as a float64 device tensor ``stats`` = [loss, learned, correct, count]:
+    the loss (mean over the batch's labeled training vertices, averaged over the
+    data-parallel groups that had one; 0 when none had), ``learned`` 1 if the step
+    updated the weights (some group had a labeled vertex) else 0, and the batch's
+    training-accuracy counts. The properties read it on the host (tests, tools);
+    the trainer adds it up with :class:`EpochSums` instead."""
+
+    stats: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return int(self.stats[3])
+
+    @property
+    def correct(self) -> float:
+        return float(self.stats[2])
+
+    @property
+    def loss(self) -> float:
+        """The step's loss; NaN for a step without any labeled vertex."""
+        loss, learned = self.stats[:2].tolist()
+        return loss if learned else float("nan")
+
+
+class EpochSums:
+    """Sums of :class:`StepResult` over an epoch, kept on the device.
+
+    ``add`` is a few element-wise device operations (no read-back); ``read`` waits
+    for the device once and returns (loss_sum, loss_n, correct, count, first_bad):
+    the sum of the losses of the steps that learned, their number, the accuracy
+    counts and the first step whose loss was not finite (-1 if none)."""
+
+    def __init__(self, device, start: tuple | None = None):
+        self.sums = torch.tensor(list(start or (0.0, 0.0, 0.0, 0.0)), dtype=torch.float64, device=device)
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
+
+    def add(self, res: StepResult, step: int) -> None:
+        self.sums += res.stats
+        bad = ~torch.isfinite(res.stats[0]) & (self.first_bad < 0)
+        self.first_bad = torch.where(bad, step, self.first_bad)
+
+    def read(self) -> tuple[float, int, float, float, int]:
+        loss_sum, loss_n, correct, count = self.sums.tolist()
+        return loss_sum, int(loss_n), correct, count, int(self.first_bad)
+
+
+@dataclass
+class EvalResult:
+    """An evaluation round's accuracies (full graph, no sampling), the same on every rank."""
+
+    train_acc: float
+    val_acc: float
+    test_acc: float
+
+    def as_dict(self) -> dict:
+        return {"train_acc": self.train_acc, "val_acc": self.val_acc, "test_acc": self.test_acc}
 
 
 @dataclass

@@ -1,17 +1,38 @@
-"""Performance switches of paper section V and the instrumentation that measures them.
+"""The switches that change how fast a run goes, never what it computes (paper section V),
+and the instrumentation that measures them.
 
-    PerfConfig      the switches, one nested dataclass in the run config (``cfg.perf``)
+    PerfConfig      the switches, the run configuration's ``perf`` section (``cfg.perf``)
     Prefetcher      prepare step t+1 while step t trains (V-A): a background thread on
                     CPU, plus a side CUDA stream and an event on GPU; across epochs
     StepProfiler    ``--profile DIR``: a torch.profiler trace of a few steps per rank
 
 The per-component timers (``instrument``) are :class:`scalegnn.timing.SpanTimer`.
 
-Every switch defaults to the behaviour without it, and none changes what is computed:
-prefetching reorders no arithmetic (the sample is a pure function of the step), the
-communication overlap sums the same partial sums, fusion evaluates the same
-element-wise formula, and BF16 communication is the one switch that changes numbers
-(by the BF16 rounding of 3D-PMM partial sums; tests bound it).
+What this section guarantees. Every switch defaults to the behaviour without it, and
+none changes what is computed: the same samples, dropout masks, formulas and
+operand dtypes, so a run's losses, accuracies and weights equal those of the run
+without the switch, bit for bit or up to float rounding where the same sums are
+taken in another order (tests hold each to it):
+
+    prefetch            bit-identical: the sample is a pure function of the step, so
+                        producing it earlier reorders no arithmetic
+    sampler             bit-identical: the numba kernel and the torch path build the
+                        same CSR blocks, entry for entry
+    comm_overlap        bit-identical: the asynchronous all-reduces sum the same
+                        partial sums, only sooner
+    instrument, profile nothing: timers and traces only read clocks
+    bucket_collectives  the same reductions in fewer calls: bit-identical over axes of
+                        2 ranks, float32 (the clip norm: float64) summation order over more
+    compile, compile_backend
+                        the same element-wise formula fused (RMSNorm + ReLU + dropout),
+                        its backward derived by autograd instead of written by hand:
+                        float32 rounding (weights within 1e-5)
+
+A checkpoint resumes with ``prefetch``, ``profile``, ``sampler`` or ``instrument``
+changed (:data:`scalegnn.checkpoint.RESUMABLE_DIFFERENCES`: its continuation stays
+bit-exact). The settings that do change the numbers (BF16 communication, BF16 GEMM
+operands, vertex permutations) are :class:`scalegnn.numerics.NumericsConfig`
+(``cfg.numerics``).
 """
 
 from __future__ import annotations
@@ -26,25 +47,14 @@ import torch
 from .sampling import SAMPLER_BACKENDS
 from .settings import setting
 
-__all__ = ["PerfConfig", "Prefetcher", "StepProfiler", "COMM_DTYPES", "GEMM_DTYPES", "PERMUTATIONS"]
-
-COMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-GEMM_DTYPES = COMM_DTYPES  # the same two choices; None: as is (the operands' own dtype)
-PERMUTATIONS = ("none", "single", "double")
+__all__ = ["PerfConfig", "Prefetcher", "StepProfiler"]
 
 
 @dataclass(kw_only=True)
 class PerfConfig:
-    """Optimization and measurement switches (paper V; Plexus 5.1).
+    """Optimization and measurement switches (paper V): how fast, never what (module doc).
 
     prefetch      sample step t+1 while step t trains (V-A)
-    comm_dtype    "fp32" or "bf16": wire dtype of 3D-PMM partial sums (V-B); RMSNorm
-                  and loss reductions stay FP32 whatever this says
-    gemm_dtype    "fp32" (the paper: all local compute in FP32) or "bf16": operand dtype
-                  of the dense GEMMs (layers and head, forward and backward), each
-                  product returned to FP32 before its all-reduce; SpMM, the sparse input
-                  projection, norms, weights and optimizer state stay FP32. For CPUs
-                  with bf16 matrix units (AMX) and GPU tensor cores; numerics change
     compile       fuse RMSNorm + ReLU + dropout with torch.compile (V-C); compile time
                   is recorded apart and excluded from training time
     comm_overlap  asynchronous all-reduces in backward: feature gradient overlapped with
@@ -56,8 +66,6 @@ class PerfConfig:
                   wire dtype; the grad-clip norm in one call instead of three
                   (scalegnn.parallel.collectives.bucketed_all_reduce)
     profile       folder for a torch.profiler trace of a few steps (one file per rank)
-    permute       "none", "single" or "double" vertex permutation before sharding
-                  (Plexus 5.1); "double" keeps two adjacency versions
     sampler       sampler kernel: "auto", "torch" or "numba" (see scalegnn.sampling)
     instrument    per-component timers (bytes are always counted); off costs nothing
     compile_backend  torch.compile backend ("inductor"; tests use "aot_eager")
@@ -65,11 +73,6 @@ class PerfConfig:
 
     prefetch: bool = setting(False, scope="scalegnn",
                              help="sample step t+1 while step t trains (background thread; CUDA side stream on GPU)")
-    comm_dtype: str = setting("fp32", scope="scalegnn", choices=tuple(COMM_DTYPES),
-                              help="wire dtype of the 3D-PMM partial-sum all-reduces (RMSNorm/loss stay fp32)")
-    gemm_dtype: str = setting("fp32", scope="scalegnn", choices=tuple(GEMM_DTYPES),
-                              help="operand dtype of the dense layer GEMMs (fp32 results; SpMM, norms, "
-                              "weights and optimizer stay fp32); bf16 for AMX CPUs and tensor cores")
     compile: bool = setting(False, scope="scalegnn", action="store_true",
                             help="fuse RMSNorm + ReLU + dropout with torch.compile (compile time recorded apart)")
     comm_overlap: bool = setting(False, scope="scalegnn", action="store_true",
@@ -82,8 +85,6 @@ class PerfConfig:
     # rare: a diagnostic (a trace to read in a profiler), not a setting of a measured run
     profile: str | None = setting(None, scope="scalegnn", metavar="DIR", output=True, rare=True,
                                   help="write a torch.profiler trace of a few training steps per rank to DIR")
-    permute: str = setting("none", scope="scalegnn", choices=PERMUTATIONS,
-                           help="vertex permutation for shard load balance (Plexus 5.1); double needs --no-residual")
     # rare: auto takes the fastest kernel here; naming one is for the sampler's benchmarks and tests
     sampler: str = setting("auto", scope="scalegnn", rare=True, choices=SAMPLER_BACKENDS,
                            help="Algorithm 2 kernel: numba on CPU when installed (auto), else vectorized torch")
@@ -91,22 +92,8 @@ class PerfConfig:
     compile_backend: str = "inductor"
 
     def __post_init__(self):
-        if self.comm_dtype not in COMM_DTYPES:
-            raise ValueError(f"comm_dtype must be one of {sorted(COMM_DTYPES)}, got {self.comm_dtype!r}")
-        if self.gemm_dtype not in GEMM_DTYPES:
-            raise ValueError(f"gemm_dtype must be one of {sorted(GEMM_DTYPES)}, got {self.gemm_dtype!r}")
-        if self.permute not in PERMUTATIONS:
-            raise ValueError(f"permute must be one of {PERMUTATIONS}, got {self.permute!r}")
         if self.sampler not in SAMPLER_BACKENDS:
             raise ValueError(f"sampler must be one of {SAMPLER_BACKENDS}, got {self.sampler!r}")
-
-    @property
-    def pmm_comm_dtype(self) -> torch.dtype | None:
-        return COMM_DTYPES[self.comm_dtype]
-
-    @property
-    def local_gemm_dtype(self) -> torch.dtype | None:
-        return GEMM_DTYPES[self.gemm_dtype]
 
 
 # --------------------------------------------------------------------------- prefetch

@@ -40,7 +40,7 @@ __all__ = [
     "upgrade",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # "cancelled": the scheduler stopped the job on request (scancel) before it finished;
 # "timeout": it reached its time limit with no requeue left (sweeps/task.py writes both);
 # "interrupted": SIGINT (Ctrl-C) or SIGTERM stopped a run that no scheduler owns
@@ -74,7 +74,7 @@ class RunRecord(TypedDict, total=False):
     run_id: str
     system: str
     dataset: str
-    config: dict  # RunConfig.to_dict(): nested sections (schema 2)
+    config: dict  # RunConfig.to_dict(): nested sections (schema 3: numerics apart from perf)
     grid: dict
     world_size: int
     seed: int
@@ -217,11 +217,19 @@ _V1_SECTIONS = {"data": ("dataset", "data_root", "shard_dir"), "sampling": ("bat
                 "loop": ("epochs", "eval_every", "target_acc", "stop_at_target", "out_dir", "progress"),
                 "parallel": ("grid", "nproc", "device", "backend", "collective_timeout_s")}
 _V1_OPTION_NAMES = {"salient": {"prefetch": "prefetch_batches"}}  # options renamed with schema 2
+# Version 3 splits version 2's perf section: the settings that change what is computed
+# move to their own section, numerics (scalegnn.numerics); perf keeps the speed-only ones.
+_V2_NUMERICS = ("comm_dtype", "gemm_dtype", "permute")
 
 
 def upgrade(record: dict) -> dict:
     """The record in the current schema (in place; older versions are read, never
-    rewritten on disk): version 1's flat configuration nested as version 2's."""
+    rewritten on disk), one version after the other: version 1's flat configuration
+    nested as version 2's; version 2's ``perf.comm_dtype``, ``perf.gemm_dtype`` and
+    ``perf.permute`` moved into version 3's ``numerics`` section (placed before
+    ``perf``, as :class:`scalegnn.config.RunConfig` orders them; a setting a record
+    lacks stays absent). The configuration's dicts are new ones: the caller's are
+    left as they were."""
     if record.get("schema_version") == 1 and isinstance(record.get("config"), dict):
         old = record["config"]
         config = {"system": old.get("system", record.get("system")), "seed": old.get("seed", record.get("seed"))}
@@ -236,6 +244,15 @@ def upgrade(record: dict) -> dict:
             config["options"] = {renamed.get(k, k): v for k, v in config["options"].items()}
         record["config"] = config
         record["schema_version"] = 2
+    if record.get("schema_version") == 2 and isinstance(record.get("config"), dict):
+        config = {}
+        for key, value in record["config"].items():
+            if key == "perf" and isinstance(value, dict):
+                config["numerics"] = {k: value[k] for k in _V2_NUMERICS if k in value}
+                value = {k: v for k, v in value.items() if k not in _V2_NUMERICS}
+            config[key] = value
+        record["config"] = config
+        record["schema_version"] = 3
     return record
 
 

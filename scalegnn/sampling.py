@@ -128,8 +128,8 @@ def _first_distinct(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     chunk = int(expected + 6.0 * math.sqrt(expected) + 16)
     draws = torch.randint(0, n, (chunk,), generator=gen)
     while True:
-        fast = _fastsample_module() if k >= NUMBA_MIN_SAMPLE else None
-        if fast is not None:  # same result in one pass over a bitmap (see _fastsample)
+        fast = _kernel_module() if k >= NUMBA_MIN_SAMPLE else None
+        if fast is not None:  # same result in one pass over a bitmap (see _sampling_kernel)
             try:
                 out = fast.first_distinct(draws, n, k)
             except fast.Unavailable:
@@ -287,11 +287,11 @@ NUMBA_MIN_NNZ = 1 << 15
 NUMBA_MIN_SAMPLE = 1 << 12  # the sample draw (same result either way) from this B on
 
 
-def _fastsample_module():
-    """The numba kernels, or None when numba is not installed."""
-    from . import _fastsample
+def _kernel_module():
+    """The compiled sampler kernel (:mod:`scalegnn._sampling_kernel`), or None when numba is not installed."""
+    from . import _sampling_kernel
 
-    return _fastsample if _fastsample.available() else None
+    return _sampling_kernel if _sampling_kernel.available() else None
 
 
 def _pick_backend(backend: str, block: "CSRBlock") -> str:
@@ -299,13 +299,13 @@ def _pick_backend(backend: str, block: "CSRBlock") -> str:
         raise ValueError(f"sampler backend must be one of {SAMPLER_BACKENDS}, got {backend!r}")
     if backend == "torch" or block.indices.device.type != "cpu" or (backend == "auto" and block.nnz < NUMBA_MIN_NNZ):
         return "torch"  # (small blocks: not even the numba import is paid)
-    from . import _fastsample
+    from . import _sampling_kernel
 
     if backend == "numba":
-        if not _fastsample.available():
+        if not _sampling_kernel.available():
             raise ValueError("sampler backend 'numba' needs numba: pip install numba (or use backend 'torch')")
         return "numba"
-    return "numba" if _fastsample.available() else "torch"
+    return "numba" if _sampling_kernel.available() else "torch"
 
 
 def block_bounds(block: CSRBlock, sample: torch.Tensor, col_sample: torch.Tensor | None = None
@@ -375,13 +375,13 @@ def extract_block(
     rkey, ckey = (keys[0][r_lo:r_hi], keys[1][c_lo:c_hi]) if keys is not None else (None, None)
 
     if _pick_backend(backend, block) == "numba":
-        from . import _fastsample
+        from . import _sampling_kernel
 
         try:
-            fwd_ptr, cols_c, vals, t_ptr, t_rows, t_vals = _fastsample.extract(
+            fwd_ptr, cols_c, vals, t_ptr, t_rows, t_vals = _sampling_kernel.extract(
                 block.indptr, block.indices, block.values, rows_local, s_cols, block.col_start, block.col_end,
                 r_lo - c_lo, scale, rkey, ckey)
-        except _fastsample.Unavailable:
+        except _sampling_kernel.Unavailable:
             if backend == "numba":
                 raise
         else:

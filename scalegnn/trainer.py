@@ -14,7 +14,7 @@ Reads top to bottom:
      graph) every ``eval_every`` epochs, excluded from training time
 
 The epoch never reads a device value: step results are summed on the device
-(:class:`scalegnn.engine.EpochSums`) and read once at its end, after which
+(:class:`scalegnn.loop.EpochSums`) and read once at its end, after which
 divergence (a loss that is not finite) is checked.
 """
 
@@ -30,9 +30,8 @@ import torch.distributed as dist
 from . import checkpoint as ckpt_mod
 from .checkpoint import CheckpointError, Checkpointer, Preempted
 from .config import RunConfig
-from .engine import EpochSums
 from .graph import Graph
-from .loop import Callback, DivergedError, EpochStats, LoopStart, Trainer, reached_target
+from .loop import Callback, DivergedError, EpochStats, EpochSums, LoopStart, Trainer, reached_target
 from .sampling import resolve_batch_size
 
 __all__ = ["ScaleGNNTrainer", "make_trainer", "prepare_graph", "make_engine"]
@@ -48,7 +47,7 @@ def prepare_graph(cfg: RunConfig, graph: Graph | None = None) -> Graph:
     graph = load_graph(cfg.data, cfg.seed, graph)
     if graph.meta.get("normalized") == "gcn":
         return graph
-    if cfg.perf.permute != "none":  # Plexus 5.1: relabel the vertices once (P_c; double adds sigma in the engine)
+    if cfg.numerics.permute != "none":  # Plexus 5.1: relabel the vertices once (P_c; double adds sigma in the engine)
         from .permutation import random_permutation
 
         graph = graph.permute(random_permutation(graph.num_nodes, cfg.seed))
@@ -61,7 +60,7 @@ def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None, device
     from .parallel.engine import ParallelEngine
 
     return ParallelEngine(graph, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.loop.epochs, grid=grid,
-                          device=device, perf=cfg.perf)
+                          device=device, perf=cfg.perf, numerics=cfg.numerics)
 
 
 def _engine_from_shards(cfg: RunConfig, grid, device):
@@ -73,12 +72,12 @@ def _engine_from_shards(cfg: RunConfig, grid, device):
     shard_dir = cfg.data.shard_dir
     shard = load_shard(shard_dir, grid.rank, cfg.parallel.grid)
     manifest = json.loads((Path(shard_dir) / "manifest.json").read_text())
-    check_shard_manifest(manifest, cfg.perf.permute, cfg.seed, shard_dir, (cfg.data.split, cfg.data.split_seed))
+    check_shard_manifest(manifest, cfg.numerics.permute, cfg.seed, shard_dir, (cfg.data.split, cfg.data.split_seed))
     # The graph's record_info as written with the shards (older shards: the sizes alone).
     info = manifest.get("graph") or {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
     batch_size = resolve_batch_size(shard.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
     engine = ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.loop.epochs, grid=grid,
-                            shard=shard, device=device, perf=cfg.perf)
+                            shard=shard, device=device, perf=cfg.perf, numerics=cfg.numerics)
     return info, engine
 
 

@@ -97,8 +97,8 @@ def stage_for(cfg: RunConfig, out: str | os.PathLike, data_root: str) -> StageSe
     root = str(Path(cfg.data.data_root).expanduser().resolve()) if cfg.data.data_root else data_root
     split = cfg.data.split  # its seed defaults to the run's --seed: one staged set for both ways of saying it
     split_seed = None if split is None else (cfg.data.split_seed if cfg.data.split_seed is not None else int(cfg.seed))
-    key = StageSet.key_of(cfg.data.dataset, grid, cfg.perf.permute, cfg.seed, root, split, split_seed)
-    return StageSet(cfg.data.dataset, grid, cfg.perf.permute, int(cfg.seed), root,
+    key = StageSet.key_of(cfg.data.dataset, grid, cfg.numerics.permute, cfg.seed, root, split, split_seed)
+    return StageSet(cfg.data.dataset, grid, cfg.numerics.permute, int(cfg.seed), root,
                     str(Path(out).resolve() / "shards" / key), split, split_seed)
 
 

@@ -1,5 +1,6 @@
-"""Files the tests write: a minimal valid run record, ogb datasets in ogb's own layouts,
-and the shared real data next to the repository (``../shared/data``)."""
+"""Files the tests write: a minimal valid run record, a configuration in schema 2's
+layout, ogb datasets in ogb's own layouts, and the shared real data next to the
+repository (``../shared/data``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ def minimal_record(**over) -> dict:
     }
     rec.update(over)
     return rec
+
+
+def schema_2_config(config: dict) -> dict:
+    """A run configuration (``RunConfig.to_dict()``) as schema 2 wrote it, in records and
+    checkpoints: no ``numerics`` section, its settings (comm_dtype, gemm_dtype, permute)
+    inside ``perf``, where they were before perf's speed-only switches were split from them."""
+    old = {k: v for k, v in config.items() if k != "numerics"}
+    old["perf"] = {**config["perf"], **config["numerics"]}
+    return old
 
 
 def assert_same_graph(a, b) -> None:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from scalegnn.engine import EvalResult, OptimConfig
 from scalegnn.graph import Graph
+from scalegnn.loop import EvalResult
 from scalegnn.metrics import accuracy_counts
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
+from scalegnn.optim import OptimConfig
 from scalegnn.sampling import UniformVertexSampler, steps_per_epoch
 
 __all__ = ["ReferenceStep", "SerialReference"]

@@ -11,8 +11,8 @@ points for float-summation differences across thread counts.
 
 import pytest
 
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.config import make_config
 from scalegnn.launch import launch
 from tests.files import SHARED_DATA

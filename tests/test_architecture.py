@@ -19,8 +19,8 @@ PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # fold
 # the longest match decides a module's floor, and a module that matches none has none.
 FLOORS = [
     ("foundations", ["scalegnn.fileio", "scalegnn.device", "scalegnn.ranges", "scalegnn.settings",
-                     "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._fastsample",
-                     "scalegnn._elementwise",
+                     "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._numba",
+                     "scalegnn._sampling_kernel", "scalegnn._elementwise",
                      "scalegnn.datasets.*", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
                      "scalegnn.threads", "scalegnn.timing", "scalegnn.metrics",
                      "scalegnn.rowsparse", "scalegnn.functional"]),
@@ -31,7 +31,7 @@ FLOORS = [
     ("parallel collectives", ["scalegnn.parallel.collectives", "scalegnn.parallel.layout"]),
     ("parallel context", ["scalegnn.parallel.context"]),
     ("parallel operators", ["scalegnn.parallel.products", "scalegnn.parallel.tail", "scalegnn.parallel.losses"]),
-    ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.perf", "scalegnn.optim", "scalegnn.engine",
+    ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.numerics", "scalegnn.perf", "scalegnn.optim",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     # The parallel application: the core put to work on the components' model and data.
     ("parallel data", ["scalegnn.parallel.sharding", "scalegnn.parallel.dist_sampling"]),

@@ -13,13 +13,15 @@ group counted twice) moves them by ~lr.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import pytest
 import torch
 
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.numerics import NumericsConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.collectives import CommStats, all_reduce, bucketed_all_reduce
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn
@@ -204,7 +206,7 @@ def expected_calls_saved(shape, layers: int, norm: bool, bf16: bool, clip: bool)
 
 
 _HIDDEN, _BATCH, _STEPS = 10, 23, 3
-VARIANTS = {  # name: (graph kwargs, model, optim, perf switches)
+VARIANTS = {  # name: (graph kwargs, model, optim, switches: perf and numerics settings)
     "plain": ({}, ModelConfig(hidden=_HIDDEN, layers=3, dropout=0.3), OptimConfig(lr=1e-2), {}),
     "overlap": ({}, ModelConfig(hidden=_HIDDEN, layers=3, dropout=0.3), OptimConfig(lr=1e-2),
                 {"comm_overlap": True}),
@@ -229,9 +231,12 @@ def _engine_pair_worker(rank, world, shape, names):
     out = {}
     for name in names:
         gkw, model, optim, switches = VARIANTS[name]
+        numeric = {f.name for f in dataclasses.fields(NumericsConfig)}
+        perf = {k: v for k, v in switches.items() if k not in numeric}
+        numerics = NumericsConfig(**{k: v for k, v in switches.items() if k in numeric})
         for bucket in (False, True):
             eng = ParallelEngine(parallel_graph(seed=1, **gkw), model, optim, _BATCH, seed=0, epochs=2, grid=grid,
-                                 perf=PerfConfig(bucket_collectives=bucket, **switches))
+                                 perf=PerfConfig(bucket_collectives=bucket, **perf), numerics=numerics)
             eng.train_step(0)
             eng.reset_counters()
             steps = [eng.train_step(s) for s in range(1, _STEPS + 1)]

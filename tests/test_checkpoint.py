@@ -17,12 +17,13 @@ import torch
 
 from scalegnn import checkpoint as ck
 from scalegnn.checkpoint import CheckpointConfig, CheckpointError
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.perf import PerfConfig
 from scalegnn.config import RunConfig, make_config
 from scalegnn.launch import launch
+from tests.files import schema_2_config
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 
@@ -185,6 +186,52 @@ def test_resume_without_a_checkpoint_starts_fresh_and_mismatches_are_refused(tmp
     # resuming a finished run re-runs nothing after the last checkpoint but the tail, identically
     again = launch(config(tmp_path, epochs=2, checkpoint=ckpt))
     assert again["run_id"] == rec["run_id"] and _rows(again) == _rows(rec)
+
+
+def test_a_schema_2_checkpoint_config_is_read_in_the_numerics_layout():
+    """A checkpoint saved before schema 3 holds comm_dtype, gemm_dtype and permute in
+    perf: read through records.upgrade, the same settings match, and another value of
+    one of them is still refused, by its new name."""
+    now = make_config(dataset=SMALL, permute="single", comm_dtype="bf16", prefetch=True).to_dict()
+    saved = schema_2_config(now)
+    assert ck.config_mismatch(saved, now) == []
+    assert ck.config_mismatch(saved, make_config(dataset=SMALL, permute="single", comm_dtype="bf16").to_dict()) \
+        == []  # prefetch may change on resume (RESUMABLE_DIFFERENCES)
+    assert ck.config_mismatch(saved, make_config(dataset=SMALL, comm_dtype="bf16", prefetch=True).to_dict()) == \
+        ["numerics.permute: checkpoint 'single', now 'none'"]
+    assert ck.config_mismatch(now, now) == []  # a checkpoint of this schema, as it is
+
+
+def test_a_run_checkpointed_before_the_numerics_section_resumes_exactly(tmp_path, monkeypatch):
+    """A run whose checkpoints were written with schema 2's config layout (their meta's
+    config and record rewritten so here) resumes from them and ends as the
+    uninterrupted run; a resumption with another --permute is refused."""
+    log = StepLog(monkeypatch)
+    ref = launch(config(tmp_path, epochs=2, permute="single"))
+    ref_losses = [loss for _, loss in log.losses]
+    crash = ref["steps_per_epoch"] + 1
+    log.losses, log.crash_at = [], crash
+    ckpt = CheckpointConfig(dir=str(tmp_path / "ck"), every="2", resume=True)
+    first = launch(config(tmp_path, epochs=2, permute="single", checkpoint=ckpt))
+    assert first["status"] == "failed"
+    done = dict(log.losses)
+    metas = sorted((tmp_path / "ck").glob("step-*/meta.json"))
+    assert metas
+    for path in metas:  # as the code before schema 3 wrote them
+        meta = json.loads(path.read_text())
+        assert meta["config"]["numerics"]["permute"] == "single"
+        meta["config"] = schema_2_config(meta["config"])
+        meta["record"] = {**meta["record"], "schema_version": 2, "config": schema_2_config(meta["record"]["config"])}
+        path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"numerics.permute: checkpoint 'single', now 'none'"):
+        launch(config(tmp_path, epochs=2, checkpoint=ckpt))
+    log.losses, log.crash_at = [], None
+    second = launch(config(tmp_path, epochs=2, permute="single", checkpoint=ckpt))
+    assert second["status"] == "ok" and second["run_id"] == first["run_id"] and second["resumed"]
+    assert second["schema_version"] == 3 and second["config"]["numerics"]["permute"] == "single"
+    done.update(dict(log.losses))
+    assert [done[s] for s in range(len(ref_losses))] == ref_losses  # float ==
+    assert _rows(second) == _rows(ref)
 
 
 def test_time_based_checkpoints(tmp_path):

@@ -18,8 +18,8 @@ import torch
 from scalegnn import device as D
 from scalegnn import records
 from scalegnn import sampling as S
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from scalegnn.device import resolve_device
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.numerics import NumericsConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn
 from scalegnn.parallel.products import row_chunks
-from scalegnn.perf import PerfConfig
 from tests.devices import DEVICES
 from tests.graphs import nprocs, parallel_graph
 from tests.reference import SerialReference
@@ -42,9 +42,9 @@ RUNS = [
 ]
 DOUBLE = [
     dict(name="double permutation L3", graph=dict(seed=3), model=ModelConfig(hidden=8, layers=3, residual=False),
-         perf=PerfConfig(permute="double")),
+         numerics=NumericsConfig(permute="double")),
     dict(name="double permutation L2 norm off", graph=dict(seed=5),
-         model=ModelConfig(hidden=8, layers=2, residual=False, norm=False), perf=PerfConfig(permute="double")),
+         model=ModelConfig(hidden=8, layers=2, residual=False, norm=False), numerics=NumericsConfig(permute="double")),
 ]
 
 
@@ -54,7 +54,7 @@ def _eval_worker(rank, world, shape, runs, device="cpu"):
     for run in runs:
         graph = parallel_graph(**run["graph"])
         eng = ParallelEngine(graph, run["model"], OptimConfig(lr=1e-2), 11, seed=7, grid=grid,
-                             perf=run.get("perf"), device=resolve_device(device, rank))
+                             numerics=run.get("numerics"), device=resolve_device(device, rank))
         for step in range(STEPS):
             eng.train_step(step)
         batch = eng.sampler.full_batch()

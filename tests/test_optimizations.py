@@ -25,10 +25,11 @@ import threading
 import pytest
 import torch
 
-from scalegnn import _fastsample
+from scalegnn import _numba, _sampling_kernel
 from scalegnn import sampling as S
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.numerics import NumericsConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import COMPONENTS
 from scalegnn.perf import PerfConfig, Prefetcher
 from scalegnn.timing import SpanTimer
@@ -37,7 +38,7 @@ from tests.reference import SerialReference
 from tests.graphs import parallel_graph
 from tests.graphs import random_graph
 
-needs_numba = pytest.mark.skipif(not _fastsample.available(), reason="numba not installed")
+needs_numba = pytest.mark.skipif(not _sampling_kernel.available(), reason="numba not installed")
 
 
 def _same_csr(a, b) -> bool:
@@ -77,7 +78,7 @@ def test_multithreaded_kernel_equals_one_thread_and_torch(threads, monkeypatch):
     (the threshold is lowered so a small graph splits), and no thread is left behind."""
     import threading
 
-    monkeypatch.setattr(_fastsample, "PARALLEL_MIN_NNZ", 1)
+    monkeypatch.setattr(_sampling_kernel, "PARALLEL_MIN_NNZ", 1)
     g = random_graph(n=400, m=6000, seed=threads)
     sample = S.sample_vertices(400, 170, seed=2, step=threads)
     p = S.inclusion_probability(400, 170)
@@ -87,10 +88,10 @@ def test_multithreaded_kernel_equals_one_thread_and_torch(threads, monkeypatch):
         r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, torch.tensor([*rows, *cols])).tolist()
         args = (blk.indptr, blk.indices, blk.values, sample[r_lo:r_hi] - rows[0], sample[c_lo:c_hi], cols[0],
                 cols[1], r_lo - c_lo, p)
-        one = _fastsample.extract(*args, threads=1)
-        many = _fastsample.extract(*args, threads=threads)
+        one = _sampling_kernel.extract(*args, threads=1)
+        many = _sampling_kernel.extract(*args, threads=threads)
         assert all(torch.equal(a, b) for a, b in zip(one, many))
-        assert len(_fastsample._row_chunks(_fastsample._row_work_kernel(blk.indptr.numpy(), args[3].numpy()),
+        assert len(_sampling_kernel._row_chunks(_sampling_kernel._row_work_kernel(blk.indptr.numpy(), args[3].numpy()),
                                            threads)) > 1
         ref = S.extract_block(blk, sample, p, backend="torch")
         assert torch.equal(many[0], ref.adj.crow_indices()) and torch.equal(many[1], ref.adj.col_indices())
@@ -114,7 +115,7 @@ def test_keyed_extraction_handles_two_labelings():
     alt = torch.sort(sigma[sample]).values
     ids = torch.argsort(sigma)[alt]  # vertex of every sigma id
     order = torch.searchsorted(sample, ids)  # row of ref for every row of the sigma-ordered block
-    backends = ["torch"] + (["numba"] if _fastsample.available() else [])
+    backends = ["torch"] + (["numba"] if _sampling_kernel.available() else [])
     for backend in backends:
         a = S.extract_block(S.CSRBlock.from_graph(rows_relabeled), alt, p, backend=backend, col_sample=sample,
                             keys=(ids, sample)).adj.to_dense()
@@ -133,7 +134,7 @@ def test_sample_draw_is_uniform_and_independent_of_numba(monkeypatch):
         s = S.sample_vertices(n, b, 3, 4)
         assert s.numel() == b and torch.equal(s, torch.unique(s))
     big = S.sample_vertices(200000, 20000, 1, 2)
-    monkeypatch.setattr(_fastsample, "_HAVE_NUMBA", False)
+    monkeypatch.setattr(_numba, "_HAVE_NUMBA", False)
     assert torch.equal(big, S.sample_vertices(200000, 20000, 1, 2))
 
 
@@ -142,7 +143,7 @@ def test_torch_fallback_without_numba(monkeypatch):
     blk = S.CSRBlock.from_graph(g)
     sample = S.sample_vertices(200, 60, 0, 0)
     ref = S.extract_block(blk, sample, 0.3, backend="torch")
-    monkeypatch.setattr(_fastsample, "_HAVE_NUMBA", False)
+    monkeypatch.setattr(_numba, "_HAVE_NUMBA", False)
     monkeypatch.setattr(S, "NUMBA_MIN_NNZ", 0)  # "auto" would pick numba for this block
     assert _same_csr(S.extract_block(blk, sample, 0.3).adj, ref.adj)
     with pytest.raises(ValueError, match="pip install numba"):
@@ -218,16 +219,17 @@ def test_span_timer_cuda_events():
 STEPS = 4
 _BASE = dict(model=ModelConfig(hidden=10, layers=3, dropout=0.3), optim=OptimConfig(lr=1e-2, grad_clip=0.5))
 _NORES = dict(model=ModelConfig(hidden=10, layers=3, dropout=0.3, residual=False), optim=OptimConfig(lr=1e-2))
-RUNS = {
-    "base": (_BASE, PerfConfig()),
-    "prefetch": (_BASE, PerfConfig(prefetch=True)),
-    "overlap": (_BASE, PerfConfig(comm_overlap=True)),
-    "bf16": (_BASE, PerfConfig(comm_dtype="bf16")),
-    "bf16+overlap+prefetch": (_BASE, PerfConfig(comm_dtype="bf16", comm_overlap=True, prefetch=True)),
-    "gemm-bf16": (_BASE, PerfConfig(gemm_dtype="bf16")),
-    "compile": (_BASE, PerfConfig(compile=True, compile_backend="aot_eager")),
-    "uninstrumented": (_BASE, PerfConfig(instrument=False)),
-    "double": (_NORES, PerfConfig(permute="double")),
+RUNS = {  # name: (model and optimizer, the engine's perf and numerics sections)
+    "base": (_BASE, dict(perf=PerfConfig())),
+    "prefetch": (_BASE, dict(perf=PerfConfig(prefetch=True))),
+    "overlap": (_BASE, dict(perf=PerfConfig(comm_overlap=True))),
+    "bf16": (_BASE, dict(numerics=NumericsConfig(comm_dtype="bf16"))),
+    "bf16+overlap+prefetch": (_BASE, dict(numerics=NumericsConfig(comm_dtype="bf16"),
+                                          perf=PerfConfig(comm_overlap=True, prefetch=True))),
+    "gemm-bf16": (_BASE, dict(numerics=NumericsConfig(gemm_dtype="bf16"))),
+    "compile": (_BASE, dict(perf=PerfConfig(compile=True, compile_backend="aot_eager"))),
+    "uninstrumented": (_BASE, dict(perf=PerfConfig(instrument=False))),
+    "double": (_NORES, dict(numerics=NumericsConfig(permute="double"))),
 }
 
 
@@ -239,9 +241,9 @@ def _switch_worker(rank, world, shape):
 
     grid = ProcessGrid(*shape)
     out = {}
-    for name, (cfg, perf) in RUNS.items():
+    for name, (cfg, sections) in RUNS.items():
         eng = ParallelEngine(parallel_graph(seed=0), cfg["model"], cfg["optim"], 23, seed=0, epochs=2, grid=grid,
-                             perf=perf)
+                             **sections)
         t0 = time.perf_counter()
         steps = [eng.train_step(s) for s in range(STEPS)]
         wall = time.perf_counter() - t0
@@ -317,7 +319,7 @@ def test_double_permutation_needs_no_residual():
 
     with pytest.raises(ValueError, match="--no-residual"):
         ParallelEngine(parallel_graph(), ModelConfig(hidden=8), OptimConfig(), 10, grid=ProcessGrid.single(),
-                       perf=PerfConfig(permute="double"))
+                       numerics=NumericsConfig(permute="double"))
 
 
 # ------------------------------------------------------------------------------ loop, record, CLI
@@ -340,18 +342,19 @@ def test_compile_time_is_recorded_apart_and_profile_writes_a_trace(tmp_path):
     assert trace["traceEvents"]
 
 
-def test_cli_flags_fill_perf_config():
+def test_cli_flags_fill_perf_and_numerics_config():
     from scalegnn.config import parse_train_args
 
     cfg, _ = parse_train_args(
         ["--dataset", "cora", "--prefetch", "--comm-dtype", "bf16", "--compile", "--comm-overlap",
          "--profile", "/tmp/p", "--permute", "double", "--no-residual", "--sampler", "torch", "--gemm-dtype", "bf16"])
-    perf = cfg.perf
-    assert (perf.prefetch, perf.comm_dtype, perf.compile, perf.comm_overlap, perf.profile, perf.permute,
-            perf.sampler, perf.gemm_dtype) == (True, "bf16", True, True, "/tmp/p", "double", "torch", "bf16")
-    assert perf.local_gemm_dtype is torch.bfloat16
+    perf, numerics = cfg.perf, cfg.numerics
+    assert (perf.prefetch, numerics.comm_dtype, perf.compile, perf.comm_overlap, perf.profile, numerics.permute,
+            perf.sampler, numerics.gemm_dtype) == (True, "bf16", True, True, "/tmp/p", "double", "torch", "bf16")
+    assert numerics.local_gemm_dtype is torch.bfloat16
     assert parse_train_args(["--dataset", "cora"])[0].perf == PerfConfig()
+    assert parse_train_args(["--dataset", "cora"])[0].numerics == NumericsConfig()
     with pytest.raises(ValueError, match="comm_dtype"):
-        PerfConfig(comm_dtype="fp8")
+        NumericsConfig(comm_dtype="fp8")
     with pytest.raises(ValueError, match="gemm_dtype"):
-        PerfConfig(gemm_dtype="fp16")
+        NumericsConfig(gemm_dtype="fp16")

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from scalegnn.device import resolve_device
-from scalegnn.engine import OptimConfig, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
+from scalegnn.optim import OptimConfig, make_optimizer
 from scalegnn.parallel.engine import ParallelEngine, _dropout_seed
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.launch.job import spawn

@@ -188,11 +188,11 @@ def test_double_permuted_shard_files_train_like_the_in_memory_double_permutation
     """`scalegnn data shard --permute double` writes what the engine builds in memory
     for --permute double: the same steps and evaluation; a run with another --permute
     or --seed, or with the residual on, is refused with the fix named."""
-    from scalegnn.engine import OptimConfig
     from scalegnn.model import ModelConfig
+    from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import ParallelEngine
+    from scalegnn.numerics import NumericsConfig
     from scalegnn.parallel.sharding import check_shard_manifest
-    from scalegnn.perf import PerfConfig
     from scalegnn.permutation import random_permutation
 
     raw = parallel_graph(n=41, m=170).replace(meta={})
@@ -200,12 +200,13 @@ def test_double_permuted_shard_files_train_like_the_in_memory_double_permutation
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["permute"] == "double" and manifest["seed"] == 3
     model = ModelConfig(hidden=8, layers=3, dropout=0.2, residual=False)
-    perf = PerfConfig(permute="double")
+    numerics = NumericsConfig(permute="double")
     grid = ProcessGrid.single()
     from_files = ParallelEngine(None, model, OptimConfig(lr=1e-2), 13, seed=3, epochs=1, grid=grid,
-                                shard=load_shard(tmp_path, 0), perf=perf)
+                                shard=load_shard(tmp_path, 0), numerics=numerics)
     prepared = raw.permute(random_permutation(raw.num_nodes, 3)).gcn_normalize()
-    in_memory = ParallelEngine(prepared, model, OptimConfig(lr=1e-2), 13, seed=3, epochs=1, grid=grid, perf=perf)
+    in_memory = ParallelEngine(prepared, model, OptimConfig(lr=1e-2), 13, seed=3, epochs=1, grid=grid,
+                               numerics=numerics)
     for step in range(3):
         a, b = from_files.train_step(step), in_memory.train_step(step)
         assert (a.loss, a.correct, a.count) == (b.loss, b.correct, b.count)
@@ -218,4 +219,4 @@ def test_double_permuted_shard_files_train_like_the_in_memory_double_permutation
         check_shard_manifest(manifest, "double", 0, where="d")
     with pytest.raises(ValueError, match="--no-residual"):
         ParallelEngine(None, ModelConfig(hidden=8, layers=3, residual=True), OptimConfig(), 13, seed=3, grid=grid,
-                       shard=load_shard(tmp_path, 0), perf=perf)
+                       shard=load_shard(tmp_path, 0), numerics=numerics)

@@ -81,17 +81,17 @@ def test_double_permuted_graphs_and_shards_round_trip():
 
 def test_single_permutation_run_trains_the_relabeled_graph(tmp_path):
     from scalegnn.model import ModelConfig
-    from scalegnn.perf import PerfConfig
+    from scalegnn.numerics import NumericsConfig
     from scalegnn.config import make_config
     from scalegnn.launch import launch
     from scalegnn.trainer import prepare_graph
 
     cfg = make_config(dataset="csbm:n=300,avg_degree=6,classes=3,feature_dim=8", batch_ratio=0.2, epochs=1,
                     out_dir=str(tmp_path), progress=False, data_root=str(tmp_path / "data"),
-                    model=ModelConfig(hidden=8, layers=2), perf=PerfConfig(permute="single"))
+                    model=ModelConfig(hidden=8, layers=2), numerics=NumericsConfig(permute="single"))
     plain = prepare_graph(make_config(dataset=cfg.data.dataset, data_root=cfg.data.data_root))
     permuted = prepare_graph(cfg)
     perm = random_permutation(plain.num_nodes, cfg.seed)
     assert torch.equal(permuted.x, plain.x[perm]) and permuted.num_edges == plain.num_edges
     rec = launch(cfg)
-    assert rec["status"] == "ok" and rec["config"]["perf"]["permute"] == "single"
+    assert rec["status"] == "ok" and rec["config"]["numerics"]["permute"] == "single"

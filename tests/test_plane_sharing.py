@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.parallel.grid import PMM_AXES, ProcessGrid

@@ -7,7 +7,7 @@ import pytest
 
 from scalegnn.analysis import load_epochs, load_runs
 from scalegnn import records
-from tests.files import minimal_record
+from tests.files import minimal_record, schema_2_config
 
 
 def test_write_then_read_round_trip(tmp_path):
@@ -103,7 +103,8 @@ def test_a_sweep_folders_bookkeeping_is_not_read_as_records(tmp_path):
 def test_every_committed_record_loads_into_a_run_configuration():
     """Records written before the typed configuration (schema 1: a flat config) and
     after it (schema 2: nested sections) both load, and their configuration rebuilds
-    the RunConfig that ran them; schema 1's flat values land in their sections."""
+    the RunConfig that ran them; schema 1's flat values land in their sections, and
+    the settings both kept in perf (comm and GEMM dtype, permutation) in numerics."""
     import glob
     from pathlib import Path
 
@@ -122,8 +123,48 @@ def test_every_committed_record_loads_into_a_run_configuration():
         if flat is not None:
             assert (cfg.loop.epochs, cfg.optim.lr, cfg.model.hidden) == \
                 (flat["epochs"], flat["optim"]["lr"], flat["model"]["hidden"]), path
+        perf = raw["config"].get("perf") or {}  # schemas 1 and 2: numerics' settings were perf's
+        assert {k: getattr(cfg.numerics, k) for k in ("comm_dtype", "gemm_dtype", "permute") if k in perf} == \
+            {k: perf[k] for k in ("comm_dtype", "gemm_dtype", "permute") if k in perf}, path
         versions[raw["schema_version"]] = versions.get(raw["schema_version"], 0) + 1
     assert versions.get(1, 0) >= 100, versions  # the committed results of earlier sessions are schema 1
+
+
+def test_a_schema_2_record_is_read_into_the_numerics_section(tmp_path):
+    """Schema 3 split schema 2's perf section: comm_dtype, gemm_dtype and permute (they
+    change the numbers) moved into numerics, the speed-only switches stayed. A schema-2
+    file is read into that layout (read_record), its configuration rebuilds the
+    RunConfig that ran it, and the file is not rewritten; a schema-1 record takes both
+    steps; upgrading leaves the caller's dicts as they were and a current record as it is."""
+    import copy
+
+    from scalegnn.config import RunConfig, make_config
+
+    cfg = make_config(dataset="cora", comm_dtype="bf16", gemm_dtype="bf16", permute="double", residual=False,
+                      prefetch=True, sampler="torch")
+    now = json.loads(json.dumps(cfg.to_dict()))
+    old = schema_2_config(now)
+    assert "numerics" not in old and old["perf"]["permute"] == "double" and old["perf"]["prefetch"] is True
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(minimal_record(schema_version=2, config=old)))
+    rec = records.read_record(path)
+    assert rec["schema_version"] == records.SCHEMA_VERSION == 3
+    assert rec["config"] == now and list(rec["config"]) == list(now)  # numerics before perf, as RunConfig has it
+    assert rec["config"]["numerics"] == {"comm_dtype": "bf16", "gemm_dtype": "bf16", "permute": "double"}
+    assert RunConfig.from_dict(rec["config"]) == cfg
+    assert json.loads(path.read_text())["schema_version"] == 2  # read, never rewritten
+    kept = copy.deepcopy(old)
+    records.upgrade(minimal_record(schema_version=2, config=old))
+    assert old == kept  # the caller's configuration is not changed in place
+    current = minimal_record(config=copy.deepcopy(now))
+    assert records.upgrade(copy.deepcopy(current)) == current
+    flat = {"system": "scalegnn", "seed": 0, "dataset": "cora", "epochs": 3, "grid": [1, 1, 1, 1],
+            "perf": {"prefetch": False, "comm_dtype": "bf16", "permute": "single"}}
+    v1 = records.upgrade(minimal_record(schema_version=1, config=flat))
+    assert v1["schema_version"] == 3 and v1["config"]["numerics"] == {"comm_dtype": "bf16", "permute": "single"}
+    assert v1["config"]["perf"] == {"prefetch": False} and v1["config"]["loop"] == {"epochs": 3}
+    numerics = RunConfig.from_dict(v1["config"]).numerics
+    assert (numerics.comm_dtype, numerics.gemm_dtype, numerics.permute) == ("bf16", "fp32", "single")
 
 
 def test_the_documented_settings_table_is_the_generated_one():

@@ -79,8 +79,8 @@ import torch
 from scalegnn.analysis import load_epochs, load_runs
 from scalegnn import records
 from scalegnn.cli import main
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.config import RunConfig, make_config
 from scalegnn.launch import launch

@@ -1,4 +1,4 @@
-"""The compiled sampler kernel (scalegnn._fastsample) against the torch reference path of
+"""The compiled sampler kernel (scalegnn._sampling_kernel) against the torch reference path of
 extract_block, entry for entry: random directed graphs with self loops and isolated
 vertices, blocks over row and column ranges of a plane, one thread and several, keyed
 self loops, the reused per-thread buffers (growth, reuse over different blocks, a
@@ -10,10 +10,10 @@ import threading
 import pytest
 import torch
 
-from scalegnn import _fastsample
+from scalegnn import _numba, _sampling_kernel
 from scalegnn import sampling as S
 
-needs_numba = pytest.mark.skipif(not _fastsample.available(), reason="numba not installed")
+needs_numba = pytest.mark.skipif(not _sampling_kernel.available(), reason="numba not installed")
 
 
 def directed_block(n, m, seed, rows=None, cols=None, isolated=5) -> S.CSRBlock:
@@ -55,7 +55,7 @@ PLANE_RANGES = [((0, 500), (0, 500)), ((0, 180), (0, 500)), ((180, 500), (97, 33
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("batch", [2, 61, 250, 499])
 def test_kernel_equals_torch_reference_on_directed_blocks(batch, threads, monkeypatch):
-    monkeypatch.setattr(_fastsample, "PARALLEL_MIN_NNZ", 1)  # several threads split even these small blocks
+    monkeypatch.setattr(_sampling_kernel, "PARALLEL_MIN_NNZ", 1)  # several threads split even these small blocks
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -97,7 +97,7 @@ def test_reused_buffers_grow_are_left_clean_and_recover():
     """The per-thread buffers start empty and grow on the first call that overflows them;
     a block over a wider column range grows the bitmap; every call leaves the bitmap all
     zero; a call that died between marking and clearing is not trusted afterwards."""
-    scratch = _fastsample._scratch
+    scratch = _sampling_kernel._scratch
     scratch.__init__()  # this thread's buffers as a fresh thread finds them
     results = []
     for n, batch in ((300, 100), (2000, 700), (300, 100), (5000, 30)):
@@ -152,11 +152,11 @@ def test_without_numba_the_sampler_gives_the_same_batches(monkeypatch):
     g = random_graph(n=600, m=9000, seed=4)
     monkeypatch.setattr(S, "NUMBA_MIN_NNZ", 0)  # "auto" would take the kernel for this graph
     with_kernel = [S.UniformVertexSampler(g, 150, seed=2).sample(step) for step in range(3)]
-    monkeypatch.setattr(_fastsample, "_HAVE_NUMBA", False)
+    monkeypatch.setattr(_numba, "_HAVE_NUMBA", False)
     without = [S.UniformVertexSampler(g, 150, seed=2).sample(step) for step in range(3)]
     for a, b in zip(with_kernel, without):
         assert torch.equal(a.nodes, b.nodes)
         assert same(S.SampledBlock(a.adj, a.adj_t, 0, 0), S.SampledBlock(b.adj, b.adj_t, 0, 0))
-    with pytest.raises(_fastsample.Unavailable):
-        _fastsample.extract(torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.ones(1),
+    with pytest.raises(_sampling_kernel.Unavailable):
+        _sampling_kernel.extract(torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.ones(1),
                             torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), 0, 1, 0, 0.5)

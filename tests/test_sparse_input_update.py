@@ -27,8 +27,8 @@ import torch
 
 from scalegnn import optim as so
 from scalegnn.csr import csr_matrix, csr_transpose
-from scalegnn.engine import OptimConfig, make_optimizer
 from scalegnn.model import ModelConfig, ScaleGNN, node_loss
+from scalegnn.optim import OptimConfig, make_optimizer
 from scalegnn.parallel.context import ParallelContext
 from scalegnn.parallel.engine import ParallelEngine, _dropout_seed
 from scalegnn.parallel.grid import ProcessGrid

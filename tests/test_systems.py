@@ -16,8 +16,8 @@ import torch
 from scalegnn import systems as registry
 from scalegnn.baselines.common import DataParallelTrainer, baseline_data
 from scalegnn.cli import main as cli
-from scalegnn.engine import OptimConfig
 from scalegnn.loop import EpochStats
+from scalegnn.optim import OptimConfig
 from scalegnn.settings import setting
 
 

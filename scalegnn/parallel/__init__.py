@@ -14,7 +14,7 @@ foundations; never an application module such as scalegnn.model or scalegnn.samp
     tail.py          RMSNorm + ReLU + dropout + residual of a sharded block (V-C)
     losses.py        cross-entropy / BCE over class-sharded logits, argmax, accuracy counts
 
-Above the application components (model, sampling, optim, engine, ...), in order:
+Above the application components (model, sampling, optim, loop, ...), in order:
 
     sharding.py      per-rank shards, save_shards / load_shard / shard_command
     dist_sampling.py DistributedSampler (Algorithm 2, no collectives)

@@ -45,10 +45,11 @@ import torch
 
 from ..csr import is_csr
 from ..device import synchronize
-from ..engine import EvalResult, OptimConfig, StepResult, make_optimizer
 from ..graph import Graph
+from ..loop import EvalResult, StepResult
 from ..model import ModelConfig
-from ..optim import use_sparse_input_update
+from ..numerics import NumericsConfig
+from ..optim import OptimConfig, make_optimizer, use_sparse_input_update
 from ..perf import PerfConfig, Prefetcher, StepProfiler
 from ..rowsparse import grad_values, row_sparse_grad
 from ..sampling import steps_per_epoch
@@ -120,10 +121,12 @@ class ParallelEngine:
         shard: a prebuilt :class:`RankShard` for this rank (on any device).
         device: where everything lives and runs (``torch.device``; default the CPU).
         pmm_comm_dtype: e.g. ``torch.bfloat16`` for 3D-PMM partial sums (paper V-B);
-            overrides ``perf.comm_dtype``.
+            overrides ``numerics.comm_dtype``.
         use_index_map: persistent compact column maps for the torch sampler kernel.
-        perf: :class:`scalegnn.perf.PerfConfig` switches (prefetch, comm dtype,
-            compile, comm overlap, profile, sampler kernel, instrumentation).
+        perf: :class:`scalegnn.perf.PerfConfig` switches (prefetch, compile, comm
+            overlap, bucketing, profile, sampler kernel, instrumentation).
+        numerics: :class:`scalegnn.numerics.NumericsConfig` (comm and GEMM dtypes,
+            vertex permutation).
     """
 
     system = "scalegnn"
@@ -131,11 +134,13 @@ class ParallelEngine:
     def __init__(self, graph: Graph | None, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_size: int,
                  seed: int = 0, epochs: int = 1, *, grid: ProcessGrid | None = None, shard: RankShard | None = None,
                  device: torch.device | str = "cpu", pmm_comm_dtype: torch.dtype | None = None,
-                 use_index_map: bool = True, perf: PerfConfig | None = None):
+                 use_index_map: bool = True, perf: PerfConfig | None = None,
+                 numerics: NumericsConfig | None = None):
         grid = grid if grid is not None else ProcessGrid.single()
         perf = perf if perf is not None else PerfConfig()
+        numerics = numerics if numerics is not None else NumericsConfig()
         device = torch.device(device)
-        if perf.permute == "double" and model_cfg.residual:  # whether the shards are built here or loaded
+        if numerics.permute == "double" and model_cfg.residual:  # whether the shards are built here or loaded
             raise ValueError("--permute double needs --no-residual: the residual add would need an "
                              "all-to-all row permutation per layer (Plexus' model has no residual)")
         if shard is None:
@@ -144,7 +149,7 @@ class ParallelEngine:
             if graph.meta.get("normalized") != "gcn":
                 raise ValueError("the engine needs the GCN-normalized graph: call graph.gcn_normalize() first")
             sigma = None
-            if perf.permute == "double":  # Plexus 5.1; the graph is already relabeled by P_c (prepare_graph)
+            if numerics.permute == "double":  # Plexus 5.1; the graph is already relabeled by P_c (prepare_graph)
                 from ..permutation import double_sigma
 
                 sigma = double_sigma(graph.num_nodes, seed)
@@ -172,7 +177,7 @@ class ParallelEngine:
             row_sparse=self.sparse_input_update,
         )
         self.grad_clip = optim_cfg.grad_clip
-        comm_dtype = pmm_comm_dtype if pmm_comm_dtype is not None else perf.pmm_comm_dtype
+        comm_dtype = pmm_comm_dtype if pmm_comm_dtype is not None else numerics.pmm_comm_dtype
         # Three timers, resolved together when the loop reads the components: the step's
         # phases (always on: five spans a step), the local products and the collectives
         # (with ``perf.instrument``; bytes are counted either way).
@@ -184,12 +189,12 @@ class ParallelEngine:
             fused = torch.compile(norm_relu_dropout, dynamic=True, backend=perf.compile_backend)
         self.pc = ParallelContext(grid, self._stats, self._timer, comm_dtype, overlap=perf.comm_overlap,
                                   fused=fused, sparse_input_grad=self.sparse_input_update,
-                                  bucket=perf.bucket_collectives, gemm_dtype=perf.local_gemm_dtype)
+                                  bucket=perf.bucket_collectives, gemm_dtype=numerics.local_gemm_dtype)
         if self.pc.defers_weight_grads:
             self.model.defer_weight_grad_sync(self.pc)
         self.eval_stats = CommStats(timing=False)  # evaluation traffic, kept out of the per-epoch training counters
         self._eval_pc = ParallelContext(grid, self.eval_stats, None, comm_dtype, fused=fused,
-                                        gemm_dtype=perf.local_gemm_dtype)
+                                        gemm_dtype=numerics.local_gemm_dtype)
         self._components: dict[str, float] = defaultdict(float)
         self.comm_bytes: dict[str, int] = defaultdict(int)
         self.comm_calls: dict[str, int] = defaultdict(int)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from scalegnn import _fastsample
+from scalegnn import _sampling_kernel
 from scalegnn.sampling import CompactIndexMap, extract_block, inclusion_probability, sample_vertices
 from tests.benchmarks.conftest import B, N
 
@@ -18,7 +18,7 @@ _steps = itertools.count(1)
 @pytest.mark.benchmark(group="sampler")
 @pytest.mark.parametrize("backend", ["numba", "torch"])
 def test_ours(benchmark, block, backend):
-    if backend == "numba" and not _fastsample.available():
+    if backend == "numba" and not _sampling_kernel.available():
         pytest.skip("numba not installed")
     cmap = CompactIndexMap(N)
     benchmark(lambda: extract_block(block, sample_vertices(N, B, 0, next(_steps)), P, cmap, backend=backend))

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from scalegnn.engine import OptimConfig
 from scalegnn.model import ModelConfig
+from scalegnn.optim import OptimConfig
 from scalegnn.perf import PerfConfig
 
 _steps = itertools.count()

@@ -1,4 +1,6 @@
-"""Compiled CPU kernel for Algorithm 2 (phases 2-4) with numba; optional.
+"""ScaleGNN's sampler kernel: Algorithm 2 (phases 2-4) compiled for the CPU with numba; optional.
+
+(Not the FastSample baseline's sampler, which is :mod:`scalegnn.baselines.fastsample_kernel`.)
 
 Why a compiled kernel. The vectorized torch path (:func:`scalegnn.sampling.extract_block`)
 makes about ten passes over arrays of ``nnz_rows`` entries (the stored entries of the
@@ -29,9 +31,11 @@ Measured on one thread (N = 10^6, nnz = 2x10^7, B = 10^5): half the CPU time of 
 single-pass kernel that read the values and counted the columns inside the scan.
 
 numba is a well-kept, widely used JIT (PyData/Anaconda) with wheels for every
-platform torch supports; ``nogil=True`` lets the prefetch thread run this kernel
-while the main thread trains. ``cache=True`` keeps the compiled code next to this
-file after the first call. Without numba, or for non-CPU tensors, the torch path
+platform torch supports, loaded once by :mod:`scalegnn._numba` (``available``,
+``Unavailable``: a kernel that cannot compile turns the compiled path off);
+``nogil=True`` lets the prefetch thread run this kernel while the main thread
+trains. ``cache=True`` keeps the compiled code next to this file after the first
+call. Without numba, or for non-CPU tensors, the torch path
 runs instead and gives bit-identical results (the division by p is float32 in
 both, entry order is CSR order in both).
 """
@@ -43,43 +47,11 @@ import threading
 import numpy as np
 import torch
 
+from ._numba import Unavailable, available, numba, run as _run
+
 __all__ = ["available", "extract", "first_distinct", "Unavailable", "PARALLEL_MIN_NNZ"]
 
-try:  # optional dependency: `pip install numba` (extra "fast")
-    import numba
-
-    _HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised where numba is absent
-    numba = None
-    _HAVE_NUMBA = False
-
-
-def available() -> bool:
-    return _HAVE_NUMBA
-
-
-class Unavailable(RuntimeError):
-    """The kernels cannot run here; the caller takes the torch path (same result)."""
-
-
-def _run(kernel, *args):
-    """Call a kernel; if it fails to compile (an unusual numba/LLVM build), warn once,
-    disable the kernels for this process and raise :class:`Unavailable`."""
-    global _HAVE_NUMBA
-    if not _HAVE_NUMBA:
-        raise Unavailable("numba is not installed")
-    try:
-        return kernel(*args)
-    except (numba.core.errors.NumbaError, RuntimeError, OSError) as exc:
-        _HAVE_NUMBA = False
-        import warnings
-
-        warnings.warn(f"numba sampler kernel unavailable ({type(exc).__name__}: {exc}); using the torch kernel",
-                      RuntimeWarning, stacklevel=3)
-        raise Unavailable(str(exc)) from exc
-
-
-if _HAVE_NUMBA:
+if numba is not None:
     _U1 = np.uint64(1)
     _M1 = np.uint64(0x5555555555555555)
     _M2 = np.uint64(0x3333333333333333)
