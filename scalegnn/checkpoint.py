@@ -305,15 +305,12 @@ def _normalized(config: dict) -> dict:
 
 
 def _current_layout(config: dict) -> dict:
-    """A checkpoint's saved config in today's layout (run records' schema 3: one section
-    per component, ``numerics`` apart from ``perf``), read through
-    :func:`scalegnn.records.upgrade`: checkpoints written before schema 2 keep the
-    flat layout of schema 1, those written before schema 3 the comm and GEMM dtypes
-    and the permutation in ``perf``."""
-    from .records import upgrade
+    """A checkpoint's saved config in today's layout (:func:`scalegnn.records.current_config`:
+    checkpoints written before schema 2 keep the flat layout of schema 1, those written
+    before schema 3 the comm and GEMM dtypes and the permutation in ``perf``)."""
+    from .records import current_config
 
-    version = 1 if "data" not in config else 3 if "numerics" in config else 2
-    config = upgrade({"schema_version": version, "config": dict(config)})["config"]
+    config = current_config(config)
     return {k: v for k, v in config.items() if v is not None or k not in ("system", "seed")}
 
 

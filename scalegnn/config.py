@@ -136,7 +136,12 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
-        """A configuration back from :meth:`to_dict` (a record's or checkpoint's ``config``)."""
+        """A configuration back from :meth:`to_dict` (a record's, a checkpoint's, a sweep
+        task's ``config``), saved by this schema or an older one (:func:`records.current_config`:
+        a sweep submitted before an upgrade still runs after it)."""
+        from .records import current_config
+
+        data = current_config(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

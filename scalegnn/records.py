@@ -38,6 +38,8 @@ __all__ = [
     "comm_per_step",
     "summary_line",
     "upgrade",
+    "config_schema",
+    "current_config",
 ]
 
 SCHEMA_VERSION = 3
@@ -254,6 +256,25 @@ def upgrade(record: dict) -> dict:
         record["config"] = config
         record["schema_version"] = 3
     return record
+
+
+def config_schema(config: dict) -> int:
+    """The schema of a saved run configuration, read from its shape: version 1's flat
+    keys at the top (``dataset``, ``epochs``...), version 2's numerics settings inside
+    ``perf``, else the current one."""
+    if any(k in config for keys in _V1_SECTIONS.values() for k in keys):
+        return 1
+    perf = config.get("perf")
+    if isinstance(perf, dict) and any(k in perf for k in _V2_NUMERICS):
+        return 2
+    return SCHEMA_VERSION
+
+
+def current_config(config: dict) -> dict:
+    """A run configuration saved by any schema (a record's, a checkpoint's, a sweep
+    task's) in today's layout, through :func:`upgrade`; the caller's dicts are left as
+    they were."""
+    return upgrade({"schema_version": config_schema(config), "config": dict(config)})["config"]
 
 
 def validate_record(record: dict, source: str = "record") -> dict:

@@ -191,3 +191,24 @@ def test_records_are_readable_as_the_umask_allows(tmp_path):
         path = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=os.path.dirname(os.path.dirname(__file__))).stdout.strip()
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask, oct(umask)
+
+
+def test_a_configuration_saved_by_an_older_schema_builds_todays_config():
+    """A sweep task's configuration is saved at submission (RunConfig.to_dict) and built
+    when the job starts, perhaps after an upgrade: schema 2's numerics settings inside
+    ``perf`` and schema 1's flat keys still give the same RunConfig; a configuration in
+    today's layout, and a partial one, are left as they are."""
+    from scalegnn.config import RunConfig, make_config
+
+    cfg = make_config(dataset="cora", comm_dtype="bf16", permute="single", epochs=7, grid=(1, 2, 1, 1), nproc=2)
+    now = cfg.to_dict()
+    old = schema_2_config(now)
+    assert records.config_schema(old) == 2 and records.config_schema(now) == records.SCHEMA_VERSION
+    assert RunConfig.from_dict(old) == cfg and old == schema_2_config(now)  # the caller's dict is left as it was
+    flat = {"system": "scalegnn", "seed": 0, "dataset": "cora", "epochs": 7, "grid": [1, 2, 1, 1], "nproc": 2,
+            **{k: v for k, v in old.items() if k not in ("system", "seed", "data", "loop", "parallel", "sampling")}}
+    assert records.config_schema(flat) == 1
+    rebuilt = RunConfig.from_dict(flat)
+    assert (rebuilt.data.dataset, rebuilt.loop.epochs, rebuilt.parallel.grid, rebuilt.numerics.comm_dtype) == \
+        ("cora", 7, (1, 2, 1, 1), "bf16")
+    assert records.current_config({"model": {"hidden": 8}}) == {"model": {"hidden": 8}}  # partial: today's layout
