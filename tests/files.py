@@ -1,18 +1,25 @@
 """Files the tests write: a minimal valid run record, a configuration in schema 2's
-layout, ogb datasets in ogb's own layouts, and the shared real data next to the
-repository (``../shared/data``)."""
+layout, ogb datasets in ogb's own layouts, a graph of your own as an npz (CSR features,
+no split), a pickle that runs code; the repository's root and the shared real data next
+to it (``../shared/data``)."""
 
 from __future__ import annotations
 
 import gzip
+import json
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
+import scipy.sparse as sp
 import torch
 
 from scalegnn import records
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data folder {SHARED_DATA} is absent")
 
 
 def minimal_record(**over) -> dict:
@@ -104,3 +111,48 @@ def fake_ogbn_papers(root, n=20):
     for s, idx in zip(("train", "valid", "test"), np.split(np.arange(n // 2), [4, 7]), strict=True):
         csv_gz(d / "split" / "time" / f"{s}.csv.gz", idx)
     return edges, labels
+
+
+def only_record(out):
+    """The one run record in folder ``out``."""
+    files = sorted(out.glob("*.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
+# A graph of your own: N vertices, F one-hot features, C classes.
+N, F, C = 120, 64, 3
+
+
+def graph_arrays(seed=0):
+    """A small planted-community graph with one-hot features (density 1/F, as a
+    user's sparse one-hot file) that carry the label, and a few unlabeled vertices."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, C, N)
+    y[:5] = -1
+    cols = (np.maximum(y, 0) * (F // C) + rng.integers(0, F // C, N)).astype(np.int64)
+    x = sp.csr_matrix((np.ones(N, np.float32), (np.arange(N), cols)), shape=(N, F))
+    src = rng.integers(0, N, 600)
+    dst = np.where(rng.random(600) < 0.8, rng.permutation(src), rng.integers(0, N, 600))
+    return np.stack([src, dst]), x, y
+
+
+def sparse_npz(path, dense=False, x=None, **extra):
+    """The graph as an npz without a split: features as CSR parts, or ``dense``."""
+    ei, x_sp, y = graph_arrays()
+    x_sp = x_sp if x is None else sp.csr_matrix(x)
+    feats = {"x": x_sp.toarray()} if dense else {"x_indptr": x_sp.indptr, "x_indices": x_sp.indices,
+                                                 "x_data": x_sp.data, "x_shape": np.array(x_sp.shape)}
+    np.savez(path, edge_index=ei, y=y, **feats, **extra)
+    return path
+
+
+class RunsCode:
+    """Unpickling this calls ``os.system("touch <marker>")``: the marker file exists
+    afterwards exactly when a loader ran code from the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))

@@ -1,22 +1,28 @@
 """Baseline adapters: records end to end, valid samples, SALIENT's cache count, BNS-GCN's exchange."""
 
+from __future__ import annotations
+
 import warnings
 
 import pytest
 import torch
 
 from scalegnn import records
+from scalegnn.baselines.common import load_data
 from scalegnn.cli import main
 from scalegnn.config import make_config
+from scalegnn.launch import launch
 from scalegnn.launch.environment import single_env
 
+
 pytest.importorskip("torch_geometric")
+
+
 pytest.importorskip("torch_sparse")
+
 
 warnings.filterwarnings("ignore", message=".*pyg-lib.*")
 
-from scalegnn.baselines.common import load_data  # noqa: E402
-from scalegnn.launch import launch
 
 TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
 
@@ -264,28 +270,3 @@ def test_bns_gcn_at_rate_one_matches_the_single_process_run(data_root, tmp_path)
     lb = [r["loss"] for r in two["epochs"]]
     assert la == pytest.approx(lb, rel=1e-4)
     assert two["epochs"][0]["boundary_sampled_fraction"] == 1.0
-
-
-
-def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
-    from scalegnn.analysis.tables import accuracy_table, time_to_target_table
-
-    def rec(system, seed, at_val, best, world=1, ttt=None, accs=(0.5, 0.93)):
-        epochs = [{"epoch": i + 1, "test_acc": a, "train_time_s": 2.0 * (i + 1)} for i, a in enumerate(accs)]
-        return {"system": system, "dataset": "facebook", "status": "ok", "world_size": world, "seed": seed,
-                "target_acc": 0.92, "time_to_target_s": ttt, "epochs": epochs,
-                "summary": {"test_acc_at_best_val": at_val, "best_test_acc": best}}
-
-    recs = [rec("scalegnn", 0, 0.90, 0.92), rec("scalegnn", 1, 0.92, 0.94), rec("graphsage", 0, 0.80, 0.81)]
-    table = accuracy_table(recs)
-    assert "| scalegnn | 91.00 ± 1.41 (n=2) |" in table and "| graphsage | 80.00 (1 seed) |" in table
-    assert "| scalegnn | 93.00 ± 1.41 (n=2) |" in accuracy_table(recs, "best_test_acc")
-    ttt = time_to_target_table([rec("scalegnn", 0, 0.9, 0.93, ttt=4.0),
-                                rec("graphsage", 0, 0.8, 0.81, world=2, accs=(0.7, 0.81))])
-    assert "4.0 s (2 ep)" in ttt and "× 0.810 best, 4.0 s (2 ep)" in ttt
-    # several seeds: mean ± std of the runs that reached the target, their epochs, and how many did
-    seeds = [rec("cagnet-1d", 0, 0.9, 0.93, ttt=4.0), rec("cagnet-1d", 1, 0.9, 0.95, ttt=6.0, accs=(0.5, 0.6, 0.95)),
-             rec("cagnet-1d", 2, 0.9, 0.91, accs=(0.5, 0.91))]
-    assert "| cagnet-1d | 5.0 ± 1.4 s (2-3 ep, 2 of 3 reached it) |" in time_to_target_table(seeds)
-    assert "| cagnet-1d | 5.0 ± 1.4 s (2-3 ep, n=2) |" in time_to_target_table(seeds[:2])
-    assert "none of 2 reached it" in time_to_target_table([seeds[2], seeds[2]])

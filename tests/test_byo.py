@@ -18,6 +18,9 @@ from scalegnn.datasets import DatasetError, load_dataset
 from scalegnn.graph import Graph, GraphValidationError
 from scalegnn.launch import launch, local_rank
 
+
+N, F, C = 120, 64, 3
+N, F, C = 120, 64, 3
 N, F, C = 120, 64, 3
 
 
@@ -464,26 +467,3 @@ def test_data_list_names_the_new_forms(capsys):
     out = capsys.readouterr().out
     assert "<stem>.features.npy" in out and "<stem>.labels.npy" in out and "x_indptr/x_indices/x_data/x_shape" in out
     assert "x.npz (scipy.sparse.save_npz)" in out
-
-
-def test_a_sweep_stages_shards_with_the_runs_split(isolated_data):
-    """A sweep's staged shards carry the run's --split (its folder key too), so the
-    staged run is not refused; without --split the key is the one staged before."""
-    from scalegnn.parallel.sharding import check_shard_manifest
-    from scalegnn.sweeps.staging import StageSet, StageTask, stage_for
-
-    path = sparse_npz(isolated_data / "g.npz")
-    cfg = make_config(dataset=f"npz:{path}", split="random:0.6,0.2,0.2", split_seed=2, grid=(1, 1, 1, 2))
-    stage = stage_for(cfg, isolated_data / "sweep", str(isolated_data))
-    assert stage.argv()[-4:] == ["--split", "random:0.6,0.2,0.2", "--split-seed", "2"]
-    StageTask(stage, offline=True)()
-    manifest = json.loads((isolated_data / stage.folder / "manifest.json").read_text())
-    check_shard_manifest(manifest, "none", 0, stage.folder, (cfg.data.split, cfg.data.split_seed))
-    assert manifest["graph"]["split"].startswith("random 60/20/20 seed 2 (--split")
-    plain = stage_for(make_config(dataset=f"npz:{path}", grid=(1, 1, 1, 2)), isolated_data / "sweep",
-                      str(isolated_data))
-    assert plain.folder.endswith(StageSet.key_of(f"npz:{path}", (1, 1, 1, 2), "none", 0, str(isolated_data)))
-    assert plain.folder != stage.folder and "--split" not in plain.argv()
-    said, left = (stage_for(make_config(dataset=f"npz:{path}", split="random:0.6,0.2,0.2", grid=(1, 1, 1, 2), **kw),
-                            isolated_data / "sweep", str(isolated_data)) for kw in ({"split_seed": 0}, {}))
-    assert said.folder == left.folder  # --split-seed 0 said, or left to --seed 0: the same staged set

@@ -17,13 +17,14 @@ import torch
 
 from scalegnn import checkpoint as ck
 from scalegnn.checkpoint import CheckpointConfig, CheckpointError
+from scalegnn.config import RunConfig, make_config
+from scalegnn.launch import launch
 from scalegnn.model import ModelConfig
 from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.perf import PerfConfig
-from scalegnn.config import RunConfig, make_config
-from scalegnn.launch import launch
 from tests.files import schema_2_config
+
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 
@@ -436,28 +437,3 @@ def test_ranks_agree_on_the_preemption_step(tmp_path):
     assert spawn(_preempt_worker, 2, cfg, timeout_s=120) == [4, 4]
     saved = ck.latest(tmp_path / "ck")
     assert ck.read_meta(saved)["step"] == 4 and (saved / "rank-00001.pt").exists()
-
-
-def test_sweep_task_turns_submitits_signal_into_a_save_then_requeues(monkeypatch):
-    """Inside a submitit job the USR2 handler only requests the save; submitit's own
-    handler (which requeues) runs afterwards, when the task calls it."""
-    import submitit
-
-    from scalegnn.sweeps.task import _save_on_preemption_signal
-
-    calls = []
-    monkeypatch.setattr(submitit.JobEnvironment, "_usr_sig", classmethod(lambda cls: signal.SIGUSR2))
-    previous = signal.signal(signal.SIGUSR2, lambda sig, frame: calls.append(sig))  # stands in for submitit's
-    try:
-        requeue = _save_on_preemption_signal()
-        assert ck.PREEMPTION.armed and not ck.PREEMPTION.requested
-        os.kill(os.getpid(), signal.SIGUSR2)  # no training loop listening: submitit's handler at once
-        assert calls == [signal.SIGUSR2] and not ck.PREEMPTION.requested
-        ck.PREEMPTION.listening = True
-        os.kill(os.getpid(), signal.SIGUSR2)
-        assert ck.PREEMPTION.requested and ck.PREEMPTION.signal == "SIGUSR2" and calls == [signal.SIGUSR2]
-        requeue()
-        assert calls == [signal.SIGUSR2, signal.SIGUSR2]
-    finally:
-        ck.PREEMPTION.disarm()
-        signal.signal(signal.SIGUSR2, previous)

@@ -26,13 +26,14 @@ import pytest
 import torch
 
 from scalegnn import _elementwise as ew
-from scalegnn.benchmarks.elementwise import mask_before_issue_l  # the frozen formula: the spec
+from scalegnn.benchmarks.elementwise import mask_before_issue_l
 from scalegnn.functional import dropout_keep_mask, rms_norm
+from scalegnn.launch.job import spawn
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.context import ParallelContext
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.launch.job import spawn
 from scalegnn.parallel.tail import layer_tail, parallel_rms_norm
+
 
 needs_numba = pytest.mark.skipif(not ew.available(), reason="numba is not installed")
 TOL32 = dict(rtol=1e-5, atol=1e-6)
@@ -324,17 +325,3 @@ def test_a_kernel_that_cannot_compile_falls_back_to_the_same_values(monkeypatch)
     assert torch.equal(drop.keep(), mask_before_issue_l(drop.key, drop.rows, drop.cols, drop.p))
     got = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
     _assert_all_close(got, want, **TOL32)
-
-
-def test_the_micro_benchmark_runs_at_toy_size(capsys):
-    """benchmarks/elementwise.py end to end on a tiny shape (its timings are not checked)."""
-    from scalegnn.benchmarks.elementwise import main
-
-    threads = torch.get_num_threads()
-    try:
-        main(["--rows", "9", "--hidden", "5", "--reps", "1"])
-    finally:
-        torch.set_num_threads(threads)
-    out = capsys.readouterr().out
-    assert "mask before" in out and "unfused before (fwd+bwd)" in out and "load average" in out
-    assert ("mask numba" in out) == ew.available()

@@ -80,10 +80,15 @@ import torch
 from scalegnn.cli import main
 from scalegnn.datasets import DatasetError, load_dataset
 
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
+
+
 if not SHARED.is_dir():  # a worktree next to the main checkout
     SHARED = Path("/work/shared/data")
+
+
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data folder {SHARED} is absent")
 
 
@@ -296,112 +301,6 @@ def test_a_corrupt_newest_meta_json_warns_by_name_and_falls_back(tmp_path, capsy
     assert cli.returncode == 0 and f"UserWarning: {meta}: not valid JSON" in cli.stderr, cli.stderr
     (rec,) = [json.loads(text) for text in _records(tmp_path).values()]
     assert rec["status"] == "ok" and rec["resumed"][-1]["step"] == older
-
-
-# ----------------------------------------------------------------------------- sweep parameters in batch scripts
-def _edited_profile(tmp_path, cluster: str, old: str, new: str) -> Path:
-    """A copy of a shipped profile with ``old`` (text that must be there) replaced."""
-    text = (REPO / "sweeps" / "profiles" / f"{cluster}.toml").read_text()
-    assert old in text, old
-    path = tmp_path / f"{cluster}-edited.toml"
-    path.write_text(text.replace(old, new, 1))
-    return path
-
-
-@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "submit"])
-@pytest.mark.parametrize("cluster, source", [("perlmutter", "flag"), ("tuolumne", "flag"),
-                                             ("perlmutter", "file"), ("tuolumne", "file")])
-def test_a_newline_in_an_account_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch, cluster,
-                                                                         source, dry_run):
-    """A newline in --account, or in a profile's slurm.account / flux.bank, ended the
-    ``#SBATCH --account=`` (``# flux: --bank=``) directive and put a shell line into the script."""
-    monkeypatch.setenv("PATH", str(tmp_path / "no-scheduler"))  # this machine has an sbatch: never reach it
-    marker = tmp_path / "injected"
-    value = f"m1234\ntouch {marker}"
-    out = tmp_path / "sweep"
-    argv = ["sweep", "fig7", "--out", str(out), "--python", "python3", *(["--dry-run"] if dry_run else [])]
-    if source == "flag":
-        argv += ["--cluster", cluster, "--account", value]
-        field, fix = "--account", "give the account alone, e.g. --account m1234"
-    else:
-        key = {"perlmutter": "account", "tuolumne": "bank"}[cluster]
-        placeholder = {"perlmutter": "<ACCOUNT>", "tuolumne": "<BANK>"}[cluster]
-        path = _edited_profile(tmp_path, cluster, f'{key} = "{placeholder}"', f'{key} = "m1234\\ntouch {marker}"')
-        argv += ["--cluster", str(path)]
-        field, fix = f"{'slurm' if cluster == 'perlmutter' else 'flux'}.{key}", f"correct it in {path}"
-    err = one_line_error(capsys, argv)
-    assert f"{field} {value!r}: '\\n' cannot go into a batch script line" in err and err.rstrip().endswith(fix), err
-    assert not out.exists() and not marker.exists()  # no manifest, no run folder, no script, nothing submitted
-
-
-@pytest.mark.parametrize("change, message", [
-    ({"slurm": {"constraint": "gpu $(id)"}}, "slurm.constraint 'gpu $(id)': ' ' cannot"),
-    ({"slurm": {"extra": {"mail-user": "a;b"}}}, "slurm.extra.mail-user 'a;b': ';' cannot"),
-    ({"slurm": {"extra": {"x\nid": True}}}, "slurm.extra option 'x\\nid': '\\n' cannot"),
-    ({"slurm": {"srun_args": ("--cpu-bind=cores\nid",)}}, "slurm.srun_args '--cpu-bind=cores\\nid': '\\n' cannot"),
-    ({"env": {"X;id": "1"}}, "env name 'X;id' is not a shell variable name"),
-    ({"env": {"X": "1\nid"}}, "env.X '1\\nid': '\\n' cannot"),
-    ({"slurm": {"gpus_per_node": "4\nid"}}, "slurm.gpus_per_node must be a whole number, got '4\\nid'"),
-])
-def test_every_scheduler_value_is_checked_where_the_profile_is_built(change, message):
-    """The same check guards every value a batch script takes as data (dataclasses.replace
-    builds the profile again, as loading and with_overrides do)."""
-    import dataclasses
-    import re
-
-    from scalegnn.sweeps.profiles import ProfileError, load_profile
-
-    prof = load_profile("perlmutter")
-    slurm = change.get("slurm")
-    changes = {**change, **({"slurm": dataclasses.replace(prof.slurm, **slurm)} if slurm else {})}
-    with pytest.raises(ProfileError, match=re.escape(message)):
-        dataclasses.replace(prof, **changes)
-    assert prof.with_overrides(constraint="gpu&hbm80g", qos="regular").slurm.constraint == "gpu&hbm80g"
-
-
-@pytest.mark.parametrize("cluster", ["perlmutter", "tuolumne"])
-def test_env_values_are_data_when_the_batch_script_exports_them(tmp_path, cluster):
-    """``$(...)`` and backticks in an [env] value ran when the batch script exported it;
-    a reference to another variable (``${HOME}``) still expands."""
-    from scalegnn.sweeps.launcher import sweep
-    from scalegnn.sweeps.profiles import load_profile
-
-    marker = tmp_path / "ran"
-    hostile = f'$(touch {marker}-1)`touch {marker}-2`; touch {marker}-3 "quoted" \\ $1 ${{HOME:-x}}'
-    path = _edited_profile(tmp_path, cluster, "\n[env]\n",
-                           f"\n[env]\nHOSTILE = '{hostile}'\nREFERENCE = '${{HOME}}/cache'\n")
-    result = sweep("fig7", str(path), tmp_path / "sweep", dry_run=True, python="python3", printer=lambda *a: None)
-    names = set(load_profile(path).env)
-    exports = [line for line in result.scripts[0].splitlines()
-               if line.startswith("export ") and line[len("export "):].split("=")[0] in names]
-    assert len(exports) == len(names)
-    shell = subprocess.run(["bash", "-c", "\n".join([*exports, 'printf "%s|%s" "$HOSTILE" "$REFERENCE"'])],
-                           cwd=tmp_path, env={"PATH": os.environ["PATH"], "HOME": "/home/someone"},
-                           capture_output=True, text=True, timeout=60)
-    assert not list(tmp_path.glob("ran*")), "an [env] value ran a command"
-    assert shell.returncode == 0 and shell.stdout == f"{hostile}|/home/someone/cache", (shell.stdout, shell.stderr)
-    assert not (tmp_path / "sweep").exists()
-
-
-def test_a_spec_name_that_is_not_a_job_name_is_one_line(tmp_path, capsys):
-    """A spec's name becomes ``--job-name`` in ``#SBATCH`` and ``# flux:`` lines."""
-    spec = tmp_path / "bad.toml"
-    spec.write_text('name = "x\\nid"\nsystems = ["scalegnn"]\n[[experiments]]\ncluster = "perlmutter"\n'
-                    'dataset = "ogbn-products"\ngpus = [4]\n')
-    out = tmp_path / "sweep"
-    err = one_line_error(capsys, ["sweep", str(spec), "--cluster", "perlmutter", "--dry-run", "--out", str(out)])
-    assert "name 'x\\nid': '\\n' cannot go into a batch script line" in err and f"rename the spec in {spec}" in err, err
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("cluster", ["perlmutter", "tuolumne"])
-def test_a_sweep_folder_with_a_newline_is_one_line(tmp_path, capsys, cluster):
-    """The sweep's --out folder lands in the #SBATCH --output / # flux: --output lines:
-    a newline in it would end the directive and inject the rest as a script line."""
-    out = tmp_path / "sweep\necho injected"
-    err = one_line_error(capsys, ["sweep", "fig7", "--cluster", cluster, "--dry-run", "--out", str(out)])
-    assert "--out" in err and "'\\n' cannot go into a batch script line" in err and "no newline" in err, err
-    assert not out.exists()
 
 
 # ----------------------------------------------------------------------------- output locations

@@ -18,6 +18,7 @@ from scalegnn import threads as T
 from scalegnn.launch import environment
 from scalegnn.launch.job import spawn
 
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 
@@ -275,44 +276,3 @@ def test_a_bad_threads_flag_is_one_line_naming_the_fix(capsys):
         import scalegnn
 
         scalegnn.make_config(dataset="cora", threads=0)
-
-
-# ----------------------------------------------------------------------------- sweeps: one concept
-def test_a_sweeps_threads_per_task_is_each_runs_threads_flag():
-    from scalegnn.config import command_line, make_config
-    from scalegnn.sweeps.jobs import with_threads
-
-    cfg = make_config(dataset="cora")
-    assert with_threads(cfg, 0) == cfg  # 0: the run's own (auto)
-    four = with_threads(cfg, 4)
-    assert four.parallel.threads == 4 and command_line(four)[-2:] == ["--threads", "4"]
-    own = make_config(dataset="cora", threads=2)
-    assert with_threads(own, 4) == own  # a run that names its count keeps it
-
-
-# ----------------------------------------------------------------------------- scalegnn bench threads
-def test_the_thread_bench_alternates_policies_compares_with_one_and_keeps_failures(monkeypatch):
-    """The bookkeeping of ``scalegnn bench threads`` on made-up blocks (the bench itself
-    runs minutes of training): ABBA order, means, ratios to ``one``, a failed run kept."""
-    from scalegnn.benchmarks import thread_policy as bench
-
-    order = []
-    wall = {"default": 30.0, "one": 10.0, "auto": 10.0}
-
-    def block(policy, argv, runs, load, env, default_threads, work):
-        order.append(policy)
-        rows = [{"wall_s": wall[policy] + i, "cpu_s": 5.0, "train_s": wall[policy] / 2, "test_acc": 0.9,
-                 "intra_op": 1, "reason": "r", "busy_cores": None, "omp_wait_policy": None} for i in range(runs)]
-        failed = [{"run": 9, "returncode": -9, "log_tail": "killed"}] if policy == "auto" else []
-        return {"runs": rows, "failed": failed, "load_cpu_s": 4.0, "loadavg": [(1.0, 1.0, 1.0), (2.0, 1.0, 1.0)]}
-
-    monkeypatch.setattr(bench, "_policy_block", block)
-    monkeypatch.setattr(bench, "_default_threads", lambda env: 2)
-    payload, md = bench.thread_bench("cora", None, epochs=1, runs=2, policies=("default", "one", "auto"), reps=2)
-    assert order == ["default", "one", "auto", "auto", "one", "default"]
-    p = payload["policies"]
-    assert (p["default"]["wall_s"], p["default"]["wall_vs_one"], p["default"]["train_vs_one"]) == (30.5, 2.905, 3.0)
-    assert len(p["auto"]["runs"]) == 4 and p["auto"]["failed"][0]["returncode"] == -9
-    assert payload["auto_within_5pct_of_one"] is True and "| auto | 1,1,1,1 (2 failed) | runtime default |" in md
-    with pytest.raises(ValueError, match="unknown policies"):
-        bench.thread_bench("cora", policies=("two",))

@@ -1,14 +1,17 @@
-"""``scalegnn bench``: the commands run, write JSON + Markdown, and report every peer
-(a missing one as missing, never with a made-up number). Tiny sizes; timings are
-not asserted."""
+"""The benchmarks (benchmarks/): ``scalegnn bench`` runs, writes JSON + Markdown, and
+reports every peer (a missing one as missing, never with a made-up number); the scripts
+measuring one thing each run at toy sizes. Tiny sizes; timings are not asserted."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
-from scalegnn.benchmarks.bench_command import markdown_table, permutation_bench, random_csr, sampler_bench, scaling_bench
+from scalegnn import _elementwise as ew
+from scalegnn.benchmarks.bench_command import (markdown_table, permutation_bench, random_csr, sampler_bench,
+                                               scaling_bench)
 from scalegnn.cli import main
 
 
@@ -67,3 +70,45 @@ def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path):
     assert set(res["scalegnn"]["breakdown_s"]) == {"sampling", "spmm", "gemm", "comm", "other"}
     md = (out / "gpu.md").read_text()
     assert "Time to target" in md and "PyG full-batch GCN" in md and "ScaleGNN epoch breakdown" in md
+
+
+def test_the_micro_benchmark_runs_at_toy_size(capsys):
+    """benchmarks/elementwise.py end to end on a tiny shape (its timings are not checked)."""
+    from scalegnn.benchmarks.elementwise import main
+
+    threads = torch.get_num_threads()
+    try:
+        main(["--rows", "9", "--hidden", "5", "--reps", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "mask before" in out and "unfused before (fwd+bwd)" in out and "load average" in out
+    assert ("mask numba" in out) == ew.available()
+
+
+# ----------------------------------------------------------------------------- scalegnn bench threads
+def test_the_thread_bench_alternates_policies_compares_with_one_and_keeps_failures(monkeypatch):
+    """The bookkeeping of ``scalegnn bench threads`` on made-up blocks (the bench itself
+    runs minutes of training): ABBA order, means, ratios to ``one``, a failed run kept."""
+    from scalegnn.benchmarks import thread_policy as bench
+
+    order = []
+    wall = {"default": 30.0, "one": 10.0, "auto": 10.0}
+
+    def block(policy, argv, runs, load, env, default_threads, work):
+        order.append(policy)
+        rows = [{"wall_s": wall[policy] + i, "cpu_s": 5.0, "train_s": wall[policy] / 2, "test_acc": 0.9,
+                 "intra_op": 1, "reason": "r", "busy_cores": None, "omp_wait_policy": None} for i in range(runs)]
+        failed = [{"run": 9, "returncode": -9, "log_tail": "killed"}] if policy == "auto" else []
+        return {"runs": rows, "failed": failed, "load_cpu_s": 4.0, "loadavg": [(1.0, 1.0, 1.0), (2.0, 1.0, 1.0)]}
+
+    monkeypatch.setattr(bench, "_policy_block", block)
+    monkeypatch.setattr(bench, "_default_threads", lambda env: 2)
+    payload, md = bench.thread_bench("cora", None, epochs=1, runs=2, policies=("default", "one", "auto"), reps=2)
+    assert order == ["default", "one", "auto", "auto", "one", "default"]
+    p = payload["policies"]
+    assert (p["default"]["wall_s"], p["default"]["wall_vs_one"], p["default"]["train_vs_one"]) == (30.5, 2.905, 3.0)
+    assert len(p["auto"]["runs"]) == 4 and p["auto"]["failed"][0]["returncode"] == -9
+    assert payload["auto_within_5pct_of_one"] is True and "| auto | 1,1,1,1 (2 failed) | runtime default |" in md
+    with pytest.raises(ValueError, match="unknown policies"):
+        bench.thread_bench("cora", policies=("two",))

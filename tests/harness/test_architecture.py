@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # folders; all import as scalegnn.*
 
 # Lowest first. An entry names one module, or with ".*" a package and every module in it;
@@ -185,16 +185,20 @@ def test_the_checks_can_fail():
 
 
 def test_no_test_module_imports_another():
-    """Shared helpers live in tests/graphs.py, tests/files.py and friends, and shared
-    fixtures in tests/conftest.py: a test module imported by another would run its
-    tests twice and tie the two files together."""
-    tests = Path(__file__).resolve().parent
+    """Shared helpers live in tests/graphs.py, tests/files.py, tests/runs.py and friends,
+    and shared fixtures in the conftest.py of the folder that needs them: a test module
+    imported by another would run its tests twice and tie the two files together. Every
+    folder of tests/ is walked (tests/unit/, tests/parallel/, ...)."""
+    tests = ROOT / "tests"
+    paths = sorted(tests.rglob("test_*.py"))
     offenders = []
-    for path in sorted(tests.glob("test_*.py")):
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            offenders += [f"{path.name} imports {n}" for n in names if n.startswith("tests.test_")]
+                [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)] \
+                if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.relative_to(tests)} imports {n}" for n in names
+                          if n.startswith("tests.") and n.rpartition(".")[2].startswith("test_")]
     assert not offenders, "\n".join(offenders)
 
 

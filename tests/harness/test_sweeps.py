@@ -1,26 +1,55 @@
-"""Sweeps: profiles and specs as data, expansion, batch scripts, the local end-to-end sweep."""
+r"""Sweeps (sweeps/): profiles and specs as data, expansion, batch scripts, staging, the
+task of a sweep, the local end-to-end sweep.
+
+Sweep parameters in batch scripts: a newline in ``scalegnn sweep --account`` (or a
+profile's ``slurm.account`` / ``flux.bank``, a spec's ``name``) ended its ``#SBATCH`` /
+``# flux:`` directive and put a shell line into the batch script; ``$(...)`` and
+backticks in a profile's ``[env]`` value ran when the script exported it. Now:
+
+==============================================  =====================================================
+input                                           message (one line; exit 2 for the CLI)
+==============================================  =====================================================
+``sweep --account $'m1234\ntouch X'`` (SLURM,   --account 'm1234\ntouch X': '\n' cannot go into a
+Flux), ``--dry-run`` or not                     batch script line (allowed: letters, digits and
+                                                _.,:+=@/-); give the account alone, e.g. --account
+                                                m1234
+``slurm.account`` / ``flux.bank`` with a        slurm.account 'm1234\ntouch X': ... correct it in
+newline in a profile file                       <profile>
+``$(touch X)`` / backticks in an ``[env]``      (no error) exported double-quoted as the literal text;
+value                                           only ``$NAME`` / ``${NAME}`` references expand
+==============================================  =====================================================
+"""
+
+from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from scalegnn import checkpoint as ck
 from scalegnn import records
 from scalegnn.cli import main
-from scalegnn.config import parse_train_args
-from scalegnn.sweeps import expand, list_profiles, list_specs, load_profile, load_spec
+from scalegnn.config import make_config, parse_train_args
 from scalegnn.parallel.grid import cube_3d
-from scalegnn.sweeps.grids import grids_for
+from scalegnn.sweeps import expand, list_profiles, list_specs, load_profile, load_spec
 from scalegnn.sweeps.folders import mark_submitted, run_dir, run_state, submitted_job
+from scalegnn.sweeps.grids import grids_for
 from scalegnn.sweeps.jobs import group_runs, supported_systems, with_checkpoints
 from scalegnn.sweeps.launcher import sweep
-from scalegnn.sweeps.task import SweepTask
 from scalegnn.sweeps.profiles import ProfileError
 from scalegnn.sweeps.spec import SpecError
+from scalegnn.sweeps.task import SweepTask
+from tests.files import REPO, sparse_npz
+from tests.runs import one_line_error
 
-EXPECTED = Path(__file__).parent / "expected"
+EXPECTED = REPO / "tests" / "expected"
+
+
 SLURM_CLUSTERS = ("perlmutter", "frontier")
 
 
@@ -405,3 +434,173 @@ def test_resubmission_skips_runs_whose_slurm_job_is_still_queued(tmp_path, monke
     monkeypatch.setattr(launcher, "active_slurm_jobs", lambda: set())
     with pytest.raises(ValueError, match="placeholders"):
         sweep("fig8", "perlmutter", tmp_path, python="python3", printer=lambda *a: None)
+
+
+def test_sweep_task_turns_submitits_signal_into_a_save_then_requeues(monkeypatch):
+    """Inside a submitit job the USR2 handler only requests the save; submitit's own
+    handler (which requeues) runs afterwards, when the task calls it."""
+    import submitit
+
+    from scalegnn.sweeps.task import _save_on_preemption_signal
+
+    calls = []
+    monkeypatch.setattr(submitit.JobEnvironment, "_usr_sig", classmethod(lambda cls: signal.SIGUSR2))
+    previous = signal.signal(signal.SIGUSR2, lambda sig, frame: calls.append(sig))  # stands in for submitit's
+    try:
+        requeue = _save_on_preemption_signal()
+        assert ck.PREEMPTION.armed and not ck.PREEMPTION.requested
+        os.kill(os.getpid(), signal.SIGUSR2)  # no training loop listening: submitit's handler at once
+        assert calls == [signal.SIGUSR2] and not ck.PREEMPTION.requested
+        ck.PREEMPTION.listening = True
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert ck.PREEMPTION.requested and ck.PREEMPTION.signal == "SIGUSR2" and calls == [signal.SIGUSR2]
+        requeue()
+        assert calls == [signal.SIGUSR2, signal.SIGUSR2]
+    finally:
+        ck.PREEMPTION.disarm()
+        signal.signal(signal.SIGUSR2, previous)
+
+
+# ----------------------------------------------------------------------------- sweeps: one concept
+def test_a_sweeps_threads_per_task_is_each_runs_threads_flag():
+    from scalegnn.config import command_line, make_config
+    from scalegnn.sweeps.jobs import with_threads
+
+    cfg = make_config(dataset="cora")
+    assert with_threads(cfg, 0) == cfg  # 0: the run's own (auto)
+    four = with_threads(cfg, 4)
+    assert four.parallel.threads == 4 and command_line(four)[-2:] == ["--threads", "4"]
+    own = make_config(dataset="cora", threads=2)
+    assert with_threads(own, 4) == own  # a run that names its count keeps it
+
+
+def test_a_sweep_stages_shards_with_the_runs_split(isolated_data):
+    """A sweep's staged shards carry the run's --split (its folder key too), so the
+    staged run is not refused; without --split the key is the one staged before."""
+    from scalegnn.parallel.sharding import check_shard_manifest
+    from scalegnn.sweeps.staging import StageSet, StageTask, stage_for
+
+    path = sparse_npz(isolated_data / "g.npz")
+    cfg = make_config(dataset=f"npz:{path}", split="random:0.6,0.2,0.2", split_seed=2, grid=(1, 1, 1, 2))
+    stage = stage_for(cfg, isolated_data / "sweep", str(isolated_data))
+    assert stage.argv()[-4:] == ["--split", "random:0.6,0.2,0.2", "--split-seed", "2"]
+    StageTask(stage, offline=True)()
+    manifest = json.loads((isolated_data / stage.folder / "manifest.json").read_text())
+    check_shard_manifest(manifest, "none", 0, stage.folder, (cfg.data.split, cfg.data.split_seed))
+    assert manifest["graph"]["split"].startswith("random 60/20/20 seed 2 (--split")
+    plain = stage_for(make_config(dataset=f"npz:{path}", grid=(1, 1, 1, 2)), isolated_data / "sweep",
+                      str(isolated_data))
+    assert plain.folder.endswith(StageSet.key_of(f"npz:{path}", (1, 1, 1, 2), "none", 0, str(isolated_data)))
+    assert plain.folder != stage.folder and "--split" not in plain.argv()
+    said, left = (stage_for(make_config(dataset=f"npz:{path}", split="random:0.6,0.2,0.2", grid=(1, 1, 1, 2), **kw),
+                            isolated_data / "sweep", str(isolated_data)) for kw in ({"split_seed": 0}, {}))
+    assert said.folder == left.folder  # --split-seed 0 said, or left to --seed 0: the same staged set
+
+
+# ----------------------------------------------------------------------------- sweep parameters in batch scripts
+
+
+# ----------------------------------------------------------------------------- sweep parameters in batch scripts
+def _edited_profile(tmp_path, cluster: str, old: str, new: str) -> Path:
+    """A copy of a shipped profile with ``old`` (text that must be there) replaced."""
+    text = (REPO / "sweeps" / "profiles" / f"{cluster}.toml").read_text()
+    assert old in text, old
+    path = tmp_path / f"{cluster}-edited.toml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "submit"])
+@pytest.mark.parametrize("cluster, source", [("perlmutter", "flag"), ("tuolumne", "flag"),
+                                             ("perlmutter", "file"), ("tuolumne", "file")])
+def test_a_newline_in_an_account_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch, cluster,
+                                                                         source, dry_run):
+    """A newline in --account, or in a profile's slurm.account / flux.bank, ended the
+    ``#SBATCH --account=`` (``# flux: --bank=``) directive and put a shell line into the script."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-scheduler"))  # this machine has an sbatch: never reach it
+    marker = tmp_path / "injected"
+    value = f"m1234\ntouch {marker}"
+    out = tmp_path / "sweep"
+    argv = ["sweep", "fig7", "--out", str(out), "--python", "python3", *(["--dry-run"] if dry_run else [])]
+    if source == "flag":
+        argv += ["--cluster", cluster, "--account", value]
+        field, fix = "--account", "give the account alone, e.g. --account m1234"
+    else:
+        key = {"perlmutter": "account", "tuolumne": "bank"}[cluster]
+        placeholder = {"perlmutter": "<ACCOUNT>", "tuolumne": "<BANK>"}[cluster]
+        path = _edited_profile(tmp_path, cluster, f'{key} = "{placeholder}"', f'{key} = "m1234\\ntouch {marker}"')
+        argv += ["--cluster", str(path)]
+        field, fix = f"{'slurm' if cluster == 'perlmutter' else 'flux'}.{key}", f"correct it in {path}"
+    err = one_line_error(capsys, argv)
+    assert f"{field} {value!r}: '\\n' cannot go into a batch script line" in err and err.rstrip().endswith(fix), err
+    assert not out.exists() and not marker.exists()  # no manifest, no run folder, no script, nothing submitted
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"slurm": {"constraint": "gpu $(id)"}}, "slurm.constraint 'gpu $(id)': ' ' cannot"),
+    ({"slurm": {"extra": {"mail-user": "a;b"}}}, "slurm.extra.mail-user 'a;b': ';' cannot"),
+    ({"slurm": {"extra": {"x\nid": True}}}, "slurm.extra option 'x\\nid': '\\n' cannot"),
+    ({"slurm": {"srun_args": ("--cpu-bind=cores\nid",)}}, "slurm.srun_args '--cpu-bind=cores\\nid': '\\n' cannot"),
+    ({"env": {"X;id": "1"}}, "env name 'X;id' is not a shell variable name"),
+    ({"env": {"X": "1\nid"}}, "env.X '1\\nid': '\\n' cannot"),
+    ({"slurm": {"gpus_per_node": "4\nid"}}, "slurm.gpus_per_node must be a whole number, got '4\\nid'"),
+])
+def test_every_scheduler_value_is_checked_where_the_profile_is_built(change, message):
+    """The same check guards every value a batch script takes as data (dataclasses.replace
+    builds the profile again, as loading and with_overrides do)."""
+    import dataclasses
+    import re
+
+    from scalegnn.sweeps.profiles import ProfileError, load_profile
+
+    prof = load_profile("perlmutter")
+    slurm = change.get("slurm")
+    changes = {**change, **({"slurm": dataclasses.replace(prof.slurm, **slurm)} if slurm else {})}
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        dataclasses.replace(prof, **changes)
+    assert prof.with_overrides(constraint="gpu&hbm80g", qos="regular").slurm.constraint == "gpu&hbm80g"
+
+
+@pytest.mark.parametrize("cluster", ["perlmutter", "tuolumne"])
+def test_env_values_are_data_when_the_batch_script_exports_them(tmp_path, cluster):
+    """``$(...)`` and backticks in an [env] value ran when the batch script exported it;
+    a reference to another variable (``${HOME}``) still expands."""
+    from scalegnn.sweeps.launcher import sweep
+    from scalegnn.sweeps.profiles import load_profile
+
+    marker = tmp_path / "ran"
+    hostile = f'$(touch {marker}-1)`touch {marker}-2`; touch {marker}-3 "quoted" \\ $1 ${{HOME:-x}}'
+    path = _edited_profile(tmp_path, cluster, "\n[env]\n",
+                           f"\n[env]\nHOSTILE = '{hostile}'\nREFERENCE = '${{HOME}}/cache'\n")
+    result = sweep("fig7", str(path), tmp_path / "sweep", dry_run=True, python="python3", printer=lambda *a: None)
+    names = set(load_profile(path).env)
+    exports = [line for line in result.scripts[0].splitlines()
+               if line.startswith("export ") and line[len("export "):].split("=")[0] in names]
+    assert len(exports) == len(names)
+    shell = subprocess.run(["bash", "-c", "\n".join([*exports, 'printf "%s|%s" "$HOSTILE" "$REFERENCE"'])],
+                           cwd=tmp_path, env={"PATH": os.environ["PATH"], "HOME": "/home/someone"},
+                           capture_output=True, text=True, timeout=60)
+    assert not list(tmp_path.glob("ran*")), "an [env] value ran a command"
+    assert shell.returncode == 0 and shell.stdout == f"{hostile}|/home/someone/cache", (shell.stdout, shell.stderr)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_spec_name_that_is_not_a_job_name_is_one_line(tmp_path, capsys):
+    """A spec's name becomes ``--job-name`` in ``#SBATCH`` and ``# flux:`` lines."""
+    spec = tmp_path / "bad.toml"
+    spec.write_text('name = "x\\nid"\nsystems = ["scalegnn"]\n[[experiments]]\ncluster = "perlmutter"\n'
+                    'dataset = "ogbn-products"\ngpus = [4]\n')
+    out = tmp_path / "sweep"
+    err = one_line_error(capsys, ["sweep", str(spec), "--cluster", "perlmutter", "--dry-run", "--out", str(out)])
+    assert "name 'x\\nid': '\\n' cannot go into a batch script line" in err and f"rename the spec in {spec}" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("cluster", ["perlmutter", "tuolumne"])
+def test_a_sweep_folder_with_a_newline_is_one_line(tmp_path, capsys, cluster):
+    """The sweep's --out folder lands in the #SBATCH --output / # flux: --output lines:
+    a newline in it would end the directive and inject the rest as a script line."""
+    out = tmp_path / "sweep\necho injected"
+    err = one_line_error(capsys, ["sweep", "fig7", "--cluster", cluster, "--dry-run", "--out", str(out)])
+    assert "--out" in err and "'\\n' cannot go into a batch script line" in err and "no newline" in err, err
+    assert not out.exists()

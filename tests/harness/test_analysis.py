@@ -1,15 +1,23 @@
-"""Figures and tables on synthetic records: their content (series, labels, annotated values)."""
+"""Analysis (analysis/): figures and tables on synthetic records, their content (series,
+labels, annotated values); the tables of the compared systems over seeds; records that
+cannot be read are reported and skipped."""
+
+from __future__ import annotations
+
+import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from scalegnn.analysis import load_runs
+from scalegnn import records
 from scalegnn.analysis import figures as F
+from scalegnn.analysis import load_epochs, load_runs
 from scalegnn.analysis import tables as T
 from scalegnn.analysis.load import runs_from_records
 from scalegnn.analysis.report import write_report
-from scalegnn import records
+from tests.files import minimal_record
+
 
 _counter = [0]
 
@@ -486,3 +494,56 @@ def test_fig7_paper_points_on_the_axes_or_beside_them():
     assert list(here.get_xdata()) == [1, 2] and here.get_ydata()[-1] == pytest.approx(1.0)
     with pytest.raises(F.NoData):  # one run: no scaling curve, no panel (the report skips both)
         F.fig7_paper_vs_here(runs_from_records(recs[:1], [manifest("demo", "local", [(recs[0], "")])]))
+
+
+def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
+    from scalegnn.analysis.tables import accuracy_table, time_to_target_table
+
+    def rec(system, seed, at_val, best, world=1, ttt=None, accs=(0.5, 0.93)):
+        epochs = [{"epoch": i + 1, "test_acc": a, "train_time_s": 2.0 * (i + 1)} for i, a in enumerate(accs)]
+        return {"system": system, "dataset": "facebook", "status": "ok", "world_size": world, "seed": seed,
+                "target_acc": 0.92, "time_to_target_s": ttt, "epochs": epochs,
+                "summary": {"test_acc_at_best_val": at_val, "best_test_acc": best}}
+
+    recs = [rec("scalegnn", 0, 0.90, 0.92), rec("scalegnn", 1, 0.92, 0.94), rec("graphsage", 0, 0.80, 0.81)]
+    table = accuracy_table(recs)
+    assert "| scalegnn | 91.00 ± 1.41 (n=2) |" in table and "| graphsage | 80.00 (1 seed) |" in table
+    assert "| scalegnn | 93.00 ± 1.41 (n=2) |" in accuracy_table(recs, "best_test_acc")
+    ttt = time_to_target_table([rec("scalegnn", 0, 0.9, 0.93, ttt=4.0),
+                                rec("graphsage", 0, 0.8, 0.81, world=2, accs=(0.7, 0.81))])
+    assert "4.0 s (2 ep)" in ttt and "× 0.810 best, 4.0 s (2 ep)" in ttt
+    # several seeds: mean ± std of the runs that reached the target, their epochs, and how many did
+    seeds = [rec("cagnet-1d", 0, 0.9, 0.93, ttt=4.0), rec("cagnet-1d", 1, 0.9, 0.95, ttt=6.0, accs=(0.5, 0.6, 0.95)),
+             rec("cagnet-1d", 2, 0.9, 0.91, accs=(0.5, 0.91))]
+    assert "| cagnet-1d | 5.0 ± 1.4 s (2-3 ep, 2 of 3 reached it) |" in time_to_target_table(seeds)
+    assert "| cagnet-1d | 5.0 ± 1.4 s (2-3 ep, n=2) |" in time_to_target_table(seeds[:2])
+    assert "none of 2 reached it" in time_to_target_table([seeds[2], seeds[2]])
+
+
+def test_analysis_reports_and_skips_every_kind_of_bad_record(tmp_path):
+    good = records.write_record(minimal_record(), tmp_path)
+    bad = {
+        "truncated.json": '{"schema_version": 1, "run_id": "x", "epo',
+        "empty.json": "",
+        "binary.json": b"\x80\x81\xfe\xff",
+        "newer.json": json.dumps(minimal_record(schema_version=records.SCHEMA_VERSION + 1)),
+        "list.json": "[1, 2]",
+        "row.json": json.dumps(minimal_record(epochs=[3])),
+        "components.json": json.dumps(minimal_record(epochs=[{**minimal_record()["epochs"][0], "components": 5}])),
+        "nofields.json": json.dumps({"schema_version": 1}),
+    }
+    for name, text in bad.items():
+        (tmp_path / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    (tmp_path / "folder.json").mkdir()  # unreadable as a file
+    with pytest.warns(UserWarning) as warned:
+        runs = load_runs(tmp_path)
+    assert runs["run_id"].tolist() == [records.read_record(good)["run_id"]]
+    skipped = dict(runs.attrs["skipped"])
+    assert set(skipped) == {str(tmp_path / n) for n in [*bad, "folder.json"]}
+    assert "newer than this scalegnn understands" in skipped[str(tmp_path / "newer.json")]
+    assert "upgrade scalegnn" in skipped[str(tmp_path / "newer.json")]
+    assert "truncated or corrupt" in skipped[str(tmp_path / "truncated.json")]
+    assert "cannot be read" in skipped[str(tmp_path / "folder.json")]
+    assert len(warned) >= len(skipped) and all(str(tmp_path) in str(w.message) for w in warned)
+    with pytest.warns(UserWarning):
+        assert len(load_epochs(tmp_path)) == 2

@@ -1,6 +1,6 @@
 """The real-scheduler tier: sweeps against a one-node SLURM cluster on this machine.
 
-``make test-slurm`` (``pytest -m slurm tests/test_slurm.py``) runs it; the plain
+``make test-slurm`` (``pytest -m slurm tests/harness/test_slurm.py``) runs it; the plain
 ``make test`` deselects it (``-m "not slurm"`` in pyproject.toml). The cluster is
 started by ``tests/slurm/localslurm.sh`` (slurmctld + slurmd + munge, installed
 with apt-get if missing; root on Debian, as CI is) in a scratch folder, and stopped
@@ -35,7 +35,7 @@ from scalegnn.sweeps.launcher import sweep
 
 pytestmark = pytest.mark.slurm
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOCALSLURM = REPO / "tests" / "slurm" / "localslurm.sh"
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 # A run long enough to be interrupted (tens of steps per epoch, many epochs).
