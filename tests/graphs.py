@@ -1,15 +1,21 @@
-"""Small graphs the tests build, and the serial-vs-rank sample tiling several test files check."""
+"""Small graphs the tests build, the raw-graph contract a loaded graph keeps, grids and
+rank shards (a grid's name and 3D coordinates, a shard whose planes share no storage),
+and the serial-vs-rank sample tiling several test files check."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+import scipy.sparse as sp
 import torch
 
 from scalegnn.graph import Graph
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.parallel.layout import PLANES
-from scalegnn.parallel.sharding import build_rank_shard
-from scalegnn.sampling import UniformVertexSampler
+from scalegnn.parallel.sharding import RankShard, build_rank_shard
+from scalegnn.sampling import CSRBlock, UniformVertexSampler
 
 
 def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None, sparse=False,
@@ -35,6 +41,30 @@ def parallel_graph(n=37, m=150, f=7, c=5, seed=0, multilabel=False, train=None, 
 
 def nprocs(shape) -> int:
     return shape[0] * shape[1] * shape[2] * shape[3]
+
+
+def grid_id(shape) -> str:
+    """A grid's name in test ids: ``1x2x2x1``."""
+    return "x".join(map(str, shape))
+
+
+def grid_coords(shape):
+    """The (x, y, z) coordinates of the ranks of one data-parallel group, in rank order."""
+    return [{"x": i, "y": j, "z": k} for i in range(shape[1]) for j in range(shape[2]) for k in range(shape[3])]
+
+
+def _unshared(blocks) -> tuple:
+    """Every plane its own copy of its arrays (what a rank held before sharing)."""
+    return tuple(CSRBlock(b.indptr.clone(), b.indices.clone(), b.values.clone(), b.row_start, b.row_end, b.col_start,
+                          b.col_end) for b in blocks)
+
+
+def unshared_shard(shard: RankShard) -> RankShard:
+    """``shard`` with every rotation plane a separate copy (no storage shared between planes)."""
+    alt = shard.alt
+    if alt is not None:
+        alt = dataclasses.replace(alt, adj=_unshared(alt.adj), adj_t=_unshared(alt.adj_t))
+    return dataclasses.replace(shard, adj=alt.adj if alt is not None else _unshared(shard.adj), alt=alt)
 
 
 def random_graph(n=200, m=1200, seed=0, features=8) -> Graph:
@@ -74,3 +104,38 @@ def tile_rank_samples(graph, shape, batch, seed, step, dp):
             region.copy_(block)
         ranks.append((shard, sb))
     return ref, planes, ranks
+
+
+def assert_raw(g):
+    """The raw-graph contract: symmetric, unit weights, no self loops, sorted unique rows."""
+    rows = g.row_ids()
+    assert not bool((rows == g.indices).any()), "self loop stored"
+    assert bool((g.values == 1).all()), "weights must be 1"
+    key = rows * g.num_nodes + g.indices
+    assert bool((key[1:] > key[:-1]).all()), "entries not sorted and unique"
+    a = g.to_scipy()
+    assert (a != a.T).nnz == 0, "adjacency not symmetric"
+
+
+def split_sizes(g):
+    return g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel()
+
+
+def stored_entries(pairs, n):
+    """Reference count of stored entries for an edge list: both directions, no loops, unique."""
+    m = sp.coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(n, n)).tocsr()
+    m = ((m + m.T) > 0).astype(np.int8).tolil()
+    m.setdiag(0)
+    return m.tocsr().count_nonzero()
+
+
+def assert_csr_invariants(g: Graph) -> None:
+    """A valid CSR: indptr from 0 to nnz, non-decreasing; every row's ids strictly
+    increasing (sorted, no duplicates) and inside [0, N)."""
+    n = g.num_nodes
+    assert g.indptr[0] == 0 and g.indptr[-1] == g.indices.numel()
+    assert bool((g.indptr[1:] >= g.indptr[:-1]).all())
+    for r in range(n):
+        row = g.indices[g.indptr[r]: g.indptr[r + 1]]
+        assert bool((row[1:] > row[:-1]).all()), f"row {r} not strictly increasing: {row}"
+        assert bool(((row >= 0) & (row < n)).all())

@@ -19,14 +19,15 @@ from collections import defaultdict
 import pytest
 import torch
 
+from scalegnn.launch.job import spawn
 from scalegnn.model import ModelConfig
 from scalegnn.numerics import NumericsConfig
 from scalegnn.optim import OptimConfig
 from scalegnn.parallel.collectives import CommStats, all_reduce, bucketed_all_reduce
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.launch.job import spawn
 from scalegnn.perf import PerfConfig
 from tests.graphs import nprocs, parallel_graph
+
 
 pytestmark = pytest.mark.distributed
 
@@ -206,6 +207,8 @@ def expected_calls_saved(shape, layers: int, norm: bool, bf16: bool, clip: bool)
 
 
 _HIDDEN, _BATCH, _STEPS = 10, 23, 3
+_HIDDEN, _BATCH, _STEPS = 10, 23, 3
+_HIDDEN, _BATCH, _STEPS = 10, 23, 3
 VARIANTS = {  # name: (graph kwargs, model, optim, switches: perf and numerics settings)
     "plain": ({}, ModelConfig(hidden=_HIDDEN, layers=3, dropout=0.3), OptimConfig(lr=1e-2), {}),
     "overlap": ({}, ModelConfig(hidden=_HIDDEN, layers=3, dropout=0.3), OptimConfig(lr=1e-2),
@@ -337,47 +340,6 @@ def test_deferred_norm_gradients_in_the_fused_and_unfused_tails():
             base = res[(fused, False, False)]
             for key in ((fused, False, True), (fused, True, True)):
                 assert all(torch.equal(res[key][n], g) for n, g in base.items()), key
-
-
-# ----------------------------------------------------------------------------- records, settings, analysis
-def test_records_carry_comm_calls_and_the_summary_gives_them_per_step(tmp_path):
-    from scalegnn.analysis.load import load_epochs, runs_from_records
-    from scalegnn.records import RecordError, new_epoch_row, new_record, summarize, validate_record, write_record
-
-    rec = new_record(system="scalegnn", dataset="d", config={}, grid={"dp": 1, "x": 2, "y": 1, "z": 1},
-                     world_size=2, seed=0, env={}, graph=None, batch_size=4, steps_per_epoch=4, target_acc=None)
-    for epoch in (1, 2):
-        row = new_epoch_row(epoch, 1.0 * epoch, 0.5, None, {}, {"pmm_x": 400, "loss": 32},
-                            comm_calls={"pmm_x": 8 * epoch, "loss": 12})
-        row.update(train_acc=0.5, val_acc=0.5, test_acc=0.5, eval_time_s=0.1)
-        rec["epochs"].append(row)
-    rec["status"] = "ok"
-    summarize(rec)
-    assert rec["summary"]["comm_calls_per_step"] == {"loss": 3.0, "pmm_x": 4.0}  # the last epoch / 4 steps
-    assert rec["summary"]["comm_bytes_per_step"] == {"loss": 8.0, "pmm_x": 100.0}
-    validate_record(rec)
-    path = write_record(rec, tmp_path)
-    epochs = load_epochs(tmp_path)
-    assert epochs["calls.pmm_x"].tolist() == [8, 16] and epochs["bytes.loss"].tolist() == [32, 32]
-    runs = runs_from_records([dict(rec, record_file=str(path))])
-    assert "calls.loss" in runs.columns
-    # Older records and systems that do not count calls: no comm_calls, still valid.
-    plain = new_epoch_row(1, 1.0, 0.5, None, {}, {})
-    assert "comm_calls" not in plain
-    old = dict(rec, epochs=[dict(plain, train_acc=None, val_acc=None, test_acc=None, eval_time_s=None)])
-    validate_record(old)
-    bad = dict(rec, epochs=[dict(rec["epochs"][0], comm_calls=7)])
-    with pytest.raises(RecordError, match="comm_calls must be an object"):
-        validate_record(bad)
-
-
-def test_bucket_switch_goes_from_flag_to_config():
-    from scalegnn.config import make_config, parse_train_args
-
-    assert make_config().perf.bucket_collectives is True
-    assert make_config(bucket_collectives=False).perf.bucket_collectives is False
-    cfg, _ = parse_train_args(["--dataset", "facebook", "--no-bucket-collectives"])
-    assert cfg.perf.bucket_collectives is False and cfg.to_dict()["perf"]["bucket_collectives"] is False
 
 
 def test_reset_counters_restores_the_calls_of_a_partial_epoch():

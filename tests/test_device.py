@@ -17,18 +17,18 @@ import torch
 
 from scalegnn import device as D
 from scalegnn import records
-from scalegnn import sampling as S
+from scalegnn.config import make_config
+from scalegnn.launch import launch
+from scalegnn.launch.job import spawn
 from scalegnn.model import ModelConfig
 from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import COMPONENTS, ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
-from scalegnn.launch.job import spawn
 from scalegnn.perf import PerfConfig
-from scalegnn.config import make_config
-from scalegnn.launch import launch
 from tests.devices import DEVICES, HAS_GPU, needs_gpu
-from tests.host_sync import HostSyncDetector
 from tests.graphs import parallel_graph
+from tests.host_sync import HostSyncDetector
+
 
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 gpu = pytest.mark.gpu
@@ -240,64 +240,6 @@ def _nccl_worker(rank, world):
     g = torch.ones(1, device="cuda")
     dist.all_reduce(g)  # a GPU tensor: NCCL
     return {"backend": grid.backend, "loss": loss, "agreed": float(t) * float(g)}
-
-
-@gpu
-@needs_gpu
-@pytest.mark.parametrize("backend", ["torch", "auto"])
-def test_algorithm2_on_the_gpu_gives_the_cpu_blocks(backend):
-    """Algorithm 2's vectorized torch path on CUDA tensors against the CPU kernels
-    (numba where installed, else torch) for the same (seed, step): identical CSR
-    pairs, entry for entry (int32 and int64 column ids, row/column sub-blocks)."""
-    from tests.graphs import random_graph
-
-    g = random_graph(n=3000, m=60000, seed=4)
-    for step in range(3):
-        sample = S.sample_vertices(3000, 700, seed=2, step=step)
-        p = S.inclusion_probability(3000, 700)
-        for rows, cols in (((0, 3000), (0, 3000)), ((500, 2100), (1000, 2999))):
-            blk = S.CSRBlock.from_graph(g, rows, cols)
-            ref = S.extract_block(blk, sample, p, S.CompactIndexMap(cols[1] - cols[0], cols[0]), backend="auto")
-            gblk, gsample = blk.to("cuda"), sample.cuda()
-            cmap = S.CompactIndexMap(cols[1] - cols[0], cols[0], "cuda")
-            got = S.extract_block(gblk, gsample, p, cmap, backend=backend, bounds=S.block_bounds(blk, sample))
-            for a, b in ((got.adj, ref.adj), (got.adj_t, ref.adj_t)):
-                assert torch.equal(a.crow_indices().cpu(), b.crow_indices())
-                assert torch.equal(a.col_indices().cpu(), b.col_indices())
-                assert torch.equal(a.values().cpu(), b.values())
-
-
-@gpu
-@needs_gpu
-def test_prefetch_stream_waits_for_training_and_training_waits_for_it():
-    """Both event waits of the prefetch stream, made observable with GPU sleeps: a job
-    must see the training stream's writes queued before it was submitted (else it
-    reads the stale buffer), and training must see a job's result only once the side
-    stream has written it (else it reads uninitialized memory). Removing either wait
-    from ``Prefetcher`` makes this fail."""
-    from scalegnn.perf import Prefetcher
-
-    dev = torch.device("cuda", 0)
-    buf = torch.zeros(1 << 16, device=dev)
-    cycles = int(2e8)  # ~0.1 s of GPU time
-
-    def produce(step):
-        seen = buf.clone()  # what the training stream wrote before this job was submitted
-        torch.cuda._sleep(cycles)  # the producing stream is busy ...
-        out = torch.empty(1 << 16, device=dev).fill_(float(step))  # ... before the result exists
-        return seen, out
-
-    pf = Prefetcher(produce, dev)
-    try:
-        torch.cuda._sleep(3 * cycles)  # the training stream is busy for longer than a job ...
-        buf.fill_(1.0)  # ... before it writes what the jobs of steps 0 and 1 must see
-        pf.get(0)  # step 1 is submitted after the fill; unordered, it would copy buf after job 0's sleep
-        seen1, _ = pf.get(1)
-        assert float(seen1.min()) == 1.0  # the job's stream waited for the training stream
-        _, out2 = pf.get(2)  # the side stream still sleeps before it fills out2
-        assert float(out2.min()) == 2.0 == float(out2.max())  # the training stream waited for the job
-    finally:
-        pf.close()
 
 
 @gpu

@@ -68,7 +68,6 @@ import subprocess
 import sys
 import time
 import uuid
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -554,20 +553,6 @@ def test_resume_with_other_settings_is_refused_by_name(tmp_path, capsys):
     assert main(base + ["--hidden", "32"]) == 2
     err = capsys.readouterr().err
     assert "was written by a run with another config (model.hidden: checkpoint 16, now 32)" in err
-
-
-# ----------------------------------------------------------------------------- result integrity
-def _ids(n):
-    return [records.new_run_id("scalegnn", "ogbn-products") for _ in range(n)]
-
-
-def test_run_ids_are_unique_across_concurrent_processes():
-    """Array jobs start in the same second on many nodes: ids differ by their 48 random bits."""
-    import multiprocessing
-
-    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("fork")) as pool:
-        ids = [i for chunk in pool.map(_ids, [5000] * 8) for i in chunk]
-    assert len(set(ids)) == len(ids) == 40000
 
 
 def test_a_resumed_run_keeps_its_run_id_and_the_record_says_so(tmp_path):

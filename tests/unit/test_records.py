@@ -1,12 +1,17 @@
-"""Run records: atomic writes, validation, loading into pandas."""
+"""Run records (scalegnn/records.py): atomic writes, validation, unique run ids (across
+concurrent processes too), the collective calls they carry, loading into pandas, older
+schemas, and the documented settings table."""
+
+from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from scalegnn.analysis import load_epochs, load_runs
 from scalegnn import records
+from scalegnn.analysis import load_epochs, load_runs
 from tests.files import minimal_record, schema_2_config
 
 
@@ -110,7 +115,7 @@ def test_every_committed_record_loads_into_a_run_configuration():
 
     from scalegnn.config import RunConfig
 
-    root = Path(__file__).resolve().parents[1] / "results"
+    root = Path(__file__).resolve().parents[2] / "results"
     versions = {}
     for path in sorted(glob.glob(str(root / "**" / "*.json"), recursive=True)):
         raw = json.loads(Path(path).read_text())
@@ -174,7 +179,7 @@ def test_the_documented_settings_table_is_the_generated_one():
 
     from scalegnn.config import flag_table_markdown
 
-    readme = (Path(__file__).resolve().parents[1] / "results" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "results" / "README.md").read_text()
     assert flag_table_markdown() in readme
 
 
@@ -212,3 +217,49 @@ def test_a_configuration_saved_by_an_older_schema_builds_todays_config():
     assert (rebuilt.data.dataset, rebuilt.loop.epochs, rebuilt.parallel.grid, rebuilt.numerics.comm_dtype) == \
         ("cora", 7, (1, 2, 1, 1), "bf16")
     assert records.current_config({"model": {"hidden": 8}}) == {"model": {"hidden": 8}}  # partial: today's layout
+
+
+# ----------------------------------------------------------------------------- records, settings, analysis
+def test_records_carry_comm_calls_and_the_summary_gives_them_per_step(tmp_path):
+    from scalegnn.analysis.load import load_epochs, runs_from_records
+    from scalegnn.records import RecordError, new_epoch_row, new_record, summarize, validate_record, write_record
+
+    rec = new_record(system="scalegnn", dataset="d", config={}, grid={"dp": 1, "x": 2, "y": 1, "z": 1},
+                     world_size=2, seed=0, env={}, graph=None, batch_size=4, steps_per_epoch=4, target_acc=None)
+    for epoch in (1, 2):
+        row = new_epoch_row(epoch, 1.0 * epoch, 0.5, None, {}, {"pmm_x": 400, "loss": 32},
+                            comm_calls={"pmm_x": 8 * epoch, "loss": 12})
+        row.update(train_acc=0.5, val_acc=0.5, test_acc=0.5, eval_time_s=0.1)
+        rec["epochs"].append(row)
+    rec["status"] = "ok"
+    summarize(rec)
+    assert rec["summary"]["comm_calls_per_step"] == {"loss": 3.0, "pmm_x": 4.0}  # the last epoch / 4 steps
+    assert rec["summary"]["comm_bytes_per_step"] == {"loss": 8.0, "pmm_x": 100.0}
+    validate_record(rec)
+    path = write_record(rec, tmp_path)
+    epochs = load_epochs(tmp_path)
+    assert epochs["calls.pmm_x"].tolist() == [8, 16] and epochs["bytes.loss"].tolist() == [32, 32]
+    runs = runs_from_records([dict(rec, record_file=str(path))])
+    assert "calls.loss" in runs.columns
+    # Older records and systems that do not count calls: no comm_calls, still valid.
+    plain = new_epoch_row(1, 1.0, 0.5, None, {}, {})
+    assert "comm_calls" not in plain
+    old = dict(rec, epochs=[dict(plain, train_acc=None, val_acc=None, test_acc=None, eval_time_s=None)])
+    validate_record(old)
+    bad = dict(rec, epochs=[dict(rec["epochs"][0], comm_calls=7)])
+    with pytest.raises(RecordError, match="comm_calls must be an object"):
+        validate_record(bad)
+
+
+# ----------------------------------------------------------------------------- result integrity
+def _ids(n):
+    return [records.new_run_id("scalegnn", "ogbn-products") for _ in range(n)]
+
+
+def test_run_ids_are_unique_across_concurrent_processes():
+    """Array jobs start in the same second on many nodes: ids differ by their 48 random bits."""
+    import multiprocessing
+
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("fork")) as pool:
+        ids = [i for chunk in pool.map(_ids, [5000] * 8) for i in chunk]
+    assert len(set(ids)) == len(ids) == 40000

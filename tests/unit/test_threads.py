@@ -1,7 +1,8 @@
 """The thread policy (scalegnn/threads.py): the decision on injected machines, the
 machine probes on fake /proc and cgroup files, the launchers' local rank counts, the
 environment of spawned ranks, and the record of real runs (one process, the command
-line, two spawned ranks)."""
+line, two spawned ranks). A sweep's threads per task: tests/harness/test_sweeps.py; the
+thread bench: tests/harness/test_bench.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,10 +17,8 @@ import torch
 from scalegnn import threads as T
 from scalegnn.launch import environment
 from scalegnn.launch.job import spawn
-
-
-REPO = Path(__file__).resolve().parents[1]
-SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
+from tests.files import REPO
+from tests.runs import SMALL
 
 
 # ----------------------------------------------------------------------------- the decision

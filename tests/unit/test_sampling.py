@@ -1,20 +1,21 @@
-"""Uniform vertex sampler: invariants and the statistical unbiasedness of Eq. 25."""
+"""Uniform vertex sampler (scalegnn/sampling.py): invariants, the statistical
+unbiasedness of Eq. 25, and a property over hostile random graphs (hypothesis): a
+sorted unique sample of B vertices whose sampled matrix is the induced subgraph of the
+normalized A with off-diagonal entries divided by p = (B-1)/(N-1) (Eq. 24)."""
+
+from __future__ import annotations
 
 import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from scalegnn.sampling import (
-    CSRBlock,
-    UniformVertexSampler,
-    extract_block,
-    inclusion_probability,
-    resolve_batch_size,
-    sample_vertices,
-    steps_per_epoch,
-)
+from scalegnn.sampling import (CSRBlock, UniformVertexSampler, extract_block, inclusion_probability,
+                               resolve_batch_size, sample_vertices, steps_per_epoch)
 from tests.graphs import random_graph
+from tests.strategies import SETTINGS, edge_lists, graph_of
 
 
 def test_batch_size_resolution_and_steps():
@@ -142,19 +143,30 @@ def test_sparse_features_are_gathered_as_csr_and_equal_dense_rows():
     assert dense.x.layout == torch.strided
 
 
-def test_csr_transpose_is_the_transpose_with_sorted_rows():
-    """The CSR of x^T (the input projection's weight gradient on sparse features):
-    equal to the dense transpose, rows sorted inside every column, empty rows and
-    columns included."""
-    from scalegnn.csr import csr_transpose
+# ----------------------------------------------------------------------------- properties (hypothesis)
 
-    gen = torch.Generator().manual_seed(3)
-    dense = (torch.rand(9, 13, generator=gen) < 0.2) * torch.rand(9, 13, generator=gen)
-    dense[4] = 0  # an empty row
-    dense[:, 7] = 0  # an empty column
-    t = csr_transpose(dense.to_sparse_csr())
-    assert t.shape == (13, 9) and torch.equal(t.to_dense(), dense.t())
-    crow, col = t.crow_indices(), t.col_indices()
-    for r in range(13):
-        cols = col[crow[r]:crow[r + 1]]
-        assert torch.equal(cols, torch.sort(cols).values)
+
+# ----------------------------------------------------------------------------- sampler
+def _dense(csr) -> torch.Tensor:
+    return csr.to_dense()
+
+
+@SETTINGS
+@given(edge_lists(min_nodes=2, max_nodes=20, max_edges=60), st.data())
+def test_sample_is_the_rescaled_induced_subgraph(data, draw):
+    n, edges = data
+    g = graph_of(n, edges).gcn_normalize()
+    b = draw.draw(st.integers(2, n), label="B")
+    seed, step = draw.draw(st.integers(0, 2**31 - 1), label="seed"), draw.draw(st.integers(0, 10**6), label="step")
+    batch = UniformVertexSampler(g, b, seed=seed).sample(step)
+    nodes = batch.nodes
+    assert nodes.numel() == b and torch.equal(nodes, torch.unique(nodes))  # sorted, unique
+    assert int(nodes.min()) >= 0 and int(nodes.max()) < n
+    a = g.to_torch_csr().to_dense().double()
+    ref = a[nodes][:, nodes]
+    off = ~torch.eye(b, dtype=torch.bool)
+    ref[off] = ref[off] / inclusion_probability(n, b)
+    got = _dense(batch.adj).double()
+    torch.testing.assert_close(got, ref, rtol=2e-6, atol=1e-7)
+    assert torch.equal(_dense(batch.adj_t), _dense(batch.adj).t())
+    assert torch.equal(batch.y, g.y[nodes])

@@ -127,7 +127,7 @@ def test_baseline_epoch_loop_logs_one_line_per_epoch(logged, tmp_path, monkeypat
     from scalegnn.config import make_config
     from scalegnn.launch import launch
 
-    fixed = dataclasses.replace(registry.get("graphsage"), trainer="tests.test_progress:fixed_trainer")
+    fixed = dataclasses.replace(registry.get("graphsage"), trainer="tests.unit.test_progress:fixed_trainer")
     monkeypatch.setitem(registry._REGISTRY, "graphsage", fixed)
     tiny = "csbm:n=200,avg_degree=4,classes=2,feature_dim=4"
     cfg = make_config("graphsage", dataset=tiny, epochs=3,

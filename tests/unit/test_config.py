@@ -1,0 +1,37 @@
+"""The run configuration (scalegnn/config.py): flags fill its sections. The help and the
+rare flags are in tests/integration/test_cli.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scalegnn.numerics import NumericsConfig
+from scalegnn.perf import PerfConfig
+
+
+def test_cli_flags_fill_perf_and_numerics_config():
+    from scalegnn.config import parse_train_args
+
+    cfg, _ = parse_train_args(
+        ["--dataset", "cora", "--prefetch", "--comm-dtype", "bf16", "--compile", "--comm-overlap",
+         "--profile", "/tmp/p", "--permute", "double", "--no-residual", "--sampler", "torch", "--gemm-dtype", "bf16"])
+    perf, numerics = cfg.perf, cfg.numerics
+    assert (perf.prefetch, numerics.comm_dtype, perf.compile, perf.comm_overlap, perf.profile, numerics.permute,
+            perf.sampler, numerics.gemm_dtype) == (True, "bf16", True, True, "/tmp/p", "double", "torch", "bf16")
+    assert numerics.local_gemm_dtype is torch.bfloat16
+    assert parse_train_args(["--dataset", "cora"])[0].perf == PerfConfig()
+    assert parse_train_args(["--dataset", "cora"])[0].numerics == NumericsConfig()
+    with pytest.raises(ValueError, match="comm_dtype"):
+        NumericsConfig(comm_dtype="fp8")
+    with pytest.raises(ValueError, match="gemm_dtype"):
+        NumericsConfig(gemm_dtype="fp16")
+
+
+def test_bucket_switch_goes_from_flag_to_config():
+    from scalegnn.config import make_config, parse_train_args
+
+    assert make_config().perf.bucket_collectives is True
+    assert make_config(bucket_collectives=False).perf.bucket_collectives is False
+    cfg, _ = parse_train_args(["--dataset", "facebook", "--no-bucket-collectives"])
+    assert cfg.perf.bucket_collectives is False and cfg.to_dict()["perf"]["bucket_collectives"] is False

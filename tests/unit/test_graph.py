@@ -1,0 +1,232 @@
+"""The graph container (scalegnn/graph.py): operations against dense references, every
+bad input, features kept sparse, and properties over hostile random graphs (hypothesis).
+
+Random graphs are drawn with everything real data throws at a loader: empty rows
+(isolated vertices), self loops, duplicate edges, one-directional edges. Checked
+against dense references built independently here: ``csr_from_edges`` /
+``Graph.symmetrize`` give a sorted, duplicate-free CSR whose pattern is exactly the
+edge set (resp. its symmetric closure); ``Graph.gcn_normalize`` equals
+D^-1/2 (A+I) D^-1/2 computed densely in float64, finite, and every isolated vertex gets
+exactly its self loop (weight 1). The loaders' properties are in
+tests/unit/datasets/test_files.py, the sampler's in tests/unit/test_sampling.py and
+tests/parallel/test_dist_sampling.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scalegnn.graph import Graph, GraphValidationError, csr_from_edges
+from tests.graphs import assert_csr_invariants
+from tests.strategies import SETTINGS, edge_lists, graph_of
+
+
+def make_graph(n=6, edges=((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0), (0, 3)), **over):
+    src = torch.tensor([e[0] for e in edges])
+    dst = torch.tensor([e[1] for e in edges])
+    indptr, indices, values = csr_from_edges(src, dst, n)
+    fields = dict(
+        indptr=indptr, indices=indices, values=values, x=torch.arange(n * 3, dtype=torch.float32).view(n, 3),
+        y=torch.arange(n) % 2, train_idx=[0, 1], val_idx=[2, 3], test_idx=[4, 5], num_classes=2, name="toy",
+    )
+    fields.update(over)
+    return Graph(**fields)
+
+
+def dense(g: Graph) -> torch.Tensor:
+    return g.to_torch_csr().to_dense()
+
+
+def test_csr_from_edges_sorts_and_merges_duplicates():
+    indptr, indices, values = csr_from_edges([2, 0, 0, 2], [1, 2, 1, 1], 3, values=[1.0, 2.0, 3.0, 4.0])
+    assert indptr.tolist() == [0, 2, 2, 3]
+    assert indices.tolist() == [1, 2, 1]
+    assert values.tolist() == [3.0, 2.0, 5.0]  # (2,1) appeared twice: 1 + 4
+
+
+def test_symmetrize_self_loops_and_gcn_normalization_match_dense_formula():
+    g = make_graph()
+    a = dense(g)
+    sym = dense(g.symmetrize())
+    assert torch.equal(sym, ((a + a.T) > 0).float())
+    norm = g.symmetrize().gcn_normalize()
+    a_hat = sym + torch.eye(6)
+    d = a_hat.sum(1).rsqrt()
+    assert torch.allclose(dense(norm), d[:, None] * a_hat * d[None, :], atol=1e-7)
+    assert norm.meta["normalized"] == "gcn"
+    # existing self loops are not doubled
+    twice = norm.add_self_loops()
+    assert twice.num_edges == norm.num_edges
+
+
+def test_permute_moves_everything_consistently():
+    g = make_graph().symmetrize().gcn_normalize()
+    perm = torch.tensor([3, 5, 0, 1, 4, 2])
+    p = g.permute(perm)
+    assert torch.allclose(dense(p), dense(g)[perm][:, perm])
+    assert torch.equal(p.x, g.x[perm]) and torch.equal(p.y, g.y[perm])
+    inverse = torch.argsort(perm)
+    assert sorted(perm[p.train_idx].tolist()) == g.train_idx.tolist()
+    assert torch.allclose(dense(p.permute(inverse)), dense(g))
+
+
+def test_induced_subgraph():
+    g = make_graph().symmetrize()
+    nodes = torch.tensor([0, 3, 4])
+    s = g.subgraph(nodes)
+    assert torch.equal(dense(s), dense(g)[nodes][:, nodes])
+    assert torch.equal(s.x, g.x[nodes])
+    assert s.train_idx.tolist() == [0] and s.val_idx.tolist() == [1] and s.test_idx.tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        (dict(indices=torch.tensor([0, 9, 1, 2, 3, 4, 5])), "out of range"),
+        (dict(x=torch.zeros(5, 3)), "N=6 rows"),
+        (dict(y=torch.zeros(4, dtype=torch.long)), "labels have 4 rows"),
+        (dict(y=torch.tensor([0, 1, 2, 0, 1, 0])), "num_classes=2"),
+        (dict(x=torch.tensor([[0.0, float("nan"), 0]] + [[0.0, 0, 0]] * 5)), "NaN or inf"),
+        (dict(x=torch.tensor([[0.0, float("inf"), 0]] + [[0.0, 0, 0]] * 5)), "NaN or inf"),
+        (dict(val_idx=[]), "val_idx is empty"),
+        (dict(train_idx=[0, 7]), "outside"),
+        (dict(y=torch.tensor([-1, 1, 0, 1, 0, 1])), "unlabeled"),
+        (dict(indptr=torch.tensor([0, 2, 1, 3, 4, 6, 7])), "non-decreasing"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(over, message):
+    with pytest.raises(GraphValidationError, match=message):
+        make_graph(**over)
+
+
+def test_non_square_and_out_of_range_edge_lists_rejected():
+    with pytest.raises(GraphValidationError, match="must be square"):
+        csr_from_edges([0], [1], 3, num_cols=4)
+    with pytest.raises(GraphValidationError, match="edge target id 5 is out of range"):
+        csr_from_edges([0], [5], 3)
+    with pytest.raises(GraphValidationError, match="must hold integers"):
+        csr_from_edges(torch.tensor([0.5]), torch.tensor([1]), 3)
+
+
+# ----------------------------------------------------------------------------- sparse features
+
+
+# --------------------------------------------------------------------------- Graph and files
+def _csr(rows, cols, vals, shape):
+    """A torch CSR tensor holding exactly the given entries (rows non-decreasing), in
+    their order, duplicates and zeros included: no canonical form imposed."""
+    ptr = torch.zeros(shape[0] + 1, dtype=torch.int64)
+    ptr[1:] = torch.cumsum(torch.bincount(torch.tensor(rows, dtype=torch.int64), minlength=shape[0]), 0)
+    return torch.sparse_csr_tensor(ptr, torch.tensor(cols), torch.tensor(vals), shape, check_invariants=False)
+
+
+def _tiny(x, n=4):
+    src, dst = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 3])
+    g = Graph(torch.zeros(n + 1, dtype=torch.long), [], [], x, torch.tensor([0, 1, 0, 1]), [0, 1], [2], [3], 2)
+    return g.with_edges(src, dst).symmetrize()
+
+
+def test_graph_keeps_a_sparse_x_sparse_and_canonical():
+    """Unsorted columns, a duplicate entry and an explicit zero: the graph holds the
+    canonical float32 CSR (sorted, duplicates summed, zero dropped); COO, scipy and
+    integer input become the same; permute and subgraph keep it CSR and equal the dense."""
+    rows, cols, vals = [0, 0, 0, 2, 2, 3], [3, 1, 1, 0, 2, 4], [1.0, 2.0, 3.0, 0.0, 4.0, 5.0]
+    dense = torch.zeros(4, 5)
+    for r, c, v in zip(rows, cols, vals):
+        dense[r, c] += v
+    g = _tiny(_csr(rows, cols, vals, (4, 5)))
+    assert g.x.layout == torch.sparse_csr and g.x.dtype == torch.float32 and g.x.col_indices().dtype == torch.int64
+    assert g.x.crow_indices().tolist() == [0, 2, 2, 3, 4] and g.x.col_indices().tolist() == [1, 3, 2, 4]
+    assert g.x.values().tolist() == [5.0, 1.0, 4.0, 5.0]
+    for other in (dense.to_sparse(), sp.csr_matrix(dense.numpy()), dense.to(torch.int64).to_sparse_csr()):
+        x = _tiny(other).x
+        assert x.layout == torch.sparse_csr and torch.equal(x.to_dense(), dense)
+    perm = torch.tensor([2, 0, 3, 1])
+    assert torch.equal(g.permute(perm).x.to_dense(), _tiny(dense).permute(perm).x)
+    sub = g.subgraph(torch.tensor([3, 0, 2]))
+    assert sub.x.layout == torch.sparse_csr and torch.equal(sub.x.to_dense(), dense[[3, 0, 2]])
+    assert g.stats()["sparse_features"] and g.record_info()["sparse_features"]
+
+
+@pytest.mark.parametrize("x, message", ids=["rows", "column", "nan", "complex"], argvalues=[
+    (lambda: _csr([0, 1], [0, 1], [1.0, 1.0], (3, 2)), r"features must be an \(N, F\) matrix with N=4 rows"),
+    (lambda: torch.sparse_csr_tensor(torch.tensor([0, 1, 1, 1, 2]), torch.tensor([0, 7]), torch.tensor([1., 1.]),
+                                     (4, 3), check_invariants=False), r"column id 7 is outside \[0, 3\)"),
+    (lambda: _csr([1], [0], [float("nan")], (4, 2)), r"NaN or inf \(first at row 1\)"),
+    (lambda: torch.sparse_csr_tensor(torch.tensor([0, 1, 1, 1, 1]), torch.tensor([0]),
+                                     torch.tensor([1 + 1j]), (4, 2)), "real values"),
+])
+def test_graph_refuses_a_bad_sparse_x_in_one_line(x, message):
+    with pytest.raises(GraphValidationError, match=message) as err:
+        _tiny(x())
+    assert "\n" not in str(err.value)
+
+
+def test_from_pyg_keeps_a_sparse_x_sparse():
+    from torch_geometric.data import Data
+
+    x = torch.zeros(4, 6)
+    x[0, 5] = x[3, 1] = 1.0
+    data = Data(x=x.to_sparse_csr(), y=torch.tensor([0, 1, 0, 1]), edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]))
+    g = Graph.from_pyg(data)
+    assert g.x.layout == torch.sparse_csr and torch.equal(g.x.to_dense(), x)
+
+
+# ----------------------------------------------------------------------------- properties (hypothesis)
+
+
+def dense_pattern(n: int, edges, symmetric: bool) -> torch.Tensor:
+    a = torch.zeros(n, n, dtype=torch.float64)
+    for u, v in edges:
+        a[u, v] = 1.0
+        if symmetric:
+            a[v, u] = 1.0
+    return a
+
+
+# ----------------------------------------------------------------------------- graph and normalization
+@SETTINGS
+@given(edge_lists(), st.booleans())
+def test_csr_and_symmetrize_hold_exactly_the_edge_set(data, symmetric):
+    n, edges = data
+    g = graph_of(n, edges, symmetric=symmetric)
+    assert_csr_invariants(g)
+    got = {(int(r), int(c)) for r, c in zip(g.row_ids(), g.indices)}
+    want = set(edges) | ({(v, u) for u, v in edges} if symmetric else set())
+    assert got == want
+    assert bool((g.values == 1).all())  # duplicates merged, not summed (unweighted)
+    indptr, indices, values = csr_from_edges([u for u, _ in edges], [v for _, v in edges], n,
+                                             values=[1.0] * len(edges))
+    weights = {}
+    for e in edges:
+        weights[e] = weights.get(e, 0.0) + 1.0  # weighted input: duplicates summed
+    rows = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
+    assert {(int(r), int(c)): float(v) for r, c, v in zip(rows, indices, values)} == weights
+
+
+@SETTINGS
+@given(edge_lists(), st.booleans())
+def test_gcn_normalization_matches_the_dense_formula(data, symmetric):
+    n, edges = data
+    g = graph_of(n, edges, symmetric=symmetric).gcn_normalize()
+    assert_csr_invariants(g)
+    a = dense_pattern(n, edges, symmetric)
+    a.fill_diagonal_(1.0)  # A + I: a missing self loop is added, an existing one kept (weight 1)
+    d = a.sum(1)
+    ref = a / torch.sqrt(d[:, None] * d[None, :])
+    got = g.to_torch_csr().to_dense().double()
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-7)
+    assert bool(torch.isfinite(g.values).all())
+    isolated = (dense_pattern(n, edges, symmetric).fill_diagonal_(0).sum(1) == 0).nonzero().flatten()
+    for v in isolated.tolist():
+        assert got[v, v] == 1.0 and got[v].abs().sum() == 1.0
+    if symmetric:
+        assert torch.equal(got, got.t())
+
+
+def test_hypothesis_is_installed():
+    pytest.importorskip("hypothesis")
