@@ -167,20 +167,3 @@ def test_compared_systems_take_sparse_features_and_the_split(isolated_data, syst
                          progress=False, out_dir=str(isolated_data / "runs"))
     assert rec["status"] == "ok", rec.get("error")
     assert rec["graph"]["sparse_features"] and rec["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
-
-
-def test_shards_remember_their_split(isolated_data, capsys):
-    path = sparse_npz(isolated_data / "g.npz")
-    shards = isolated_data / "shards"
-    assert main(["data", "shard", f"npz:{path}", "--grid", "1x1x1x1", "--out", str(shards),
-                 "--split", "random:0.6,0.2,0.2"]) == 0
-    base = ["train", "--dataset", f"npz:{path}", "--shard-dir", str(shards), "--epochs", "1", "--hidden", "8",
-            "--quiet", "--out", str(isolated_data / "runs")]
-    assert main(base) == 2
-    assert "written with --split random:0.6,0.2,0.2 but the run has no --split" in capsys.readouterr().err
-    assert main(base + ["--split", "random:0.6,0.2,0.2"]) == 0
-    assert _record(isolated_data / "runs")["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
-    # --split-seed defaults to --seed (0): saying it is the same split, another seed is not
-    assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "0"]) == 0
-    assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "1"]) == 2
-    assert "but the run has --split random:0.6,0.2,0.2 --split-seed 1" in capsys.readouterr().err

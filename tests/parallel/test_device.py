@@ -1,11 +1,13 @@
-"""The device in the run: resolution and backends, what the record says, a step that
-never makes the host wait for the device, and the CPU path pinned to its numbers
-from before the engine moved onto devices.
+"""The device in the run (scalegnn/device.py and the engine on it): resolution and backends,
+what the record says, a step that never makes the host wait for the device, and the CPU
+path pinned to its numbers from before the engine moved onto devices.
 
-GPU cases (the ``gpu`` marker, ``make test-gpu``) run the same checks on CUDA/ROCm:
-a single-rank training run against the CPU one, multi-rank grids sharing one GPU
-through gloo, Algorithm 2's torch path on the GPU against the CPU kernels, the
-prefetch stream's ordering, CUDA-event timing and torch.compile of the fused tail.
+GPU cases (the ``gpu`` marker, ``make test-gpu``) run the same checks on CUDA/ROCm: a
+single-rank training run against the CPU one, multi-rank grids sharing one GPU through
+gloo, an NCCL world of one rank. Code that runs on the device is held to its CPU self in
+its own module's tests: Algorithm 2 (tests/unit/test_sampling_kernel.py), the prefetch
+stream (tests/unit/test_perf.py), CUDA-event timing (tests/unit/test_timing.py),
+torch.compile of the fused tail (tests/parallel/test_tail.py).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from scalegnn.perf import PerfConfig
 from tests.devices import DEVICES, HAS_GPU, needs_gpu
 from tests.graphs import parallel_graph
 from tests.host_sync import HostSyncDetector
+from tests.runs import SMALL
 
 
-SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 gpu = pytest.mark.gpu
 
 
@@ -240,28 +242,3 @@ def _nccl_worker(rank, world):
     g = torch.ones(1, device="cuda")
     dist.all_reduce(g)  # a GPU tensor: NCCL
     return {"backend": grid.backend, "loss": loss, "agreed": float(t) * float(g)}
-
-
-@gpu
-@needs_gpu
-def test_compiled_fused_tail_on_the_gpu_equals_eager():
-    """torch.compile (inductor, the real GPU backend) of RMSNorm + ReLU + dropout: the
-    same values and gradients as the eager formula within float32 reordering."""
-    from scalegnn.parallel.tail import norm_relu_dropout
-
-    dev = torch.device("cuda", 0)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    x = torch.randn(257, 64, device=dev, generator=gen, requires_grad=True)
-    g = torch.rand(64, device=dev, generator=gen, requires_grad=True)
-    keep = torch.rand(257, 64, device=dev, generator=gen) > 0.3
-    s = (x.detach() ** 2).sum(-1, keepdim=True).requires_grad_()
-    fused = torch.compile(norm_relu_dropout, dynamic=True)
-    outs = []
-    for fn in (norm_relu_dropout, fused):
-        for t in (x, g, s):
-            t.grad = None
-        y = fn(x, s, g, keep, 64, 1e-6, 0.3)
-        y.square().sum().backward()
-        outs.append([y.detach(), x.grad.clone(), g.grad.clone(), s.grad.clone()])
-    for a, b in zip(*outs):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -1,16 +1,16 @@
-"""The layer tail's kernels (scalegnn._elementwise) against the definitions.
+"""The layer tail (scalegnn/parallel/tail.py) and its kernels (scalegnn/_elementwise.py).
 
-* The dropout mask: the numba kernel and the torch path equal, bit for bit, a frozen
-  copy of the original formula (below), for random keys, ids, p, odd and empty shapes,
-  non-contiguous and int32 id tensors.
-* The fused tail (scalegnn.parallel.tail.layer_tail): given the same row statistics,
-  the forward output and dx equal the unfused torch chain bit for bit (the kernels
-  use its operations in its order); end to end it equals the unfused operators
-  (parallel_rms_norm -> relu -> dropout -> add) within TOL32 (the row sums are added
-  in another order), matches float64 autograd of the serial formula within 1e-12, and
-  passes gradcheck; on 2 ranks with the column axis or the row axis split, every
-  rank's block equals the serial reference.
-* Without numba (monkeypatched off) the torch path gives the same masks and values.
+* The fused tail (``layer_tail``): given the same row statistics, the forward output and
+  dx equal the unfused torch chain bit for bit (the kernels use its operations in its
+  order); end to end it equals the unfused operators (parallel_rms_norm -> relu ->
+  dropout -> add) within TOL32 (the row sums are added in another order), matches
+  float64 autograd of the serial formula within 1e-12, and passes gradcheck; on 2 ranks
+  with the column axis or the row axis split, every rank's block equals the serial
+  reference. Without numba (monkeypatched off, or failing to compile) the torch path
+  gives the same values.
+* The RMSNorm gains' gradients left partial by the fused and the unfused tails and
+  reduced in buckets equal the in-backward reduction, bit for bit, on 8 ranks.
+* On a GPU (``gpu`` marker), torch.compile of the fused tail equals eager.
 
 Tolerance TOL32: a float32 sum of H squares (or of H products) differs between two
 summation orders by at most ~H * 2^-24 relative (pairwise in torch, float64 here:
@@ -29,26 +29,18 @@ from scalegnn import _elementwise as ew
 from scalegnn.benchmarks.elementwise import mask_before_issue_l
 from scalegnn.functional import rms_norm
 from scalegnn.launch.job import spawn
+from scalegnn.model import ModelConfig
 from scalegnn.parallel.collectives import CommStats
 from scalegnn.parallel.context import ParallelContext
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.parallel.tail import layer_tail, parallel_rms_norm
+from tests.devices import needs_gpu
+from tests.elementwise import backend, needs_numba  # noqa: F401 (backend: a fixture)
+from tests.graphs import parallel_graph
 
 
-needs_numba = pytest.mark.skipif(not ew.available(), reason="numba is not installed")
 TOL32 = dict(rtol=1e-5, atol=1e-6)
 EPS = 1e-6
-
-
-@pytest.fixture(params=["numba", "torch"])
-def backend(request, monkeypatch):
-    """Each kernel path in turn: the compiled one (skipped without numba) and the torch
-    one, forced by switching the compiled kernels off in this process."""
-    if request.param == "numba" and not ew.available():
-        pytest.skip("numba is not installed")
-    if request.param == "torch":
-        monkeypatch.setattr(ew, "_ENABLED", False)
-    return request.param
 
 
 # ----------------------------------------------------------------------------- the tail
@@ -271,3 +263,82 @@ def test_a_kernel_that_cannot_compile_falls_back_to_the_same_values(monkeypatch)
     assert torch.equal(drop.keep(), mask_before_issue_l(drop.key, drop.rows, drop.cols, drop.p))
     got = _fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(), "x", "y", 20, EPS, True), x, g, res)
     _assert_all_close(got, want, **TOL32)
+
+
+# ----------------------------------------------------------------------------- deferred gain gradients
+
+
+_HIDDEN, _BATCH, _STEPS = 10, 23, 3
+_HIDDEN, _BATCH, _STEPS = 10, 23, 3
+
+
+# ----------------------------------------------------------------------------- fused tail: deferred dg
+def _fused_worker(rank, world, shape):
+    from scalegnn.parallel.dist_sampling import DistributedSampler
+    from scalegnn.parallel.context import ParallelContext
+    from scalegnn.parallel.losses import parallel_cross_entropy
+    from scalegnn.parallel.model import ParallelScaleGNN
+    from scalegnn.parallel.sharding import build_rank_shard
+    from scalegnn.parallel.tail import norm_relu_dropout
+
+    grid = ProcessGrid(*shape)
+    graph = parallel_graph(seed=2)
+    cfg = ModelConfig(hidden=_HIDDEN, layers=4, dropout=0.3)
+    batch = DistributedSampler(build_rank_shard(graph, grid), grid, _BATCH, seed=1).sample(0)
+    out = {}
+    for fused in (None, norm_relu_dropout):
+        for overlap, bucket in ((False, False), (False, True), (True, True)):
+            model = ParallelScaleGNN(graph.num_features, graph.num_classes, cfg, grid, seed=3).train()
+            pc = ParallelContext(grid, CommStats(timing=False), fused=fused, overlap=overlap, bucket=bucket)
+            if pc.defers_weight_grads:
+                model.defer_weight_grad_sync(pc)
+            logits = model(batch, pc, 5, 0)
+            head = model.head
+            loss, _ = parallel_cross_entropy(logits, batch.y[head.row_axis], batch.train_mask[head.row_axis], pc,
+                                             head.row_axis, head.class_axis, model.class_range[0])
+            loss.backward()
+            pc.wait_pending()
+            out[(fused is not None, overlap, bucket)] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return out
+
+
+def test_deferred_norm_gradients_in_the_fused_and_unfused_tails():
+    """RMSNorm gains' gradients left partial by the fused (torch function) and the
+    unfused (numba kernel) tails and reduced in buckets equal the in-backward reduction,
+    bit for bit, on 8 ranks; with asynchronous buckets too."""
+    for res in spawn(_fused_worker, 8, (1, 2, 2, 2), timeout_s=180):
+        for fused in (False, True):
+            base = res[(fused, False, False)]
+            for key in ((fused, False, True), (fused, True, True)):
+                assert all(torch.equal(res[key][n], g) for n, g in base.items()), key
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+@needs_gpu
+def test_compiled_fused_tail_on_the_gpu_equals_eager():
+    """torch.compile (inductor, the real GPU backend) of RMSNorm + ReLU + dropout: the
+    same values and gradients as the eager formula within float32 reordering."""
+    from scalegnn.parallel.tail import norm_relu_dropout
+
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(257, 64, device=dev, generator=gen, requires_grad=True)
+    g = torch.rand(64, device=dev, generator=gen, requires_grad=True)
+    keep = torch.rand(257, 64, device=dev, generator=gen) > 0.3
+    s = (x.detach() ** 2).sum(-1, keepdim=True).requires_grad_()
+    fused = torch.compile(norm_relu_dropout, dynamic=True)
+    outs = []
+    for fn in (norm_relu_dropout, fused):
+        for t in (x, g, s):
+            t.grad = None
+        y = fn(x, s, g, keep, 64, 1e-6, 0.3)
+        y.square().sum().backward()
+        outs.append([y.detach(), x.grad.clone(), g.grad.clone(), s.grad.clone()])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -1,5 +1,9 @@
-"""Distributed sampling (Algorithm 2) and sharding: the union of every rank's shards
-is the serial sampled matrix, no collective is called, shard files round-trip."""
+"""Sharding (scalegnn/parallel/sharding.py): shard files round-trip (and keep their split),
+a damaged one is one line naming the file and the fix, the shard command, and rotation
+planes that share storage (one block for equal ranges, a row slice for rows inside
+another plane's over the same columns): the same numbers as separate copies, with less
+memory; shard files keep the sharing, and files whose planes are separate copies still
+load (and are shared once loaded)."""
 
 from __future__ import annotations
 
@@ -7,95 +11,16 @@ import json
 
 import pytest
 import torch
-import torch.distributed as dist
 
+from scalegnn.cli import main
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
-from scalegnn.launch.job import spawn
-from scalegnn.parallel.sharding import build_rank_shard, build_shard, load_shard, save_shards, shard_command
-from scalegnn.sampling import UniformVertexSampler
-from tests.graphs import parallel_graph, tile_rank_samples
-
-pytestmark = pytest.mark.distributed
-
-
-def _dense(csr) -> torch.Tensor:
-    return csr.to_dense()
-
-
-@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 3, 2, 1), (2, 1, 1, 3), (1, 1, 1, 1)],
-                         ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("seed,step,batch", [(0, 0, 23), (1, 7, 10), (5, 3, 37), (2, 11, 2)])
-def test_union_of_rank_shards_is_the_serial_sampled_matrix(shape, seed, step, batch):
-    """Every plane's blocks, placed at their row/col offsets, tile the serial (B, B)
-    matrix exactly (same arithmetic: one division by p per entry, so bit-equal), the
-    transposes match, and features / labels / masks are the serial slices.
-    Sharding and sampling need no process group, so virtual grids are enough here."""
-    graph = parallel_graph(n=37, m=160)
-    for dp in range(shape[0]):
-        ref, planes, ranks = tile_rank_samples(graph, shape, batch, seed, step, dp)
-        for shard, sb in ranks:
-            for blk in sb.adj:
-                assert torch.equal(_dense(blk.adj_t), _dense(blk.adj).t())
-            lo, hi = sb.rows.block("x")
-            f0, f1 = shard.feature_range
-            assert torch.equal(sb.x, ref.x[lo:hi, f0:f1])
-            for ax in PMM_AXES:
-                lo, hi = sb.rows.block(ax)
-                assert torch.equal(sb.y[ax], ref.y[lo:hi])
-                assert torch.equal(sb.train_mask[ax], ref.train_mask[lo:hi])
-        dense = _dense(ref.adj)
-        for p in range(3):
-            assert torch.equal(planes[p], dense), f"plane {p}"
-
-
-_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
-                "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-                "all_to_all_single", "barrier", "send", "recv", "isend", "irecv", "gather", "scatter",
-                "gather_object", "scatter_object_list", "monitored_barrier", "batch_isend_irecv")
-
-
-def _no_collective_worker(rank, world, shape):
-    grid = ProcessGrid(*shape)  # real process groups exist: a collective would succeed if called
-    graph = parallel_graph(n=37, m=160)
-    calls = []
-    saved = {}
-    import torch.distributed.distributed_c10d as c10d
-
-    def trap(name):
-        def fn(*args, **kwargs):
-            calls.append(name)
-            raise AssertionError(f"collective {name} called during sampling")
-        return fn
-
-    for mod in (dist, c10d):
-        for name in _COLLECTIVES:
-            if hasattr(mod, name):
-                saved[(mod, name)] = getattr(mod, name)
-                setattr(mod, name, trap(name))
-    try:
-        shard = build_rank_shard(graph, grid)
-        sampler = DistributedSampler(shard, grid, 17, seed=4, use_index_map=rank % 2 == 0)
-        nodes = [sampler.sample(step).nodes for step in range(5)]
-        sampler.full_batch()
-    finally:
-        for (mod, name), fn in saved.items():
-            setattr(mod, name, fn)
-    # the trap is live: the same patching makes a real collective fail
-    return calls, nodes
-
-
-def test_distributed_sampling_calls_no_collective():
-    """Every torch.distributed collective is patched to record and raise while 8 ranks
-    shard the graph and sample 5 steps (with and without the tagged index map)."""
-    results = spawn(_no_collective_worker, 8, (2, 2, 2, 1), timeout_s=60)
-    for rank, (calls, nodes) in enumerate(results):
-        assert calls == []
-        dp = ProcessGrid.virtual(2, 2, 2, 1, rank).axis_index("dp")
-        # every rank of a data-parallel group derived its group's sample
-        assert all(torch.equal(n, results[(rank // 4) * 4][1][s]) for s, n in enumerate(nodes))
-        if dp == 1:
-            assert not torch.equal(nodes[0], results[0][1][0])  # groups draw different samples
+from scalegnn.parallel.layout import PLANES
+from scalegnn.parallel.sharding import (RankShard, build_shard, load_shard, row_slice, save_shards, shard_command,
+                                        share_planes)
+from scalegnn.sampling import CSRBlock, UniformVertexSampler
+from tests.files import only_record, sparse_npz
+from tests.graphs import grid_coords, grid_id, parallel_graph, unshared_shard
 
 
 def test_save_and_load_shards_round_trip(tmp_path):
@@ -220,3 +145,107 @@ def test_double_permuted_shard_files_train_like_the_in_memory_double_permutation
     with pytest.raises(ValueError, match="--no-residual"):
         ParallelEngine(None, ModelConfig(hidden=8, layers=3, residual=True), OptimConfig(), 13, seed=3, grid=grid,
                        shard=load_shard(tmp_path, 0), numerics=numerics)
+
+
+def test_shards_remember_their_split(isolated_data, capsys):
+    path = sparse_npz(isolated_data / "g.npz")
+    shards = isolated_data / "shards"
+    assert main(["data", "shard", f"npz:{path}", "--grid", "1x1x1x1", "--out", str(shards),
+                 "--split", "random:0.6,0.2,0.2"]) == 0
+    base = ["train", "--dataset", f"npz:{path}", "--shard-dir", str(shards), "--epochs", "1", "--hidden", "8",
+            "--quiet", "--out", str(isolated_data / "runs")]
+    assert main(base) == 2
+    assert "written with --split random:0.6,0.2,0.2 but the run has no --split" in capsys.readouterr().err
+    assert main(base + ["--split", "random:0.6,0.2,0.2"]) == 0
+    assert only_record(isolated_data / "runs")["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
+    # --split-seed defaults to --seed (0): saying it is the same split, another seed is not
+    assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "0"]) == 0
+    assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "1"]) == 2
+    assert "but the run has --split random:0.6,0.2,0.2 --split-seed 1" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- planes that share storage
+
+
+SHAPES = [(1, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2), (1, 2, 2, 1), (1, 2, 2, 2), (1, 3, 1, 2)]
+
+
+def _same_block(a: CSRBlock, b: CSRBlock) -> bool:
+    return (a.row_start, a.row_end, a.col_start, a.col_end) == (b.row_start, b.row_end, b.col_start, b.col_end) \
+        and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in
+                zip((a.indptr, a.indices, a.values), (b.indptr, b.indices, b.values)))
+
+
+def test_row_slice_is_the_block_cut_from_the_graph_and_shares_its_arrays():
+    graph = parallel_graph(n=37, m=160)
+    whole = CSRBlock.from_graph(graph, (0, 37), (12, 25))
+    for r0, r1 in [(0, 37), (0, 12), (12, 25), (25, 37), (30, 30)]:
+        got = row_slice(whole, r0, r1)
+        assert _same_block(got, CSRBlock.from_graph(graph, (r0, r1), (12, 25)))
+        assert got.indices.untyped_storage().data_ptr() == whole.indices.untyped_storage().data_ptr()
+        assert got.values.untyped_storage().data_ptr() == whole.values.untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match="not inside"):
+        row_slice(CSRBlock.from_graph(graph, (5, 20), (0, 37)), 0, 10)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=grid_id)
+def test_planes_equal_the_unshared_blocks_and_hold_each_array_once(shape):
+    """On every rank each plane equals the block cut on its own from the graph; the
+    arrays held are those of the distinct (row range, column range) blocks that no other
+    plane's rows contain, and nothing else: 1 block on 1x1x1x1, and on 1x2x1x1 the
+    (x, y) plane is a row slice of the unsplit (y, z) plane."""
+    graph = parallel_graph(n=37, m=160)
+    for c in grid_coords(shape):
+        shard = build_shard(graph, shape, c)
+        vr = shard.vertex_ranges
+        want = [CSRBlock.from_graph(graph, vr[r], vr[k]) for r, k in PLANES]
+        assert all(_same_block(a, b) for a, b in zip(shard.adj, want))
+        keys = {(vr[r], vr[k]) for r, k in PLANES}
+        kept = [key for key in keys if not any(o != key and o[1] == key[1] and o[0][0] <= key[0][0]
+                                               and key[0][1] <= o[0][1] for o in keys)]
+        storage = shard.adjacency_storage()
+        assert storage["blocks"] == len(keys)
+        nnz_bytes = sum(CSRBlock.from_graph(graph, *key).nnz * 8 for key in kept)  # int32 ids + float32 values
+        ptr_bytes = sum((key[0][1] - key[0][0] + 1) * 8 for key in keys)  # every distinct block's own row pointers
+        assert storage["bytes"] == nnz_bytes + ptr_bytes
+        unshared = unshared_shard(shard).adjacency_storage()
+        assert unshared["blocks"] == 3 and unshared["bytes"] >= storage["bytes"]
+    if shape == (1, 1, 1, 1):
+        assert storage["storages"] == 3 and unshared["bytes"] == 3 * storage["bytes"]
+    if shape == (1, 2, 1, 1):  # the (x, y) plane of either x rank: indices and values are views of (y, z)'s
+        assert storage["storages"] == 2 * 3 + 1
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 2, 1, 1), (1, 2, 2, 1), (1, 2, 2, 2)], ids=grid_id)
+@pytest.mark.parametrize("permute", ["none", "double"])
+def test_shard_files_round_trip_with_the_sharing(tmp_path, shape, permute):
+    """A shard file holds a shared array once; loaded back, every plane equals the built
+    one and holds the same bytes. A file whose planes are separate copies (as written
+    before the sharing) loads to the same planes, shared again."""
+    from scalegnn.permutation import double_sigma
+
+    graph = parallel_graph(n=37, m=160)
+    paths = save_shards(graph, shape, tmp_path / "new", permute=permute, seed=2)
+    sigma = double_sigma(37, 2) if permute == "double" else None
+    for rank, c in enumerate(grid_coords(shape)):
+        built = build_shard(graph, shape, c, sigma=sigma)
+        old = unshared_shard(built)
+        torch.save(old.to_state(), tmp_path / "old.pt")
+        for loaded in (load_shard(tmp_path / "new", rank), RankShard.from_state(torch.load(tmp_path / "old.pt",
+                                                                                           weights_only=True))):
+            assert all(_same_block(a, b) for a, b in zip(loaded.planes(), built.planes()))
+            assert loaded.adjacency_storage() == built.adjacency_storage()
+            assert torch.equal(loaded.x, built.x)
+        if shape == (1, 1, 1, 1) and permute == "none":  # two copies of ids and values fewer
+            assert paths[rank].stat().st_size < (tmp_path / "old.pt").stat().st_size - 2 * built.adj[0].nnz * 8
+
+
+def test_share_planes_keeps_separate_blocks_separate():
+    graph = parallel_graph(n=37, m=160)
+    a = CSRBlock.from_graph(graph, (0, 18), (0, 37))
+    b = CSRBlock.from_graph(graph, (18, 37), (0, 37))
+    c = CSRBlock.from_graph(graph, (0, 18), (18, 37))
+    assert share_planes((a, b, c)) == (a, b, c) and all(x is y for x, y in zip(share_planes((a, b, c)), (a, b, c)))
+    a2 = CSRBlock.from_graph(graph, (0, 18), (0, 37))
+    got = share_planes((a, a2, c))
+    assert got[0] is got[1] and (got[0] is a or got[0] is a2) and got[2] is c
