@@ -1,4 +1,60 @@
-"""Training loop and CLI: repeatability, records, early stop, divergence, errors, the help."""
+"""The ``scalegnn`` command (scalegnn/cli.py): ``train`` writes a record and prints its
+summary, the help (at most 40 flag lines, ``--help-all``, the topics, the rare flags),
+and user errors, each one line before any work.
+
+Bad inputs tried (``scalegnn train ...``; each prints exactly one line
+``scalegnn: error: <message>`` and exits 2, before any record is written; argparse
+errors print usage plus one line):
+
+==========================================  ==============================================================
+input                                       message
+==========================================  ==============================================================
+--grid 1x2x2x1 --nproc 2                    --nproc 2 does not match the grid 1x2x2x1 (Gd*Gx*Gy*Gz = 4);
+                                            pass --nproc 4 or change --grid
+--grid 1x2x1x1 (no launcher, no --nproc)    the grid 1x2x1x1 needs 2 ranks but the job has 1 (single); pass
+                                            --nproc 2 to spawn local workers, or launch 2 processes with
+                                            torchrun/srun
+grid product != torchrun/srun world size    the grid ... needs G ranks but the job has W (torchrun); launch G
+                                            processes or change --grid   (scalegnn.launch)
+--batch-size 1   (also under --nproc 2)     batch size must be between 2 and N=600, got 1; use
+                                            --batch-ratio 1.0 for full-graph training
+--batch-size 601 (N = 600)                  batch size must be between 2 and N=600, got 601; ...
+--batch-ratio 0                             argument --batch-ratio: expected a fraction in (0, 1], got 0
+--dataset facebok                           unknown dataset 'facebok'; did you mean 'facebook'? Known: ...
+--dataset csbm:n=abc                        csbm: parameter n='abc' is not an integer
+--dataset csbm:nodes=5                      csbm: unknown parameter 'nodes'; valid parameters: n (default
+                                            10000), avg_degree ...
+--dataset npz:/nonexistent.npz              npz: file not found: /nonexistent.npz; pass npz:<path to an
+                                            existing .npz file>
+--hidden 2 --grid 1x4x1x1                   hidden size 2 is smaller than grid axis x = 4: every 3D axis
+                                            splits the hidden dimension, so some ranks would hold no
+                                            weights; use --hidden >= 4 or a grid with at most 2 ranks per
+                                            axis
+--grid 2x2 / --grid 1x0x1x1                 argument --grid: --grid must be GdxGxxGyxGz with four positive
+                                            integers, e.g. 1x2x2x2; got '2x2'
+--epochs 0 / --layers 0 / --dropout 1.5     epochs must be >= 1, got 0 / layers must be >= 1, got 0 /
+/ --lr -1                                   dropout must be in [0, 1), got 1.5 / lr must be > 0, got -1.0
+--checkpoint-every 10 (no dir)              --checkpoint-every needs --checkpoint-dir (a folder every rank
+                                            can reach, one per run)
+--resume (no dir)                           --resume needs --checkpoint-dir (...)
+--checkpoint-every ten                      --checkpoint-every must be a step count (e.g. 500) or a
+                                            duration with a unit (e.g. 30m, 90s, 2h), got 'ten'
+--keep-checkpoints 0                        --keep-checkpoints must be >= 1, got 0
+--collective-timeout 0                      --collective-timeout must be > 0 seconds, got 0.0
+--resume with other settings than the       <dir>/step-000000005 was written by a run with another config
+checkpoint's                                (model.hidden: checkpoint 16, now 32); resume with the same
+                                            settings, or use a new --checkpoint-dir for a new run
+                                            (tests/integration/test_resume.py)
+``data shard --out <existing file>``        --out <file> is an existing file, not a folder; pass a folder
+                                            you can write to
+==========================================  ==============================================================
+
+Data errors (malformed edge lists, BYO arrays, labels, splits, NaN features,
+non-square matrices ...) are listed with their messages in tests/unit/datasets/; the
+output folders every command checks before any work in tests/integration/test_launch.py.
+"""
+
+from __future__ import annotations
 
 import argparse
 import dataclasses
@@ -10,65 +66,12 @@ import sys
 
 import pytest
 
-from scalegnn import records
 from scalegnn import systems as registry
 from scalegnn.cli import build_parser, main
-from scalegnn.config import (SCALEGNN_SYSTEMS, SECTIONS, RunConfig, add_train_arguments, command_line,
+from scalegnn.config import (RunConfig, SCALEGNN_SYSTEMS, SECTIONS, add_train_arguments, command_line,
                              config_from_given, flag_table, make_config, parse_train_args, train_flags)
-from scalegnn.parallel.engine import COMPONENTS
-from scalegnn.launch import launch
 from scalegnn.settings import flag_of, is_setting
-
-SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
-
-
-def small_config(tmp_path, **over):
-    fields = dict(dataset=SMALL, batch_ratio=0.2, epochs=3, out_dir=str(tmp_path), progress=False,
-                  hidden=16, layers=2, dropout=0.2, data_root=str(tmp_path / "data"))
-    fields.update(over)
-    return make_config(**fields)
-
-
-def test_same_seed_gives_the_same_loss_curve(tmp_path):
-    a = launch(small_config(tmp_path))
-    b = launch(small_config(tmp_path))
-    c = launch(small_config(tmp_path, seed=1))
-    losses = lambda r: [row["loss"] for row in r["epochs"]]  # noqa: E731
-    assert losses(a) == losses(b)
-    assert losses(a) != losses(c)
-    assert a["status"] == "ok" and a["run_id"] != b["run_id"]
-
-
-def test_record_fields_and_timing_semantics(tmp_path):
-    rec = launch(small_config(tmp_path, epochs=4, eval_every=2, target_acc=0.05))
-    on_disk = records.read_record(rec["path"])
-    assert on_disk["system"] == "scalegnn" and on_disk["world_size"] == 1
-    assert on_disk["grid"] == {"dp": 1, "x": 1, "y": 1, "z": 1}
-    assert on_disk["config"]["model"]["hidden"] == 16
-    assert on_disk["env"]["torch"] and on_disk["env"]["python"]
-    rows = on_disk["epochs"]
-    assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
-    assert rows[0]["test_acc"] is None and rows[1]["test_acc"] is not None  # eval every 2 epochs
-    times = [r["train_time_s"] for r in rows]
-    assert times == sorted(times) and times[0] > 0  # cumulative
-    assert set(rows[0]["components"]) == set(COMPONENTS)  # the one engine's breakdown, a single process too
-    # training time excludes evaluation: the components are the step's own parts
-    assert sum(rows[0]["components"].values()) <= rows[0]["train_time_s"] + 1e-6
-    assert on_disk["time_to_target_s"] == rows[1]["train_time_s"]  # 0.05 is reached at the first eval
-    assert on_disk["peak_memory_bytes"] > 0
-    assert on_disk["summary"]["best_epoch"] in (2, 4)
-
-
-def test_stop_at_target_and_full_graph_label(tmp_path):
-    rec = launch(small_config(tmp_path, epochs=20, target_acc=0.05, stop_at_target=True, batch_ratio=1.0))
-    assert len(rec["epochs"]) == 1
-    assert rec["system"] == "fullgraph-3d" and rec["steps_per_epoch"] == 1
-
-
-def test_divergence_is_recorded(tmp_path):
-    rec = launch(small_config(tmp_path, lr=1e30, epochs=5))
-    assert rec["status"] == "diverged" and "loss became" in rec["error"]
-    assert records.read_record(rec["path"])["status"] == "diverged"
+from tests.runs import SMALL, TINY, one_line_error, refuse_work
 
 
 def test_cli_train_writes_record_and_prints_summary(tmp_path, capsys):
@@ -107,6 +110,64 @@ def test_python_dash_m_help_lists_the_options():
     for flag in ("--dataset", "--data-root", "--batch-size", "--batch-ratio", "--layers", "--hidden", "--dropout",
                  "--lr", "--epochs", "--eval-every", "--target-acc", "--seed", "--out", "--grid", "--nproc"):
         assert flag in out, flag
+
+
+# ----------------------------------------------------------------------------- hostile configuration
+BAD_INPUTS = [
+    (["--grid", "1x2x2x1", "--nproc", "2"], "--nproc 2 does not match the grid 1x2x2x1 (Gd*Gx*Gy*Gz = 4)"),
+    (["--grid", "1x2x1x1"], "the grid 1x2x1x1 needs 2 ranks but the job has 1 (single); pass --nproc 2"),
+    (["--batch-size", "1"], "batch size must be between 2 and N=600, got 1"),
+    (["--batch-size", "601"], "batch size must be between 2 and N=600, got 601"),
+    (["--dataset", "facebok"], "unknown dataset 'facebok'; did you mean 'facebook'?"),
+    (["--dataset", "csbm:n=abc"], "csbm: parameter n='abc' is not an integer"),
+    (["--dataset", "csbm:nodes=5"], "csbm: unknown parameter 'nodes'; valid parameters: n (default"),
+    (["--dataset", "npz:/nonexistent.npz"], "npz: file not found: /nonexistent.npz"),
+    (["--hidden", "2", "--grid", "1x4x1x1", "--nproc", "4"], "hidden size 2 is smaller than grid axis x = 4"),
+    (["--epochs", "0"], "epochs must be >= 1, got 0"),
+    (["--layers", "0"], "layers must be >= 1, got 0"),
+    (["--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
+    (["--lr", "-1"], "lr must be > 0, got -1.0"),
+    (["--checkpoint-every", "10"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--checkpoint-every", "ten", "--checkpoint-dir", "ck"], "--checkpoint-every must be a step count (e.g. 500)"),
+    (["--checkpoint-dir", "ck", "--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1, got 0"),
+    (["--collective-timeout", "0"], "--collective-timeout must be > 0 seconds, got 0.0"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_configuration_gives_one_clear_line(tmp_path, capsys, argv, message):
+    if "--dataset" not in argv:
+        argv = ["--dataset", SMALL] + argv
+    code = main(["train", *argv, "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("scalegnn: error: "), err
+    assert message in err, err
+    assert not (tmp_path / "runs").exists()  # no record for a user error
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-ratio", "0"], "expected a fraction in (0, 1], got 0"),
+    (["--grid", "2x2"], "--grid must be GdxGxxGyxGz with four positive integers"),
+    (["--grid", "1x0x1x1"], "--grid must be GdxGxxGyxGz with four positive integers"),
+])
+def test_bad_flag_syntax_is_an_argparse_error(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--dataset", SMALL, *argv])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_data_shard_into_an_existing_file_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, isolated_data):
+    """``scalegnn data shard --out <existing file>`` gave a FileExistsError traceback."""
+    out = tmp_path / "FILE"
+    out.write_text("keep me")
+    refuse_work(monkeypatch)
+    err = one_line_error(capsys, ["data", "shard", TINY, "--grid", "1x2x1x1", "--out", str(out)])
+    assert f"--out {out} is an existing file, not a folder; pass a folder you can write to" in err, err
+    assert out.read_text() == "keep me" and [p.name for p in tmp_path.iterdir()] == ["FILE"]  # nothing written
+
+
+# ----------------------------------------------------------------------------- the help
 
 
 # ----------------------------------------------------------------------------- train --help, --help-all, --help-topic

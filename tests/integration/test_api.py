@@ -20,7 +20,7 @@ from scalegnn.launch import launch
 from tests.files import SHARED_DATA, assert_same_graph
 from tests.graphs import random_graph
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _pyg_cora(root: Path):
@@ -69,7 +69,7 @@ def test_from_pyg_without_masks_splits_the_labeled_vertices_and_says_so():
 def _dgl_python() -> str:
     import os
 
-    dgl = os.environ.get("SCALEGNN_DGL_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-dgl" / "bin" / "python")
+    dgl = os.environ.get("SCALEGNN_DGL_PYTHON") or str(Path(__file__).resolve().parents[2] / ".venv-dgl" / "bin" / "python")
     if not Path(dgl).exists():
         pytest.skip(f"no DGL environment ({dgl}); build it with `make dgl-env` (part of `make test`)")
     return dgl
@@ -112,7 +112,7 @@ def test_from_dgl_converts_a_real_dgl_cora_like_from_pyg(tmp_path, shared_data):
         "np.savez(sys.argv[2], **out)\n")
     import os
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([_dgl_python(), str(script), str(tmp_path / "cora.npz"), str(tmp_path / "out.npz")],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

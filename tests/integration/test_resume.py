@@ -1,32 +1,46 @@
-"""Checkpoint and resume (issue F.1): atomic per-rank files, weights_only loading,
-and the property that matters: a run interrupted at a random step and resumed
-produces exactly (float ==) the loss sequence of an uninterrupted run, serial and
-4D parallel (CPU, deterministic: the sample is a function of (seed, step), dropout
-of (seed, step, layer), and everything else is in the checkpoint)."""
+"""Runs that checkpoint and resume (scalegnn/checkpoint.py, scalegnn/trainer.py): the
+property that matters is that a run interrupted at a random step and resumed produces
+exactly (float ==) the loss sequence of an uninterrupted run, serial and 4D parallel
+(CPU, deterministic: the sample is a function of (seed, step), dropout of (seed, step,
+layer), and everything else is in the checkpoint). A finished run continues to more
+epochs exactly; a preemption request saves at the next step; a resumed run keeps its run
+id; a resume with other settings is refused by name.
+
+Bad checkpoints: a checkpoint file of random bytes (or a crafted pickle) gave torch's
+six-line message suggesting ``weights_only=False`` (an empty one already gave one line);
+now ``<file>: cannot be read (UnpicklingError: ...); it is truncated, corrupt or not
+written by scalegnn. Remove this checkpoint folder to resume from an older one``. A
+corrupt newest ``meta.json`` made ``--resume`` fall back to an older checkpoint without a
+word; now ``UserWarning: <meta.json>: not valid JSON (...); this checkpoint is ignored;
+resuming from the older <folder> (remove <folder> to silence this warning)``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import pickle
 import random
 import signal
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 
 from scalegnn import checkpoint as ck
 from scalegnn.checkpoint import CheckpointConfig, CheckpointError
-from scalegnn.config import make_config
+from scalegnn.cli import main
+from scalegnn.config import RunConfig, make_config
 from scalegnn.launch import launch
 from scalegnn.model import ModelConfig
 from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.perf import PerfConfig
-from tests.files import schema_2_config
-
-
-SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
+from tests.files import REPO, RunsCode, schema_2_config
+from tests.runs import SMALL, epoch_rows, one_line_error
 
 
 def config(tmp_path, **over):
@@ -55,11 +69,6 @@ class StepLog:
         monkeypatch.setattr(ParallelEngine, "train_step", step)
 
 
-def _rows(record):
-    keys = ("epoch", "loss", "batch_train_acc", "train_acc", "val_acc", "test_acc")
-    return [{k: row[k] for k in keys} for row in record["epochs"]]
-
-
 # ----------------------------------------------------------------------------- serial resume
 @pytest.mark.parametrize("where", ["random", "epoch boundary"])
 def test_resumed_serial_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, where):
@@ -83,7 +92,7 @@ def test_resumed_serial_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, 
     assert log.losses[0][0] == resumed_from
     done.update(dict(log.losses))
     assert [done[s] for s in range(total)] == [loss for _, loss in ref_losses], seed  # float ==
-    assert _rows(second) == _rows(ref), seed
+    assert epoch_rows(second) == epoch_rows(ref), seed
     for name, value in log.engine.model.state_dict().items():
         assert torch.equal(value, ref_weights[name]), (name, seed)
     # one logical run: the resumed record replaces the failed one under the same run id
@@ -102,7 +111,7 @@ def test_resume_without_a_checkpoint_starts_fresh_and_mismatches_are_refused(tmp
         launch(config(tmp_path, epochs=2, checkpoint=ckpt, model=ModelConfig(hidden=32, layers=2, dropout=0.3)))
     # resuming a finished run re-runs nothing after the last checkpoint but the tail, identically
     again = launch(config(tmp_path, epochs=2, checkpoint=ckpt))
-    assert again["run_id"] == rec["run_id"] and _rows(again) == _rows(rec)
+    assert again["run_id"] == rec["run_id"] and epoch_rows(again) == epoch_rows(rec)
 
 
 def test_a_run_checkpointed_before_the_numerics_section_resumes_exactly(tmp_path, monkeypatch):
@@ -134,7 +143,7 @@ def test_a_run_checkpointed_before_the_numerics_section_resumes_exactly(tmp_path
     assert second["schema_version"] == 3 and second["config"]["numerics"]["permute"] == "single"
     done.update(dict(log.losses))
     assert [done[s] for s in range(len(ref_losses))] == ref_losses  # float ==
-    assert _rows(second) == _rows(ref)
+    assert epoch_rows(second) == epoch_rows(ref)
 
 
 def test_time_based_checkpoints(tmp_path):
@@ -198,7 +207,7 @@ def test_resumed_4d_parallel_run_equals_the_uninterrupted_one(tmp_path):
     start = resumed["record"]["resumed"][0]["step"]
     assert start == kill_at - kill_at % 2, seed
     assert resumed["losses"] == [(s, ref_losses[s]) for s in range(start, total)], seed  # float ==
-    assert _rows(resumed["record"]) == _rows(ref["record"]), seed
+    assert epoch_rows(resumed["record"]) == epoch_rows(ref["record"]), seed
     assert resumed["record"]["run_id"] == failed["run_id"]
 
 
@@ -223,7 +232,7 @@ def test_a_finished_run_continues_to_more_epochs_exactly(tmp_path, monkeypatch):
     assert more["status"] == "ok" and more["run_id"] == first["run_id"]
     assert more["resumed"][-1]["step"] == 2 * spe and more["resumed"][-1]["changed"] == {"epochs": [2, 4]}
     assert log.losses == ref_losses[2 * spe:]  # float ==
-    assert _rows(more) == _rows(ref)
+    assert epoch_rows(more) == epoch_rows(ref)
     with pytest.raises(CheckpointError, match=r"is at epoch 4, past --epochs 3; pass --epochs 4 or more"):
         launch(_constant(tmp_path, epochs=3, checkpoint=ckpt))
 
@@ -268,7 +277,7 @@ def test_a_4_rank_run_continues_to_more_epochs_exactly(tmp_path):
     assert rec["status"] == "ok" and rec["run_id"] == first["record"]["run_id"]
     assert rec["resumed"][-1]["step"] == 2 * spe and rec["resumed"][-1]["changed"] == {"epochs": [2, 4]}
     assert more["losses"] == ref["losses"][2 * spe:]  # float ==
-    assert _rows(rec) == _rows(ref["record"])
+    assert epoch_rows(rec) == epoch_rows(ref["record"])
 
 
 # ----------------------------------------------------------------------------- preemption
@@ -303,7 +312,7 @@ def test_preemption_request_saves_at_the_next_step_and_resumes_exactly(tmp_path,
     log = StepLog(monkeypatch)
     resumed = launch(config(tmp_path, checkpoint=ckpt))
     assert resumed["status"] == "ok" and resumed["resumed"][0]["step"] == 6
-    assert log.losses == ref_losses[6:] and _rows(resumed) == _rows(ref)  # float ==
+    assert log.losses == ref_losses[6:] and epoch_rows(resumed) == epoch_rows(ref)  # float ==
 
 
 def _preempt_worker(rank, world, cfg):
@@ -339,3 +348,76 @@ def test_ranks_agree_on_the_preemption_step(tmp_path):
     assert spawn(_preempt_worker, 2, cfg, timeout_s=120) == [4, 4]
     saved = ck.latest(tmp_path / "ck")
     assert ck.read_meta(saved)["step"] == 4 and (saved / "rank-00001.pt").exists()
+
+
+def test_resume_with_other_settings_is_refused_by_name(tmp_path, capsys):
+    base = ["train", "--dataset", SMALL, "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
+            "--quiet", "--layers", "2", "--epochs", "1", "--checkpoint-every", "5", "--checkpoint-dir",
+            str(tmp_path / "ck"), "--resume"]
+    assert main(base + ["--hidden", "16"]) == 0
+    capsys.readouterr()
+    assert main(base + ["--hidden", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "was written by a run with another config (model.hidden: checkpoint 16, now 32)" in err
+
+
+def test_a_resumed_run_keeps_its_run_id_and_the_record_says_so(tmp_path):
+    from scalegnn.checkpoint import CheckpointConfig
+
+    ck = CheckpointConfig(dir=str(tmp_path / "ck"), every="4", resume=True)
+    cfg = make_config(dataset=SMALL, data_root=str(tmp_path / "d"), out_dir=str(tmp_path / "r"), epochs=1,
+                    progress=False, model=ModelConfig(hidden=16, layers=2), checkpoint=ck)
+    first = launch(cfg)
+    again = launch(RunConfig.from_dict(cfg.to_dict()))
+    assert again["run_id"] == first["run_id"] and again["resumed"][0]["step"] == 8
+    assert [p.name for p in (tmp_path / "r").iterdir()] == [f"{first['run_id']}.json"]
+
+
+# ----------------------------------------------------------------------------- bad checkpoints
+
+
+def _train_argv(tmp_path, *extra):
+    return ["train", "--dataset", SMALL, "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
+            "--quiet", "--layers", "2", "--hidden", "16", "--epochs", "1", "--checkpoint-every", "4",
+            "--checkpoint-dir", str(tmp_path / "ck"), "--resume", *extra]
+
+
+def _records(tmp_path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (tmp_path / "runs").glob("*.json")}
+
+
+@pytest.mark.parametrize("content", [b"random", b"", b"pickle"])
+def test_an_unreadable_checkpoint_file_is_one_line_naming_it_and_the_fix(tmp_path, capsys, content):
+    """Random bytes gave torch's six-line message that suggests weights_only=False."""
+    from scalegnn import checkpoint as ck
+
+    assert main(_train_argv(tmp_path)) == 0
+    capsys.readouterr()
+    before = _records(tmp_path)
+    rank_file = ck.latest(tmp_path / "ck") / "rank-00000.pt"
+    data = {b"random": np.random.default_rng(0).bytes(4096), b"": b"",
+            b"pickle": pickle.dumps(RunsCode(tmp_path / "pwned"), protocol=2)}[content]
+    rank_file.write_bytes(data)
+    err = one_line_error(capsys, _train_argv(tmp_path))
+    assert str(rank_file) in err and "cannot be read" in err, err
+    assert "Remove this checkpoint folder" in err and "weights_only" not in err, err
+    assert _records(tmp_path) == before  # the finished run's record is untouched
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_corrupt_newest_meta_json_warns_by_name_and_falls_back(tmp_path, capsys):
+    """A corrupt newest meta.json made --resume fall back to an older checkpoint silently."""
+    from scalegnn import checkpoint as ck
+
+    assert main(_train_argv(tmp_path)) == 0  # 10 steps: the checkpoints of steps 4 and 8 are kept
+    capsys.readouterr()
+    (older, _, _), (_, path, _) = ck.list_checkpoints(tmp_path / "ck")
+    meta = path / "meta.json"
+    meta.write_text('{"format": 1, "st')
+    with pytest.warns(UserWarning, match=rf"{meta}: .*not valid JSON.*ignored; resuming from the older"):
+        assert ck.latest(tmp_path / "ck").name == f"step-{older:09d}"
+    cli = subprocess.run([sys.executable, "-m", "scalegnn", *_train_argv(tmp_path)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(REPO), timeout=120)
+    assert cli.returncode == 0 and f"UserWarning: {meta}: not valid JSON" in cli.stderr, cli.stderr
+    (rec,) = [json.loads(text) for text in _records(tmp_path).values()]
+    assert rec["status"] == "ok" and rec["resumed"][-1]["step"] == older

@@ -24,7 +24,7 @@ Floats are compared to a relative 1e-6: the runs are deterministic on one machin
 (``test_same_seed_gives_the_same_loss_curve`` holds exact equality), but another CPU
 model may pick other BLAS kernels and round the last bits differently.
 
-``SCALEGNN_PIN_RECORDS=write pytest tests/test_record_pins.py`` rewrites the stored
+``SCALEGNN_PIN_RECORDS=write pytest tests/integration/test_record_pins.py`` rewrites the stored
 records (only when a change of behaviour is intended; say so in the commit).
 """
 
@@ -40,7 +40,7 @@ import pytest
 import scalegnn
 from scalegnn.records import upgrade
 
-EXPECTED = Path(__file__).resolve().parent / "expected" / "records"
+EXPECTED = Path(__file__).resolve().parents[1] / "expected" / "records"
 GRAPH = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 COMMON = dict(dataset=GRAPH, epochs=2, seed=3, progress=False)
 

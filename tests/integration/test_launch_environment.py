@@ -1,0 +1,132 @@
+"""Where this process stands in a run (scalegnn/launch/environment.py): how it takes part
+(in process, a local job, or a rank of a launched job: ``run_mode``), and the launcher's
+variables it reads (torchrun, SLURM, Flux under a simulated ``flux`` command)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from scalegnn.launch.environment import _flux_port, detect_env, first_host, run_mode
+from scalegnn.parallel.grid import ParallelConfig
+from tests.launchers import FLUX_SIM, clean_env, flux_task_env  # noqa: F401 (clean_env: a fixture)
+
+
+SLURM = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_JOB_ID", "SLURM_NODELIST", "SLURM_LOCALID",
+         "SUBMITIT_EXECUTOR", "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    for var in SLURM:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+# ----------------------------------------------------------------------------- how a process takes part
+@pytest.mark.parametrize("env, parallel, mode", [
+    ({}, dict(), "in process"),
+    ({}, dict(nproc=1), "in process"),
+    ({}, dict(nproc=4, grid=(1, 2, 2, 1)), "local"),
+    ({}, dict(grid=(1, 2, 1, 1)), "joined"),  # no launcher: joining says how to start the ranks
+    ({"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, dict(grid=(1, 2, 2, 1)), "joined"),
+    ({"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, dict(nproc=4, grid=(4, 1, 1, 1)),
+     "joined"),  # a data-parallel system's --nproc names the job's ranks
+    # an srun task (its step's id) is a rank; the batch script of the allocation is not (checked on SLURM 22.05:
+    # the batch script sees SLURM_PROCID=0 and SLURM_NTASKS, but no SLURM_STEP_ID)
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0", "SLURM_NODELIST": "n1"},
+     dict(grid=(1, 2, 2, 1)), "joined"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NODELIST": "n1"}, dict(nproc=4, grid=(1, 2, 2, 1)), "local"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODELIST": "n1"}, dict(), "in process"),
+], ids=["one", "nproc-1", "nproc-4", "grid-without-launcher", "torchrun", "torchrun-dp", "srun-task",
+        "batch-script", "one-task"])
+def test_a_process_takes_part_in_a_run_in_one_of_three_ways(no_launcher, env, parallel, mode):
+    for key, value in env.items():
+        no_launcher.setenv(key, value)
+    assert run_mode(ParallelConfig(**parallel), detect_env()) == mode
+
+
+# ----------------------------------------------------------------------------- launch env
+def test_first_host_of_slurm_nodelists():
+    assert first_host("nid[001-004,007]") == "nid001"
+    assert first_host("gpu12") == "gpu12"
+    assert first_host("a[3-4],b[1-2]") == "a3"
+    assert first_host("node-[09,11]-ib") == "node-09-ib"
+
+
+def _clear_launch_env(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SUBMITIT_EXECUTOR",
+              "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODELIST", "SLURM_JOB_NODELIST",
+              "SLURM_STEP_NODELIST", "SLURM_JOB_ID"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_detect_env_torchrun_slurm_single(monkeypatch):
+    _clear_launch_env(monkeypatch)
+    assert detect_env().source == "single" and detect_env().world_size == 1
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NODELIST", "nid[010-011]")
+    monkeypatch.setenv("SLURM_JOB_ID", "123456")
+    env = detect_env()
+    assert (env.source, env.rank, env.world_size, env.local_rank, env.master_addr) == ("slurm", 5, 8, 1, "nid010")
+    assert 20000 <= env.master_port < 40000
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29501")
+    env = detect_env()  # torchrun takes precedence over the SLURM variables
+    assert (env.source, env.rank, env.world_size, env.master_addr, env.master_port) == \
+        ("torchrun", 3, 4, "10.0.0.1", 29501)
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(ValueError, match="MASTER_ADDR/MASTER_PORT"):
+        detect_env()
+
+
+# ----------------------------------------------------------------------------- Flux
+
+
+def test_detect_env_reads_flux_task_variables_and_the_broker_hostlist(clean_env, tmp_path):
+    """Task 5 of a 16-task job on 4 nodes: rank, world and local rank from Flux's variables,
+    the rendezvous on the first host of `flux getattr hostlist` (simulated)."""
+    clean_env.setenv("PATH", f"{FLUX_SIM}{os.pathsep}{os.environ['PATH']}")
+    clean_env.setenv("FLUX_SIM_HOSTLIST", "tuolumne[1001-1004]")
+    flux_task_env(clean_env, 5, 16, 1)
+    info = detect_env()
+    assert (info.rank, info.world_size, info.local_rank, info.source) == (5, 16, 1, "flux")
+    assert info.master_addr == "tuolumne1001"
+    assert info.master_port == _flux_port("ƒ2Mq8R4eZ") and 20000 <= info.master_port < 40000
+    # every task of the job computes the same port; another job id gives another one
+    assert _flux_port("ƒ2Mq8R4eZ") == _flux_port("ƒ2Mq8R4eZ") != _flux_port("ƒ3ETxsR9H")
+    assert _flux_port("1234567") == 20000 + 1234567 % 20000  # decimal ids as SLURM's
+    # MASTER_ADDR / MASTER_PORT, when the script exports them, win
+    clean_env.setenv("MASTER_ADDR", "10.0.0.7")
+    clean_env.setenv("MASTER_PORT", "29999")
+    info = detect_env()
+    assert (info.master_addr, info.master_port) == ("10.0.0.7", 29999)
+
+
+def test_flux_comes_before_slurm_variables_inherited_from_the_broker(clean_env):
+    """A Flux instance started by srun passes the broker's SLURM_* variables to its jobs'
+    tasks: they must not be read as this task's rank (every task would be rank 0)."""
+    clean_env.setenv("SLURM_PROCID", "0")
+    clean_env.setenv("SLURM_NTASKS", "1")
+    clean_env.setenv("MASTER_ADDR", "127.0.0.1")
+    flux_task_env(clean_env, 3, 4, 3)
+    info = detect_env()
+    assert (info.rank, info.world_size, info.source) == (3, 4, "flux")
+
+
+def test_flux_errors_name_the_fix(clean_env):
+    clean_env.setenv("FLUX_TASK_RANK", "0")
+    with pytest.raises(ValueError, match="FLUX_JOB_SIZE is not.*flux run"):
+        detect_env()
+    clean_env.setenv("FLUX_JOB_SIZE", "2")
+    clean_env.setenv("PATH", "/nonexistent")  # no flux command: no host list
+    with pytest.raises(ValueError, match="flux getattr hostlist.*MASTER_ADDR"):
+        detect_env()
+    clean_env.setenv("FLUX_JOB_SIZE", "two")
+    with pytest.raises(ValueError, match="FLUX_JOB_SIZE='two' must be an integer"):
+        detect_env()
