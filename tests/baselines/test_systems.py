@@ -72,8 +72,9 @@ def make_trainer(cfg, graph, env):
 def toy():
     """The toy in the registry for one test (after ScaleGNN: tables list it last)."""
     entry = registry.register(registry.System(
-        name="toy", display="Toy model", color="#000000", marker="x", trainer="tests.test_systems:make_trainer",
-        options="tests.test_systems:ToyOptions", sweep_defaults=(("system", "toy"),)))
+        name="toy", display="Toy model", color="#000000", marker="x",
+        trainer="tests.baselines.test_systems:make_trainer", options="tests.baselines.test_systems:ToyOptions",
+        sweep_defaults=(("system", "toy"),)))
     yield entry
     registry.unregister("toy")
 
