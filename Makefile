@@ -29,9 +29,13 @@ DGL_STAMP := $(DGL_VENV)/.installed-$(shell echo '$(DGL_SPEC)' | cksum | cut -d'
 # one GPU and on grids sharing it, Algorithm 2 on the GPU, prefetch streams, compile),
 # with the python and torch of the machine (a GPU node often has no package registry:
 # nothing is installed). Without a GPU every one of them is reported as skipped.
+# GPU_TESTS: every test file holding a `gpu` test, and no other (their imports are all a
+# GPU node needs); tests/harness/test_architecture.py keeps the list complete.
 GPU_PYTHON ?= python3
-GPU_TESTS  ?= tests/test_device.py tests/test_parallel_engine.py tests/test_parallel_pmm.py \
-              tests/test_parallel_grid.py tests/test_optimizations.py tests/test_baselines_device.py
+GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/unit/test_timing.py \
+              tests/parallel/test_collectives.py tests/parallel/test_tail.py tests/parallel/test_model.py \
+              tests/parallel/test_engine.py tests/parallel/test_device.py \
+              tests/baselines/test_cagnet.py tests/baselines/test_device.py
 
 # The documentation site (mkdocs.yml, docs/): `make docs` installs the `docs` extra of
 # pyproject.toml (MkDocs alone: not the package, not torch) into $(VENV) and builds the
@@ -82,7 +86,7 @@ test: $(STAMP) $(DGL_STAMP)
 # and munge when missing), the sweep tests run against it, the daemons stopped by pid.
 # SCALEGNN_SLURM_CONF=<slurm.conf> uses a cluster that already runs instead.
 test-slurm: $(STAMP)
-	$(PY) -m pytest -q -m slurm tests/test_slurm.py
+	$(PY) -m pytest -q -m slurm tests/harness/test_slurm.py
 
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m gpu -p no:cacheprovider $(GPU_TESTS)

@@ -191,6 +191,7 @@ def test_no_test_module_imports_another():
     folder of tests/ is walked (tests/unit/, tests/parallel/, ...)."""
     tests = ROOT / "tests"
     paths = sorted(tests.rglob("test_*.py"))
+    assert {p.parent.name for p in paths} >= {"unit", "datasets", "parallel", "integration", "baselines", "harness"}
     offenders = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -409,3 +410,18 @@ def test_the_micro_benchmarks_run_only_where_m_names_bench():
     selected = collected("-m", "bench")
     assert len(selected) >= 3 and {s.split("::")[0] for s in selected} == \
         {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "benchmarks").glob("test_*.py")}
+
+
+def test_make_test_gpu_runs_every_file_with_a_gpu_test():
+    """`make test-gpu` runs the files the Makefile's GPU_TESTS names (a GPU node collects
+    only those, with its own python): every test file with a ``gpu`` test (the marker, or
+    a test over tests/devices.py's DEVICES) is named, and no other."""
+    import re
+
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    (listed,) = re.findall(r"^GPU_TESTS\s*\?=\s*(.*)$", text, flags=re.M)
+    with_gpu = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                if p != Path(__file__).resolve()  # this file names them, in the search below
+                and re.search(r"mark\.gpu\b|^gpu = |\bDEVICES\b", p.read_text(), flags=re.M)}
+    assert "tests/parallel/test_engine.py" in with_gpu  # the search finds them
+    assert set(listed.split()) == with_gpu
