@@ -30,7 +30,7 @@ The two techniques of the paper, and the rest as it describes it:
   every vertex of V^l without replacement, uniformly. (PyG's NeighborLoader over
   torch-sparse, which ``graphsage`` and ``salient`` use, means the same law but draws
   Floyd's positions from [0, m) instead of [0, m]: not uniform, rusty1s/pytorch_sparse#385;
-  ``tests/test_fastsample.py`` shows it.)
+  ``tests/baselines/test_fastsample.py`` shows it.)
 * **Model and training (section 4).** GraphSAGE (``SAGEConv`` mean, the
   :class:`scalegnn.baselines.models.SAGENet` of ``graphsage``), one block per layer, DDP over the
   ranks. Paper defaults: 3 layers, hidden 256, dropout between layers, batch 1000 per

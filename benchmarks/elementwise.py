@@ -19,7 +19,7 @@ shared machine).
   the old formula) against :func:`scalegnn.parallel.tail.layer_tail` (numba kernels,
   and its torch path).
 
-No pass/fail: timings live here, correctness in tests/test_elementwise.py.
+No pass/fail: timings live here, correctness in tests/unit/test_elementwise.py and tests/parallel/test_tail.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ __all__ = ["train", "Graph", "RunConfig", "make_config", "load_dataset", "__vers
 # The harness lives beside this package in the repository and is installed inside it
 # (scalegnn.analysis, ...: pyproject.toml's package-dir maps these folders), so that pip adds
 # no top-level names. Exactly these folders are scalegnn's subpackages, never tests/,
-# results/ or docs/; tests/test_architecture.py keeps this list equal to pyproject.toml's.
+# results/ or docs/; tests/harness/test_architecture.py keeps this list equal to pyproject.toml's.
 _HARNESS = ("analysis", "baselines", "sweeps", "benchmarks")
 
 import os as _os

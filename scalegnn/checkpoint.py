@@ -17,7 +17,7 @@ the following state, which is all a checkpoint holds:
         config    the run's whole config, compared field by field on resume
 
 A resumed run therefore replays exactly the steps an uninterrupted run would have
-run next and produces the same loss sequence bit for bit (tests/test_checkpoint.py).
+run next and produces the same loss sequence bit for bit (tests/integration/test_resume.py).
 
 Layout of a checkpoint folder ``D`` (``--checkpoint-dir``; on multi-node jobs it must
 be on storage every rank can reach)::

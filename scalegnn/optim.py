@@ -47,7 +47,7 @@ in float32, each operation correctly rounded as written (sqrt too), with bc1 = 1
 (weights, moments, step count), as the fused AdamW does. A row touched at every step
 follows dense AdamW up to rounding. Two implementations: a compiled CPU kernel (numba,
 one in-place pass over the touched rows) and a torch path (any device, no host read);
-they give bit-identical results (tests/test_sparse_input_update.py).
+they give bit-identical results (tests/unit/test_optim.py).
 
 The optimizer is :class:`RowSparseAdamW`: ``torch.optim.AdamW(fused=True)`` for every
 dense gradient, the rule above for each parameter whose gradient is sparse COO. Its

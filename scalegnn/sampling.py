@@ -281,7 +281,7 @@ def training_features(x: torch.Tensor) -> torch.Tensor:
 # Sampler kernel: "auto" takes the compiled CPU kernel (numba, optional) for CPU
 # blocks with at least this many stored entries and the vectorized torch path
 # otherwise (any device; small blocks, where JIT start-up would dominate). Both give
-# bit-identical results (tests/test_optimizations.py checks it).
+# bit-identical results (tests/unit/test_sampling_kernel.py checks it).
 SAMPLER_BACKENDS = ("auto", "torch", "numba")
 NUMBA_MIN_NNZ = 1 << 15
 NUMBA_MIN_SAMPLE = 1 << 12  # the sample draw (same result either way) from this B on

@@ -3,7 +3,7 @@ file PATH (relative to the repository root), so the READMEs that live beside the
 (results/README.md, sweeps/README.md, baselines/README.md, scalegnn/datasets/README.md)
 are published as they are, never copied. ``<!-- include: PATH#NAME -->`` takes only the
 fenced code block that follows the line ``<!-- example: NAME -->`` in PATH (the README's
-Python example, which tests/test_api.py runs).
+Python example, which tests/integration/test_api.py runs).
 
 Links in an included file are written for GitHub, relative to that file: a link to
 another repository file becomes its path in code (the site does not hold it), and an

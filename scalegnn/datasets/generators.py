@@ -13,7 +13,7 @@ slightly (by ~avg_degree * classes / n, relative). Features:
 feature_dim >= classes, else random directions) with norm ``signal / sqrt(2)``,
 so any two means are ``signal`` noise standard deviations apart. Defaults give a
 task where features alone are weak and the graph helps: measured with a 2-layer
-GCN (hidden 64, 200 epochs, Adam lr 0.01), see ``tests/test_datasets.py``.
+GCN (hidden 64, 200 epochs, Adam lr 0.01), see ``tests/unit/datasets/test_generators.py``.
 
 ``rmat``: R-MAT (Chakrabarti et al. 2004; Graph500 parameters a, b, c, d =
 0.57, 0.19, 0.19, 0.05). ``N = 2**scale`` and ``edge_factor * N`` draws; each draw

@@ -25,7 +25,7 @@ and apart, importing only the foundations:
 
     launch.py        init_from_env, spawn, run_distributed_training
 
-tests/test_architecture.py holds these floors.
+tests/harness/test_architecture.py holds these floors.
 
 Gradient convention of the operators (products, tail, losses). A matrix laid out on
 (a, b) is replicated along the third axis. Every operator returns *complete*

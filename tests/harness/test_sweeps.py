@@ -286,7 +286,7 @@ def _fake_scontrol(tmp_path, monkeypatch, text: str) -> None:
 ])
 def test_slurm_job_verdict_reads_why_sigterm_came(tmp_path, monkeypatch, fields, restart_count, want):
     """What `scontrol show job` says while SIGTERM is delivered (checked on a real SLURM,
-    tests/test_slurm.py): scancel, the time limit and a requeue all read COMPLETING."""
+    tests/harness/test_slurm.py): scancel, the time limit and a requeue all read COMPLETING."""
     from scalegnn.sweeps.task import slurm_job_verdict
 
     _fake_scontrol(tmp_path, monkeypatch, f"JobId=42 JobName=x\n   {fields}")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A one-node SLURM cluster (slurmctld + slurmd + munge) on this machine, for the
-# `slurm` test tier (tests/test_slurm.py, `make test-slurm`) and for trying a sweep on
+# `slurm` test tier (tests/harness/test_slurm.py, `make test-slurm`) and for trying a sweep on
 # a real scheduler (`--cluster localslurm`). Follows ../shared/notes/slurm-on-one-host.md:
 # root, Debian, no systemd, no cgroups (CPU and memory requests are bookkeeping only).
 #
