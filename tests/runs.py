@@ -11,6 +11,7 @@ SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 TINY = "csbm:n=400,avg_degree=8,classes=3,feature_dim=8"
 MEDIUM = "csbm:n=3000,avg_degree=10,classes=4,feature_dim=32"
 BASELINE_TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"  # the compared systems' tests
+TOY_GRAPH = "csbm:n=200,avg_degree=4,classes=2,feature_dim=4"  # runs refused or scripted before any training
 
 
 def cfg_for(system, data_root, tmp_path, **over):

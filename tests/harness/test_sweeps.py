@@ -498,9 +498,6 @@ def test_a_sweep_stages_shards_with_the_runs_split(isolated_data):
 
 
 # ----------------------------------------------------------------------------- sweep parameters in batch scripts
-
-
-# ----------------------------------------------------------------------------- sweep parameters in batch scripts
 def _edited_profile(tmp_path, cluster: str, old: str, new: str) -> Path:
     """A copy of a shipped profile with ``old`` (text that must be there) replaced."""
     text = (REPO / "sweeps" / "profiles" / f"{cluster}.toml").read_text()

@@ -167,9 +167,6 @@ def test_data_shard_into_an_existing_file_is_one_line_and_writes_nothing(tmp_pat
     assert out.read_text() == "keep me" and [p.name for p in tmp_path.iterdir()] == ["FILE"]  # nothing written
 
 
-# ----------------------------------------------------------------------------- the help
-
-
 # ----------------------------------------------------------------------------- train --help, --help-all, --help-topic
 FLAG_LINE = re.compile(r"^  (-\S+)")  # an option's line: its flag at argparse's indent (wrapped help sits further in)
 HELP_FLAGS = {"-h", "--help", "--help-all", "--help-topic", "--log-level"}  # scalegnn train's own, not settings'

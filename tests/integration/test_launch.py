@@ -17,10 +17,7 @@ from scalegnn import systems as registry
 from scalegnn.cli import main
 from scalegnn.config import make_config
 from scalegnn.launch import launch
-from tests.runs import SMALL, TINY, one_line_error, refuse_work
-
-
-TOY_GRAPH = "csbm:n=200,avg_degree=4,classes=2,feature_dim=4"
+from tests.runs import SMALL, TINY, TOY_GRAPH, one_line_error, refuse_work
 
 
 # ----------------------------------------------------------------------------- the one launcher
@@ -56,8 +53,6 @@ def test_a_config_error_inside_spawned_ranks_is_one_line_and_no_record(tmp_path,
 
 
 # ----------------------------------------------------------------------------- output locations
-
-
 def _bad_outputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     """{case: (arguments, message)}; ``FILE`` is an existing file."""
     file = tmp_path / "FILE"

@@ -86,8 +86,6 @@ def test_detect_env_torchrun_slurm_single(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- Flux
-
-
 def test_detect_env_reads_flux_task_variables_and_the_broker_hostlist(clean_env, tmp_path):
     """Task 5 of a 16-task job on 4 nodes: rank, world and local rank from Flux's variables,
     the rendezvous on the first host of `flux getattr hostlist` (simulated)."""

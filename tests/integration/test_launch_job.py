@@ -64,8 +64,6 @@ def test_a_stop_signal_reaches_every_worker_of_the_job():
 
 
 # ----------------------------------------------------------------------------- spawn
-
-
 def _boom_worker(rank, world):
     if rank == 2:
         time.sleep(0.2)

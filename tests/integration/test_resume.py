@@ -374,8 +374,6 @@ def test_a_resumed_run_keeps_its_run_id_and_the_record_says_so(tmp_path):
 
 
 # ----------------------------------------------------------------------------- bad checkpoints
-
-
 def _train_argv(tmp_path, *extra):
     return ["train", "--dataset", SMALL, "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
             "--quiet", "--layers", "2", "--hidden", "16", "--epochs", "1", "--checkpoint-every", "4",

@@ -34,10 +34,7 @@ from scalegnn.session import JobFailed, RunSession, conclude, status_of
 from scalegnn.signals import Interrupted, JobEnded
 from tests.files import REPO
 from tests.processes import TorchrunRun
-from tests.runs import SMALL
-
-
-TINY = "csbm:n=200,avg_degree=4,classes=2,feature_dim=4"
+from tests.runs import SMALL, TOY_GRAPH
 
 
 # ----------------------------------------------------------------------------- outcomes -> statuses
@@ -107,7 +104,7 @@ class _Scripted(Trainer):
 def _session_run(tmp_path, outcome, failures="record"):
     from scalegnn.loop import train_epochs
 
-    cfg = make_config(dataset=TINY, epochs=2, progress=False, out_dir=str(tmp_path))
+    cfg = make_config(dataset=TOY_GRAPH, epochs=2, progress=False, out_dir=str(tmp_path))
     session = RunSession(cfg, failures=failures)
     trainer = _Scripted(outcome)
     record = session.open(trainer)
@@ -156,7 +153,7 @@ def test_a_self_launching_system_is_recorded_through_a_session(tmp_path, monkeyp
                                               job="tests.integration.test_session:toy_job",
                                               self_launching=True, multi_node=False))
     try:
-        cfg = make_config("selfjob", dataset=TINY, epochs=2, progress=False, out_dir=str(tmp_path),
+        cfg = make_config("selfjob", dataset=TOY_GRAPH, epochs=2, progress=False, out_dir=str(tmp_path),
                           data_root=str(tmp_path / "d"))
         rec = launch(cfg)
     finally:
@@ -175,8 +172,6 @@ def toy_job(cfg, graph=None):
 
 
 # ----------------------------------------------------------------------------- failed runs
-
-
 def _oom_worker(rank, world, cfg, graph, run_id, backend):
     """Rank 1 runs out of memory at step 2 (CUDA's error type; the CPU path is the same)."""
     from scalegnn.launch import local_rank

@@ -38,9 +38,6 @@ from scalegnn.perf import PerfConfig
 from tests.graphs import nprocs, parallel_graph
 
 
-# ----------------------------------------------------------------------------- buckets
-
-
 # ----------------------------------------------------------------------------- the engine, bucketed vs not
 def expected_calls_saved(shape, layers: int, norm: bool, bf16: bool, clip: bool) -> int:
     """Calls a step saves with buckets, from the layout table (DESIGN section 3), not

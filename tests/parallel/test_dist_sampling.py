@@ -144,8 +144,6 @@ def test_full_batch_is_the_extracted_full_graph_bit_for_bit(shape, permute, spar
 
 
 # ----------------------------------------------------------------------------- properties (hypothesis)
-
-
 grid_shapes = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3))
 
 

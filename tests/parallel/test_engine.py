@@ -257,8 +257,6 @@ def test_reset_counters_restores_the_calls_of_a_partial_epoch():
 
 
 # ----------------------------------------------------------------------------- switches
-
-
 def test_single_process_prefetch_gives_identical_training_and_leaves_no_thread(tmp_path):
     from scalegnn.config import make_config
     from scalegnn.launch import launch
@@ -383,7 +381,6 @@ def test_double_permutation_needs_no_residual():
                        numerics=NumericsConfig(permute="double"))
 
 
-# ------------------------------------------------------------------------------ loop, record, CLI
 def test_compile_time_is_recorded_apart_and_profile_writes_a_trace(tmp_path):
     import json
 
@@ -404,9 +401,6 @@ def test_compile_time_is_recorded_apart_and_profile_writes_a_trace(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the row-sparse input update
-
-
-# ----------------------------------------------------------------------------- the engine
 GRAPH = dict(n=41, f=67, sparse=True, seed=4)
 
 
@@ -535,9 +529,6 @@ def test_data_parallel_groups_update_the_union_of_their_rows():
 
 
 # ----------------------------------------------------------------------------- planes that share storage
-
-
-# --------------------------------------------------------------- training, shared vs not
 RUN = dict(model=ModelConfig(hidden=10, layers=3, dropout=0.2), optim=OptimConfig(lr=1e-2, grad_clip=0.5), batch=17)
 
 

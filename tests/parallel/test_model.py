@@ -201,8 +201,6 @@ def test_full_graph_forward_parity():
 
 
 # ----------------------------------------------------------------------------- the lean evaluation
-
-
 STEPS = 2
 ROW_BYTES = 4 * 8  # float32 rows of hidden 8: chunk_bytes = k * ROW_BYTES gives k-row chunks
 CHUNKS = (2 * ROW_BYTES, 3 * ROW_BYTES, None)  # None: the engine's default (one chunk per block here)

@@ -165,8 +165,6 @@ def test_shards_remember_their_split(isolated_data, capsys):
 
 
 # ----------------------------------------------------------------------------- planes that share storage
-
-
 SHAPES = [(1, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2), (1, 2, 2, 1), (1, 2, 2, 2), (1, 3, 1, 2)]
 
 

@@ -266,13 +266,10 @@ def test_a_kernel_that_cannot_compile_falls_back_to_the_same_values(monkeypatch)
 
 
 # ----------------------------------------------------------------------------- deferred gain gradients
-
-
 _HIDDEN, _BATCH, _STEPS = 10, 23, 3
 _HIDDEN, _BATCH, _STEPS = 10, 23, 3
 
 
-# ----------------------------------------------------------------------------- fused tail: deferred dg
 def _fused_worker(rank, world, shape):
     from scalegnn.parallel.dist_sampling import DistributedSampler
     from scalegnn.parallel.context import ParallelContext
@@ -314,8 +311,6 @@ def test_deferred_norm_gradients_in_the_fused_and_unfused_tails():
 
 
 # ----------------------------------------------------------------------------- on a GPU
-
-
 gpu = pytest.mark.gpu
 
 

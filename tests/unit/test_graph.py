@@ -113,9 +113,6 @@ def test_non_square_and_out_of_range_edge_lists_rejected():
 
 
 # ----------------------------------------------------------------------------- sparse features
-
-
-# --------------------------------------------------------------------------- Graph and files
 def _csr(rows, cols, vals, shape):
     """A torch CSR tensor holding exactly the given entries (rows non-decreasing), in
     their order, duplicates and zeros included: no canonical form imposed."""
@@ -177,8 +174,6 @@ def test_from_pyg_keeps_a_sparse_x_sparse():
 
 
 # ----------------------------------------------------------------------------- properties (hypothesis)
-
-
 def dense_pattern(n: int, edges, symmetric: bool) -> torch.Tensor:
     a = torch.zeros(n, n, dtype=torch.float64)
     for u, v in edges:

@@ -144,9 +144,6 @@ def test_sparse_features_are_gathered_as_csr_and_equal_dense_rows():
 
 
 # ----------------------------------------------------------------------------- properties (hypothesis)
-
-
-# ----------------------------------------------------------------------------- sampler
 def _dense(csr) -> torch.Tensor:
     return csr.to_dense()
 

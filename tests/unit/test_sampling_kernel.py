@@ -286,8 +286,6 @@ def test_torch_fallback_without_numba(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- on a GPU
-
-
 gpu = pytest.mark.gpu
 
 

@@ -83,9 +83,6 @@ def test_degree_classes_are_balanced_and_follow_degree():
 
 
 # ----------------------------------------------------------------------------- --split
-
-
-# --------------------------------------------------------------------------- --split
 def _split_sizes(g):
     return tuple(t.numel() for t in (g.train_idx, g.val_idx, g.test_idx))
 

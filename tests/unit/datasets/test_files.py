@@ -193,8 +193,6 @@ def test_named_featureless_graph_found_under_root(tmp_path):
 
 
 # ----------------------------------------------------------------------------- sparse features, node data beside
-
-
 def test_dir_form_reads_scipy_save_npz_features(isolated_data):
     ei, x, y = graph_arrays()
     folder = isolated_data / "arrays"
@@ -325,9 +323,6 @@ def test_missing_node_data_is_stated_not_silent(isolated_data):
 
 
 # ----------------------------------------------------------------------------- bad data, refused before any work
-
-
-# ----------------------------------------------------------------------------- bad data, refused before any work
 def _byo(path: Path, n: int = 40, **over) -> Path:
     rng = np.random.default_rng(0)
     arrays = dict(x=rng.standard_normal((n, 8)).astype(np.float32), y=rng.integers(0, 3, n),
@@ -384,9 +379,6 @@ def test_integral_float_ids_are_still_accepted(tmp_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- properties (hypothesis)
-
-
-# ----------------------------------------------------------------------------- loaders
 @st.composite
 def edge_list_files(draw):
     """Text of an edge list with random ids (not contiguous), comments, a header,

@@ -12,7 +12,6 @@ from scalegnn.datasets import load_dataset
 from tests.graphs import assert_raw, stored_entries
 
 
-# ------------------------------------------------------------ file formats
 def test_reddit_npz_pair(tmp_path):
     rng = np.random.default_rng(0)
     n = 12

@@ -20,7 +20,6 @@ def test_canonical_names_round_trip():
     assert {"cora", "facebook", "twitch-de", "reddit", "ogbn-papers100M", "csbm", "rmat"} <= set(list_datasets())
 
 
-# ----------------------------------------------------------------- errors
 def test_unknown_name_suggests_close_match():
     with pytest.raises(DatasetError, match=r"unknown dataset 'facebok'; did you mean 'facebook'\? Known: cora"):
         load_dataset("facebok")
