@@ -12,7 +12,7 @@ import pytest
 
 from scalegnn import records
 from scalegnn.analysis import load_epochs, load_runs
-from tests.files import minimal_record, schema_2_config
+from tests.files import REPO, minimal_record, schema_2_config
 
 
 def test_write_then_read_round_trip(tmp_path):
@@ -194,7 +194,7 @@ def test_records_are_readable_as_the_umask_allows(tmp_path):
         code = (f"import os; os.umask({umask}); from scalegnn import records; from tests.files import minimal_record; "
                 f"print(records.write_record(minimal_record(), {str(tmp_path / oct(umask))!r}))")
         path = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.dirname(__file__))).stdout.strip()
+                              cwd=REPO).stdout.strip()
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask, oct(umask)
 
 
