@@ -28,6 +28,7 @@ __all__ = [
     "RunRecord",
     "EpochRow",
     "environment_info",
+    "placement_of",
     "memory_fields",
     "atomic_write_json",
     "validate_record",
@@ -160,14 +161,22 @@ def _git_commit() -> str | None:
         return None
 
 
-def environment_info(backend: str | None = None, device="cpu") -> dict:
+def placement_of(rank: int, local_rank: int, device) -> dict:
+    """Where one rank runs, as ``env.placement`` lists it: its rank, this host's name,
+    its local rank on the host and its torch device."""
+    return {"rank": rank, "host": socket.gethostname(), "local_rank": local_rank, "device": str(device)}
+
+
+def environment_info(backend: str | None = None, device="cpu", placement: list[dict] | None = None) -> dict:
     """Where a run ran: host, device, backend and library versions.
 
     ``device`` (a ``torch.device`` or its name) gives ``device`` (its human name:
     the GPU model, or the CPU and its cores), ``device_type`` ("cpu" / "cuda") and
     ``accelerator`` (:func:`scalegnn.device.device_info`: index, CUDA or HIP version,
     NCCL/RCCL version, compute capability, memory); ``threads`` the threads of the
-    process and how they were chosen, and OpenMP's wait policy (:func:`scalegnn.threads.record`)."""
+    process and how they were chosen, and OpenMP's wait policy (:func:`scalegnn.threads.record`);
+    ``placement`` every rank's host, local rank and device (:func:`placement_of`; this
+    process alone when None)."""
     import numpy
     import torch
 
@@ -196,6 +205,7 @@ def environment_info(backend: str | None = None, device="cpu") -> dict:
         "git_commit": _git_commit(),
         "libraries": libs,
         "threads": threads.record(),
+        "placement": placement or [placement_of(0, 0, device)],
     }
 
 

@@ -41,7 +41,7 @@ from .records import RunRecord
 from .signals import Interrupted, JobEnded, held, signal_text, stop_under_way
 
 __all__ = ["RunSession", "status_of", "JobFailed", "FAILURES", "stand_in_record", "conclude", "new_run_id", "write_job_failure",
-           "write_survivor_failure", "write_interruption", "OutOfMemory", "out_of_memory", "SETUP"]
+           "write_survivor_failure", "name_lost_ranks", "write_interruption", "OutOfMemory", "out_of_memory", "SETUP"]
 
 # What a rank does with a failure (a status of FAILED_STATUSES):
 #   "record"     one process: the failure is recorded and the record returned
@@ -102,17 +102,23 @@ class RunSession:
     ``device``: where the rank computes (its memory peak is reset now, so the
     record's peak covers loading and building); ``run_id``: the record's id (a new
     one when None); ``failures``: one of :data:`FAILURES`; ``write``: whether rank 0
-    writes the record at all (a benchmark may keep it in memory).
+    writes the record at all (a benchmark may keep it in memory); ``placement``:
+    every rank's host, local rank and device (the record's ``env.placement``; this
+    process alone when None); ``survey``: asked by rank 0 of a failed run which ranks
+    were lost (:meth:`scalegnn.launch.liveness.Liveness.survey`), named in the
+    record's ``lost_ranks`` and error (:func:`name_lost_ranks`).
     """
 
     def __init__(self, cfg: RunConfig, *, rank: int = 0, world_size: int = 1, backend: str | None = None,
                  device: torch.device | str = "cpu", run_id: str | None = None, failures: str = "record",
-                 write: bool = True):
+                 write: bool = True, placement: list[dict] | None = None, survey=None):
         if failures not in FAILURES:
             raise ValueError(f"failures must be one of {FAILURES}, got {failures!r}")
         self.cfg, self.rank, self.world_size, self.backend = cfg, rank, world_size, backend
         self.device = torch.device(device)
         self.run_id, self.failures, self.write = run_id, failures, write
+        self.placement = placement or [records.placement_of(rank, 0, self.device)]
+        self.survey = survey
         self.record: RunRecord | None = None
         self.trainer = None
         self.peaks: list[tuple] | None = None  # every rank's (memory, RSS, device memory) peaks, when known already
@@ -126,7 +132,8 @@ class RunSession:
         self.record = records.new_record(
             system=cfg.system, dataset=cfg.data.dataset, config=cfg.to_dict(),
             grid=dict(zip(AXES, cfg.parallel.grid)), world_size=self.world_size, seed=cfg.seed,
-            env=records.environment_info(backend=self.backend, device=self.device), graph=trainer.graph_info,
+            env=records.environment_info(backend=self.backend, device=self.device, placement=self.placement),
+            graph=trainer.graph_info,
             batch_size=trainer.batch_size, steps_per_epoch=trainer.steps_per_epoch, target_acc=cfg.loop.target_acc,
             run_id=self.run_id, **trainer.record_fields())
         return self.record
@@ -188,6 +195,8 @@ class RunSession:
         record["time_to_target_s"] = records.time_to_target(record["epochs"], self.cfg.loop.target_acc)
         records.summarize(record)
         status = record["status"]
+        if status in FAILED_STATUSES and self.rank == 0 and self.survey is not None:
+            name_lost_ranks(record, self.survey())
         handed_over = self.failures == "hand over" and status in FAILED_STATUSES
         if self.write and self.rank == 0 and status != "interrupted" and not handed_over:
             record["path"] = str(records.write_record(record, self.cfg.loop.out_dir))
@@ -260,7 +269,24 @@ def write_job_failure(cfg: RunConfig, run_id: str, error, world_size: int) -> di
     return record
 
 
-def write_survivor_failure(cfg: RunConfig, run_id: str, rank: int, exc: BaseException) -> None:
+def name_lost_ranks(record: dict, lost: dict | None) -> None:
+    """Put the ranks a failed run lost into ``record``: ``lost_ranks`` (``[{"rank",
+    "host"}]``) and the start of its error, e.g. ``ranks 2, 3 on scn2 lost (no
+    heartbeat for 5 s): ...``. ``lost``: ``{"ranks": [...], "how": text}``
+    (:meth:`scalegnn.launch.liveness.Liveness.survey`), None when none was lost."""
+    if not lost:
+        return
+    by_host: dict[str, list[int]] = {}
+    for who in lost["ranks"]:
+        by_host.setdefault(who["host"], []).append(who["rank"])
+    where = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} on {host}"
+                      for host, r in by_host.items())
+    record["lost_ranks"] = lost["ranks"]
+    record["error"] = f"{where} lost ({lost['how']}): {record.get('error') or ''}"
+
+
+def write_survivor_failure(cfg: RunConfig, run_id: str, rank: int, exc: BaseException,
+                           lost: dict | None = None) -> None:
     """Under torchrun / srun no parent process outlives the ranks: when rank 0 itself was
     killed, nobody else would record the run. Every other failing rank therefore
     writes a ``failed`` record under the agreed run id, but only if none exists yet
@@ -275,6 +301,7 @@ def write_survivor_failure(cfg: RunConfig, run_id: str, rank: int, exc: BaseExce
                   error=(f"rank {rank} saw the job fail (rank 0 wrote no record: it may have died first): "
                          f"{type(exc).__name__}: {exc}"),
                   rank_errors={str(rank): (text.strip().splitlines() or [""])[-1][:500]})
+    name_lost_ranks(record, lost)
     try:
         records.write_record(record, cfg.loop.out_dir, exclusive=True)
     except FileExistsError:

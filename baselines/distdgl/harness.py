@@ -202,6 +202,7 @@ def job(cfg: RunConfig, graph=None) -> dict:
     :class:`~scalegnn.session.RunSession`'s, as every system's: the DGL job's outcome
     (trainer 0's result, a failed or silent process, the deadline) becomes its status."""
     from scalegnn.datasets import load_graph
+    from scalegnn.records import placement_of
     from scalegnn.session import RunSession
 
     if cfg.parallel.device.startswith("cuda"):
@@ -221,7 +222,9 @@ def job(cfg: RunConfig, graph=None) -> dict:
                                  "to give each simulated machine its own /dev/shm; use --dgl-parts 1")
     opts.eval_fanouts = opts.eval_fanouts or opts.fanouts
     dgl_job = _DGLJob(cfg, graph, py, parts, world)
-    session = RunSession(cfg, world_size=world, backend="gloo", device="cpu")
+    # DistDGL runs on this host only: its trainers, world // parts per simulated machine.
+    placement = [placement_of(r, r % (world // parts), "cpu") for r in range(world)]
+    session = RunSession(cfg, world_size=world, backend="gloo", device="cpu", placement=placement)
     record = session.open(dgl_job)
     record["device_note"] = CPU_ONLY
     record["config"]["model"]["layers"] = len(opts.fanouts)  # DistDGL's model depth is its number of fanouts

@@ -60,12 +60,17 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
     from ..fileio import check_output_folder
     from ..session import write_interruption
     from ..signals import Interrupted, stop_on_signals, stop_under_way
-    from .environment import run_mode, run_threads
+    from .environment import detect_env, launched_rank, run_mode, run_threads
 
     for flag, folder in cfg.output_folders():
         check_output_folder(folder, flag)
     system = registry.get(cfg.system)
-    mode = run_mode(cfg.parallel)
+    env = detect_env()
+    mode = run_mode(cfg.parallel, env)
+    if system.self_launching and launched_rank(env):
+        raise ValueError(f"--system {cfg.system} starts its own processes on this one host, but this process is "
+                         f"rank {env.rank} of {env.world_size} that {env.source} started: run it as one task "
+                         "(srun -N 1 -n 1, or no launcher) with --nproc for its trainers")
     with nullcontext() if mode == "joined" else stop_on_signals(), run_threads(cfg.parallel):
         try:
             if system.self_launching:
@@ -88,14 +93,18 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
 
 
 def train_rank(cfg: RunConfig, graph: Graph | None, env: DistEnv, *, run_id: str | None = None,
-               failures: str = "record", write: bool = True, callbacks=()) -> RunRecord:
+               failures: str = "record", write: bool = True, callbacks=(), placement: list[dict] | None = None,
+               survey=None) -> RunRecord:
     """This rank's part of the run: the system's trainer, the session that owns the
     record, the epoch loop. Returns the record (this rank's view; rank 0 writes it).
 
     ``env``: where the rank stands (:class:`~scalegnn.launch.environment.DistEnv`: its
     rank, the run's world, its device and backend); ``failures``: what a failure does
     (:data:`scalegnn.session.FAILURES`); ``callbacks``: more
-    :class:`~scalegnn.loop.Callback` objects for the loop (a benchmark's sampling).
+    :class:`~scalegnn.loop.Callback` objects for the loop (a benchmark's sampling);
+    ``placement``: every rank's host, local rank and device, gathered here (a
+    collective) when None; ``survey``: who a failed run lost
+    (:class:`~scalegnn.launch.liveness.Liveness`), for the session.
 
     A configuration or data error raises before the record exists: it is the user's
     to fix, and a ``failed`` record for a typo would only be noise. So does a
@@ -105,10 +114,12 @@ def train_rank(cfg: RunConfig, graph: Graph | None, env: DistEnv, *, run_id: str
     from .. import systems as registry
     from ..loop import Progress, train_epochs
     from ..session import SETUP, RunSession, out_of_memory
+    from .environment import gather_placement
 
     session = RunSession(cfg, rank=env.rank, world_size=env.world_size, device=env.device, run_id=run_id,
                          backend=env.backend if dist.is_available() and dist.is_initialized() else None,
-                         failures=failures, write=write)
+                         failures=failures, write=write, placement=placement or gather_placement(env),
+                         survey=survey)
     make_trainer = registry.resolve(registry.get(cfg.system).trainer)
     try:
         trainer = make_trainer(cfg, graph, env)
@@ -188,7 +199,8 @@ def _joined(cfg: RunConfig, graph: Graph | None) -> RunRecord | None:
     after ``--collective-timeout``; SIGTERM (the launcher stopping the job) is a
     recorded failure; a failing rank exits non-zero (the launcher, torchrun or
     ``srun --kill-on-bad-exit=1``, stops the others), and a rank other than 0 leaves
-    a ``failed`` record when rank 0 could not."""
+    a ``failed`` record when rank 0 could not. A failed record names the ranks the
+    job lost, with their hosts (:mod:`scalegnn.launch.liveness`)."""
     import datetime
 
     import torch.distributed as dist
@@ -196,7 +208,8 @@ def _joined(cfg: RunConfig, graph: Graph | None) -> RunRecord | None:
     from ..checkpoint import Preempted
     from ..session import write_survivor_failure
     from ..signals import sigterm_ignored, terminate_raises
-    from .environment import init_from_env
+    from .environment import gather_placement, init_from_env
+    from .liveness import Liveness
 
     world = cfg.world_size
     env = init_from_env(timeout=datetime.timedelta(seconds=cfg.parallel.collective_timeout_s),
@@ -207,16 +220,25 @@ def _joined(cfg: RunConfig, graph: Graph | None) -> RunRecord | None:
         raise ValueError(f"the grid {'x'.join(map(str, cfg.parallel.grid))} needs {world} ranks but the job has "
                          f"{env.world_size} ({env.source}); {hint}")
     restore = terminate_raises(env.rank)
+    liveness, ending = None, "failed"
     try:
         run_id = _agree_run_id(cfg)
+        placement = gather_placement(env)
+        if env.world_size > 1:
+            liveness = Liveness(env.master_addr, env.master_port, env.rank, placement, run_id).start()
         try:
-            record = train_rank(cfg, graph, env, run_id=run_id, failures="raise")
+            record = train_rank(cfg, graph, env, run_id=run_id, failures="raise", placement=placement,
+                                survey=liveness.survey if liveness else None)
+            ending = record["status"]
         except Exception as exc:
             if env.rank != 0 and not isinstance(exc, Preempted):  # preempted: saved, rank 0 recorded it
                 with sigterm_ignored():
-                    write_survivor_failure(cfg, run_id, env.rank, exc)
+                    lost = liveness.survey() if liveness else None
+                    write_survivor_failure(cfg, run_id, env.rank, exc, lost=lost)
             raise
     finally:
+        if liveness is not None:
+            liveness.stop(ending)
         restore()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -37,7 +37,7 @@ from .. import threads as thread_policy
 
 __all__ = ["DistEnv", "detect_env", "run_mode", "RUN_MODES", "init_from_env", "init_process_group", "first_host",
            "single_env", "local_rank_env", "local_backend", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run",
-           "slurm_tasks_on_node"]
+           "slurm_tasks_on_node", "launched_rank", "placement_entry", "gather_placement", "check_socket_ifnames"]
 
 log = logging.getLogger("scalegnn.launch")
 
@@ -202,6 +202,7 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
                          "--backend gloo (slow) or --device cpu")
     if info.source == "single" or dist.is_initialized():
         return info
+    check_socket_ifnames()
     init_process_group(info.backend, dev, init_method=f"tcp://{info.master_addr}:{info.master_port}",
                        rank=info.rank, world_size=info.world_size, timeout=timeout)
     return info
@@ -217,6 +218,49 @@ def init_process_group(backend: str, device: torch.device, **kwargs) -> None:
         dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, **kwargs)
     else:
         dist.init_process_group(backend, **kwargs)
+
+
+# --------------------------------------------------------------------------- where the ranks run
+def placement_entry(env: DistEnv) -> dict:
+    """Where this rank runs, as a record lists it (``env.placement``)."""
+    from ..records import placement_of
+
+    return placement_of(env.rank, env.local_rank, env.device)
+
+
+def gather_placement(env: DistEnv) -> list[dict]:
+    """Every rank's :func:`placement_entry`, in rank order (a collective: every rank of
+    an initialized world calls it; a single process has its own entry alone)."""
+    mine = placement_entry(env)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def check_socket_ifnames(environ=os.environ) -> None:
+    """Refuse, in one line and before the rendezvous, a transport interface this host
+    lacks: gloo and NCCL otherwise wait for peers they can never reach, or fail with a
+    message that names no variable. Both take comma-separated names; NCCL's may start
+    with ``^`` (exclude) or ``=`` (exact), which name interfaces that need not exist,
+    and a trailing prefix match (``hsn`` for hsn0..hsn3) is NCCL's rule too."""
+    present = {name for _, name in socket.if_nameindex()}
+    for variable in SOCKET_IFNAME_VARIABLES:
+        value = environ.get(variable, "").strip()
+        if not value or value.startswith("^"):
+            continue
+        exact = value.startswith("=")
+        wanted = [w.strip() for w in value.lstrip("=").split(",") if w.strip()]
+        prefix_ok = variable == "NCCL_SOCKET_IFNAME" and not exact
+        found = [w for w in wanted if w in present or (prefix_ok and any(p.startswith(w) for p in present))]
+        if not found:
+            raise ValueError(f"{variable}={value} names no network interface of {socket.gethostname()} (it has "
+                             f"{', '.join(sorted(present))}); set it to one of those (the profile's "
+                             "socket_ifname) or unset it")
 
 
 # --------------------------------------------------------------------------- how a process takes part
@@ -239,11 +283,17 @@ def run_mode(parallel, env: DistEnv | None = None) -> str:
     - "in process" otherwise: one process, the 1x1x1x1 grid of its run.
     """
     env = detect_env() if env is None else env
-    if env.world_size > 1 and parallel.nproc in (None, env.world_size) and not _slurm_batch_script(env):
+    if launched_rank(env) and parallel.nproc in (None, env.world_size):
         return "joined"
     if (parallel.nproc or 1) > 1:
         return "local"
     return "joined" if parallel.world_size > 1 else "in process"
+
+
+def launched_rank(env: DistEnv) -> bool:
+    """This process is one of several ranks a launcher started (not the batch script
+    of a SLURM allocation, which sees the allocation's task count but is no task)."""
+    return env.world_size > 1 and not _slurm_batch_script(env)
 
 
 def _slurm_batch_script(env: DistEnv) -> bool:

@@ -128,3 +128,25 @@ def test_flux_errors_name_the_fix(clean_env):
     clean_env.setenv("FLUX_JOB_SIZE", "two")
     with pytest.raises(ValueError, match="FLUX_JOB_SIZE='two' must be an integer"):
         detect_env()
+
+
+# ---------------------------------------------------------------------------- transport interface
+def test_a_transport_interface_this_host_lacks_is_refused_in_one_line():
+    import socket
+
+    from scalegnn.launch.environment import check_socket_ifnames
+
+    have = sorted(name for _, name in socket.if_nameindex())
+    lo = next(n for n in have if n.startswith("lo"))
+    check_socket_ifnames({})  # nothing asked: nothing checked
+    check_socket_ifnames({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo})
+    check_socket_ifnames({"GLOO_SOCKET_IFNAME": f"nosuch0,{lo}"})  # one present is enough
+    check_socket_ifnames({"NCCL_SOCKET_IFNAME": "^docker,nosuch"})  # an exclusion list names no interface to use
+    check_socket_ifnames({"NCCL_SOCKET_IFNAME": lo[:1]})  # NCCL matches a prefix ("hsn" for hsn0..hsn3)
+    with pytest.raises(ValueError, match=rf"^GLOO_SOCKET_IFNAME=hsn0 names no network interface of "
+                                         rf"{socket.gethostname()} \(it has .*{lo}.*\); set it to one of those"):
+        check_socket_ifnames({"GLOO_SOCKET_IFNAME": "hsn0"})
+    with pytest.raises(ValueError, match="^GLOO_SOCKET_IFNAME=l names no network interface"):
+        check_socket_ifnames({"GLOO_SOCKET_IFNAME": "l"})  # gloo takes whole names only
+    with pytest.raises(ValueError, match="^NCCL_SOCKET_IFNAME==l names no network interface"):
+        check_socket_ifnames({"NCCL_SOCKET_IFNAME": "=l"})  # "=": NCCL's exact match

@@ -15,8 +15,8 @@ times (every ``*_s`` field outside the configuration: epoch, evaluation, compile
 preprocessing seconds, time to target; of a ``*components`` breakdown only the names
 are kept), memory
 peaks (their presence and type are still compared), the run id and path, and ``env``
-beyond its backend and device type (host name, library versions, git commit, CPU
-model, threads). Everything else is compared: the configuration, grid, world size,
+beyond its backend, device type and placement less the host names (host name,
+library versions, git commit, CPU model, threads). Everything else is compared: the configuration, grid, world size,
 steps per epoch, every epoch's loss and accuracies, collective bytes and calls per
 kind, the component names, the status and the summary.
 
@@ -80,7 +80,8 @@ def comparable(record: dict) -> dict:
     """The record without what measures the machine (see the module doc)."""
     rec = _unmeasured({k: v for k, v in record.items() if k not in ("run_id", "path", "env", "config")})
     env = record["env"]
-    rec["env"] = {"keys": sorted(env), "backend": env.get("backend"), "device_type": env.get("device_type")}
+    rec["env"] = {"keys": sorted(env), "backend": env.get("backend"), "device_type": env.get("device_type"),
+                  "placement": [{k: v for k, v in p.items() if k != "host"} for p in env.get("placement", [])]}
     config = json.loads(json.dumps(record["config"]))
     config["loop"]["out_dir"] = "<out>"
     rec["config"] = config
