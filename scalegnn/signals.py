@@ -134,12 +134,17 @@ def terminate_raises(rank: int):
     """Make SIGTERM raise :class:`Terminated` in this rank, so the run ends as a
     recorded failure instead of vanishing (torchrun SIGTERMs the survivors when one
     rank dies). Left alone when someone already handles SIGTERM (submitit does: its
-    preemption path must requeue, not fail) or off the main thread. Returns the undo."""
+    preemption path must requeue, not fail) or off the main thread. Inside
+    :func:`held` SIGTERM is ignored: it arrives while rank 0 surveys the lost ranks and
+    writes the record (srun sends it when a node's tasks die), and raising there left
+    no record at all. Returns the undo."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
         return lambda: None
 
     def handler(signum, frame):
+        if _STATE.held:  # the rank is writing its record (held()): it exits right afterwards anyway
+            return
         raise Terminated(f"rank {rank} received SIGTERM (the launcher stopped the job: a peer rank failed, "
                          "scancel, or a time limit)")
 

@@ -25,7 +25,7 @@ FLOORS = [
                      "scalegnn.threads", "scalegnn.timing", "scalegnn.metrics",
                      "scalegnn.rowsparse", "scalegnn.functional"]),
     # Where a process stands in a run and its local workers: threads, signals and devices only.
-    ("process launch", ["scalegnn.launch.environment", "scalegnn.launch.job"]),
+    ("process launch", ["scalegnn.launch.environment", "scalegnn.launch.job", "scalegnn.launch.liveness"]),
     # The parallel core: below every application component, so none of them leaks into it.
     ("parallel grid", ["scalegnn.parallel", "scalegnn.parallel.grid"]),
     ("parallel collectives", ["scalegnn.parallel.collectives", "scalegnn.parallel.layout"]),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -274,7 +275,7 @@ sys.exit(main(sys.argv[1:]))
 def test_rank0_killed_under_torchrun_still_leaves_a_failed_record(tmp_path, write):
     """Under torchrun no parent of ours outlives the ranks. SIGKILL rank 0 mid-epoch:
     the survivor writes the failed record (exclusive create, under the run id rank 0
-    broadcast at the start), and everything exits within 60 s.
+    broadcast at the start) naming rank 0 as lost, and everything exits within 60 s.
 
     The race this once lost about one run in two: torchrun SIGTERMs the survivor
     while it writes that record, and the handler's Terminated cut the write short (no
@@ -293,5 +294,8 @@ def test_rank0_killed_under_torchrun_still_leaves_a_failed_record(tmp_path, writ
     assert run.proc.returncode != 0 and elapsed < 60, (elapsed, err[-2000:])
     rec = run.record()
     assert rec["status"] == "failed" and rec["world_size"] == 2
-    assert rec["error"].startswith("rank 1 saw the job fail (rank 0 wrote no record"), rec["error"]
+    # The survivor names the rank it lost first: rank 0's heartbeat in torchrun's store stopped.
+    assert rec["lost_ranks"] == [{"rank": 0, "host": socket.gethostname()}]
+    assert rec["error"].startswith(f"rank 0 on {socket.gethostname()} lost (no heartbeat for 5 s): rank 1 saw the "
+                                   "job fail (rank 0 wrote no record"), rec["error"]
     assert "1" in rec["rank_errors"]
