@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -398,6 +399,7 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
         "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
         "multilabel": graph.multilabel, "files": [p.name for p in paths], "nnz_per_shard": nnz,
         "permute": permute, "seed": int(seed), "split": list(split), "graph": graph.record_info(),
+        "host": socket.gethostname(),  # where it was staged (ranks on other nodes read it from shared storage)
     }
     mpath = out / "manifest.json"
     atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
