@@ -43,7 +43,7 @@ GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/u
 DOCS_OUT   ?= build/docs
 DOCS_STAMP := $(VENV)/.docs-installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-slurm test-gpu bench-gpu env bench clean-env dgl-env docs
+.PHONY: demo test test-slurm test-cluster test-gpu bench-gpu env bench clean-env dgl-env docs
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -87,6 +87,13 @@ test: $(STAMP) $(DGL_STAMP)
 # SCALEGNN_SLURM_CONF=<slurm.conf> uses a cluster that already runs instead.
 test-slurm: $(STAMP)
 	$(PY) -m pytest -q -m slurm tests/harness/test_slurm.py
+
+# The multi-node tier (not part of `make test`): a SLURM cluster of 3 nodes, each in its
+# own network and UTS namespace (tests/cluster/localcluster.sh; root, Debian), its node
+# count and host names printed first, the tests of tests/harness/test_cluster.py run
+# against it, the daemons stopped by pid and the namespaces removed afterwards.
+test-cluster: $(STAMP)
+	bash tests/cluster/tier.sh $(PY) 3
 
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m gpu -p no:cacheprovider $(GPU_TESTS)
