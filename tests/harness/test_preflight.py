@@ -26,8 +26,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
-from scalegnn.sweeps.preflight import (check, find_plugin, loaded_cuda, loaded_rocm, main, prepare_node,
+from scalegnn.sweeps import load_profile
+from scalegnn.sweeps.preflight import (check, command, find_plugin, loaded_cuda, loaded_rocm, main, prepare_node,
                                        torch_build)
 from tests.files import REPO
 
@@ -214,6 +216,16 @@ def test_the_check_runs_as_a_module_without_torch(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the batch script and the node
+def test_the_gpu_profiles_run_the_check_and_the_cpu_ones_do_not():
+    assert command(load_profile("frontier"), "py") == [
+        "# start-of-job check: torch build vs the loaded ROCm/CUDA, the network plugin, the python "
+        "(sweeps/preflight.py)", "py -m scalegnn.sweeps.preflight --device rocm --net-plugin librccl-net.so || exit 1"]
+    assert command(load_profile("perlmutter"), "py")[1] == (
+        "py -m scalegnn.sweeps.preflight --device cuda --net-plugin libnccl-net.so --net-plugin libnccl-net-ofi.so "
+        "|| exit 1")
+    assert command(load_profile("local"), "py") == [] and command(load_profile("localslurm"), "py") == []
+
+
 def test_every_task_makes_its_nodes_miopen_folders(tmp_path, capsys):
     """OLCF's and LLNL's guides make them in the batch script, which reaches the first node
     only; each task makes them on its own node (twice is harmless: ranks share a node)."""
@@ -246,3 +258,9 @@ def test_a_sweep_task_makes_the_miopen_folders_before_it_trains(tmp_path, monkey
     monkeypatch.setattr(submitit, "JobEnvironment", lambda: OneTask())
     run = {"key": "k", "world_size": 1, "config": make_config(dataset="cora").to_dict(), "argv": ["train"]}
     assert SweepTask(run, str(tmp_path), "gloo")()["status"] == "ok" and seen == [True]
+
+
+@pytest.mark.parametrize("name", ["perlmutter", "frontier", "tuolumne"])
+def test_each_sites_profile_names_its_plugin_and_the_venvs_python(name):
+    prof = load_profile(name)
+    assert prof.net_plugin and prof.python == '"${SCALEGNN_VENV}/bin/python"'
