@@ -45,7 +45,8 @@ def add_commands(sub) -> None:
     s.add_argument("spec", help=f"spec name or .toml path; known: {', '.join(list_specs())}")
     s.add_argument("--cluster", required=True, help=f"profile name or .toml path; known: {', '.join(list_profiles())}")
     s.add_argument("--dry-run", action="store_true", help="print the batch scripts (or local commands); submit nothing")
-    s.add_argument("--out", default=None, help="output folder (default results/sweeps/<spec>-<cluster>)")
+    s.add_argument("--out", default=None, help="output folder (default <the profile's out_root>/<spec>-<cluster>: "
+                   "scratch on the clusters, results/sweeps here)")
     s.add_argument("--gpus", type=_ints, default=None,
                    help="replace the spec's GPU counts (stand-in runs, e.g. on a cluster the spec does not list)")
     s.add_argument("--dataset", action="append", default=None,
@@ -61,10 +62,11 @@ def add_commands(sub) -> None:
     s.add_argument("--threads-per-task", type=_threads, default=None,
                    help="intra-op threads of each task, given to every run as --threads N (default: the profile's; "
                    "0: the run's own --threads, auto: the cores free on the node shared by its tasks)")
-    s.add_argument("--python", default=None, help="interpreter in the batch script (default: this one)")
+    s.add_argument("--python", default=None, help="interpreter in the batch script (default: the profile's, on the "
+                   "clusters \"${SCALEGNN_VENV}/bin/python\"; else this one)")
     s.add_argument("--data-root", default=None,
-                   help="dataset folder every task reads (default $SCALEGNN_DATA_ROOT, else ~/.cache/scalegnn/data); "
-                   "fixed at submission")
+                   help="dataset folder every task reads (default $SCALEGNN_DATA_ROOT, else the profile's data_root: "
+                   "scratch on the clusters, else ~/.cache/scalegnn/data); fixed at submission")
     s.add_argument("--no-stage", dest="stage", action="store_false",
                    help="do not shard the data once before the runs: every rank loads the whole graph")
 

@@ -17,8 +17,10 @@ from .spec import RunSpec
 __all__ = ["default_out", "run_dir", "manifest_path", "run_state", "SUBMITTED", "mark_submitted", "submitted_job"]
 
 
-def default_out(spec: str, cluster: str) -> Path:
-    return Path("results") / "sweeps" / f"{spec}-{cluster}"
+def default_out(spec: str, cluster: str, root: str | os.PathLike | None = None) -> Path:
+    """``<root>/<spec>-<cluster>``; ``root`` is the profile's ``out_root`` (expanded), by
+    default ``results/sweeps`` under the current folder."""
+    return Path(root if root else Path("results") / "sweeps") / f"{spec}-{cluster}"
 
 
 def run_dir(out: str | os.PathLike, run: RunSpec) -> Path:

@@ -22,11 +22,11 @@ from scalegnn.threads import AUTO
 from .folders import run_dir
 from .profiles import ClusterProfile
 from .spec import RunSpec
-from .staging import StageSet, with_data
+from .staging import StageSet, group_stages, with_data
 
 __all__ = ["SIGNAL_DELAY_S", "supported_systems", "self_launching", "multi_node_refusal", "with_checkpoints",
            "with_threads", "job_shape", "group_runs", "job_name", "python_for", "SweepOutcome", "task_payload",
-           "pending_stages"]
+           "pending_stages", "stage_groups", "refuse_placeholders", "staging_threads"]
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to checkpoint and requeue
 
@@ -95,7 +95,27 @@ def group_runs(runs: list[RunSpec], profile: ClusterProfile) -> dict[tuple[int, 
 
 
 def python_for(profile: ClusterProfile, python: str | None) -> str:
+    """The jobs' interpreter command: ``--python``, else the profile's (the clusters':
+    ``"${SCALEGNN_VENV}/bin/python"``, expanded in the job), else this one."""
     return python or profile.python or shlex.quote(sys.executable)
+
+
+def refuse_placeholders(profile: ClusterProfile) -> None:
+    """A submission with a ``<...>`` placeholder left in the profile stops here, before a
+    manifest, a folder or a job exists, naming the flags that fill them."""
+    if not profile.placeholders():
+        return
+    flags = ("--account (bank) / --partition (queue)" if profile.scheduler == "flux"
+             else "--account/--qos/--partition")
+    raise ValueError(f"profile {profile.name} still has placeholders {profile.placeholders()} ({profile.source}); "
+                     f"pass {flags} or edit the profile")
+
+
+def staging_threads(profile: ClusterProfile) -> str:
+    """The staging job's thread count, after the profile's environment (whose
+    ``OMP_NUM_THREADS`` is a rank's share of a node): every CPU of its one task."""
+    cpus = profile.staging.cpus_per_task or profile.cpus_per_task
+    return f"export OMP_NUM_THREADS={cpus}  # staging: its task's CPUs"
 
 
 @dataclass
@@ -142,3 +162,9 @@ def pending_stages(result: SweepOutcome, runs: list[RunSpec] | None = None) -> l
         if st is not None and not st.done():
             sets.setdefault(st.folder, st)
     return list(sets.values())
+
+
+def stage_groups(result: SweepOutcome, runs: list[RunSpec] | None = None) -> list[list[StageSet]]:
+    """The pending shard sets of ``runs`` (default: every run to submit), one list per
+    graph they shard: one staging task each (:func:`scalegnn.sweeps.staging.group_stages`)."""
+    return group_stages(pending_stages(result, runs))

@@ -13,10 +13,17 @@ never submitted again, so re-running a finished sweep submits nothing and a
 partly failed one resubmits exactly what is missing (runs whose job is still
 queued or running are left alone).
 
-Data: every task gets the data root fixed at submission (``--data-root``) and the
-profile's offline switch (``SCALEGNN_OFFLINE=1``); multi-rank ScaleGNN runs read
+Data: every task gets the data root fixed at submission (``--data-root``, else
+``$SCALEGNN_DATA_ROOT``, else the profile's ``data_root``: scratch on the clusters) and
+the profile's offline switch (``SCALEGNN_OFFLINE=1``); multi-rank ScaleGNN runs read
 only their rank's shard (``--shard-dir``), written once per (dataset, grid,
-permutation, seed) by a staging step that runs first (a dependent job on SLURM).
+permutation, seed) by a staging job the runs depend on: CPU work on the profile's
+``[staging]`` resources, one array task per graph (:mod:`scalegnn.sweeps.staging`).
+``OUT`` defaults to ``<out_root>/<spec>-<cluster>`` (the profile's ``out_root``).
+
+Each run job starts with the profile's set-up lines, its environment, and the
+start-of-job check (:mod:`scalegnn.sweeps.preflight`, GPU profiles): the python is the
+profile's (``"${SCALEGNN_VENV}/bin/python"`` on the clusters), not the submitting one.
 
 SLURM: runs are grouped by their resources (nodes, tasks per node, CPUs per task,
 minutes) and each group is one submitit job array; every array task is one run,
@@ -48,8 +55,9 @@ from pathlib import Path
 from scalegnn.perfmodel import Machine
 
 from .folders import default_out, manifest_path, mark_submitted, run_dir, run_state, submitted_job
-from .jobs import (SIGNAL_DELAY_S, SweepOutcome, group_runs, job_name, job_shape, multi_node_refusal, pending_stages,
-                   python_for, supported_systems, task_payload)
+from .jobs import (SIGNAL_DELAY_S, SweepOutcome, group_runs, job_name, job_shape, multi_node_refusal,
+                   python_for, refuse_placeholders, stage_groups, staging_threads, supported_systems, task_payload)
+from .preflight import command as preflight_command
 from .profiles import ONE_LINE, ClusterProfile, check_script_value, load_profile
 from .spec import RunSpec, SweepSpec, expand, load_spec
 from .staging import StageTask, resolve_data_root, stage_for
@@ -104,15 +112,18 @@ def _write_manifest(out: Path, spec: SweepSpec, profile: ClusterProfile, runs: l
 
 # ---------------------------------------------------------------------------- SLURM scripts
 def slurm_parameters(profile: ClusterProfile, nodes: int, tasks_per_node: int, time_min: int, job_name: str,
-                     cpus_per_task: int | None = None, dependency: str | None = None) -> dict:
+                     cpus_per_task: int | None = None, dependency: str | None = None,
+                     python: str | None = None) -> dict:
     """Parameters for ``submitit.SlurmExecutor.update_parameters`` (its own names).
     ``dependency``: ``afterok:<job>[:<job>...]`` (the staging jobs); a job whose
-    dependency can never be met is cancelled by SLURM instead of pending forever."""
+    dependency can never be met is cancelled by SLURM instead of pending forever. The
+    set-up: the profile's lines, its environment, then the start-of-job check run by
+    the job's ``python`` (:func:`scalegnn.sweeps.preflight.command`; GPU profiles)."""
     s = profile.slurm
     params = {
         "job_name": job_name, "time": int(time_min), "nodes": nodes, "ntasks_per_node": tasks_per_node,
         "cpus_per_task": cpus_per_task or profile.cpus_per_task, "signal_delay_s": SIGNAL_DELAY_S,
-        "setup": list(profile.setup) + profile.env_lines(),
+        "setup": list(profile.setup) + profile.env_lines() + preflight_command(profile, python_for(profile, python)),
         "srun_args": list(s.srun_args),
     }
     for key in ("account", "qos", "partition", "constraint"):
@@ -129,11 +140,22 @@ def slurm_parameters(profile: ClusterProfile, nodes: int, tasks_per_node: int, t
 
 
 def stage_parameters(profile: ClusterProfile, job_name: str) -> dict:
-    """The staging job: one task on one node, the profile's account and set-up, no
-    GPU binding (``scalegnn data shard`` is CPU work)."""
-    params = slurm_parameters(profile, 1, 1, profile.time_min, job_name)
+    """The staging job (``scalegnn data shard`` is CPU work): one task on one node, the
+    profile's account, set-up and environment, no GPU request or binding, no start-of-job
+    check, and the ``[staging]`` settings where they are given (Perlmutter: a shared CPU
+    node, ``--constraint=cpu --qos=shared``)."""
+    st = profile.staging
+    params = slurm_parameters(profile, 1, 1, st.time_min or profile.time_min, job_name, st.cpus_per_task or None)
+    params["setup"] = list(profile.setup) + profile.env_lines() + [staging_threads(profile)]
     params["srun_args"] = []
     params.pop("gpus_per_node", None)
+    for key in ("qos", "constraint", "partition"):
+        if getattr(st, key):
+            params[key] = getattr(st, key)
+    if st.extra is not None:
+        params.pop("additional_parameters", None)
+        if st.extra:
+            params["additional_parameters"] = dict(st.extra)
     return params
 
 
@@ -144,7 +166,7 @@ def render_sbatch(profile: ClusterProfile, nodes: int, tasks_per_node: int, time
     from submitit.slurm.slurm import _make_sbatch_string
 
     if params is None:
-        params = slurm_parameters(profile, nodes, tasks_per_node, time_min, job_name, cpus_per_task, dependency)
+        params = slurm_parameters(profile, nodes, tasks_per_node, time_min, job_name, cpus_per_task, dependency, python)
     command = " ".join([python_for(profile, python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
     return _make_sbatch_string(command=command, folder=str(folder), map_count=array_size if array_size > 1 else None,
                                **params)
@@ -157,13 +179,16 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
           stage: bool = True, printer=print) -> SweepOutcome:
     """Expand ``spec_name`` for ``cluster``, skip done runs, stage their data, submit (or print) the rest.
 
-    ``data_root`` (default ``$SCALEGNN_DATA_ROOT``, else scalegnn's default) is fixed
-    here and passed to every task; ``stage=False`` lets every rank load the whole
-    graph (no ``--shard-dir``), as before staging existed.
+    ``data_root`` (default ``$SCALEGNN_DATA_ROOT``, else the profile's ``data_root``,
+    else scalegnn's default) is fixed here and passed to every task; ``out`` defaults to
+    the profile's ``out_root``; ``stage=False`` lets every rank load the whole graph (no
+    ``--shard-dir``), as before staging existed. With runs to submit, nothing is written
+    while the profile holds a placeholder (``dry_run`` prints it).
     """
     spec = load_spec(spec_name)
     profile = load_profile(cluster).with_overrides(**(overrides or {}))
-    out = Path(out) if out is not None else default_out(spec.name, profile.name)
+    out = Path(out) if out is not None else default_out(spec.name, profile.name, profile.site_path("out_root"))
+    site_data = profile.site_path("data_root") if not data_root else None
     # the folder lands in #SBATCH --output / # flux: --output lines: one line, or it injects one
     check_script_value("--out", out.resolve(), ONE_LINE, "pass a folder whose path has no newline or control "
                        "character")
@@ -177,7 +202,7 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
     for r in runs:
         profile.placement(r.world_size)  # fail now for a run that cannot be placed
     result = SweepOutcome(spec.name, profile.name, out, runs, unsupported=unsupported, refused=refused,
-                          data_root=resolve_data_root(data_root))
+                          data_root=resolve_data_root(data_root, site_data))
     active = _active_jobs(profile) if profile.scheduler != "local" and not dry_run else None
     for r in runs:
         if run_state(run_dir(out, r))[0] == "ok":
@@ -200,6 +225,8 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
     for why in sorted({why for _, why in refused}):
         printer(f"  refused ({sum(w == why for _, w in refused)} run(s)): {why}")
     if not dry_run:
+        if result.todo:
+            refuse_placeholders(profile)  # before the manifest: nothing is written for a submission that cannot be
         _write_manifest(out, spec, profile, runs, unsupported, refused, result.data_root)
     if not result.todo:
         return result
@@ -229,9 +256,6 @@ def _active_jobs(profile: ClusterProfile) -> set[str] | None:
 
 def _slurm(result: SweepOutcome, profile: ClusterProfile, out: Path, dry_run: bool, python, printer) -> None:
     folder = out / ".submitit" / "%j"
-    if not dry_run and profile.placeholders():
-        raise ValueError(f"profile {profile.name} still has placeholders {profile.placeholders()} "
-                         f"({profile.source}); pass --account/--qos/--partition or edit the profile")
     stage_jobs = _slurm_stage(result, profile, folder, dry_run, python, printer)  # set folder -> job id
     for (nodes, tasks, cpus, minutes), group in group_runs(result.todo, profile).items():
         name = job_name(result.spec, nodes, tasks)
@@ -252,7 +276,7 @@ def _slurm(result: SweepOutcome, profile: ClusterProfile, out: Path, dry_run: bo
 
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=profile.max_timeouts,
                                     python=python_for(profile, python))
-        ex.update_parameters(**slurm_parameters(profile, nodes, tasks, minutes, name, cpus, dependency))
+        ex.update_parameters(**slurm_parameters(profile, nodes, tasks, minutes, name, cpus, dependency, python))
         tasks_ = [SweepTask(task_payload(r, out, result, profile), str(run_dir(out, r)), profile.torch_backend)
                   for r in group]
         for r in group:
@@ -270,29 +294,33 @@ STAGE_PLACEHOLDER = "<staging job>"  # --dry-run: the staging job's id is known 
 
 def _slurm_stage(result: SweepOutcome, profile: ClusterProfile, folder: Path, dry_run: bool, python,
                  printer) -> dict[str, str]:
-    """Submit the staging step (one job array, one ``scalegnn data shard`` task per
-    shard set); returns each set folder's job id, on which the runs that read it depend."""
-    sets = pending_stages(result)
-    if not sets:
+    """Submit the staging step: one job array, one task per graph (the shard sets that
+    read it, :func:`scalegnn.sweeps.jobs.stage_groups`); returns each set folder's job id
+    (its group's array task), on which the runs that read it depend."""
+    groups = stage_groups(result)
+    if not groups:
         return {}
     name = f"scalegnn-{result.spec}-stage"
     params = stage_parameters(profile, name)
     if dry_run:
-        script = render_sbatch(profile, 1, 1, profile.time_min, len(sets), folder, name, python, params=params)
+        script = render_sbatch(profile, 1, 1, params["time"], len(groups), folder, name, python, params=params)
         result.stage_scripts.append(script)
-        printer(f"\n# ---- staging: {len(sets)} shard set(s), one task each; the runs that read them depend on it")
-        for i, st in enumerate(sets):
-            printer(f"#   [{i}] scalegnn {shlex.join(st.argv())}")
+        printer(f"\n# ---- staging: {sum(map(len, groups))} shard set(s) of {len(groups)} graph(s), one task per "
+                "graph; the runs that read them depend on it")
+        for i, group in enumerate(groups):
+            for st in group:
+                printer(f"#   [{i}] scalegnn {shlex.join(st.argv())}")
         printer(script)
-        return {st.folder: STAGE_PLACEHOLDER for st in sets}
+        return {st.folder: STAGE_PLACEHOLDER for group in groups for st in group}
     import submitit
 
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0, python=python_for(profile, python))
     ex.update_parameters(**params)
-    jobs = ex.submit_array([StageTask(st, profile.offline) for st in sets])
+    jobs = ex.submit_array([StageTask(group, profile.offline) for group in groups])
     result.staged.extend(j.job_id for j in jobs)
-    printer(f"submitted staging job array {jobs[0].job_id.split('_')[0]} ({name}): {len(sets)} shard set(s)")
-    return {st.folder: job.job_id for st, job in zip(sets, jobs)}
+    printer(f"submitted staging job array {jobs[0].job_id.split('_')[0]} ({name}): {len(groups)} task(s), "
+            f"{sum(map(len, groups))} shard set(s)")
+    return {st.folder: job.job_id for group, job in zip(groups, jobs) for st in group}
 
 
 def _local(result: SweepOutcome, profile: ClusterProfile, out: Path, dry_run: bool, printer) -> None:
@@ -300,8 +328,8 @@ def _local(result: SweepOutcome, profile: ClusterProfile, out: Path, dry_run: bo
     job with one task per rank; at most ``profile.max_parallel_jobs`` jobs at a time (0: all at once)."""
     setup = list(profile.setup) + profile.env_lines()
     if dry_run:
-        for st in pending_stages(result):
-            line = f"# local staging job: 1 task\nscalegnn {shlex.join(st.argv())}"
+        for group in stage_groups(result):
+            line = "# local staging job: 1 task\n" + "\n".join(f"scalegnn {shlex.join(st.argv())}" for st in group)
             result.stage_scripts.append(line)
             printer(line)
         for run in result.todo:
@@ -356,23 +384,27 @@ def _local(result: SweepOutcome, profile: ClusterProfile, out: Path, dry_run: bo
 
 def _local_stage(result: SweepOutcome, profile: ClusterProfile, out: Path, setup: list[str],
                  printer) -> dict[str, str]:
-    """Write the pending shard sets, one local job each, before any run; returns the
+    """Write the pending shard sets, one local job per graph, before any run; returns the
     folders whose staging failed, with the error."""
     import submitit
 
     broken = {}
-    for st in pending_stages(result):
+    for group in stage_groups(result):
         ex = submitit.LocalExecutor(folder=out / ".submitit" / "%j", max_num_timeout=0)
-        ex.update_parameters(tasks_per_node=1, nodes=1, timeout_min=profile.time_min, setup=setup)
+        ex.update_parameters(tasks_per_node=1, nodes=1, timeout_min=profile.staging.time_min or profile.time_min,
+                             setup=setup)
         t0 = time.perf_counter()
-        job = ex.submit(StageTask(st, profile.offline))
+        job = ex.submit(StageTask(group, profile.offline))
         result.staged.append(job.job_id)
+        grids = ", ".join(st.grid_str for st in group)
         try:
             job.result()
-            printer(f"staged {st.dataset} for grid {st.grid_str} (permute {st.permute}, seed {st.seed}) in "
-                    f"{time.perf_counter() - t0:.0f} s: {st.folder}")
+            printer(f"staged {group[0].dataset} for grid(s) {grids} (seed {group[0].seed}) in "
+                    f"{time.perf_counter() - t0:.0f} s: {', '.join(st.folder for st in group)}")
         except Exception as exc:  # noqa: BLE001 - its runs are reported, the others go on
             text = str(exc).strip().splitlines()
-            broken[st.folder] = text[-1] if text else repr(exc)
-            printer(f"staging {st.dataset} for grid {st.grid_str} failed: {broken[st.folder]}")
+            for st in group:
+                if not st.done():
+                    broken[st.folder] = text[-1] if text else repr(exc)
+            printer(f"staging {group[0].dataset} for grid(s) {grids} failed: {text[-1] if text else exc}")
     return broken

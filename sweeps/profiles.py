@@ -9,6 +9,11 @@ Python. Only the set-up lines and ``python`` (the interpreter command) are shell
 copied into the batch script as they are; every other value reaches the script as
 data: scheduler values checked to be one safe word (:func:`check_script_value`),
 ``[env]`` values quoted (:func:`shell_value`).
+
+Where a site keeps its data (``data_root``, ``out_root``: scratch, not ``$HOME``) is
+a path template expanded on the submitting login node (:meth:`ClusterProfile.site_path`):
+``${VAR}`` from its environment, ``{account}`` from the account or bank; a variable
+that is not set there stops the sweep with one line before anything is written.
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ClusterProfile", "Network", "Compute", "SlurmSettings", "FluxSettings", "load_profile", "list_profiles",
-           "PROFILE_DIR", "ProfileError"]
+__all__ = ["ClusterProfile", "Network", "Compute", "SlurmSettings", "FluxSettings", "StagingSettings", "load_profile",
+           "list_profiles", "PROFILE_DIR", "ProfileError"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 SCHEDULERS = ("slurm", "flux", "local")
@@ -43,6 +48,8 @@ class ProfileError(ValueError):
 NAME_PUNCT = "_.,:+=@/-"  # accounts, QOS, partitions, Flux banks and queues
 EXPRESSION_PUNCT = NAME_PUNCT + "&|()[]*"  # SLURM feature expressions (gpu&hbm80g, [rack1|rack2]), extra values
 FLAG_PUNCT = "_-"  # the option names of [slurm] / [flux] extra
+IFNAME_PUNCT = "_.:-"  # a network interface name (hsn0, hsi0, eth0.1)
+FILE_PUNCT = "_.+-"  # a library file name (librccl-net.so)
 ONE_LINE = None  # values the script quotes itself (srun / flux run arguments, [env] values): no control characters
 FIELD_PUNCT = {"account": NAME_PUNCT, "qos": NAME_PUNCT, "partition": NAME_PUNCT, "constraint": EXPRESSION_PUNCT,
                "bank": NAME_PUNCT, "queue": NAME_PUNCT}
@@ -51,6 +58,10 @@ _PLACEHOLDER = re.compile(r"<[A-Za-z0-9_. -]+>")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _REFERENCE = re.compile(r"(\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\})")  # $NAME, ${NAME}
+_SITE_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_SITE_FIELD = re.compile(r"(?<!\$)\{([^{}]*)\}")  # {account}; not ${NAME}
+SITE_FIELDS = ("account",)
+SITE_PATH_FLAGS = {"data_root": "--data-root", "out_root": "--out"}  # the command-line flag that overrides each
 
 
 def check_script_value(what: str, value, punct: str | None, fix: str, *, placeholder: bool = False,
@@ -87,11 +98,17 @@ class Network:
     intra_node_GBps: float
     inter_node_GBps: float  # per-node injection, shared by the groups that leave the node
     latency_us: float = 10.0
+    # The interface of the gloo / NCCL socket transport (bootstrap, and TCP where there is
+    # no network plugin): exported as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME unless
+    # [env] sets them (ClusterProfile.env_lines). "": neither is exported.
+    socket_ifname: str = ""
 
     def __post_init__(self):
         for name in ("intra_node_GBps", "inter_node_GBps"):
             if not getattr(self, name) > 0:
                 raise ProfileError(f"network.{name} must be > 0, got {getattr(self, name)}")
+        check_script_value("network.socket_ifname", self.socket_ifname, IFNAME_PUNCT,
+                           "give one interface name, e.g. socket_ifname = \"hsn0\" (`ip -br link` on a compute node)")
 
 
 @dataclass(frozen=True)
@@ -134,6 +151,23 @@ class FluxSettings:
 
 
 @dataclass(frozen=True)
+class StagingSettings:
+    """The staging job (``scalegnn data shard``: CPU work, one task on one node) where it
+    differs from the runs' jobs: an empty value or 0 takes the runs' (the profile's)."""
+
+    time_min: int = 0  # its time limit (0: the profile's time_min)
+    cpus_per_task: int = 0  # CPUs of its one task (0: the profile's cpus_per_task)
+    qos: str = ""  # SLURM: e.g. "shared" (Perlmutter's QOS for jobs smaller than a node)
+    constraint: str = ""  # SLURM: e.g. "cpu" (Perlmutter's CPU nodes)
+    partition: str = ""  # SLURM
+    queue: str = ""  # Flux: flux batch --queue
+    extra: dict | None = None  # other #SBATCH / flux batch options in place of the runs' extra (None: the runs')
+
+    SLURM_ONLY = ("qos", "constraint", "partition")
+    FLUX_ONLY = ("queue",)
+
+
+@dataclass(frozen=True)
 class ClusterProfile:
     name: str
     description: str
@@ -156,7 +190,11 @@ class ClusterProfile:
     env: dict = field(default_factory=dict)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     flux: FluxSettings = field(default_factory=FluxSettings)
+    staging: StagingSettings = field(default_factory=StagingSettings)
     python: str | None = None  # interpreter in the batch script; None: the submitting one (sys.executable)
+    data_root: str = ""  # default data root, a site path template (site_path); "": scalegnn's default
+    out_root: str = ""  # folder of the sweep folders (<out_root>/<spec>-<cluster>), a template; "": results/sweeps
+    net_plugin: tuple[str, ...] = ()  # the NCCL/RCCL network plugin's library, any of these names (sweeps/preflight.py)
     source: str = ""
 
     def __post_init__(self):
@@ -165,7 +203,9 @@ class ClusterProfile:
         for name, value in (("gpus_per_node", self.gpus_per_node), ("cpus_per_task", self.cpus_per_task),
                             ("threads_per_task", self.threads_per_task), ("time_min", self.time_min),
                             ("max_timeouts", self.max_timeouts), ("max_parallel_jobs", self.max_parallel_jobs),
-                            ("slurm.gpus_per_node", self.slurm.gpus_per_node)):
+                            ("slurm.gpus_per_node", self.slurm.gpus_per_node),
+                            ("staging.time_min", self.staging.time_min),
+                            ("staging.cpus_per_task", self.staging.cpus_per_task)):
             if not isinstance(value, int) or isinstance(value, bool):  # they go into the script as they are
                 raise ProfileError(f"profile {self.name}: {name} must be a whole number, got {value!r}")
         self._check_script_values()
@@ -192,13 +232,31 @@ class ClusterProfile:
         which is shell by design) is one safe datum: see :func:`check_script_value`."""
         fix = f"correct it in {self.source or 'the profile ' + self.name}"
         for table, settings, keys in (("slurm", self.slurm, ("account", "qos", "partition", "constraint")),
-                                      ("flux", self.flux, ("bank", "queue"))):
+                                      ("flux", self.flux, ("bank", "queue")),
+                                      ("staging", self.staging, ("qos", "partition", "constraint", "queue"))):
             for key in keys:
                 check_script_value(f"{table}.{key}", getattr(settings, key), FIELD_PUNCT[key], fix, placeholder=True)
-            for key, value in settings.extra.items():
+            for key, value in (settings.extra or {}).items():
                 check_script_value(f"{table}.extra option", key, FLAG_PUNCT, fix)
                 if value is not True:  # True: a bare flag
                     check_script_value(f"{table}.extra.{key}", value, EXPRESSION_PUNCT, fix)
+        other, keys = (("SLURM", StagingSettings.SLURM_ONLY) if self.scheduler == "flux" else
+                       ("Flux", StagingSettings.FLUX_ONLY) if self.scheduler == "slurm" else (None, ()))
+        for key in keys:
+            if getattr(self.staging, key):
+                raise ProfileError(f"staging.{key} is a {other} setting; profile {self.name} is scheduled by "
+                                   f"{self.scheduler}: remove it from [staging] in {self.source or self.name}")
+        for name in SITE_PATH_FLAGS:
+            template = getattr(self, name)
+            check_script_value(name, template, ONE_LINE, fix)
+            unknown = [f for f in _SITE_FIELD.findall(template) if f not in SITE_FIELDS]
+            if unknown:
+                raise ProfileError(f"{name} {template!r}: {{{unknown[0]}}} is not a field a site path can name "
+                                   f"(known: {', '.join('{' + f + '}' for f in SITE_FIELDS)}; environment "
+                                   f"variables are ${{NAME}}); {fix}")
+        for lib in self.net_plugin:
+            check_script_value("net_plugin", lib, FILE_PUNCT,
+                               f"give the library's file name, e.g. librccl-net.so; {fix}")
         for what, args in (("slurm.srun_args", self.slurm.srun_args), ("flux.run_args", self.flux.run_args)):
             for arg in args:
                 check_script_value(what, arg, ONE_LINE, fix)
@@ -230,8 +288,45 @@ class ClusterProfile:
         return nodes, tasks
 
     def env_lines(self) -> list[str]:
-        """``export NAME="value"`` per ``[env]`` variable: the values are data (see :func:`shell_value`)."""
-        return [f"export {key}={shell_value(str(value))}" for key, value in self.env.items()]
+        """``export NAME="value"``: the network interface of the socket transports
+        (``[network] socket_ifname`` as ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``,
+        each unless ``[env]`` sets it), then every ``[env]`` variable. The values are data
+        (see :func:`shell_value`)."""
+        ifname = self.network.socket_ifname
+        socket = {key: ifname for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if ifname and key not in self.env}
+        return [f"export {key}={shell_value(str(value))}" for key, value in {**socket, **self.env}.items()]
+
+    @property
+    def account(self) -> str:
+        """The account jobs are charged to: SLURM's account, Flux's bank."""
+        return self.flux.bank if self.scheduler == "flux" else self.slurm.account
+
+    def site_path(self, name: str, environ=None) -> str | None:
+        """``data_root`` or ``out_root`` expanded for this submission, None when the
+        profile leaves it to the default. ``${VAR}`` / ``$VAR`` come from ``environ``
+        (default: this process's, i.e. the login node's; ``$PSCRATCH`` on Perlmutter),
+        ``{account}`` is the account (the Flux bank) in lower case, as OLCF names its
+        project folders, ``~`` the home folder. A variable that is not set is a
+        :class:`ProfileError` naming it and the flag that overrides the path."""
+        template = getattr(self, name)
+        if not template:
+            return None
+        environ = os.environ if environ is None else environ
+        missing = []
+
+        def variable(match):
+            var = match.group(1) or match.group(2)
+            value = environ.get(var, "")
+            if not value:
+                missing.append(var)
+            return value
+
+        text = _SITE_VARIABLE.sub(variable, _SITE_FIELD.sub(lambda m: self.account.lower(), template))
+        if missing:
+            raise ProfileError(f"profile {self.name}: {name} {template!r} needs ${missing[0]}, which is not set here; "
+                               f"run on a {self.name} login node (where the site sets it), export it, or pass "
+                               f"{SITE_PATH_FLAGS[name]} DIR")
+        return str(Path(text).expanduser())
 
     def placeholders(self) -> list[str]:
         if self.scheduler == "slurm":
@@ -304,10 +399,15 @@ def load_profile(name_or_path: str | os.PathLike) -> ClusterProfile:
     if "run_args" in flux_raw:
         flux_raw["run_args"] = tuple(flux_raw["run_args"])
     flux = FluxSettings(**_known(FluxSettings, flux_raw, f"{where} [flux]"))
+    staging = StagingSettings(**_known(StagingSettings, dict(data.pop("staging", {})), f"{where} [staging]"))
     data["setup"] = tuple(data.get("setup", ()))
+    if "net_plugin" in data:
+        plugin = data["net_plugin"]
+        data["net_plugin"] = (plugin,) if isinstance(plugin, str) else tuple(plugin)
     data["env"] = {str(k): str(v) for k, v in data.get("env", {}).items()}
     _known(ClusterProfile, data, where)
     try:
-        return ClusterProfile(network=network, compute=compute, slurm=slurm, flux=flux, source=where, **data)
+        return ClusterProfile(network=network, compute=compute, slurm=slurm, flux=flux, staging=staging, source=where,
+                              **data)
     except TypeError as exc:
         raise ProfileError(f"{where}: {exc}") from None

@@ -3,9 +3,12 @@
 Without staging, every rank of every run loads the whole graph and cuts its own
 shard out of it: on ogbn-papers100M four ranks per node each hold the full graph.
 A sweep therefore shards each (dataset, grid, permutation, seed, split) that its runs need
-once, with ``scalegnn data shard`` (one task, before the runs: a dependent job on
-SLURM, the first steps of the batch script on Flux, a job of its own locally), and
-every run gets ``--shard-dir`` (its rank's file only) and the data root. The seed is
+once, with ``scalegnn data shard``, and every run gets ``--shard-dir`` (its rank's file
+only) and the data root. Staging is CPU work: one task, before the runs, on the
+profile's ``[staging]`` resources (Perlmutter's shared CPU nodes, one Frontier node) --
+a job the runs depend on (SLURM ``afterok``, Flux ``--dependency=afterok``), a job of its
+own locally. The sets that read one graph (same dataset, data root, seed and split) are
+one task (:func:`group_stages`): it loads the graph once and writes each of their grids. The seed is
 part of the key because the split, and the permutation when there is one, depend on
 it; so is ``--split`` (with ``--split-seed``) when a run gives one (the shards remember
 it and a run with another is refused); the full grid is, because a shard folder is
@@ -35,16 +38,22 @@ from pathlib import Path
 from scalegnn.config import RunConfig
 from scalegnn.systems import SCALEGNN_SYSTEMS as STAGED_SYSTEMS  # the systems whose trainer reads --shard-dir
 
-__all__ = ["StageSet", "StageTask", "resolve_data_root", "stage_for", "with_data", "STAGED_SYSTEMS"]
+__all__ = ["StageSet", "StageTask", "resolve_data_root", "stage_for", "with_data", "group_stages", "STAGED_SYSTEMS"]
 
 
-def resolve_data_root(data_root: str | os.PathLike | None = None) -> str:
+def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | None = None) -> str:
     """The data root every task of a sweep gets, as an absolute path fixed at submission:
-    ``data_root``, else ``$SCALEGNN_DATA_ROOT`` of the submitting shell, else
-    scalegnn's default (``~/.cache/scalegnn/data``)."""
+    ``data_root`` (``--data-root``), else ``$SCALEGNN_DATA_ROOT`` of the submitting shell,
+    else ``site`` (the profile's ``data_root``: scratch on the clusters), else scalegnn's
+    default (``~/.cache/scalegnn/data``)."""
     from scalegnn.datasets import default_data_root
 
-    root = Path(data_root).expanduser() if data_root else default_data_root()
+    if data_root:
+        root = Path(data_root).expanduser()
+    elif site and not os.environ.get("SCALEGNN_DATA_ROOT"):
+        root = Path(site).expanduser()
+    else:
+        root = default_data_root()
     return str(root.resolve())
 
 
@@ -88,6 +97,15 @@ class StageSet:
         return (Path(self.folder) / "manifest.json").is_file()
 
 
+def group_stages(stages) -> list[list[StageSet]]:
+    """``stages`` grouped by the graph they shard (dataset, data root, seed, split, split
+    seed), in their order: one staging task per group loads it once."""
+    groups: dict[tuple, list[StageSet]] = {}
+    for st in stages:
+        groups.setdefault((st.dataset, st.data_root, st.seed, st.split, st.split_seed), []).append(st)
+    return list(groups.values())
+
+
 def stage_for(cfg: RunConfig, out: str | os.PathLike, data_root: str) -> StageSet | None:
     """The shard set a run with configuration ``cfg`` reads, or None when it loads the
     graph itself (a baseline, one rank, or shards it names itself)."""
@@ -111,25 +129,41 @@ def with_data(cfg: RunConfig, data_root: str, stage: StageSet | None):
 
 
 class StageTask:
-    """The staging step: ``scalegnn data shard`` for one :class:`StageSet` (a submitit
-    callable: one task on one node). Skips a set whose manifest exists; with
-    ``offline`` no download is tried (``SCALEGNN_OFFLINE=1``)."""
+    """The staging step: ``scalegnn data shard`` for one :class:`StageSet`, or for the sets
+    of one graph (:func:`group_stages`), which it loads once (a submitit callable: one task
+    on one node). Skips a set whose manifest exists; with ``offline`` no download is tried
+    (``SCALEGNN_OFFLINE=1``). A set that fails does not stop the others (what is written
+    stays written); the task then fails naming them. Returns the sets' folders."""
 
-    def __init__(self, stage: StageSet, offline: bool):
-        self.stage, self.offline = stage, offline
+    def __init__(self, stage: StageSet | list[StageSet], offline: bool):
+        self.stages = [stage] if isinstance(stage, StageSet) else list(stage)
+        self.offline = offline
+        if len(group_stages(self.stages)) > 1:
+            raise ValueError("one staging task shards one graph: give it the sets of one group (group_stages)")
 
-    def __call__(self) -> str:
+    def __call__(self) -> list[str]:
         if self.offline:
             os.environ["SCALEGNN_OFFLINE"] = "1"
-        if self.stage.done():
-            return self.stage.folder
-        from scalegnn.datasets import DataConfig, load_graph
-        from scalegnn.parallel.sharding import shard_command
+        todo = [st for st in self.stages if not st.done()]
+        if todo:
+            from scalegnn.datasets import DataConfig, load_graph
+            from scalegnn.parallel.sharding import shard_command
 
-        st = self.stage
-        data = DataConfig(dataset=st.dataset, data_root=st.data_root, split=st.split, split_seed=st.split_seed)
-        graph = load_graph(data, st.seed)
-        shard_command(graph, st.grid, st.folder, permute=st.permute, seed=st.seed, split=(st.split, st.split_seed))
-        if not st.done():
-            raise RuntimeError(f"staging wrote no manifest.json: scalegnn {' '.join(st.argv())}")
-        return st.folder
+            first = todo[0]
+            data = DataConfig(dataset=first.dataset, data_root=first.data_root, split=first.split,
+                              split_seed=first.split_seed)
+            graph = load_graph(data, first.seed)
+            failed = []
+            for st in todo:
+                try:
+                    shard_command(graph, st.grid, st.folder, permute=st.permute, seed=st.seed,
+                                  split=(st.split, st.split_seed))
+                    if not st.done():
+                        raise RuntimeError("it wrote no manifest.json")
+                except Exception as exc:  # noqa: BLE001 - the other sets are still written; reported below
+                    failed.append((st, exc))
+            if failed:
+                st, exc = failed[0]
+                raise RuntimeError(f"staging failed for {len(failed)} of {len(todo)} shard set(s), first "
+                                   f"`scalegnn {' '.join(st.argv())}`: {exc}") from exc
+        return [st.folder for st in self.stages]

@@ -175,7 +175,10 @@ class SweepTask(_TaskBase):
             os.environ["SCALEGNN_OFFLINE"] = "1"  # staged data only: a missing file fails fast, nothing downloads
         from scalegnn.progress import configure_logging, default_log_level
 
+        from .preflight import prepare_node
+
         configure_logging(default_log_level())
+        prepare_node()  # this node's MIOpen folders (node-local /tmp), before anything can compile a kernel
         if env.global_rank == 0:
             import importlib.util
 

@@ -22,6 +22,7 @@
 # setup
 module load pytorch/2.6.0
 source ${SCALEGNN_VENV:?set SCALEGNN_VENV to a virtualenv made with --system-site-packages on top of the pytorch module, with scalegnn installed}/bin/activate
+export GLOO_SOCKET_IFNAME="hsn0"
 export NCCL_NET="AWS Libfabric"
 export NCCL_SOCKET_IFNAME="hsn"
 export NCCL_NET_GDR_LEVEL="PHB"
@@ -31,7 +32,9 @@ export FI_CXI_DISABLE_HOST_REGISTER="1"
 export FI_MR_CACHE_MONITOR="userfaultfd"
 export FI_CXI_DEFAULT_CQ_SIZE="131072"
 export OMP_NUM_THREADS="16"
+# start-of-job check: torch build vs the loaded ROCm/CUDA, the network plugin, the python (sweeps/preflight.py)
+"${SCALEGNN_VENV}/bin/python" -m scalegnn.sweeps.preflight --device cuda --net-plugin libnccl-net.so --net-plugin libnccl-net-ofi.so || exit 1
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /scratch/scalegnn/fig7-perlmutter/.submitit/%A_%a/%A_%a_%t_log.out --error /scratch/scalegnn/fig7-perlmutter/.submitit/%A_%a/%A_%a_%t_log.err --cpu-bind=cores --gpu-bind=none python3 -u -m submitit.core._submit /scratch/scalegnn/fig7-perlmutter/.submitit/%j
+srun --unbuffered --output /scratch/scalegnn/fig7-perlmutter/.submitit/%A_%a/%A_%a_%t_log.out --error /scratch/scalegnn/fig7-perlmutter/.submitit/%A_%a/%A_%a_%t_log.err --cpu-bind=cores --gpu-bind=none "${SCALEGNN_VENV}/bin/python" -u -m submitit.core._submit /scratch/scalegnn/fig7-perlmutter/.submitit/%j

@@ -191,7 +191,7 @@ def test_job_array_of_multi_rank_runs_staged_then_resubmission_skips_queued_and_
     lines = []
     first = _run(spec, out, data, lines)
     assert len(first.submitted) == 2 and len({j.split("_")[0] for j in first.submitted}) == 1  # one job array
-    assert len(first.staged) == 2 and len(first.stages) == 2  # one shard set per grid, a dependent job
+    assert len(first.staged) == 1 and len(first.stages) == 2  # a shard set per grid, one staging task for the graph
     assert any("after staging job(s)" in line for line in lines)
     # submitted a moment ago (the staging job runs first): both runs are still queued
     again = _run(spec, out, data)
@@ -356,7 +356,7 @@ def test_fig7_stand_in_sweep_on_slurm_then_the_report(cluster, tmp_path, data):
 
     out = tmp_path / "fig7"
     first = _run("fig7", out, data)
-    assert [r.world_size for r in first.runs] == [2, 4, 8] and len(first.staged) == 3
+    assert [r.world_size for r in first.runs] == [2, 4, 8] and len(first.staged) == 1  # 3 shard sets, 1 graph
     for run in first.runs:
         _wait(lambda r=run: _ok(out, r), 600, f"an ok record of {run.key}")
     assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0

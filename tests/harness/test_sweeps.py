@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,9 @@ from tests.files import REPO, sparse_npz
 from tests.runs import one_line_error
 
 EXPECTED = REPO / "tests" / "expected"
+# Every test runs in the shell of a cluster's login node ($PSCRATCH, $USER: tests/harness/conftest.py),
+# which the cluster profiles' data_root / out_root name.
+pytestmark = pytest.mark.usefixtures("login_node")
 
 
 SLURM_CLUSTERS = ("perlmutter", "frontier")
@@ -63,12 +67,19 @@ def test_every_profile_loads_with_its_documented_fields():
     # Perlmutter: NCCL over the Slingshot hsn interfaces with GPU-direct RDMA through libfabric/CXI
     assert per.env["NCCL_SOCKET_IFNAME"] == "hsn" and per.env["NCCL_NET_GDR_LEVEL"] == "PHB"
     assert per.env["FI_CXI_DISABLE_HOST_REGISTER"] == "1"
-    # Frontier / Tuolumne: RCCL with the CXI provider settings
+    # Frontier / Tuolumne: RCCL with the CXI provider settings, MIOpen's caches on node-local /tmp
     for p in (fro, tuo):
-        assert p.env["FI_PROVIDER"] == "cxi" and p.env["FI_CXI_ATS"] == "0" and p.env["NCCL_SOCKET_IFNAME"] == "hsn0"
+        assert p.env["FI_PROVIDER"] == "cxi" and p.env["FI_CXI_ATS"] == "0"
+        assert p.env["MIOPEN_USER_DB_PATH"] == p.env["MIOPEN_CUSTOM_CACHE_DIR"] == "/tmp/miopen-${USER}"
+        assert p.net_plugin == ("librccl-net.so",)
+    # the socket transports' interface: Slingshot's name on each site (LC's El Capitan systems call it hsi0)
+    assert (per.network.socket_ifname, fro.network.socket_ifname, tuo.network.socket_ifname) == ("hsn0", "hsn0", "hsi0")
     for p in (per, fro, tuo):
         assert p.placeholders() and p.setup and p.offline  # compute nodes never download
         assert p.network.inter_node_GBps == 100  # 4 NICs x 25 GB/s per node (paper VI-A)
+        assert p.python == '"${SCALEGNN_VENV}/bin/python"'  # the jobs run the venv's python, not the submitter's
+        assert p.data_root and p.out_root and p.staging.time_min  # scratch, not $HOME; staging's own job
+    assert loc.python is None and not loc.data_root and not loc.out_root and not loc.network.socket_ifname
     assert per.scheduler == fro.scheduler == "slurm" and tuo.scheduler == "flux"  # Tuolumne is scheduled by Flux
     assert tuo.placeholders() == ["flux.bank"] and tuo.flux.queue == "pbatch"
     assert loc.scheduler == "local" and loc.placeholders() == []
@@ -100,7 +111,193 @@ def test_placement_and_user_errors():
 
 def test_overrides_fill_placeholders(tmp_path):
     with pytest.raises(ValueError, match="placeholders"):
-        sweep("fig8", "perlmutter", tmp_path, printer=lambda *a: None)  # refuses before touching SLURM
+        sweep("fig8", "perlmutter", tmp_path / "o", printer=lambda *a: None)  # refuses before touching SLURM
+    assert not (tmp_path / "o").exists()  # nor writing anything: no manifest in a folder of a project not given
+
+
+# ---------------------------------------------------------------------------- a first day on a site
+def test_site_paths_expand_on_the_login_node():
+    """data_root / out_root are scratch on each site, expanded from the submitting shell:
+    ${VAR} from its environment, {account} the project in lower case (OLCF's folder
+    names); a variable that is not set is one line naming it and the flag that overrides."""
+    per, fro, tuo = (load_profile(n) for n in ("perlmutter", "frontier", "tuolumne"))
+    assert per.site_path("data_root") == "/pscratch/sd/u/user/scalegnn/data"
+    assert per.site_path("out_root") == "/pscratch/sd/u/user/scalegnn/sweeps"
+    assert fro.with_overrides(account="CSC123").site_path("out_root") == \
+        "/lustre/orion/csc123/scratch/user/scalegnn/sweeps"
+    assert fro.site_path("data_root") == "/lustre/orion/<project>/scratch/user/scalegnn/data"  # the placeholder shows
+    assert tuo.site_path("data_root", {"USER": "ann"}) == "/p/lustre5/ann/scalegnn/data"
+    assert load_profile("local").site_path("data_root") is None and load_profile("local").site_path("out_root") is None
+    with pytest.raises(ProfileError) as err:
+        per.site_path("data_root", {"USER": "ann"})
+    assert str(err.value) == ("profile perlmutter: data_root '${PSCRATCH}/scalegnn/data' needs $PSCRATCH, which is not "
+                              "set here; run on a perlmutter login node (where the site sets it), export it, or pass "
+                              "--data-root DIR")
+    with pytest.raises(ProfileError, match=r"needs \$USER, .* or pass --out DIR$"):
+        tuo.site_path("out_root", {"PSCRATCH": "/x"})
+
+
+def test_a_sweep_puts_data_and_outputs_on_the_sites_scratch(tmp_path, monkeypatch):
+    """Without --out / --data-root a cluster sweep writes under the profile's out_root and
+    reads the profile's data_root (not ~/.cache and cwd-relative results/); --data-root,
+    then $SCALEGNN_DATA_ROOT, then the profile; --out wins over out_root."""
+    scratch = "/pscratch/sd/u/user/scalegnn"
+    lines = []
+    out = sweep("fig8", "perlmutter", dry_run=True, printer=lines.append)
+    assert out.out == Path(f"{scratch}/sweeps/fig8-perlmutter") and out.data_root == f"{scratch}/data"
+    runs = [line for line in lines if ": scalegnn train " in line]
+    assert len(runs) == len(out.todo) == 6
+    assert all(f"--data-root {scratch}/data " in line and f"--out {scratch}/sweeps/fig8-perlmutter/runs/" in line
+               for line in runs)
+    assert all(f"#SBATCH --output={scratch}/sweeps/fig8-perlmutter/.submitit/" in script for script in out.scripts)
+    assert all(st.folder.startswith(f"{scratch}/sweeps/fig8-perlmutter/shards/") for st in out.stages.values())
+    monkeypatch.setenv("SCALEGNN_DATA_ROOT", str(tmp_path / "env-root"))
+    assert sweep("fig8", "perlmutter", dry_run=True, printer=lambda *a: None).data_root == str(tmp_path / "env-root")
+    given = sweep("fig8", "perlmutter", tmp_path / "o", dry_run=True, data_root=str(tmp_path / "d"),
+                  printer=lambda *a: None)
+    assert (given.out, given.data_root) == (tmp_path / "o", str(tmp_path / "d"))
+    local = sweep("demo", "local", dry_run=True, printer=lambda *a: None)
+    assert local.out == Path("results/sweeps/demo-local")  # the local profiles keep today's defaults
+
+
+def test_a_site_variable_that_is_not_set_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PSCRATCH")
+    monkeypatch.chdir(tmp_path)
+    err = one_line_error(capsys, ["sweep", "fig8", "--cluster", "perlmutter", "--dry-run"])
+    assert "out_root '${PSCRATCH}/scalegnn/sweeps' needs $PSCRATCH" in err and err.rstrip().endswith("pass --out DIR")
+    err = one_line_error(capsys, ["sweep", "fig8", "--cluster", "perlmutter", "--out", "o", "--account", "m1"])
+    assert "data_root '${PSCRATCH}/scalegnn/data' needs $PSCRATCH" in err and err.rstrip().endswith("--data-root DIR")
+    assert list(tmp_path.iterdir()) == []  # no manifest, no folder, nothing submitted
+    assert main(["sweep", "fig8", "--cluster", "perlmutter", "--dry-run", "--out", "o", "--data-root", "d"]) == 0
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('data_root = "${PSCRATCH}/scalegnn/data"', 'data_root = "/lustre/orion/{project}/data"',
+     "data_root '/lustre/orion/{project}/data': {project} is not a field a site path can name (known: {account}"),
+    ('out_root = "${PSCRATCH}/scalegnn/sweeps"', 'out_root = "/p/x\\nid"',
+     "out_root '/p/x\\nid': '\\n' cannot go into a batch script line"),
+    ('socket_ifname = "hsn0"', 'socket_ifname = "hsn0 id"',
+     "network.socket_ifname 'hsn0 id': ' ' cannot go into a batch script line"),
+    ('qos = "shared"', 'qos = "shared"\nqueue = "pdebug"',
+     "staging.queue is a Flux setting; profile perlmutter is scheduled by slurm"),
+    ('qos = "shared"', 'qos = "shared\\nid"', "staging.qos 'shared\\nid': '\\n' cannot go into a batch script line"),
+    ("cpus_per_task = 128", 'cpus_per_task = "8"', "staging.cpus_per_task must be a whole number, got '8'"),
+    ('net_plugin = ["libnccl-net.so", "libnccl-net-ofi.so"]', 'net_plugin = ["../libnccl-net.so"]',
+     "net_plugin '../libnccl-net.so': '/' cannot go into a batch script line"),
+])
+def test_site_fields_are_checked_where_the_profile_is_loaded(tmp_path, old, new, message):
+    """Each site field is data, refused with one line naming it before anything is written."""
+    import re
+
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        load_profile(_edited_profile(tmp_path, "perlmutter", old, new))
+
+
+def test_the_socket_interface_is_exported_for_gloo_and_nccl_unless_env_names_it():
+    """[network] socket_ifname becomes GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in every
+    batch script; an [env] value (Perlmutter's NCCL prefix "hsn") takes its place."""
+    per, fro, loc = (load_profile(n) for n in ("perlmutter", "frontier", "local"))
+    exports = [line for line in per.env_lines() if "SOCKET_IFNAME" in line]
+    assert exports == ['export GLOO_SOCKET_IFNAME="hsn0"', 'export NCCL_SOCKET_IFNAME="hsn"']
+    assert [line for line in fro.env_lines() if "SOCKET_IFNAME" in line] == [
+        'export GLOO_SOCKET_IFNAME="hsn0"', 'export NCCL_SOCKET_IFNAME="hsn0"']
+    assert [line for line in loc.env_lines() if "SOCKET_IFNAME" in line] == ['export GLOO_SOCKET_IFNAME="lo"']
+    bare = dataclasses.replace(fro, network=dataclasses.replace(fro.network, socket_ifname=""))
+    assert not [line for line in bare.env_lines() if "SOCKET_IFNAME" in line]
+
+
+def test_staging_is_cpu_work_on_the_sites_staging_resources():
+    """The staging job asks for no GPU and binds none, has no start-of-job check, and takes
+    [staging]: Perlmutter's shared CPU QOS on half a CPU node, one Frontier node; the runs'
+    jobs run the check last in their set-up, with the profile's python."""
+    from scalegnn.sweeps.launcher import slurm_parameters, stage_parameters
+
+    per, fro = load_profile("perlmutter"), load_profile("frontier")
+    stage = stage_parameters(per, "s")
+    assert (stage["constraint"], stage["qos"], stage["cpus_per_task"], stage["time"]) == ("cpu", "shared", 128, 120)
+    assert "gpus_per_node" not in stage and stage["srun_args"] == []
+    assert (stage["nodes"], stage["ntasks_per_node"]) == (1, 1)
+    assert not any("preflight" in line for line in stage["setup"])
+    assert stage["setup"][-1].startswith("export OMP_NUM_THREADS=128")
+    stage = stage_parameters(fro, "s")
+    assert (stage["partition"], stage["cpus_per_task"], stage["time"], stage["srun_args"]) == ("batch", 56, 120, [])
+    run = slurm_parameters(fro, 8, 8, 60, "r")
+    assert run["setup"][-1] == ('"${SCALEGNN_VENV}/bin/python" -m scalegnn.sweeps.preflight --device rocm '
+                                "--net-plugin librccl-net.so || exit 1")
+    assert slurm_parameters(fro, 8, 8, 60, "r", python="/opt/py")["setup"][-1].startswith("/opt/py -m scalegnn.sweeps.")
+    loose = dataclasses.replace(per, slurm=dataclasses.replace(per.slurm, extra={"exclusive": True}))
+    assert stage_parameters(loose, "s")["additional_parameters"] == {"exclusive": True}  # no [staging] extra: the runs'
+    strict = dataclasses.replace(loose, staging=dataclasses.replace(loose.staging, extra={}))
+    assert "additional_parameters" not in stage_parameters(strict, "s")
+
+
+def test_one_staging_task_writes_every_grid_of_its_graph_from_one_load(isolated_data, monkeypatch):
+    """The shard sets of one graph are one task: the graph is loaded once and each set
+    written as a task of its own would write it; sets of two graphs are two tasks."""
+    import torch
+
+    import scalegnn.datasets as datasets
+    from scalegnn.sweeps.staging import StageSet, StageTask, group_stages
+
+    path = sparse_npz(isolated_data / "g.npz")
+    root = str(isolated_data)
+
+    def sets(where):
+        return [StageSet(f"npz:{path}", grid, permute, 3, root, str(isolated_data / where / f"{i}"))
+                for i, (grid, permute) in enumerate((((1, 1, 1, 2), "none"), ((1, 2, 1, 1), "double")))]
+
+    loads = []
+    load = datasets.load_graph
+    monkeypatch.setattr(datasets, "load_graph", lambda *a, **k: loads.append(a) or load(*a, **k))
+    packed = sets("packed")
+    assert group_stages(packed) == [packed] and StageTask(packed, offline=True)() == [st.folder for st in packed]
+    assert len(loads) == 1 and all(st.done() for st in packed)
+    alone = sets("alone")
+    for st in alone:
+        StageTask(st, offline=True)()
+    assert len(loads) == 3
+    for a, b in zip(packed, alone):
+        names = sorted(p.name for p in Path(a.folder).iterdir())
+        assert names == sorted(p.name for p in Path(b.folder).iterdir()) and len(names) > 1
+        assert json.loads((Path(a.folder) / "manifest.json").read_text()) == \
+            json.loads((Path(b.folder) / "manifest.json").read_text())
+        for name in names:
+            if not name.endswith(".json"):
+                assert _same(*(torch.load(Path(f.folder) / name, weights_only=True) for f in (a, b))), name
+    StageTask(packed, offline=True)()
+    assert len(loads) == 3  # done sets: nothing loaded
+    other = dataclasses.replace(packed[0], seed=4, folder=str(isolated_data / "s4"))
+    assert group_stages([*packed, other]) == [packed, [other]]
+    with pytest.raises(ValueError, match="one staging task shards one graph"):
+        StageTask([*packed, other], offline=True)
+
+
+def _same(x, y) -> bool:
+    """Two loaded shard files hold the same values (dense or sparse tensors, nested)."""
+    import torch
+
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return type(x) is type(y) and len(x) == len(y) and all(map(_same, x, y))
+    if torch.is_tensor(x):
+        if x.layout != y.layout or x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        return torch.equal(x.to_dense(), y.to_dense()) if x.layout != torch.strided else torch.equal(x, y)
+    return x == y
+
+
+def test_a_staging_task_writes_the_sets_it_can_and_names_the_one_it_could_not(isolated_data):
+    from scalegnn.sweeps.staging import StageSet, StageTask
+
+    path = sparse_npz(isolated_data / "g.npz")
+    (isolated_data / "a-file").write_text("")
+    good = StageSet(f"npz:{path}", (1, 1, 1, 2), "none", 0, str(isolated_data), str(isolated_data / "good"))
+    bad = dataclasses.replace(good, grid=(1, 2, 1, 1), folder=str(isolated_data / "a-file" / "bad"))  # not a folder
+    with pytest.raises(RuntimeError, match=r"staging failed for 1 of 2 shard set\(s\), first `scalegnn data shard .*"
+                                           r"--grid 1x2x1x1 --out .*a-file/bad"):
+        StageTask([bad, good], offline=True)()
+    assert good.done() and not bad.done()  # the set after the failed one is written all the same
 
 
 # ---------------------------------------------------------------------------- grids and specs
@@ -175,18 +372,28 @@ def test_local_stand_ins_and_spec_errors(tmp_path):
 # ---------------------------------------------------------------------------- batch scripts
 @pytest.mark.parametrize("cluster", SLURM_CLUSTERS)
 def test_sbatch_script_matches_the_reviewed_file(cluster):
-    """The batch script of fig7's largest job array; regenerate with UPDATE_EXPECTED=1 and review the diff."""
-    out = sweep("fig7", cluster, f"/scratch/scalegnn/fig7-{cluster}", dry_run=True, python="python3",
-                printer=lambda *a: None)
+    """The batch script of fig7's largest job array and of its staging job; regenerate with
+    UPDATE_EXPECTED=1 and review the diff."""
+    out = sweep("fig7", cluster, f"/scratch/scalegnn/fig7-{cluster}", dry_run=True, printer=lambda *a: None)
     sizes = [len(g) for g in group_runs(out.todo, load_profile(cluster)).values()]
     script = out.scripts[max(range(len(sizes)), key=lambda k: (sizes[k], -k))]
-    expected = EXPECTED / f"sbatch_{cluster}.sh"
-    if os.environ.get("UPDATE_EXPECTED"):
-        expected.write_text(script)
-    assert script == expected.read_text()
+    [stage] = out.stage_scripts
+    for text, name in ((script, f"sbatch_{cluster}.sh"), (stage, f"sbatch_{cluster}_stage.sh")):
+        if os.environ.get("UPDATE_EXPECTED"):
+            (EXPECTED / name).write_text(text)
+        assert text == (EXPECTED / name).read_text(), name
     profile = load_profile(cluster)
     assert f"#SBATCH --ntasks-per-node={profile.gpus_per_node}" in script and "--array=0-" in script
     assert "#SBATCH --signal=USR2@120" in script  # time to checkpoint before the limit
+    # the ranks run the venv's python, after the start-of-job check; not the submitting python's absolute path
+    venv_python = '"${SCALEGNN_VENV}/bin/python"'
+    assert f"{venv_python} -u -m submitit.core._submit" in script and sys.executable not in script + stage
+    check = f"{venv_python} -m scalegnn.sweeps.preflight --device {profile.device}"
+    assert script.index("source ${SCALEGNN_VENV") < script.index(check) < script.index("\nsrun ")
+    # staging: one task per graph (3 or 4 graphs, not one per shard set), CPU work, no check
+    assert f"#SBATCH --array=0-{len({(s.dataset, s.seed) for s in out.stages.values()}) - 1}%" in stage
+    assert "--gpu" not in stage and "preflight" not in stage and "#SBATCH --nodes=1" in stage
+    assert f"#SBATCH --cpus-per-task={profile.staging.cpus_per_task}" in stage
 
 
 def test_cli_dry_run_prints_scripts_and_submits_nothing(tmp_path, capsys):
@@ -233,7 +440,8 @@ def test_staging_covers_multi_rank_scalegnn_runs_once(tmp_path):
     out = sweep("demo", "local", tmp_path / "o", dry_run=True, data_root=root, printer=lambda *a: None)
     staged = {r.system: st for r in out.todo if (st := out.stages.get(r.key))}
     assert set(staged) == {"scalegnn"} and len(out.stages) == 2  # grids 2x1x1x1 and 1x2x1x1; the rest have 1 rank
-    assert len(out.stage_scripts) == 2 and all("scalegnn data shard" in s for s in out.stage_scripts)
+    [job] = out.stage_scripts  # both grids shard one graph: one staging job writes both
+    assert job.count("scalegnn data shard") == 2 and "--grid 2x1x1x1" in job and "--grid 1x2x1x1" in job
     def cfg(*argv):
         return parse_train_args(list(argv))[0]
 
