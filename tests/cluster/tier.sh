@@ -14,4 +14,5 @@ export SLURM_CONF=$dir/slurm.conf SCALEGNN_CLUSTER_CONF=$dir/slurm.conf
 hosts=$(sinfo -h -N -o %N | sort -u | tr '\n' ' ')
 echo "test-cluster: $(echo $hosts | wc -w) nodes: ${hosts% }; 2 ranks per node (SLURM_CONF=$SLURM_CONF)"
 sinfo -N
-"$py" -m pytest -q -m cluster "$here/../harness/test_cluster.py"
+# -s: the failure tests print their detection times (srun output stays captured).
+"$py" -m pytest -q -s -m cluster "$here/../harness/test_cluster.py"
