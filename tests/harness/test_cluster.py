@@ -31,10 +31,11 @@ from pathlib import Path
 import pytest
 
 from scalegnn import records
+from tests.files import REPO
+from tests.slurm_cluster import cancel_all_and_wait, slurm_clients, squeue, wait_for
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
 LOCALCLUSTER = REPO / "tests" / "cluster" / "localcluster.sh"
 SMALL = "csbm:n=600,avg_degree=8,classes=4,feature_dim=16"
 LONG = "csbm:n=20000,avg_degree=8,classes=4,feature_dim=16"  # epochs of ~10 s: long enough to break one
@@ -48,7 +49,6 @@ RTOL_3D = 1e-4  # the 3D grid against one process (tests/parallel/test_engine.py
 def cluster(tmp_path_factory):
     """A running multi-node SLURM cluster: SLURM_CONF set for this process and its jobs,
     this checkout first on every task's PYTHONPATH; yields the node names."""
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PYTHONPATH", "OMP_NUM_THREADS")}
     own = None
     conf = os.environ.get("SCALEGNN_CLUSTER_CONF")
     if not conf:
@@ -62,22 +62,15 @@ def cluster(tmp_path_factory):
                               timeout=600)
         assert proc.returncode == 0, f"localcluster.sh up failed:\n{proc.stdout}\n{proc.stderr}"
         conf = str(own / "slurm.conf")
-    os.environ["SLURM_CONF"] = conf
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [saved["PYTHONPATH"]] if p])
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        nodes = _sinfo("%N")
-        assert len(nodes) >= 3, f"the cluster tier needs 3 nodes, {conf} has {nodes}"
-        yield nodes
-    finally:
-        _cancel_all_and_wait()
-        if own is not None:
-            subprocess.run(["bash", str(LOCALCLUSTER), "down", str(own)], timeout=180)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with slurm_clients(conf):
+        try:
+            nodes = _sinfo("%N")
+            assert len(nodes) >= 3, f"the cluster tier needs 3 nodes, {conf} has {nodes}"
+            yield nodes
+        finally:
+            cancel_all_and_wait()
+            if own is not None:
+                subprocess.run(["bash", str(LOCALCLUSTER), "down", str(own)], timeout=180)
 
 
 @pytest.fixture(autouse=True)
@@ -91,9 +84,9 @@ def every_node_up_and_nothing_left(cluster):
         if _node_state(node) not in ("idle", "mixed", "allocated"):
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True,
                            timeout=30)
-    _wait(lambda: all(_node_state(n) == "idle" for n in cluster), 120, "every node idle")
+    wait_for(lambda: all(_node_state(n) == "idle" for n in cluster), 120, "every node idle")
     yield
-    _cancel_all_and_wait()
+    cancel_all_and_wait()
 
 
 def _sinfo(fmt: str) -> list[str]:
@@ -104,29 +97,6 @@ def _sinfo(fmt: str) -> list[str]:
 def _node_state(node: str) -> str:
     out = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True, timeout=30)
     return out.stdout.strip().rstrip("*~#$@")
-
-
-def _squeue(fmt: str, job: str | None = None) -> list[str]:
-    cmd = ["squeue", "-h", "-o", fmt] + (["-j", job] if job else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def _cancel_all_and_wait(timeout_s: float = 90) -> None:
-    subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end and _squeue("%i"):
-        time.sleep(2)
-
-
-def _wait(predicate, timeout_s: float, what: str, every_s: float = 1.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}; queue: {_squeue('%i %T %R')}")
 
 
 # ---------------------------------------------------------------------------- runs
@@ -289,7 +259,7 @@ grids = ["1x2x1x2"]
     done = sweep(spec, "localcluster", out, data_root=str(data), printer=lambda *a: None)
     assert len(done.submitted) == 1 and len(done.staged) == 1
     run = done.runs[0]
-    path = _wait(lambda: run_state(run_dir(out, run))[1] if run_state(run_dir(out, run))[0] == "ok" else None,
+    path = wait_for(lambda: run_state(run_dir(out, run))[1] if run_state(run_dir(out, run))[0] == "ok" else None,
                  400, "the sweep run's ok record", every_s=2)
     rec = records.read_record(path)
     hosts = _hosts(rec)
@@ -361,18 +331,18 @@ def test_every_process_of_one_node_killed(cluster, tmp_path, data):
     timeout_s = 60
     proc, out = _start_long(tmp_path, data, timeout_s)
     try:
-        _wait(lambda: _first_checkpoint(tmp_path), 240, "the first checkpoint")
-        victims = _wait(lambda: _ranks_on(cluster[1]), 30, f"the ranks on {cluster[1]}")
+        wait_for(lambda: _first_checkpoint(tmp_path), 240, "the first checkpoint")
+        victims = wait_for(lambda: _ranks_on(cluster[1]), 30, f"the ranks on {cluster[1]}")
         survivors = _ranks_on(cluster[0])
         start = time.monotonic()
         for pid in victims:
             os.kill(pid, 9)
         proc.wait(timeout=timeout_s + 60)
         ended_s = time.monotonic() - start
-        _wait(lambda: not _alive(survivors), 30, "the first node's ranks to exit")
+        wait_for(lambda: not _alive(survivors), 30, "the first node's ranks to exit")
     finally:
         proc.kill()
-    rec = _wait(lambda: _failed_record(out), 30, "the failed record")
+    rec = wait_for(lambda: _failed_record(out), 30, "the failed record")
     assert rec["lost_ranks"] == [{"rank": 2, "host": cluster[1]}, {"rank": 3, "host": cluster[1]}]
     assert rec["error"].startswith(f"ranks 2, 3 on {cluster[1]} lost (no heartbeat for")
     assert ended_s < timeout_s + 40, ended_s  # detected by the closed connections, well inside the timeout
@@ -388,18 +358,18 @@ def test_one_node_link_cut_mid_epoch(cluster, tmp_path, data):
     conf_dir = Path(os.environ["SLURM_CONF"]).parent
     proc, out = _start_long(tmp_path, data, timeout_s)
     try:
-        _wait(lambda: _first_checkpoint(tmp_path), 240, "the first checkpoint")
-        near, far = _ranks_on(cluster[0]), _wait(lambda: _ranks_on(cluster[1]), 30, f"the ranks on {cluster[1]}")
+        wait_for(lambda: _first_checkpoint(tmp_path), 240, "the first checkpoint")
+        near, far = _ranks_on(cluster[0]), wait_for(lambda: _ranks_on(cluster[1]), 30, f"the ranks on {cluster[1]}")
         start = time.monotonic()
         subprocess.run(["bash", str(LOCALCLUSTER), "cut", str(conf_dir), "2"], check=True, timeout=30)
-        _wait(lambda: not _alive(near), timeout_s + 60, "the first node's ranks to exit")
+        wait_for(lambda: not _alive(near), timeout_s + 60, "the first node's ranks to exit")
         near_s = time.monotonic() - start
-        _wait(lambda: not _alive(far), timeout_s + 60, "the cut-off node's ranks to exit")
+        wait_for(lambda: not _alive(far), timeout_s + 60, "the cut-off node's ranks to exit")
         far_s = time.monotonic() - start
     finally:
         subprocess.run(["bash", str(LOCALCLUSTER), "mend", str(conf_dir), "2"], timeout=30)
         proc.kill()
-    rec = _wait(lambda: _failed_record(out), 30, "the failed record")
+    rec = wait_for(lambda: _failed_record(out), 30, "the failed record")
     assert rec["lost_ranks"] == [{"rank": 2, "host": cluster[1]}, {"rank": 3, "host": cluster[1]}]
     assert "Timed out waiting" in rec["error"]
     assert near_s < timeout_s + 30 and far_s < timeout_s + 45, (near_s, far_s)
@@ -424,14 +394,14 @@ def test_a_drained_node_and_a_requeue_resume_on_other_nodes_exactly(cluster, tmp
                       f"srun --kill-on-bad-exit=1 {' '.join(argv)}\n")
     job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True,
                          timeout=30).stdout.strip().split(";")[0]
-    _wait(lambda: list(ckpt.glob("step-*/meta.json")), 300, "the first checkpoint")
+    wait_for(lambda: list(ckpt.glob("step-*/meta.json")), 300, "the first checkpoint")
     subprocess.run(["scontrol", "update", f"NodeName={third}", "State=RESUME"], check=True, timeout=30)
     subprocess.run(["scontrol", "update", f"NodeName={cluster[1]}", "State=DRAIN", "Reason=maintenance"],
                    check=True, timeout=30)
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
-    _wait(lambda: _squeue("%T", job) == ["PENDING"], 120, "the requeued job to wait", every_s=1)
+    wait_for(lambda: squeue("%T", job) == ["PENDING"], 120, "the requeued job to wait", every_s=1)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
-    rec = _wait(lambda: (r := _record_or_none(out)) and r["status"] == "ok" and r, 600, "the resumed run's record",
+    rec = wait_for(lambda: (r := _record_or_none(out)) and r["status"] == "ok" and r, 600, "the resumed run's record",
                 every_s=2)
     assert rec.get("resumed"), "the requeued job started from scratch"
     assert sorted(_hosts(rec)) == [cluster[0], third]  # the drained node left out

@@ -32,6 +32,7 @@ import pytest
 from scalegnn import records
 from scalegnn.sweeps.folders import run_dir, run_state, submitted_job
 from scalegnn.sweeps.launcher import sweep
+from tests.slurm_cluster import cancel_all_and_wait, slurm_clients, squeue, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -47,7 +48,6 @@ LONG = "csbm:n=20000,avg_degree=8,classes=4,feature_dim=16"
 def cluster(tmp_path_factory):
     """A running one-node SLURM cluster: SLURM_CONF set for this process and its jobs,
     this checkout first on every job's PYTHONPATH (sbatch exports the environment)."""
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PYTHONPATH", "OMP_NUM_THREADS")}
     own = None
     conf = os.environ.get("SCALEGNN_SLURM_CONF")
     if not conf:
@@ -61,44 +61,19 @@ def cluster(tmp_path_factory):
                               timeout=600)
         assert proc.returncode == 0, f"localslurm.sh up failed:\n{proc.stdout}\n{proc.stderr}"
         conf = str(own / "slurm.conf")
-    os.environ["SLURM_CONF"] = conf
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [saved["PYTHONPATH"]] if p])
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        yield conf
-    finally:
-        if own is not None:
-            _cancel_all_and_wait()
-            subprocess.run(["bash", str(LOCALSLURM), "down", str(own)], timeout=120)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with slurm_clients(conf):
+        try:
+            yield conf
+        finally:
+            if own is not None:
+                cancel_all_and_wait()
+                subprocess.run(["bash", str(LOCALSLURM), "down", str(own)], timeout=120)
 
 
-def _cancel_all_and_wait(timeout_s: float = 90) -> None:
-    """Leave no job (hence no process) behind before the daemons stop."""
-    subprocess.run(["scancel", "-u", "root"], capture_output=True, timeout=30)
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end and _squeue("%i"):
-        time.sleep(2)
 
 
-def _squeue(fmt: str, job: str | None = None) -> list[str]:
-    cmd = ["squeue", "-h", "-r", "-o", fmt] + (["-j", job] if job else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def _wait(predicate, timeout_s: float, what: str, every_s: float = 2.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}; queue: {_squeue('%i %T %r')}")
 
 
 def _spec(folder: Path, name: str, dataset: str, grids: list[str], epochs: int, extra: str = "") -> Path:
@@ -154,7 +129,7 @@ def _restarts(job: str) -> int:
 
 def _requeued(job: str) -> bool:
     """Requeued and waiting (a requeued job is eligible only 120 s later: BeginTime)."""
-    return _squeue("%T", job) == ["PENDING"] and _restarts(job) >= 1
+    return squeue("%T", job) == ["PENDING"] and _restarts(job) >= 1
 
 
 def _job(out, run) -> str:
@@ -174,13 +149,13 @@ def data(tmp_path_factory):
 def no_job_left_behind(cluster):
     """Whatever a test submitted and left in the queue (a failed assertion mid-test) is
     cancelled when it ends, so no training process outlives it."""
-    before = set(_squeue("%A"))
+    before = set(squeue("%A"))
     yield
-    left = sorted(set(_squeue("%A")) - before)
+    left = sorted(set(squeue("%A")) - before)
     if left:
         subprocess.run(["scancel", *left], capture_output=True, timeout=30)
         end = time.monotonic() + 90
-        while time.monotonic() < end and set(_squeue("%A")) & set(left):
+        while time.monotonic() < end and set(squeue("%A")) & set(left):
             time.sleep(2)
 
 
@@ -197,7 +172,7 @@ def test_job_array_of_multi_rank_runs_staged_then_resubmission_skips_queued_and_
     again = _run(spec, out, data)
     assert len(again.queued) == 2 and again.todo == [] and again.submitted == [] and again.staged == []
     for run in first.runs:
-        _wait(lambda r=run: _ok(out, r), 300, f"an ok record of {run.key}")
+        wait_for(lambda r=run: _ok(out, r), 300, f"an ok record of {run.key}")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     for run in first.runs:
         rec = records.read_record(_ok(out, run))
@@ -221,16 +196,16 @@ def test_usr2_preemption_checkpoints_requeues_and_resumes_exactly(cluster, tmp_p
     run = pre.runs[0]
     job = _job(out, run)
     ckpt = run_dir(out, run) / "checkpoint"
-    _wait(lambda: list(ckpt.glob("step-*/meta.json")), 300, "the first periodic checkpoint", every_s=0.5)
+    wait_for(lambda: list(ckpt.glob("step-*/meta.json")), 300, "the first periodic checkpoint", every_s=0.5)
     subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
-    _wait(lambda: _requeued(job), 120, "the requeue", every_s=1)
+    wait_for(lambda: _requeued(job), 120, "the requeue", every_s=1)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
-    path = _wait(lambda: _ok(out, run), 400, "the resumed run's ok record")
+    path = wait_for(lambda: _ok(out, run), 400, "the resumed run's ok record")
     rec = records.read_record(path)
     assert rec["resumed"] and rec["checkpoint"]["saves"] >= 2
     log = _logs(out)
     assert "preempted (SIGUSR2): checkpoint saved at step" in log and "(restart 1)" in log
-    ref_path = _wait(lambda: _ok(ref_out, ref.runs[0]), 400, "the uninterrupted run's ok record")
+    ref_path = wait_for(lambda: _ok(ref_out, ref.runs[0]), 400, "the uninterrupted run's ok record")
     want = records.read_record(ref_path)
     assert rec["run_id"] != want["run_id"]
     for key in ("loss", "batch_train_acc", "test_acc"):
@@ -247,21 +222,21 @@ def test_real_time_limit_requeues_and_resumes_then_scancel_is_recorded_cancelled
     first = _run(spec, out, data, time_min=3, checkpoint_every="10")
     run = first.runs[0]
     job = _job(out, run)
-    _wait(lambda: _requeued(job), 240, "SLURM's time-limit signal and the requeue", every_s=1)
+    wait_for(lambda: _requeued(job), 240, "SLURM's time-limit signal and the requeue", every_s=1)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
-    _wait(lambda: "(restart 1)" in _logs(out), 120, "the requeued job to start", every_s=1)
+    wait_for(lambda: "(restart 1)" in _logs(out), 120, "the requeued job to start", every_s=1)
     assert "Caught signal SIGUSR2" in _logs(out)  # nobody but SLURM sent it here: the time limit's warning
     ckpt = run_dir(out, run) / "checkpoint"
     resumed_from = max(int(p.parent.name.split("-")[1]) for p in ckpt.glob("step-*/meta.json"))
-    _wait(lambda: max(int(p.parent.name.split("-")[1]) for p in ckpt.glob("step-*/meta.json")) > resumed_from,
+    wait_for(lambda: max(int(p.parent.name.split("-")[1]) for p in ckpt.glob("step-*/meta.json")) > resumed_from,
           180, "a checkpoint of the resumed attempt", every_s=1)
     subprocess.run(["scancel", job], check=True, timeout=30)
-    _wait(lambda: _state(out, run)[0] == "cancelled", 90, "the cancelled record", every_s=1)
+    wait_for(lambda: _state(out, run)[0] == "cancelled", 90, "the cancelled record", every_s=1)
     state, path, error = _state(out, run)
     rec = records.read_record(path)
     assert f"SLURM job {job} was cancelled" in error and rec["resumed"]
     assert rec["resumed"][0]["step"] == resumed_from
-    _wait(lambda: not _squeue("%i", job), 90, "the job to leave the queue")
+    wait_for(lambda: not squeue("%i", job), 90, "the job to leave the queue")
     again = _run(spec, out, data, dry_run=True)  # (a dry run: submits nothing)
     assert [r.key for r in again.todo] == [run.key] and not again.done  # cancelled is not done: a resubmission resumes it
 
@@ -302,14 +277,14 @@ def test_a_rank_killed_mid_run_is_recorded_as_failed(cluster, tmp_path, data):
     first = _run(spec, out, data, checkpoint_every="5")
     run = first.runs[0]
     job = _job(out, run)
-    _wait(lambda: _epochs_saved(run_dir(out, run) / "checkpoint") >= 1, 300, "the first epoch", every_s=0.5)
-    pid = _wait(lambda: _rank_pid(job, 1), 30, "rank 1's process")
+    wait_for(lambda: _epochs_saved(run_dir(out, run) / "checkpoint") >= 1, 300, "the first epoch", every_s=0.5)
+    pid = wait_for(lambda: _rank_pid(job, 1), 30, "rank 1's process")
     os.kill(pid, signal.SIGKILL)
-    _wait(lambda: _state(out, run)[0] == "failed", 120, "the failed record", every_s=1)
+    wait_for(lambda: _state(out, run)[0] == "failed", 120, "the failed record", every_s=1)
     state, path, error = _state(out, run)
     rec = records.read_record(path)
     assert error and rec["epochs"] and rec["world_size"] == 2  # rank 0 wrote it, with the epochs done before
-    _wait(lambda: not _squeue("%i", job), 120, "the job to leave the queue")
+    wait_for(lambda: not squeue("%i", job), 120, "the job to leave the queue")
     again = _run(spec, out, data, dry_run=True)  # (a dry run: submits nothing)
     assert [r.key for r in again.todo] == [run.key] and not again.done
 
@@ -341,7 +316,7 @@ gpus = [2, 16]
     assert [r.world_size for r in first.runs] == [2] and [r.world_size for r, _ in first.refused] == [16]
     assert any("refused (1 run(s)): distdgl starts its servers and trainers on one host" in line for line in lines)
     run = first.runs[0]
-    rec = records.read_record(_wait(lambda: _ok(out, run), 300, "the DistDGL run's ok record"))
+    rec = records.read_record(wait_for(lambda: _ok(out, run), 300, "the DistDGL run's ok record"))
     assert rec["system"] == "distdgl" and rec["world_size"] == 2 and len(list(run_dir(out, run).glob("2*.json"))) == 1
     logs = sorted(p.name for p in (out / ".submitit").rglob("*_log.out"))
     assert logs and all("_0_log.out" in name for name in logs)  # one task: no task 1 log
@@ -358,7 +333,7 @@ def test_fig7_stand_in_sweep_on_slurm_then_the_report(cluster, tmp_path, data):
     first = _run("fig7", out, data)
     assert [r.world_size for r in first.runs] == [2, 4, 8] and len(first.staged) == 1  # 3 shard sets, 1 graph
     for run in first.runs:
-        _wait(lambda r=run: _ok(out, r), 600, f"an ok record of {run.key}")
+        wait_for(lambda r=run: _ok(out, r), 600, f"an ok record of {run.key}")
     assert main(["report", str(out), "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "fig7_strong_scaling.png" in report and (tmp_path / "report" / "fig7_strong_scaling.pdf").exists()
