@@ -27,6 +27,7 @@ threads sleep instead of spinning on the cores the other workers need.
 
 from __future__ import annotations
 
+import ast
 import datetime
 import multiprocessing
 import multiprocessing.connection
@@ -34,9 +35,11 @@ import os
 import pickle
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -45,7 +48,7 @@ from .. import threads as thread_policy
 from ..signals import Interrupted, held, stop_on_signals
 from .environment import init_process_group
 
-__all__ = ["LocalJob", "spawn", "WorkerError", "SpawnTimeout"]
+__all__ = ["LocalJob", "spawn", "WorkerError", "SpawnTimeout", "unguarded_main_call"]
 
 
 class WorkerError(RuntimeError):
@@ -111,6 +114,11 @@ class LocalJob:
     # ------------------------------------------------------------------ start / wait / stop
     def start(self) -> "LocalJob":
         """Start every worker (forked from a warm server that preloaded torch)."""
+        where = unguarded_main_call()
+        if where is not None:
+            raise ValueError(f"{where} starts {self.nprocs} worker processes from the top level of the script, "
+                             "which every worker imports again before it runs (Python's spawn and forkserver "
+                             "start methods): put the call under `if __name__ == \"__main__\":`")
         for key, value in thread_policy.WAIT_ENV.items():
             os.environ.setdefault(key, value)  # inherited by the fork server (started below, once) and every worker
         ctx = _context()
@@ -235,6 +243,42 @@ class LocalJob:
                           user_error=bool(info.get("user_error")), message=info.get("message"))
         err.results = self.results
         return err
+
+
+def unguarded_main_call() -> str | None:
+    """Where the main script calls this, at its top level and outside ``if __name__ ==
+    "__main__":`` (``"train.py, line 3"``), else None. Workers start from a fresh
+    interpreter that imports the main script again: such a call would run once more in
+    every worker, which Python refuses there, and the job would fail with nothing but
+    an exit code. A call from ``python -c``, a notebook or a module without a source
+    file is not re-imported and passes."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not path.endswith(".py") or not os.path.isfile(path):
+        return None
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__):
+        frame = frame.f_back
+    if frame is None:  # not called while the main script runs its top level (e.g. from a callback later)
+        return None
+    line = frame.f_lineno
+    try:
+        tree = ast.parse(Path(path).read_text(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_guard(node.test) and node.lineno <= line <= node.end_lineno:
+            return None
+    return f"{os.path.basename(path)}, line {line},"
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    """``__name__ == "__main__"``, either way round."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(a, ast.Name) and a.id == "__name__" for a in sides) and \
+        any(isinstance(a, ast.Constant) and a.value == "__main__" for a in sides)
 
 
 def spawn(fn, nprocs: int, *args, timeout_s: float | None = 120.0, **job_options) -> list:

@@ -12,15 +12,18 @@ workers is bound to the loopback address.
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from scalegnn.launch.job import LocalJob, SpawnTimeout, WorkerError, spawn
+from scalegnn.launch.job import LocalJob, SpawnTimeout, WorkerError, _is_main_guard, spawn
 from tests.processes import CliRun, tagged_processes
 
 pytestmark = pytest.mark.distributed
@@ -210,6 +213,36 @@ def _report_listeners(rank, world, parent):
     found = _listening([parent, *pids]) if rank == 0 else None
     dist.barrier()  # nobody leaves (closing its sockets) before rank 0 has looked
     return found
+
+
+UNGUARDED = """\
+import scalegnn
+
+record = scalegnn.train(dataset="csbm:n=200,avg_degree=4,classes=2,feature_dim=4", nproc=2, grid="2x1x1x1",
+                        epochs=1, hidden=8, out_dir={out!r}, data_root={data!r})
+"""
+
+
+def test_a_job_started_from_an_unguarded_script_is_refused_before_any_worker(tmp_path):
+    """A script that calls scalegnn.train(nproc=2) at its top level: every worker would
+    import it again and run the call once more. Refused in one line naming the line
+    and the fix, before any worker starts or any record is written; the same call under
+    ``if __name__ == "__main__":`` (either way round) is let through."""
+    script = tmp_path / "train_it.py"
+    script.write_text(UNGUARDED.format(out=str(tmp_path / "runs"), data=str(tmp_path / "data")))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == ("ValueError: train_it.py, line 3, starts 2 worker processes from the top level of the script, "
+                    "which every worker imports again before it runs (Python's spawn and forkserver start "
+                    "methods): put the call under `if __name__ == \"__main__\":`"), proc.stderr[-2000:]
+    assert "Traceback" in proc.stderr and proc.stderr.count("ValueError: train_it.py") == 1  # no worker ran it
+    assert not (tmp_path / "runs").exists()
+    for guard in ('__name__ == "__main__"', '"__main__" == __name__'):
+        assert _is_main_guard(ast.parse(guard, mode="eval").body)
+    for other in ('__name__ != "__main__"', '__name__ == "main"', 'name == "__main__"'):
+        assert not _is_main_guard(ast.parse(other, mode="eval").body)
 
 
 @pytest.mark.distributed
