@@ -225,6 +225,21 @@ def _system_settings(system: str):
     return out
 
 
+def _setting_hint(name: str, known) -> str:
+    """How ``name`` is spelled in Python: the setting whose command-line flag it is
+    (``quiet`` is ``--quiet``, the setting ``progress=False``), else the closest name."""
+    import difflib
+
+    for _, _, f in known:
+        flag = flag_of(f)
+        if flag.lstrip("-").replace("-", "_") == name and f.name != name:
+            kw = f.metadata["argparse"]
+            value = f"={kw['const']!r}" if kw.get("action") == "store_const" else "=..."
+            return f" ({flag} on the command line is the setting {f.name}{value} in Python)"
+    close = difflib.get_close_matches(name, [f.name for _, _, f in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def add_train_arguments(parser: argparse.ArgumentParser, system: str = "scalegnn") -> None:
     """The flags of ``scalegnn train --system SYSTEM``: the common settings (every
     system reads them), then the system's own (ScaleGNN's sections, or the fields of
@@ -389,10 +404,12 @@ def make_config(system: str = "scalegnn", **settings) -> RunConfig:
         make_config(dataset="cora", checkpoint=CheckpointConfig(dir="ck", every="30m"))
     """
     whole = {name: settings.pop(name) for name in (*SECTIONS, "options") if name in settings}
-    dests = {dest.rsplit(".", 1)[-1]: dest for dest, _, _ in _system_settings(system)}
+    known = _system_settings(system)
+    dests = {dest.rsplit(".", 1)[-1]: dest for dest, _, _ in known}
     unknown = sorted(set(settings) - set(dests))
     if unknown:
-        raise ValueError(f"--system {system} has no settings {unknown}; its settings: {sorted(dests)}")
+        raise ValueError(f"--system {system} has no setting {unknown[0]!r}{_setting_hint(unknown[0], known)}; "
+                         f"its settings: {', '.join(sorted(dests))}")
     given = {"system": system, **{dests[name]: value for name, value in settings.items()}}
     twice = sorted({key.split(".")[0] for key in given if "." in key} & set(whole))
     if twice:

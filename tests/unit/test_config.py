@@ -35,3 +35,20 @@ def test_bucket_switch_goes_from_flag_to_config():
     assert make_config(bucket_collectives=False).perf.bucket_collectives is False
     cfg, _ = parse_train_args(["--dataset", "facebook", "--no-bucket-collectives"])
     assert cfg.perf.bucket_collectives is False and cfg.to_dict()["perf"]["bucket_collectives"] is False
+
+
+def test_a_setting_python_does_not_know_says_what_it_is_called():
+    """``quiet`` is the command line's --quiet (the setting ``progress``); ``epoch`` is
+    close to ``epochs``; both in one line, before anything runs."""
+    from scalegnn.config import make_config
+
+    with pytest.raises(ValueError, match=r"^--system scalegnn has no setting 'quiet' \(--quiet on the command line "
+                                         r"is the setting progress=False in Python\); its settings: "):
+        make_config(dataset="cora", quiet=True)
+    with pytest.raises(ValueError, match=r"has no setting 'epoch' \(did you mean 'epochs'\?\)"):
+        make_config(dataset="cora", epoch=3)
+    with pytest.raises(ValueError, match=r"has no setting 'out' \(--out on the command line is the setting "
+                                         r"out_dir=\.\.\. in Python\)"):
+        make_config(dataset="cora", out="runs")
+    with pytest.raises(ValueError, match=r"has no setting 'zzz'; its settings: backend, "):
+        make_config(dataset="cora", zzz=1)
