@@ -54,9 +54,13 @@ def read_records(folder) -> tuple[list[dict], list[tuple[str, str]]]:
 
     Each record gets ``record_file`` (where it was read; not stored in the file). A
     sweep's own bookkeeping files (:data:`NOT_RECORD_FOLDERS`, :data:`NOT_RECORD_FILES`)
-    are not read."""
+    are not read. A folder that does not exist is an error (FileNotFoundError)."""
     good, skipped = [], []
     root = Path(folder)
+    if not root.is_dir():  # an empty result would read as "no runs yet", and a typo would go unseen
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise FileNotFoundError(f"results folder {str(root)!r} {what}: give the folder the runs wrote their "
+                                "records to (scalegnn train --out, scalegnn sweep --out)")
     for path in sorted(root.rglob("*.json")):
         if _sweep_bookkeeping(path, root):
             continue

@@ -95,8 +95,8 @@ def _fmt_acc(frame: pd.DataFrame) -> pd.DataFrame:
 def write_report(results_dir, out_dir, *, data_root: str | None = None, title: str | None = None) -> Path:
     """Write ``out_dir/report.md`` and the figures; returns the report's path."""
     results_dir, out = Path(results_dir), Path(out_dir)
+    records, skipped = read_records(results_dir)  # first: a missing folder is an error, not made by mkdir below
     out.mkdir(parents=True, exist_ok=True)
-    records, skipped = read_records(results_dir)
     manifests = read_manifests(results_dir)
     runs = runs_from_records(records, manifests)
     paper = paper_numbers()

@@ -272,7 +272,18 @@ def default_data_root() -> Path:
     return Path(env).expanduser() if env else Path("~/.cache/scalegnn/data").expanduser()
 
 
+# The file form a path names by its ending, for a path given without its prefix.
+_FORM_OF_SUFFIX = {".npz": "npz", ".mtx": "mtx", ".txt": "edgelist", ".csv": "edgelist", ".tsv": "edgelist",
+                   ".edges": "edgelist", ".el": "edgelist"}
+
+
 def _unknown(name: str, key: str) -> DatasetError:
+    path = Path(name).expanduser()
+    if path.exists():  # a file or folder given without its form: name the form, never guess one silently
+        kind = "dir" if path.is_dir() else _FORM_OF_SUFFIX.get(path.suffix.lower())
+        forms = f"{kind}:{name}" if kind else " or ".join(f"{k}:{name}" for k in PATH_KINDS if k != "dir")
+        return DatasetError(f"dataset {name!r} is a {'folder' if path.is_dir() else 'file'}: name its format, "
+                            f"e.g. --dataset {forms}")
     keys = [k for k in _BY_KEY if not _BY_KEY[k].takes_path]
     close = difflib.get_close_matches(key, keys + [f"{k}:" for k in PATH_KINDS], n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else "."

@@ -84,6 +84,24 @@ def test_a_cancelled_run_is_a_valid_status():
     assert records.validate_record(minimal_record(status="cancelled", error="SLURM job 7 was cancelled"))
 
 
+def test_reading_a_results_folder_that_is_not_there_is_an_error(tmp_path):
+    """An empty result would read as "no runs yet" and hide a typo in the path."""
+    from scalegnn.analysis.report import write_report
+
+    missing = tmp_path / "no-such-folder"
+    for read in (load_runs, load_epochs):
+        with pytest.raises(FileNotFoundError, match=r"results folder '.*no-such-folder' does not exist: give the "
+                                                    r"folder the runs wrote their records to"):
+            read(missing)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(FileNotFoundError, match="is a file, not a folder"):
+        load_runs(tmp_path / "a-file")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        write_report(missing, missing / "report")  # its default output folder would have created it
+    assert not missing.exists()
+    assert load_runs(tmp_path).empty  # a folder without records: an empty result, as before
+
+
 def test_an_interrupted_run_is_a_valid_status():
     assert records.validate_record(minimal_record(status="interrupted",
                                                   error="interrupted by SIGTERM after epoch 3 of 50; ..."))

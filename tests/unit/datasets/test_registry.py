@@ -27,6 +27,26 @@ def test_unknown_name_suggests_close_match():
         load_dataset("ogbn-arxive")
 
 
+def test_a_path_given_without_its_form_is_named_not_guessed(tmp_path, monkeypatch):
+    """A file or folder that exists but was given without ``npz:`` / ``edgelist:`` /
+    ``dir:`` gets the form to write, from its ending; never "unknown dataset"."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("graph.npz", "graph.edges", "graph.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "arrays").mkdir()
+    with pytest.raises(DatasetError, match=r"^dataset 'graph.npz' is a file: name its format, e.g. --dataset "
+                                           r"npz:graph.npz$"):
+        load_dataset("graph.npz")
+    with pytest.raises(DatasetError, match=r"--dataset edgelist:graph.edges$"):
+        load_dataset("graph.edges")
+    with pytest.raises(DatasetError, match=r"is a folder: name its format, e.g. --dataset dir:.*arrays$"):
+        load_dataset(str(tmp_path / "arrays"))
+    with pytest.raises(DatasetError, match=r"--dataset edgelist:graph.py or mtx:graph.py or npz:graph.py$"):
+        load_dataset("graph.py")  # an ending that names no form: every file form
+    with pytest.raises(DatasetError, match="unknown dataset 'graph.mtx'"):
+        load_dataset("graph.mtx")  # no such file: the name is unknown, as before
+
+
 def test_data_list_shows_the_file_forms(capsys):
     """`scalegnn data list` names the registered datasets and every form a user's own
     file can take, with what it holds."""
