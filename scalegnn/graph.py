@@ -208,6 +208,15 @@ class Graph:
         if self.y.dim() == 1 and bool((self.y[self.train_idx] < 0).any()):
             raise GraphValidationError("train_idx contains unlabeled vertices (label -1)")
 
+    def __repr__(self) -> str:
+        """One line, as PyG's ``Data``: sizes, not tensors."""
+        x = f"{tuple(self.x.shape)}{' sparse' if self.x.layout != torch.strided else ''}"
+        y = f"{tuple(self.y.shape)}{' multi-hot' if self.multilabel else ''}"
+        split = f"{self.train_idx.numel()}/{self.val_idx.numel()}/{self.test_idx.numel()}"
+        normalized = ", normalized" if self.meta.get("normalized") else ""
+        return (f"Graph({self.name!r}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, x={x}, y={y}, "
+                f"num_classes={self.num_classes}, train/val/test={split}{normalized})")
+
     # ---------------------------------------------------------- properties
     @property
     def num_nodes(self) -> int:
@@ -300,6 +309,45 @@ class Graph:
         edge_index = torch.stack([self.row_ids(), self.indices])
         weight = {"edge_weight": self.values.clone()} if self.meta.get("normalized") else {}
         return Data(x=self.x, y=self.y, edge_index=edge_index, num_nodes=self.num_nodes, **weight, **masks)
+
+    @classmethod
+    def from_edge_index(cls, edge_index, x, y, *, train_mask=None, val_mask=None, test_mask=None,
+                        num_classes: int | None = None, name: str = "graph", seed: int = 0) -> "Graph":
+        """A raw graph from a (2, E) ``edge_index`` (a torch tensor or numpy array: edges
+        src -> dst), node features ``x`` (N, F) (dense, or sparse as in :meth:`from_pyg`)
+        and labels ``y`` ((N,) class ids, -1 unlabeled, or (N, C) multi-hot), as
+        :meth:`from_pyg` makes one: unit weights, both directions, no self loops. The
+        split is the three boolean masks when all are given, else a seeded random
+        50/25/25 split of the labeled vertices."""
+        from types import SimpleNamespace
+
+        masks = (train_mask, val_mask, test_mask)
+        if any(m is not None for m in masks) and not all(m is not None for m in masks):
+            raise GraphValidationError("give train_mask, val_mask and test_mask together, or none of them (a seeded "
+                                       "random 50/25/25 split)")
+        view = SimpleNamespace(edge_index=torch.as_tensor(edge_index), x=x, y=y, num_classes=num_classes,
+                               **({f"{s}_mask": torch.as_tensor(m, dtype=torch.bool)
+                                   for s, m in zip(("train", "val", "test"), masks)} if masks[0] is not None else {}))
+        graph = cls.from_pyg(view, name=name, seed=seed)
+        split = graph.meta["split"].replace("masks of the PyG object", "the masks given") \
+            .replace("the PyG object has no masks", "no masks given")
+        return graph.replace(meta={**graph.meta, "source": "edge_index", "split": split})
+
+    @classmethod
+    def from_scipy(cls, adjacency, x, y, *, train_mask=None, val_mask=None, test_mask=None,
+                   num_classes: int | None = None, name: str = "graph", seed: int = 0) -> "Graph":
+        """A raw graph from a scipy sparse adjacency (any format; an entry (i, j) is an
+        edge i -> j, its value ignored), as :meth:`from_edge_index` makes one."""
+        import numpy as np
+
+        if getattr(adjacency, "ndim", None) != 2 or adjacency.shape[0] != adjacency.shape[1]:
+            raise GraphValidationError(f"the adjacency must be a square scipy sparse matrix, got shape "
+                                       f"{getattr(adjacency, 'shape', None)}")
+        coo = adjacency.tocoo()
+        graph = cls.from_edge_index(np.stack([coo.row, coo.col]).astype(np.int64), x, y, train_mask=train_mask,
+                                    val_mask=val_mask, test_mask=test_mask, num_classes=num_classes, name=name,
+                                    seed=seed)
+        return graph.replace(meta={**graph.meta, "source": type(adjacency).__name__})
 
     @classmethod
     def from_dgl(cls, g, *, feature: str = "feat", label="label", name: str = "dgl", seed: int = 0) -> "Graph":

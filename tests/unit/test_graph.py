@@ -14,6 +14,9 @@ tests/parallel/test_dist_sampling.py.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
@@ -225,3 +228,38 @@ def test_gcn_normalization_matches_the_dense_formula(data, symmetric):
 
 def test_hypothesis_is_installed():
     pytest.importorskip("hypothesis")
+
+
+def test_a_graph_prints_its_sizes_in_one_line():
+    g = Graph.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 3]]), torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
+    assert repr(g) == "Graph('graph', num_nodes=4, num_edges=6, x=(4, 3), y=(4,), num_classes=2, train/val/test=2/1/1)"
+    norm = g.gcn_normalize()
+    assert repr(norm).endswith(", normalized)") and "\n" not in repr(norm) and "tensor" not in repr(norm)
+
+
+def test_from_edge_index_and_from_scipy_build_the_graph_from_pyg_builds():
+    """The same edges, features, labels and masks give the same graph whichever door
+    they come in by: PyG's Data, a (2, E) edge_index, a scipy matrix (values ignored)."""
+    rng = np.random.default_rng(3)
+    src, dst = rng.integers(0, 30, 90), rng.integers(0, 30, 90)
+    x, y = torch.randn(30, 5), torch.as_tensor(rng.integers(0, 3, 30))
+    masks = [torch.as_tensor(rng.random(30) < p) for p in (0.5, 0.3, 0.2)]
+    edge_index = torch.as_tensor(np.stack([src, dst]))
+    want = Graph.from_pyg(SimpleNamespace(edge_index=edge_index, x=x, y=y, train_mask=masks[0], val_mask=masks[1],
+                                          test_mask=masks[2]))
+    by_index = Graph.from_edge_index(edge_index.numpy(), x, y, train_mask=masks[0], val_mask=masks[1],
+                                     test_mask=masks[2])
+    adjacency = sp.coo_matrix((rng.random(90) + 2, (src, dst)), shape=(30, 30))
+    by_scipy = Graph.from_scipy(adjacency, x, y, train_mask=masks[0].numpy(), val_mask=masks[1].numpy(),
+                                test_mask=masks[2].numpy())
+    for g in (by_index, by_scipy):
+        for name in ("indptr", "indices", "values", "x", "y", "train_idx", "val_idx", "test_idx"):
+            assert torch.equal(getattr(g, name), getattr(want, name)), name
+        assert g.meta["split"] == "the masks given"
+    assert by_scipy.meta["source"] == "coo_matrix" and by_index.meta["source"] == "edge_index"
+    seeded = Graph.from_edge_index(edge_index, x, y, seed=4)
+    assert seeded.meta["split"] == "random 50/25/25 seed 4 (no masks given)"
+    with pytest.raises(GraphValidationError, match="give train_mask, val_mask and test_mask together"):
+        Graph.from_edge_index(edge_index, x, y, train_mask=masks[0])
+    with pytest.raises(GraphValidationError, match=r"square scipy sparse matrix, got shape \(30, 31\)"):
+        Graph.from_scipy(sp.coo_matrix((30, 31)), x, y)
