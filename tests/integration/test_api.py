@@ -185,3 +185,24 @@ def test_a_graph_without_masks_is_split_by_the_runs_seed_either_way(tmp_path, mo
     scalegnn.train(data, seed=7, **common)
     scalegnn.train(data, config=make_config(dataset="pyg", seed=7, **common))
     assert seen == [7, 7]
+
+
+@pytest.mark.distributed
+def test_a_graph_that_exists_nowhere_on_disk_trains_on_1_2_and_4_processes(tmp_path, isolated_data):
+    """A graph built in memory, named like no dataset, given to ``scalegnn.train``: one
+    process, and --nproc 2 and 4 (the grid's 3D parallelism), train that graph (the
+    record's sizes are its sizes) and give the serial losses and accuracies, to the 3D
+    grid's tolerance (tests/parallel/test_engine.py); nothing is loaded by name."""
+    g = random_graph(n=120, m=600, seed=11)
+    graph = Graph.from_edge_index(torch.stack([g.row_ids(), g.indices]), g.x, g.y, name="directed")
+    common = dict(batch_ratio=0.5, layers=2, hidden=8, epochs=2, progress=False)
+    serial = scalegnn.train(graph, out_dir=str(tmp_path / "1"), **common)
+    for nproc, grid in ((2, "1x2x1x1"), (4, "1x2x1x2")):
+        rec = scalegnn.train(graph, nproc=nproc, grid=grid, out_dir=str(tmp_path / str(nproc)), **common)
+        assert rec["status"] == "ok" and rec["world_size"] == nproc and rec["dataset"] == "directed"
+        assert rec["graph"]["num_nodes"] == graph.num_nodes and rec["graph"] == serial["graph"]
+        for key in ("loss", "batch_train_acc", "train_acc", "val_acc", "test_acc"):
+            assert [e[key] for e in rec["epochs"]] == pytest.approx([e[key] for e in serial["epochs"]], rel=1e-4,
+                                                                    abs=2e-5), (nproc, key)
+    for untouched in ("default-root", "cache"):  # nothing was loaded, cached or downloaded by name
+        assert not (isolated_data / untouched).exists()
