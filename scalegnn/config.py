@@ -179,15 +179,17 @@ def _checked(parse):
     return wrapper
 
 
-def _add(group, cls, f: dataclasses.Field, dest: str) -> argparse.Action:
+def _add(group, cls, f: dataclasses.Field, dest: str, system_defaults: dict) -> argparse.Action:
     kw = dict(f.metadata["argparse"])
     if cls is RunConfig and f.name == "system":
         kw["choices"] = registry.names(available=True)  # the registry's, when the parser is built
     default = f.default if f.default is not dataclasses.MISSING else \
         (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    default = system_defaults.get(dest, default)  # what this system really runs with
     help_text = f.metadata["help"]
-    if kw.get("action") not in ("store_true", "store_const") and default not in (None, False) \
-            and not kw.get("required"):
+    shown_false = dest in system_defaults  # a system's own False (fullgraph-3d: no residual) is worth saying
+    if kw.get("action") not in ("store_true", "store_const") and default is not None \
+            and (default is not False or shown_false) and not kw.get("required"):
         shown = "x".join(map(str, default)) if isinstance(default, tuple) else default
         help_text += f" (default: {shown})"
     kw.setdefault("help", help_text)
@@ -255,9 +257,10 @@ def add_train_arguments(parser: argparse.ArgumentParser, system: str = "scalegnn
         help_all = _add_help_options(parser, system)
     common = parser.add_argument_group("common settings (every system)")
     own = parser.add_argument_group(_own_title(system))
+    system_defaults = SYSTEM_DEFAULTS.get(system, {})
     for dest, cls, f in _system_settings(system):
         common_setting = f.metadata["scope"] == "common" and _topic(dest) != "options"  # options: the system's own
-        action = _add(common if common_setting else own, cls, f, dest)
+        action = _add(common if common_setting else own, cls, f, dest, system_defaults)
         if f.metadata["rare"] and help_all is not None:
             help_all.hide(action)
     if help_all is not None:
@@ -341,7 +344,7 @@ class _HelpTopic(argparse.Action):
         group = shown.add_argument_group(_own_title(self.system) if topic == "options" else f"{topic} settings")
         for dest, cls, f in _system_settings(self.system):
             if _topic(dest) == topic:
-                _add(group, cls, f, dest)
+                _add(group, cls, f, dest, SYSTEM_DEFAULTS.get(self.system, {}))
         shown.print_help()
         parser.exit()
 
@@ -353,17 +356,24 @@ def train_flags(system: str) -> set[str]:
     return {s for action in parser._actions for s in action.option_strings}
 
 
+# What a system runs with where the dataclasses' defaults say otherwise (its --help shows
+# these): --system fullgraph-3d is ScaleGNN with B = N and, unless --permute says
+# otherwise, Plexus' double vertex permutation, whose shards need the residual off.
+SYSTEM_DEFAULTS = {"fullgraph-3d": {"sampling.batch_ratio": 1.0, "numerics.permute": "double", "model.residual": False}}
+_UNLESS_PERMUTE_GIVEN = ("numerics.permute", "model.residual")
+
+
 def config_from_given(given: dict) -> RunConfig:
     """A RunConfig from the settings a parser saw given (``{"section.field": value}``,
-    ``"system"``, ``"seed"``, ``"options.field"``); everything else keeps its default.
-    ``--system fullgraph-3d`` is ScaleGNN with B = N and, unless ``--permute`` says
-    otherwise, Plexus' double vertex permutation (whose shards need the residual off)."""
+    ``"system"``, ``"seed"``, ``"options.field"``); everything else keeps its default,
+    the system's own where it has one (:data:`SYSTEM_DEFAULTS`)."""
     if given.get("system") == "fullgraph-3d":
         if "sampling.batch_size" in given:
             raise ValueError("--system fullgraph-3d trains on the whole graph: drop --batch-size")
-        defaults = {"sampling.batch_ratio": 1.0}
-        if "numerics.permute" not in given:  # Plexus' double permutation, whose shards need the residual off
-            defaults.update({"numerics.permute": "double", "model.residual": False})
+        defaults = dict(SYSTEM_DEFAULTS["fullgraph-3d"])
+        if "numerics.permute" in given:  # another permutation: the residual keeps its own default
+            for key in _UNLESS_PERMUTE_GIVEN:
+                defaults.pop(key)
         given = {**defaults, **given}
     if "sampling.batch_size" in given and "sampling.batch_ratio" in given:
         raise ValueError("give exactly one of --batch-size (a vertex count) and --batch-ratio (a fraction of N)")

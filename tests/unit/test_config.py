@@ -52,3 +52,25 @@ def test_a_setting_python_does_not_know_says_what_it_is_called():
         make_config(dataset="cora", out="runs")
     with pytest.raises(ValueError, match=r"has no setting 'zzz'; its settings: backend, "):
         make_config(dataset="cora", zzz=1)
+
+
+def test_a_systems_help_shows_the_defaults_it_really_runs_with():
+    """--system fullgraph-3d runs with B = N, the double permutation and no residual:
+    its --help says so, flag by flag, and the configuration it builds agrees."""
+    import argparse
+
+    from scalegnn.config import SYSTEM_DEFAULTS, add_train_arguments, make_config
+
+    for system, defaults in SYSTEM_DEFAULTS.items():
+        cfg = make_config(system, dataset="cora")
+        parser = argparse.ArgumentParser(add_help=False)  # no --help: the rare flags keep their help text
+        add_train_arguments(parser, system)
+        helps = {a.dest: " ".join(a.help.split()) for a in parser._actions if a.help}
+        for dest, value in defaults.items():
+            section, name = dest.split(".")
+            assert getattr(getattr(cfg, section), name) == value, (system, dest)
+            assert helps[dest].endswith(f"(default: {value})"), (system, dest, helps[dest])
+    scalegnn_help = argparse.ArgumentParser(add_help=False)
+    add_train_arguments(scalegnn_help, "scalegnn")
+    residual = next(a for a in scalegnn_help._actions if a.dest == "model.residual")
+    assert residual.help.endswith("(default: True)")
