@@ -21,11 +21,13 @@ it does not touch the root logger, so submitit's own log lines are not doubled.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 
-__all__ = ["EpochLogger", "configure_logging", "default_log_level", "mode_from_progress", "LOG_LEVELS", "LOG_FORMAT"]
+__all__ = ["EpochLogger", "configure_logging", "default_log_level", "mode_from_progress", "LOG_LEVELS", "LOG_FORMAT",
+           "Phases"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -102,6 +104,35 @@ def mode_from_progress(progress: bool | None) -> str:
 
 def _fmt(value, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+class Phases:
+    """The first minute of a run, phase by phase: rank 0 logs one line as each phase
+    (loading the graph, building the engine, compiling) ends, with what it made and its
+    seconds, so that a batch log is not silent until the first epoch::
+
+        phases = Phases(rank)
+        with phases("loading the graph") as said:
+            graph = load(...)
+            said(f"{graph.num_nodes:,} vertices")
+    """
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+        self.log = logging.getLogger("scalegnn.progress")
+        if rank == 0:
+            _ensure_configured()
+
+    @contextlib.contextmanager
+    def __call__(self, what: str):
+        import time
+
+        detail: list[str] = []
+        start = time.perf_counter()
+        yield detail.append
+        if self.rank == 0:
+            self.log.info("%s%s (%.1f s)", what, f": {'; '.join(detail)}" if detail else "",
+                          time.perf_counter() - start)
 
 
 class EpochLogger:

@@ -32,6 +32,7 @@ from .checkpoint import CheckpointError, Checkpointer, Preempted
 from .config import RunConfig
 from .graph import Graph
 from .loop import Callback, DivergedError, EpochStats, EpochSums, LoopStart, Trainer, reached_target
+from .progress import Phases
 from .sampling import resolve_batch_size
 
 __all__ = ["ScaleGNNTrainer", "make_trainer", "prepare_graph", "make_engine"]
@@ -52,6 +53,11 @@ def prepare_graph(cfg: RunConfig, graph: Graph | None = None) -> Graph:
 
         graph = graph.permute(random_permutation(graph.num_nodes, cfg.seed))
     return graph.gcn_normalize()
+
+
+def _sizes(info: dict) -> str:
+    """A graph's sizes as the first-minute lines give them (:class:`scalegnn.progress.Phases`)."""
+    return f"{info['num_nodes']:,} vertices, {info['num_edges']:,} adjacency entries, {info['num_features']:,} features"
 
 
 def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None, device: torch.device | str = "cpu"):
@@ -100,13 +106,21 @@ class ScaleGNNTrainer(Trainer):
         self.grid = ProcessGrid(*cfg.parallel.grid, backend=env.backend) if dist.is_initialized() \
             else ProcessGrid.single()
         self.device = torch.device(env.device)
+        phases = Phases(env.rank)
         if cfg.data.shard_dir is not None:
-            self.graph_info, self.engine = _engine_from_shards(cfg, self.grid, self.device)
+            with phases("reading this rank's shard and building the engine") as said:
+                self.graph_info, self.engine = _engine_from_shards(cfg, self.grid, self.device)
+                said(_sizes(self.graph_info))
         else:
-            graph = prepare_graph(cfg, graph)
-            self.graph_info = graph.record_info()
-            batch_size = resolve_batch_size(graph.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
-            self.engine = make_engine(cfg, graph, batch_size, self.grid, self.device)
+            with phases("loading the graph") as said:
+                graph = prepare_graph(cfg, graph)
+                self.graph_info = graph.record_info()
+                said(f"{graph.name}, {_sizes(self.graph_info)}")
+            with phases("building the engine") as said:
+                batch_size = resolve_batch_size(graph.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
+                self.engine = make_engine(cfg, graph, batch_size, self.grid, self.device)
+                said(f"grid {'x'.join(map(str, cfg.parallel.grid))}, batch {self.engine.batch_size:,}, "
+                     f"{self.engine.steps_per_epoch} steps per epoch, on {self.device}")
         self.batch_size, self.steps_per_epoch = self.engine.batch_size, self.engine.steps_per_epoch
         self.ckpt = Checkpointer(cfg.checkpoint, self.grid if self.grid.distributed else None) \
             if cfg.checkpoint.enabled else None

@@ -154,3 +154,24 @@ class _FixedTrainer(Trainer):
 
 def fixed_trainer(cfg, graph, env):
     return _FixedTrainer()
+
+
+def test_the_first_minute_is_one_line_per_phase_before_the_first_epoch(logged, tmp_path):
+    """A ScaleGNN run logs loading the graph (its sizes) and building the engine (grid,
+    batch, steps) with their seconds, before its first epoch line; other ranks do not."""
+    import re
+
+    import scalegnn
+    from scalegnn.progress import Phases
+
+    scalegnn.train(dataset="csbm:n=200,avg_degree=4,classes=2,feature_dim=4", epochs=1, hidden=8, progress=False,
+                   data_root=str(tmp_path), out_dir=str(tmp_path / "runs"))
+    lines = logged.getvalue().strip().splitlines()
+    assert re.search(r"loading the graph: csbm:n=200,.*, 200 vertices, [\d,]+ adjacency entries, 4 features "
+                     r"\(\d+\.\d s\)$", lines[0]), lines
+    assert re.search(r"building the engine: grid 1x1x1x1, batch 20, 10 steps per epoch, on cpu \(\d+\.\d s\)$",
+                     lines[1]), lines
+    assert "epoch 1/1" in lines[2] and len(lines) == 3
+    with Phases(rank=1)("quiet elsewhere") as said:
+        said("not logged")
+    assert "quiet elsewhere" not in logged.getvalue()
