@@ -256,6 +256,9 @@ def unguarded_main_call() -> str | None:
     path = getattr(main, "__file__", None)
     if not path or not path.endswith(".py") or not os.path.isfile(path):
         return None
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if spec_name == "__main__" or spec_name.endswith(".__main__"):
+        return None  # `python -m package`: multiprocessing does not run a package's __main__ again in the workers
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__):
         frame = frame.f_back
