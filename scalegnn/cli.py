@@ -72,6 +72,7 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(DataConfig)}  # as `scalegnn train` says
     shard.add_argument("--split", type=_split_arg, default=None, help=helps["split"] + "; the run must use the same")
     shard.add_argument("--split-seed", type=int, default=None, help=helps["split_seed"] + "; the run must use the same")
+    shard.add_argument("--stand-in-labels", action="store_true", help=helps["stand_in_labels"])
     return parser
 
 
@@ -132,7 +133,7 @@ def _cmd_data(args) -> int:
         graph = datasets.load_dataset(args.name, data_root=args.data_root, seed=args.seed)
     else:  # shard: the graph a run with these --dataset/--seed/--split settings trains on
         data = datasets.DataConfig(dataset=args.name, data_root=args.data_root, split=args.split,
-                                   split_seed=args.split_seed)
+                                   split_seed=args.split_seed, stand_in_labels=args.stand_in_labels)
         graph = datasets.load_graph(data, args.seed)
     if args.data_command == "info":
         stats = graph.stats()

@@ -70,6 +70,7 @@ class StageSet:
     folder: str
     split: str | None = None
     split_seed: int | None = None
+    stand_in_labels: bool = False  # the run's --stand-in-labels (a labels file, when there is one, wins anyway)
 
     @property
     def grid_str(self) -> str:
@@ -91,7 +92,8 @@ class StageSet:
         split = (["--split", self.split] if self.split is not None else []) + \
             (["--split-seed", str(self.split_seed)] if self.split_seed is not None else [])
         return ["data", "shard", self.dataset, "--grid", self.grid_str, "--out", self.folder, "--seed",
-                str(self.seed), "--permute", self.permute, "--data-root", self.data_root, *split]
+                str(self.seed), "--permute", self.permute, "--data-root", self.data_root, *split,
+                *(["--stand-in-labels"] if self.stand_in_labels else [])]
 
     def done(self) -> bool:
         return (Path(self.folder) / "manifest.json").is_file()
@@ -102,7 +104,7 @@ def group_stages(stages) -> list[list[StageSet]]:
     seed), in their order: one staging task per group loads it once."""
     groups: dict[tuple, list[StageSet]] = {}
     for st in stages:
-        groups.setdefault((st.dataset, st.data_root, st.seed, st.split, st.split_seed), []).append(st)
+        groups.setdefault((st.dataset, st.data_root, st.seed, st.split, st.split_seed, st.stand_in_labels), []).append(st)
     return list(groups.values())
 
 
@@ -117,7 +119,7 @@ def stage_for(cfg: RunConfig, out: str | os.PathLike, data_root: str) -> StageSe
     split_seed = None if split is None else (cfg.data.split_seed if cfg.data.split_seed is not None else int(cfg.seed))
     key = StageSet.key_of(cfg.data.dataset, grid, cfg.numerics.permute, cfg.seed, root, split, split_seed)
     return StageSet(cfg.data.dataset, grid, cfg.numerics.permute, int(cfg.seed), root,
-                    str(Path(out).resolve() / "shards" / key), split, split_seed)
+                    str(Path(out).resolve() / "shards" / key), split, split_seed, cfg.data.stand_in_labels)
 
 
 def with_data(cfg: RunConfig, data_root: str, stage: StageSet | None):
@@ -151,7 +153,7 @@ class StageTask:
 
             first = todo[0]
             data = DataConfig(dataset=first.dataset, data_root=first.data_root, split=first.split,
-                              split_seed=first.split_seed)
+                              split_seed=first.split_seed, stand_in_labels=first.stand_in_labels)
             graph = load_graph(data, first.seed)
             failed = []
             for st in todo:

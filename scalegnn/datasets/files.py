@@ -267,6 +267,7 @@ def featureless_from_file(name: str, path: Path, fmt: str, seed: int, announce: 
         stand_in = "; ".join(f"{graph.meta[k]} stand in for the {k}" for k in missing)
         graph.meta["stand_in"] = (f"{stand_in} (no {' or '.join(missing)} file beside {path.name}; "
                                   f"looked for {beside_names(path)})")
+        graph.meta["stand_in_for"] = missing
     return graph
 
 

@@ -45,6 +45,11 @@ class DataConfig:
                                 "the dataset's split; a file without one gets random:0.5,0.25,0.25)")
     # rare: --seed already seeds the split; a split apart from the weights is a study of its own
     split_seed: int | None = setting(None, rare=True, help="seed of the --split draw (default: --seed)")
+    # rare: the featureless protocol for a user's file is a deliberate choice, never a default
+    stand_in_labels: bool = setting(False, rare=True,
+                                    help="train a graph file (edgelist:, mtx:) that has no labels file beside it on "
+                                    "32 balanced degree classes, the featureless protocol of the papers' unlabeled "
+                                    "graphs (without this flag a missing labels file is an error)")
     # rare: a sweep stages the shards and passes this itself; by hand, only after `scalegnn data shard`
     shard_dir: str | None = setting(None, scope="scalegnn", rare=True,
                                     help="read this rank's graph shard from files written by `scalegnn data shard` "
@@ -356,11 +361,26 @@ def load_graph(data: DataConfig, seed: int, graph: Graph | None = None) -> Graph
     """The graph of a run's ``data`` settings: ``graph`` when the caller has one (the
     Python API), else the dataset loaded; with ``data.split`` applied either way."""
     if graph is None:
-        return load_dataset(data.dataset, data_root=data.data_root, seed=seed, split=data.split,
-                            split_seed=data.split_seed)
+        graph = load_dataset(data.dataset, data_root=data.data_root, seed=seed, split=data.split,
+                             split_seed=data.split_seed)
+        if "labels" in stood_in(graph) and not data.stand_in_labels:
+            raise DatasetError(f"{data.dataset}: {graph.meta['stand_in']}: write the labels file (row v: vertex v's "
+                               "class, -1 unlabeled), or pass --stand-in-labels (Python: stand_in_labels=True) to "
+                               "train on the degree classes knowingly")
+        return graph
     if data.split is not None:
         return apply_split(graph, data.split, seed if data.split_seed is None else data.split_seed)
     return graph
+
+
+def stood_in(graph: Graph) -> list[str]:
+    """What of a user's graph file's node data is a stand-in (``"features"``,
+    ``"labels"``): the files that were not beside it (read from the statement in
+    ``meta["stand_in"]`` for a graph cached before ``stand_in_for`` existed)."""
+    if "stand_in_for" in graph.meta:
+        return list(graph.meta["stand_in_for"])
+    text = graph.meta.get("stand_in") or ""
+    return [kind for kind in ("features", "labels") if f"stand in for the {kind}" in text]
 
 
 def load_dataset(name: str, data_root: str | os.PathLike | None = None, seed: int = 0, cache: bool = True,

@@ -238,6 +238,7 @@ RARE = {  # every rare flag of ScaleGNN -> a command line that sets it, and make
     "--split-seed": (["--split", "random:0.5,0.25,0.25", "--split-seed", "7"],
                      dict(split="random:0.5,0.25,0.25", split_seed=7)),
     "--shard-dir": (["--shard-dir", "shards"], dict(shard_dir="shards")),
+    "--stand-in-labels": (["--stand-in-labels"], dict(stand_in_labels=True)),
     "--norm": (["--no-norm"], dict(norm=False)),
     "--residual": (["--no-residual"], dict(residual=False)),
     "--schedule": (["--schedule", "cosine"], dict(schedule="cosine")),

@@ -452,3 +452,32 @@ def test_npz_loader_keeps_isolated_vertices_and_cleans_edges(data, transpose, fl
     assert_csr_invariants(g)
     want = _undirected_without_loops(edges, {v: v for v in range(n)})
     assert {(int(r), int(c)) for r, c in zip(g.row_ids(), g.indices)} == want
+
+
+def test_a_graph_file_without_labels_trains_only_on_the_explicit_switch(tmp_path, capsys, monkeypatch):
+    """An edge list with no labels file beside it: ``scalegnn train`` and ``scalegnn data
+    shard`` refuse in one line naming the files looked for and the switch, with no
+    record and no shard; with --stand-in-labels the run trains on the degree classes
+    and its record says so; a labels file beside it needs no switch, even without
+    features (random features stand in: the featureless protocol for features alone)."""
+    monkeypatch.setenv("SCALEGNN_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    edges = tmp_path / "g.txt"
+    edges.write_text("".join(f"{a} {b}\n" for a, b in rng.integers(0, 40, (160, 2)) if a != b))
+    out = tmp_path / "out"
+    for argv in (["train", "--dataset", f"edgelist:{edges}", "--epochs", "1", "--out", str(out), "--quiet"],
+                 ["data", "shard", f"edgelist:{edges}", "--grid", "1x2x1x1", "--out", str(out)]):
+        err = one_line_error(capsys, argv)
+        assert "32 balanced degree classes stand in for the labels" in err and "g.labels.npy" in err, err
+        assert "pass --stand-in-labels (Python: stand_in_labels=True)" in err
+        assert not out.exists() or not any(out.iterdir())
+    rec = launch(make_config(dataset=f"edgelist:{edges}", epochs=1, hidden=8, progress=False,
+                             out_dir=str(tmp_path / "runs"), stand_in_labels=True))
+    assert rec["status"] == "ok" and "stand in for the labels" in rec["graph"]["stand_in"]
+    assert rec["config"]["data"]["stand_in_labels"] is True
+    nodes = 1 + max(int(w) for line in edges.read_text().split("\n") if line for w in line.split())
+    np.save(tmp_path / "g.labels.npy", rng.integers(0, 3, nodes))
+    rec = launch(make_config(dataset=f"edgelist:{edges}", epochs=1, hidden=8, progress=False,
+                             out_dir=str(tmp_path / "runs2")))
+    stand_in = rec["graph"]["stand_in"]
+    assert rec["status"] == "ok" and "stand in for the features" in stand_in and "for the labels" not in stand_in
