@@ -86,24 +86,31 @@ def _log_axis(axis) -> None:
 
 
 def _figure(panels: int, panel_w: float, height: float):
-    """A row of panels, at least 7.5 inches wide so titles and legends fit."""
-    fig, axes = plt.subplots(1, panels, figsize=(max(7.5, panel_w * panels), height), squeeze=False)
+    """A row of panels, at least 7.5 inches wide so titles and legends fit. Constrained
+    layout puts the figure's title right above the panels' titles (no blank band under
+    it) and makes room for the legend under the panels (:func:`_legend_below`)."""
+    fig, axes = plt.subplots(1, panels, figsize=(max(7.5, panel_w * panels), height), squeeze=False,
+                             layout="constrained")
     return fig, axes[0]
 
 
-def _component_legend(fig, used: dict) -> float:
+def _component_legend(fig, used: dict) -> None:
     """Legend of the stacked components, in stacking order, under the panels."""
     order = [label for _, label, _ in COMPONENTS if label in used]
-    return _legend_below(fig, [plt.Rectangle((0, 0), 1, 1, color=used[k]) for k in order], order)
+    _legend_below(fig, [plt.Rectangle((0, 0), 1, 1, color=used[k]) for k in order], order)
 
 
-def _legend_below(fig, handles, labels, rows_hint: int = 0) -> float:
-    """A legend under the panels; returns the bottom margin (figure fraction) it needs."""
-    width = fig.get_size_inches()[0]
-    ncol = max(1, min(len(labels), int(width // 2.1)))
-    nrows = -(-len(labels) // ncol)
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    return min(0.35, (0.035 + 0.04 * max(nrows, rows_hint)) * 4.6 / fig.get_size_inches()[1])
+def _legend_below(fig, handles, labels=None, fontsize: float = 8) -> None:
+    """A legend under the panels of ``fig`` (a figure or a subfigure with constrained
+    layout), outside every axes, so it never covers a line or a bar: as many columns as
+    the longest label lets fit in the figure's width."""
+    labels = labels if labels is not None else [h.get_label() for h in handles]
+    width = fig.get_size_inches()[0] if hasattr(fig, "get_size_inches") else fig.figure.get_size_inches()[0]
+    if hasattr(fig, "bbox_relative"):  # a subfigure: its share of the figure's width
+        width *= fig.bbox_relative.width
+    entry = 0.6 + 0.062 * fontsize / 8 * max((len(x) for x in labels), default=1)  # inches per column
+    ncol = max(1, min(len(labels), int(width // entry)))
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
 
 
 def select(runs: pd.DataFrame, figure: str) -> pd.DataFrame:
@@ -211,8 +218,7 @@ def fig5_ablation(runs: pd.DataFrame) -> plt.Figure:
     row = frame.iloc[0]
     fig.suptitle(f"Optimizations applied cumulatively\n{_dataset_label(row)}, {_cluster(frame).iloc[0]}",
                  fontsize=11)
-    bottom = _component_legend(fig, handles)
-    fig.tight_layout(rect=(0, bottom, 1, 0.92))
+    _component_legend(fig, handles)
     return fig
 
 
@@ -430,9 +436,8 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper
     if not pp.empty:
         handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="--",
                               label="paper (same experiment)"))
-    bottom = _legend_below(fig, handles, [h.get_label() for h in handles])
+    _legend_below(fig, handles)
     fig.suptitle("Training time to target test accuracy (evaluation excluded; lower is better)", fontsize=11)
-    fig.tight_layout(rect=(0, bottom, 1, 0.95))
     return fig
 
 
@@ -453,34 +458,39 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
     here_keys = _panel_order(frame)
     # the paper's panels in a block of two rows on the left, ours on the right at full height
     pcols = -(-len(paper_keys) // 2)
-    fig = plt.figure(figsize=(3.3 * pcols + 4.6 * len(here_keys), 7.4))
+    fig = plt.figure(figsize=(3.3 * pcols + 4.6 * len(here_keys), 7.4), layout="constrained")
     grid = fig.add_gridspec(2, pcols + len(here_keys), width_ratios=[1] * pcols + [1.5] * len(here_keys))
+    seen, label_of, missed = [], {}, False
     for i, (cl, ds) in enumerate(paper_keys):
         ax = fig.add_subplot(grid[i // pcols, i % pcols])
         sub = pp[(pp["cluster"] == cl) & (pp["dataset"] == ds)]
         for system, p in sorted(sub.groupby("system"), key=lambda kv: (kv[0] != "scalegnn", kv[0])):
             p = p.sort_values("gpus")
             _paper_style(ax, p["gpus"].tolist(), p["seconds"].tolist(), system, label=_style(system)[2])
+            if system not in seen:
+                seen.append(system)
         _fig6_axes(ax, sub["gpus"], float(targets.get(ds, np.nan)), f"paper: {ds}, {cl}")
         ax.set_ylabel(f"time to {100 * float(targets.get(ds, np.nan)):.0f}% test acc. (s)", fontsize=9)
-        ax.legend(fontsize=7, loc="best")
     for j, (cl, ds) in enumerate(here_keys):
         ax = fig.add_subplot(grid[:, pcols + j])
         sub = frame[(frame["_cluster"] == cl) & (frame["_ds"] == ds)]
-        seen, label_of = [], {}
         _fig6_panel(ax, sub, cl, reference, seen, label_of)
         _fig6_axes(ax, sub["world_size"], float(sub["target_acc"].iloc[0]), f"here: {ds}, {cl}",
                    unit=_rank_unit(sub))
-        handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
-                   for s in seen]
-        if not sub["time_to_target_s"].notna().all():
-            handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
-                                  label="target not reached (time to best)"))
-        ax.legend(handles=handles, fontsize=8, loc="best")
+        missed = missed or not sub["time_to_target_s"].notna().all()
+    # one legend for every panel, under them: a system has one colour and marker everywhere
+    seen.sort(key=lambda s: (s != "scalegnn", s))
+    handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
+               for s in seen]
+    handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="--",
+                          label="paper"))
+    if missed:
+        handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
+                              label="target not reached (time to best)"))
+    _legend_below(fig, handles)
     fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow, dashed); "
                  "right: measured here.\nNo experiment here is the paper's (same cluster, dataset, system and GPU "
                  "count), so each has its own axes.", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
     return fig
 
 
@@ -537,17 +547,22 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
     clusters = sorted(frame["_cluster"].unique())
     fig, axes = _figure(len(clusters), 5.6, 4.8)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # one colour per (dataset, 3D grid) in every panel, so that one legend under the panels serves them all
+    all_curves = sorted(frame.groupby(["_ds", "mp_grid"]).groups)
+    color_of = {k: colors[i % len(colors)] for i, k in enumerate(all_curves)}
+    legend: dict[str, object] = {}
     for ax, cluster in zip(axes, clusters):
         sub = frame[frame["_cluster"] == cluster]
         curves = sorted(sub.groupby(["_ds", "mp_grid"]).groups)
         color_of_ds = {}
-        for i, (ds, mp) in enumerate(curves):
+        for ds, mp in curves:
             c = sub[(sub["_ds"] == ds) & (sub["mp_grid"] == mp)]
             pts = c.groupby("world_size")["epoch_time_s"].mean().sort_index() * 1e3
-            color = colors[i % len(colors)]
+            color = color_of[(ds, mp)]
             color_of_ds.setdefault(ds, color)
-            label = f"{ds}, 3D grid {mp}" if len(sub["mp_grid"].unique()) > 1 or len(curves) > 1 else ds
-            ax.plot(pts.index, pts.values, "o-", color=color, label=label, linewidth=2)
+            label = f"{ds}, 3D grid {mp}" if len(all_curves) > 1 else ds
+            (line,) = ax.plot(pts.index, pts.values, "o-", color=color, label=label, linewidth=2)
+            legend.setdefault(label, line)
             if len(pts) > 1:
                 g0, t0 = pts.index[0], pts.iloc[0]
                 ax.plot(pts.index, [t0 * g0 / g for g in pts.index], "--", color=color, alpha=0.5, linewidth=1)
@@ -559,8 +574,9 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
         mine = pp[pp["cluster"] == cluster]
         for ds, p in mine.groupby("label"):
             p = p.sort_values("gpus")
-            ax.plot(p["gpus"], p["epoch_ms"], linestyle=":", marker="o", mfc="none", mew=1.5, markersize=8,
-                    color=color_of_ds.get(ds, "black"), label=f"{ds} (paper)")
+            (line,) = ax.plot(p["gpus"], p["epoch_ms"], linestyle=":", marker="o", mfc="none", mew=1.5,
+                              markersize=8, color=color_of_ds.get(ds, "black"), label=f"{ds} (paper)")
+            legend.setdefault(line.get_label(), line)
         _log2_ticks(ax, list(sub["world_size"]) + list(mine["gpus"]))
         ax.set_yscale("log")
         _log_axis(ax.yaxis)
@@ -568,11 +584,9 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
         ax.set_ylabel("epoch time (ms)")
         ax.set_title(cluster)
         ax.grid(alpha=0.3, which="both")
-        handles, labels = ax.get_legend_handles_labels()
-        handles.append(Line2D([], [], color="gray", linestyle="--", label="ideal scaling"))
-        ax.legend(handles=handles, fontsize=8, loc="lower left")
+    handles = list(legend.values()) + [Line2D([], [], color="gray", linestyle="--", label="ideal scaling")]
+    _legend_below(fig, handles)
     fig.suptitle("Strong scaling of ScaleGNN epoch time (3D grid fixed, Gd grows)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
 
 
@@ -596,7 +610,9 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
             curves.append((cl, ds, mp, pts))
     if not curves:
         raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more GPU counts")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5.0))
+    fig = plt.figure(figsize=(12, 6.2), layout="constrained")
+    left, right = fig.subfigures(1, 2)
+    a1, a2 = left.subplots(), right.subplots()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = {"perlmutter": "o", "frontier": "s", "tuolumne": "^"}
     ds_color = {ds: colors[i % len(colors)] for i, ds in enumerate(sorted(pp["dataset"].unique()))}
@@ -613,8 +629,8 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
         a2.plot(mult, pts.iloc[0] / pts.values, "o-", color=colors[i % len(colors)], linewidth=2,
                 label=f"{ds}, 3D grid {mp}, {cl} ({pts.index[0]} -> {pts.index[-1]})")
         here_top = max(here_top, float(mult[-1]))
-    for ax, hi, title in ((a1, top, "paper: ScaleGNN strong scaling (Fig. 7, Section VII-C)"),
-                          (a2, here_top, "here: ScaleGNN strong scaling (measured)")):
+    for sub_fig, ax, hi, title in ((left, a1, top, "paper: ScaleGNN strong scaling (Fig. 7, Section VII-C)"),
+                                   (right, a2, here_top, "here: ScaleGNN strong scaling (measured)")):
         ax.plot([1, hi], [1, hi], color="gray", linestyle=":", linewidth=1, label="ideal")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
@@ -624,10 +640,9 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
         ax.set_ylabel("speedup over the first GPU count")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="upper left")
+        _legend_below(sub_fig, ax.get_legend_handles_labels()[0], fontsize=7)  # under its own axes
     fig.suptitle("Fig. 7, paper vs here: no experiment here matches the paper's, so each has its own axes",
                  fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
     return fig
 
 
@@ -658,9 +673,8 @@ def fig8_epoch_breakdown(runs: pd.DataFrame) -> plt.Figure:
         ax.set_ylim(0, max(totals) * 1.15)
         ax.set_title(f"{key[1]}\n{key[0]}, 3D grid {key[2]}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    bottom = _component_legend(fig, handles)
+    _component_legend(fig, handles)
     fig.suptitle("Epoch time by component as data parallelism Gd grows", fontsize=11)
-    fig.tight_layout(rect=(0, bottom, 1, 0.94))
     return fig
 
 
@@ -673,14 +687,16 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
         raise NoData("no runs to validate the performance model on (the `perfmodel` sweep)")
     v = validation.sort_values("observed_s").reset_index(drop=True)
     ms = 1e3
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.5]})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5.2), gridspec_kw={"width_ratios": [1, 1.5]},
+                                 layout="constrained")
     lo = min(v["observed_s"].min(), v["predicted_s"].min(), v["loo_s"].min()) * ms / 1.3
     hi = max(v["observed_s"].max(), v["predicted_s"].max(), v["loo_s"].max()) * ms * 1.3
-    a1.plot([lo, hi], [lo, hi], "k-", linewidth=1, label="predicted = observed")
-    a1.fill_between([lo, hi], [lo / 1.25, hi / 1.25], [lo * 1.25, hi * 1.25], color="gray", alpha=0.15,
-                    label="within 25%")
-    a1.plot(v["observed_s"] * ms, v["predicted_s"] * ms, "o", color="#d62728", label="fit on all runs")
-    a1.plot(v["observed_s"] * ms, v["loo_s"] * ms, "o", mfc="none", color="#1f77b4", label="leave-one-out")
+    (diag,) = a1.plot([lo, hi], [lo, hi], "k-", linewidth=1, label="predicted = observed")
+    band = a1.fill_between([lo, hi], [lo / 1.25, hi / 1.25], [lo * 1.25, hi * 1.25], color="gray", alpha=0.15,
+                           label="within 25%")
+    (fit,) = a1.plot(v["observed_s"] * ms, v["predicted_s"] * ms, "o", color="#d62728", label="fit on all runs")
+    (loo_pts,) = a1.plot(v["observed_s"] * ms, v["loo_s"] * ms, "o", mfc="none", color="#1f77b4",
+                         label="leave-one-out")
     worst = (v["loo_s"] / v["observed_s"] - 1).abs().nlargest(min(3, len(v))).index
     for i in worst:  # name the largest leave-one-out misses (every grid is named on the right)
         r = v.loc[i]
@@ -697,11 +713,10 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
     mape = (v["predicted_s"] / v["observed_s"] - 1).abs().mean()
     loo = (v["loo_s"] / v["observed_s"] - 1).abs().mean()
     a1.set_title(f"mean |error|: {100 * mape:.0f}% fitted, {100 * loo:.0f}% leave-one-out", fontsize=10)
-    a1.legend(fontsize=8, loc="upper left")
     a1.grid(alpha=0.3, which="both")
     x = np.arange(len(v))
     w = 0.28
-    a2.bar(x - w, v["observed_s"] * ms, w, color="#444444", label="observed")
+    observed = a2.bar(x - w, v["observed_s"] * ms, w, color="#444444", label="observed")
     a2.bar(x, v["predicted_s"] * ms, w, color="#d62728", label="predicted (fit on all)")
     a2.bar(x + w, v["loo_s"] * ms, w, color="#1f77b4", alpha=0.7, label="predicted (leave-one-out)")
     a2.set_xticks(x, v["grid"], rotation=45, ha="right", fontsize=8)
@@ -710,7 +725,6 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
     best_obs = v.loc[v["observed_s"].idxmin(), "grid"]
     best_pred = v.loc[v["loo_s"].idxmin(), "grid"]
     a2.set_title(f"fastest observed {best_obs}; fastest predicted (leave-one-out) {best_pred}", fontsize=10)
-    a2.legend(fontsize=8)
     a2.grid(axis="y", alpha=0.3)
     title = "Performance model: predicted vs observed epoch time"
     if "dataset" in v and v["dataset"].nunique() == 1:
@@ -718,6 +732,9 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
         short = f"{ds.split(':', 1)[0]} {ds.split(':', 1)[1].split(',')[0]}" if ":" in ds else ds
         title += f"\n{short}, {len(v)} grids, {v['cluster'].iloc[0] if 'cluster' in v else ''}"
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    # one legend under both panels (the colours mean the same on both): never over a point or a bar
+    _legend_below(fig, [observed, fit, loo_pts, diag, band],
+                  ["observed", "predicted: fit on all runs", "predicted: leave-one-out", "predicted = observed",
+                   "within 25%"])
     return fig
 

@@ -165,7 +165,7 @@ def test_fig7_curve_ideal_line_and_speedup():
     ideal = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--" and len(ln.get_xdata()) == 3][0]
     assert np.allclose(ideal.get_ydata(), [100, 50, 25])
     assert "2.5x (62% of ideal 4x)" in texts(fig)
-    assert ax.get_title() == "perlmutter" and "ideal scaling" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_title() == "perlmutter" and "ideal scaling" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
 def test_fig7_of_runs_at_one_gpu_count_is_no_data():
@@ -494,6 +494,75 @@ def test_fig7_paper_points_on_the_axes_or_beside_them():
     assert list(here.get_xdata()) == [1, 2] and here.get_ydata()[-1] == pytest.approx(1.0)
     with pytest.raises(F.NoData):  # one run: no scaling curve, no panel (the report skips both)
         F.fig7_paper_vs_here(runs_from_records(recs[:1], [manifest("demo", "local", [(recs[0], "")])]))
+
+
+# ---------------------------------------------------------------------------- what a reviewer sees
+def _figure_inputs():
+    """Every figure the report draws, from synthetic records: name -> a function building it."""
+    def tagged(spec, cluster, recs):
+        return runs_from_records(recs, [manifest(spec, cluster, [(r, "") for r in recs])])
+
+    generated = "csbm:n=10000,avg_degree=50,classes=8"
+    fig5 = [(make_record(grid=(gd, 2, 2, 2), epoch_s=[0.2, t, t], components={"pmm_comm": 0.05}), v)
+            for gd in (1, 4) for v, t in (("baseline", 0.1), ("+prefetch", 0.08))]
+    fig6 = [make_record(s, "reddit", grid=(g // 4, 2, 2, 1) if s == "scalegnn" else (g, 1, 1, 1),
+                        epoch_s=[t, t], test=[0.9, 0.96], target=0.95)
+            for s, g, t in (("scalegnn", 4, 1.0), ("scalegnn", 16, 0.3), ("salient", 4, 1.2), ("salient", 16, 2.0))]
+    mine = [make_record(s, generated, grid=(g, 1, 1, 1), epoch_s=[t, t], test=[0.9, 0.96], target=0.95)
+            for s, g, t in (("scalegnn", 1, 0.5), ("graphsage", 1, 2.0), ("scalegnn", 2, 0.4), ("graphsage", 2, 1.5))]
+    matched7 = [make_record("scalegnn", "products-14m", (d, 4, 4, 2), [1.0, t, t]) for d, t in ((1, 9.0), (32, 0.5))]
+    here7 = [make_record("scalegnn", generated, (d, 1, 1, 1), [1.0, t, t]) for d, t in ((1, 0.5), (2, 0.3))]
+    model = pd.DataFrame({"grid": ["1x1x1x1", "1x2x1x1", "2x1x1x1"], "observed_s": [1.0, 0.6, 0.5],
+                          "predicted_s": [1.1, 0.55, 0.5], "loo_s": [1.2, 0.5, 0.45], "dataset": ["d"] * 3,
+                          "cluster": ["local"] * 3})
+    return {
+        "fig5": lambda: F.fig5_ablation(runs_from_records([r for r, _ in fig5], [manifest("fig5", "local", fig5)])),
+        "fig6": lambda: F.fig6_time_to_target(tagged("fig6", "perlmutter", fig6)),
+        "fig6_paper_vs_here": lambda: F.fig6_paper_vs_here(tagged("demo", "local", mine)),
+        "fig7": lambda: F.fig7_strong_scaling(tagged("fig7", "frontier", matched7)),
+        "fig7_paper_vs_here": lambda: F.fig7_paper_vs_here(tagged("demo", "local", here7)),
+        "fig8": lambda: F.fig8_epoch_breakdown(tagged("fig8", "perlmutter", _scaling_records())),
+        "plexus_fig5": lambda: F.plexus_fig5_model(model),
+    }
+
+
+def _drawn(fig):
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def legends_over_axes(fig) -> list[str]:
+    """Every legend (the figure's, its subfigures', the axes') whose box overlaps the
+    plotting area of some axes: "legend text -> axes title"."""
+    renderer = _drawn(fig)
+    legends = [lg for f in [fig, *fig.subfigs] for lg in f.legends]
+    legends += [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends, "the figure has no legend"
+    return [f"{lg.get_texts()[0].get_text()} -> {ax.get_title()}" for lg in legends for ax in fig.axes
+            if lg.get_window_extent(renderer).overlaps(ax.bbox)]
+
+
+def band_under_title(fig) -> float:
+    """Inches of empty figure between the bottom of the figure's title and the top of the
+    highest panel title (or panel, where it has no title)."""
+    renderer = _drawn(fig)
+    sup = fig._suptitle.get_window_extent(renderer)  # noqa: SLF001 - the suptitle has no public artist getter
+    tops = [ax.title.get_window_extent(renderer).y1 if ax.get_title() else ax.bbox.y1 for ax in fig.axes]
+    return (sup.y0 - max(tops)) / fig.dpi
+
+
+@pytest.mark.parametrize("name", list(_figure_inputs()))
+def test_every_figure_keeps_its_legend_off_the_data_and_its_title_on_the_panels(name):
+    """Legends sit outside every axes (never over a line, a point or a bar), and the
+    figure's title sits right above the panels' titles: no blank band between them."""
+    import matplotlib.pyplot as plt
+
+    fig = _figure_inputs()[name]()
+    try:
+        assert legends_over_axes(fig) == []
+        assert 0.0 <= band_under_title(fig) < 0.15, f"{band_under_title(fig):.2f} in of blank band"
+    finally:
+        plt.close(fig)
 
 
 def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
