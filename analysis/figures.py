@@ -33,7 +33,7 @@ from .paper import canonical_dataset, fig6_points, paper_numbers  # noqa: E402
 __all__ = ["NoData", "fig5_ablation", "fig6_time_to_target", "fig7_strong_scaling", "fig8_epoch_breakdown",
            "plexus_fig5_model", "select", "COMPONENTS", "FIGURE_SPECS", "component_table", "paper_points_fig6",
            "paper_points_fig7", "fig6_paper_vs_here", "fig7_paper_vs_here", "fastest_grid_time",
-           "short_dataset"]
+           "short_dataset", "rank_axis_label"]
 
 
 class NoData(LookupError):
@@ -391,13 +391,25 @@ def _rank_unit(runs: pd.DataFrame) -> str:
     return "GPU" if kinds == {"gpu"} else "rank" if "gpu" in kinds else "process"
 
 
-def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True, unit: str = "GPU"):
+# What the ranks of a set of runs are (:func:`_rank_unit`): (the noun an axis counts, a note when they mix).
+_RANKS = {"GPU": ("GPUs", ""), "process": ("CPU processes", ""), "rank": ("ranks", "GPU and CPU runs mixed")}
+
+
+def rank_axis_label(runs: pd.DataFrame) -> str:
+    """What an axis of rank counts counts, from the records' ``env.device_type`` (the
+    ``device_kind`` column): "GPUs (ranks)" only when every run computed on GPUs, "CPU
+    processes (ranks)" when none did, and "ranks (GPU and CPU runs mixed)" when they mix."""
+    noun, note = _RANKS[_rank_unit(runs)]
+    return f"{noun} ({note or 'ranks'})"
+
+
+def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True, xlabel: str = "GPUs (ranks)"):
     _log2_ticks(ax, counts)
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     ax.set_ylim(lo / 1.25, hi * 1.1)  # room for the "best x%" labels under the lowest point
     _log_axis(ax.yaxis)
-    ax.set_xlabel({"GPU": "GPUs (ranks)", "process": "processes (ranks)"}.get(unit, "ranks"))
+    ax.set_xlabel(xlabel)
     if ylabel:
         ax.set_ylabel(f"training time to {100 * target:.0f}% test accuracy (s)")
     ax.set_title(title, fontsize=10)
@@ -428,7 +440,7 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper
             _paper_style(ax, p["gpus"].tolist(), p["seconds"].tolist(), system,
                          label=f"{_style(system)[2]} (paper)")
         counts = list(sub["world_size"]) + list(mine["gpus"])
-        _fig6_axes(ax, counts, float(sub["target_acc"].iloc[0]), f"{ds}, {cluster}", unit=_rank_unit(sub))
+        _fig6_axes(ax, counts, float(sub["target_acc"].iloc[0]), f"{ds}, {cluster}", xlabel=rank_axis_label(sub))
     handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
                for s in systems_seen]
     handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
@@ -476,7 +488,7 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
         sub = frame[(frame["_cluster"] == cl) & (frame["_ds"] == ds)]
         _fig6_panel(ax, sub, cl, reference, seen, label_of)
         _fig6_axes(ax, sub["world_size"], float(sub["target_acc"].iloc[0]), f"here: {ds}, {cl}",
-                   unit=_rank_unit(sub))
+                   xlabel=rank_axis_label(sub))
         missed = missed or not sub["time_to_target_s"].notna().all()
     # one legend for every panel, under them: a system has one colour and marker everywhere
     seen.sort(key=lambda s: (s != "scalegnn", s))
@@ -533,14 +545,15 @@ def paper_points_fig7(runs: pd.DataFrame | None, paper: dict | None = None) -> p
 
 
 def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Figure:
-    """Epoch time vs GPUs, one panel per cluster and one curve per (dataset, 3D grid)
+    """Epoch time vs ranks (GPUs, or CPU processes: :func:`rank_axis_label` says which),
+    one panel per cluster and one curve per (dataset, 3D grid)
     as Gd grows, with ideal scaling from each curve's first point (dashed) and the
     measured speedup annotated at its last point (paper Fig. 7). The paper's epoch
     times (:func:`paper_points_fig7`, where stated) are drawn on the same axes, hollow
     and dashed, where the experiment matches (same cluster, dataset and GPU count)."""
     frame = _scaling_frame(runs, "fig7")
     if frame.groupby(["_cluster", "_ds", "mp_grid"])["world_size"].nunique().max() < 2:
-        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more GPU counts; every curve here "
+        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more rank counts; every curve here "
                      "has one point")
     pp = paper_points_fig7(runs, paper)
     pp = pp[pp["matched"] & pp["epoch_ms"].notna()]
@@ -580,7 +593,7 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
         _log2_ticks(ax, list(sub["world_size"]) + list(mine["gpus"]))
         ax.set_yscale("log")
         _log_axis(ax.yaxis)
-        ax.set_xlabel("GPUs (ranks); Gd grows from the first point")
+        ax.set_xlabel(f"{rank_axis_label(sub)}; Gd grows from the first point")
         ax.set_ylabel("epoch time (ms)")
         ax.set_title(cluster)
         ax.grid(alpha=0.3, which="both")
@@ -593,7 +606,7 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
 def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Figure:
     """Paper vs here for Fig. 7 when no experiment matches: speedup over the first GPU
     count against the GPU multiple (GPUs / first GPUs, so one ideal line y = x serves
-    every curve), the paper's strong-scaling results on the left (first and last
+    every curve; here the ranks' multiple, named by :func:`rank_axis_label`), the paper's strong-scaling results on the left (first and last
     count, hollow and dashed) and the ScaleGNN curves measured here on the right, each
     on its own axes. Raises :class:`NoData` without a measured curve of two or more
     counts, or when a paper point matches (it is then on Fig. 7 itself)."""
@@ -609,7 +622,9 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
         if len(pts) > 1:
             curves.append((cl, ds, mp, pts))
     if not curves:
-        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more GPU counts")
+        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more rank counts")
+    measured = frame[[k in {c[:3] for c in curves} for k in zip(frame["_cluster"], frame["_ds"], frame["mp_grid"])]]
+    noun, note = _RANKS[_rank_unit(measured)]  # the paper's ranks are GPUs; ours may be CPU processes
     fig = plt.figure(figsize=(12, 6.2), layout="constrained")
     left, right = fig.subfigures(1, 2)
     a1, a2 = left.subplots(), right.subplots()
@@ -629,15 +644,18 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
         a2.plot(mult, pts.iloc[0] / pts.values, "o-", color=colors[i % len(colors)], linewidth=2,
                 label=f"{ds}, 3D grid {mp}, {cl} ({pts.index[0]} -> {pts.index[-1]})")
         here_top = max(here_top, float(mult[-1]))
-    for sub_fig, ax, hi, title in ((left, a1, top, "paper: ScaleGNN strong scaling (Fig. 7, Section VII-C)"),
-                                   (right, a2, here_top, "here: ScaleGNN strong scaling (measured)")):
+    here_x = f"{noun} / first count" + (f" ({note})" if note else "")
+    for sub_fig, ax, hi, title, xlabel, count in (
+            (left, a1, top, "paper: ScaleGNN strong scaling (Fig. 7, Section VII-C)", "GPUs / first GPU count",
+             "GPU count"),
+            (right, a2, here_top, "here: ScaleGNN strong scaling (measured)", here_x, "count")):
         ax.plot([1, hi], [1, hi], color="gray", linestyle=":", linewidth=1, label="ideal")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel("GPUs / first GPU count")
-        ax.set_ylabel("speedup over the first GPU count")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"speedup over the first {count}")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
         _legend_below(sub_fig, ax.get_legend_handles_labels()[0], fontsize=7)  # under its own axes

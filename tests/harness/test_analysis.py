@@ -22,6 +22,15 @@ from tests.files import minimal_record
 _counter = [0]
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Every figure a test drew is closed after it (pyplot keeps them open otherwise)."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 def make_record(system="scalegnn", dataset="reddit", grid=(1, 1, 1, 1), epoch_s=(0.1, 0.1, 0.1), test=None,
                 target=None, components=None, eval_s=0.05, status="ok", seed=0, host="nid001"):
     """A valid run record with per-epoch times ``epoch_s`` and test accuracies ``test``."""
@@ -172,7 +181,7 @@ def test_fig7_of_runs_at_one_gpu_count_is_no_data():
     """One point per curve is not a scaling curve: the report says so instead."""
     recs = _scaling_records()[:1]
     runs = runs_from_records(recs, [manifest("fig7", "perlmutter", [(r, "") for r in recs])])
-    with pytest.raises(F.NoData, match="two or more GPU counts"):
+    with pytest.raises(F.NoData, match="two or more rank counts"):
         F.fig7_strong_scaling(runs)
 
 
@@ -555,14 +564,36 @@ def band_under_title(fig) -> float:
 def test_every_figure_keeps_its_legend_off_the_data_and_its_title_on_the_panels(name):
     """Legends sit outside every axes (never over a line, a point or a bar), and the
     figure's title sits right above the panels' titles: no blank band between them."""
-    import matplotlib.pyplot as plt
-
     fig = _figure_inputs()[name]()
-    try:
-        assert legends_over_axes(fig) == []
-        assert 0.0 <= band_under_title(fig) < 0.15, f"{band_under_title(fig):.2f} in of blank band"
-    finally:
-        plt.close(fig)
+    assert legends_over_axes(fig) == []
+    assert 0.0 <= band_under_title(fig) < 0.15, f"{band_under_title(fig):.2f} in of blank band"
+
+
+def _on(device_type, rec):
+    """``rec`` as run on ``device_type`` (``env.device_type``: "cpu" or "cuda")."""
+    rec["env"].update(device="cpu (x86_64, 2 cores)" if device_type == "cpu" else "A100", device_type=device_type)
+    return rec
+
+
+@pytest.mark.parametrize("devices, label", [(("cuda", "cuda"), "GPUs (ranks)"),
+                                            (("cpu", "cpu"), "CPU processes (ranks)"),
+                                            (("cuda", "cpu"), "ranks (GPU and CPU runs mixed)")])
+def test_rank_axes_say_what_the_ranks_ran_on(devices, label):
+    """The x axis of Fig. 6 and 7 (and Fig. 7 paper vs here's measured side) names GPUs
+    only when every run of the panel ran on GPUs (the records' env.device_type)."""
+    scaling = [_on(dev, make_record("scalegnn", "csbm:n=10000,avg_degree=50", (d, 1, 1, 1), [1.0, t, t]))
+               for dev, d, t in zip(devices, (1, 2), (0.5, 0.3))]
+    runs = runs_from_records(scaling, [manifest("demo", "local", [(r, "") for r in scaling])])
+    assert F.fig7_strong_scaling(runs).axes[0].get_xlabel() == f"{label}; Gd grows from the first point"
+    paper_side, here_side = F.fig7_paper_vs_here(runs).axes
+    assert paper_side.get_xlabel() == "GPUs / first GPU count"  # the paper's ranks are GPUs
+    noun = label.split(" (")[0]
+    assert here_side.get_xlabel() == (f"{noun} / first count" if "mixed" not in label else
+                                      "ranks / first count (GPU and CPU runs mixed)")
+    timed = [_on(dev, make_record(s, grid=(g, 1, 1, 1), epoch_s=[1.0], test=[0.96], target=0.95))
+             for dev, (s, g) in zip(devices, (("scalegnn", 1), ("scalegnn", 2)))]
+    runs = runs_from_records(timed, [manifest("demo", "local", [(r, "") for r in timed])])
+    assert F.fig6_time_to_target(runs).axes[0].get_xlabel() == label
 
 
 def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
