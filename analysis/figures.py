@@ -306,9 +306,10 @@ def fastest_grid_time(runs: pd.DataFrame) -> tuple[float, str]:
 
 
 def _paper_style(ax, xs, ys, system: str, label: str | None = None):
-    """The paper's points: hollow markers joined by a dashed line, in the system's colour."""
+    """The paper's points: hollow markers in the system's colour, and no line: only these
+    counts are published, and a line would claim the values between them."""
     color, marker, _ = _style(system)
-    ax.plot(xs, ys, linestyle="--", marker=marker, mfc="none", mew=1.5, markersize=8, color=color, alpha=0.9,
+    ax.plot(xs, ys, linestyle="none", marker=marker, mfc="none", mew=1.5, markersize=8, color=color, alpha=0.9,
             linewidth=1.2, label=label or "_paper")
 
 
@@ -423,7 +424,7 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper
     them. At the largest GPU count where ScaleGNN reached the target, its speedup over
     the reference system (``reference[cluster]``, else every other system there)
     is annotated. The paper's own times (:func:`paper_points_fig6`) are drawn on the
-    same axes, hollow and dashed, where the experiment matches (same cluster, dataset,
+    same axes, hollow markers without a line, where the experiment matches (same cluster, dataset,
     system and GPU count); the others go to :func:`fig6_paper_vs_here`."""
     frame = _fig6_frame(runs)
     pp = paper_points_fig6(runs, paper)
@@ -446,8 +447,8 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper
     handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
                           label="target not reached (time to best)"))
     if not pp.empty:
-        handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="--",
-                              label="paper (same experiment)"))
+        handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="none",
+                              label="paper, same experiment (published points only)"))
     _legend_below(fig, handles)
     fig.suptitle("Training time to target test accuracy (evaluation excluded; lower is better)", fontsize=11)
     return fig
@@ -455,7 +456,7 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper
 
 def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper: dict | None = None) -> plt.Figure:
     """Paper vs here for Fig. 6 when no experiment matches: the paper's time-to-target
-    panels (left, two rows, hollow and dashed, its clusters and datasets) beside the
+    panels (left, two rows, hollow markers of its published points, its clusters and datasets) beside the
     panels measured here (right, full height), each on its own axes. Raises :class:`NoData` without
     measured runs, or when some paper point matches (it is then on Fig. 6 itself)."""
     paper = paper if paper is not None else paper_numbers()
@@ -494,13 +495,13 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
     seen.sort(key=lambda s: (s != "scalegnn", s))
     handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
                for s in seen]
-    handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="--",
-                          label="paper"))
+    handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="none",
+                          label="paper (published points only)"))
     if missed:
         handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
                               label="target not reached (time to best)"))
     _legend_below(fig, handles)
-    fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow, dashed); "
+    fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow: its published points); "
                  "right: measured here.\nNo experiment here is the paper's (same cluster, dataset, system and GPU "
                  "count), so each has its own axes.", fontsize=10)
     return fig
@@ -549,8 +550,9 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
     one panel per cluster and one curve per (dataset, 3D grid)
     as Gd grows, with ideal scaling from each curve's first point (dashed) and the
     measured speedup annotated at its last point (paper Fig. 7). The paper's epoch
-    times (:func:`paper_points_fig7`, where stated) are drawn on the same axes, hollow
-    and dashed, where the experiment matches (same cluster, dataset and GPU count)."""
+    times (:func:`paper_points_fig7`, where stated) are drawn on the same axes where the
+    experiment matches (same cluster, dataset and GPU count): hollow markers at its first
+    and last GPU counts, the only ones it publishes, with no line between them."""
     frame = _scaling_frame(runs, "fig7")
     if frame.groupby(["_cluster", "_ds", "mp_grid"])["world_size"].nunique().max() < 2:
         raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more rank counts; every curve here "
@@ -587,8 +589,9 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
         mine = pp[pp["cluster"] == cluster]
         for ds, p in mine.groupby("label"):
             p = p.sort_values("gpus")
-            (line,) = ax.plot(p["gpus"], p["epoch_ms"], linestyle=":", marker="o", mfc="none", mew=1.5,
-                              markersize=8, color=color_of_ds.get(ds, "black"), label=f"{ds} (paper)")
+            (line,) = ax.plot(p["gpus"], p["epoch_ms"], linestyle="none", marker="o", mfc="none", mew=1.5,
+                              markersize=8, color=color_of_ds.get(ds, "black"),
+                              label=f"{ds}, paper (published endpoints)")
             legend.setdefault(line.get_label(), line)
         _log2_ticks(ax, list(sub["world_size"]) + list(mine["gpus"]))
         ax.set_yscale("log")
@@ -606,8 +609,9 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
 def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Figure:
     """Paper vs here for Fig. 7 when no experiment matches: speedup over the first GPU
     count against the GPU multiple (GPUs / first GPUs, so one ideal line y = x serves
-    every curve; here the ranks' multiple, named by :func:`rank_axis_label`), the paper's strong-scaling results on the left (first and last
-    count, hollow and dashed) and the ScaleGNN curves measured here on the right, each
+    every curve; here the ranks' multiple, named by :func:`rank_axis_label`), the paper's
+    strong-scaling results on the left (its published endpoints, the first and last count:
+    hollow markers, no line) and the ScaleGNN curves measured here on the right, each
     on its own axes. Raises :class:`NoData` without a measured curve of two or more
     counts, or when a paper point matches (it is then on Fig. 7 itself)."""
     frame = _scaling_frame(runs, "fig7")
@@ -635,8 +639,10 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
     for (cl, ds), p in sorted(pp.groupby(["cluster", "dataset"])):
         p = p.sort_values("gpus")
         mult = p["gpus"] / p["gpus"].iloc[0]
-        a1.plot(mult, p["speedup"], linestyle="--", marker=markers.get(cl, "D"), mfc="none", mew=1.5,
-                markersize=7, color=ds_color[ds], label=f"{ds}, {cl} ({p['gpus'].iloc[0]} -> {p['gpus'].iloc[-1]})")
+        # the endpoints only, as published: the paper's text gives no point between them
+        a1.plot(mult, p["speedup"], linestyle="none", marker=markers.get(cl, "D"), mfc="none", mew=1.5,
+                markersize=7, color=ds_color[ds],
+                label=f"{ds}, {cl} ({p['gpus'].iloc[0]} -> {p['gpus'].iloc[-1]} GPUs)")
         top = max(top, float(mult.iloc[-1]))
     here_top = 1.0
     for i, (cl, ds, mp, pts) in enumerate(curves):
@@ -644,10 +650,11 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
         a2.plot(mult, pts.iloc[0] / pts.values, "o-", color=colors[i % len(colors)], linewidth=2,
                 label=f"{ds}, 3D grid {mp}, {cl} ({pts.index[0]} -> {pts.index[-1]})")
         here_top = max(here_top, float(mult[-1]))
+    paper_title = ("paper: ScaleGNN strong scaling (Fig. 7, Section VII-C), its published endpoints\n"
+                   "(the first and last count: no line, the points between are not published)")
     here_x = f"{noun} / first count" + (f" ({note})" if note else "")
     for sub_fig, ax, hi, title, xlabel, count in (
-            (left, a1, top, "paper: ScaleGNN strong scaling (Fig. 7, Section VII-C)", "GPUs / first GPU count",
-             "GPU count"),
+            (left, a1, top, paper_title, "GPUs / first GPU count", "GPU count"),
             (right, a2, here_top, "here: ScaleGNN strong scaling (measured)", here_x, "count")):
         ax.plot([1, hi], [1, hi], color="gray", linestyle=":", linewidth=1, label="ideal")
         ax.set_xscale("log", base=2)

@@ -90,11 +90,13 @@ def test_fig6_series_markers_and_speedup_annotation():
     assert set(lines) == {"ScaleGNN", "SALIENT++", "BNS-GCN", "ScaleGNN (paper)", "SALIENT++ (paper)",
                           "BNS-GCN (paper)"}
     # the same experiment as the paper's (perlmutter, reddit, same system and GPU count): its points on
-    # these axes, hollow and dashed; BNS-GCN only at 16 GPUs, the one count it was measured at here
+    # these axes, hollow markers and no line (only these counts are published); BNS-GCN only at 16 GPUs,
+    # the one count it was measured at here
     paper = {k: (list(v.get_xdata()), list(v.get_ydata())) for k, v in lines.items() if k.endswith("(paper)")}
     assert paper == {"ScaleGNN (paper)": ([4, 16], [1.33, 0.98]), "SALIENT++ (paper)": ([4, 16], [1.83, 3.13]),
                      "BNS-GCN (paper)": ([16], [11.7])}
-    assert all(lines[k].get_markerfacecolor() == "none" and lines[k].get_linestyle() == "--" for k in paper)
+    assert all(lines[k].get_markerfacecolor() == "none" and lines[k].get_linestyle() == "None" for k in paper)
+    assert "paper, same experiment (published points only)" in [t.get_text() for t in fig.legends[0].get_texts()]
     with pytest.raises(F.NoData, match="drawn on the measured axes"):
         F.fig6_paper_vs_here(runs)
     assert list(lines["ScaleGNN"].get_xdata()) == [4, 16] and list(lines["ScaleGNN"].get_ydata()) == [2.0, 0.5]
@@ -471,7 +473,7 @@ def test_fig6_paper_vs_here_panel_when_no_experiment_matches():
     top = both.axes[1]
     sg = [ln for ln in top.get_lines() if ln.get_label() == "ScaleGNN"][0]
     assert list(sg.get_xdata()) == [4, 16] and list(sg.get_ydata()) == [1.33, 0.98]
-    assert sg.get_markerfacecolor() == "none" and sg.get_linestyle() == "--"
+    assert sg.get_markerfacecolor() == "none" and sg.get_linestyle() == "None"  # the published points only
     assert "95% test acc" in top.get_ylabel()
     here = [ax for ax in both.axes if ax.get_title().startswith("here:")][0]
     mine = [ln for ln in here.get_lines() if ln.get_label() == "ScaleGNN"][0]
@@ -481,15 +483,18 @@ def test_fig6_paper_vs_here_panel_when_no_experiment_matches():
 
 def test_fig7_paper_points_on_the_axes_or_beside_them():
     """Frontier products-14m at the paper's GPU counts: the paper's stated epoch times on
-    Fig. 7's axes (hollow, dotted); a generated graph: the speedup panels side by side."""
+    Fig. 7's axes (hollow markers at its two published endpoints, no line between them: the
+    curve between is not published); a generated graph: the speedup panels side by side."""
     recs = [make_record("scalegnn", "products-14m", (d, 4, 4, 2), [1.0, 9.0, 9.0]) for d in (1, 32)]
     runs = runs_from_records(recs, [manifest("fig7", "frontier", [(r, "") for r in recs])])
     pp = F.paper_points_fig7(runs)
     assert list(pp.loc[pp["matched"], "gpus"]) == [32, 1024]
-    ax = F.fig7_strong_scaling(runs).axes[0]
-    (paper,) = [ln for ln in ax.get_lines() if ln.get_label() == "products-14m (paper)"]
+    fig = F.fig7_strong_scaling(runs)
+    ax = fig.axes[0]
+    (paper,) = [ln for ln in ax.get_lines() if ln.get_label() == "products-14m, paper (published endpoints)"]
     assert list(paper.get_xdata()) == [32, 1024] and list(paper.get_ydata()) == [8809, 394]
-    assert paper.get_markerfacecolor() == "none"
+    assert paper.get_markerfacecolor() == "none" and paper.get_linestyle() == "None" and paper.get_marker() == "o"
+    assert "products-14m, paper (published endpoints)" in [t.get_text() for t in fig.legends[0].get_texts()]
     with pytest.raises(F.NoData, match="drawn on the measured axes"):
         F.fig7_paper_vs_here(runs)
     recs = [make_record("scalegnn", "csbm:n=10000,avg_degree=50", (d, 1, 1, 1), [1.0, 0.4, 0.4]) for d in (1, 2)]
@@ -497,8 +502,10 @@ def test_fig7_paper_points_on_the_axes_or_beside_them():
     assert not F.paper_points_fig7(runs)["matched"].any()
     a1, a2 = F.fig7_paper_vs_here(runs).axes
     lines = {ln.get_label(): ln for ln in a1.get_lines()}
-    assert list(lines["products-14m, frontier (32 -> 1024)"].get_ydata()) == [1.0, 22.4]
-    assert list(lines["products-14m, frontier (32 -> 1024)"].get_xdata()) == [1, 32]
+    endpoints = lines["products-14m, frontier (32 -> 1024 GPUs)"]
+    assert list(endpoints.get_ydata()) == [1.0, 22.4] and list(endpoints.get_xdata()) == [1, 32]
+    assert all(ln.get_linestyle() == "None" for k, ln in lines.items() if k != "ideal")  # markers, no line
+    assert "published endpoints" in a1.get_title()
     (here,) = [ln for ln in a2.get_lines() if ln.get_label() != "ideal"]
     assert list(here.get_xdata()) == [1, 2] and here.get_ydata()[-1] == pytest.approx(1.0)
     with pytest.raises(F.NoData):  # one run: no scaling curve, no panel (the report skips both)
