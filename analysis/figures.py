@@ -94,10 +94,15 @@ def _figure(panels: int, panel_w: float, height: float):
     return fig, axes[0]
 
 
-def _component_legend(fig, used: dict) -> None:
-    """Legend of the stacked components, in stacking order, under the panels."""
+def _component_legend(fig, used: dict, spread: bool = False) -> None:
+    """Legend of the stacked components, in stacking order, under the panels (and of the
+    bars' spread over seeds, where one is drawn)."""
     order = [label for _, label, _ in COMPONENTS if label in used]
-    _legend_below(fig, [plt.Rectangle((0, 0), 1, 1, color=used[k]) for k in order], order)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=used[k]) for k in order]
+    if spread:
+        handles.append(_spread_handle("bar top: mean"))
+        order.append(handles[-1].get_label())
+    _legend_below(fig, handles, order)
 
 
 def _legend_below(fig, handles, labels=None, fontsize: float = 8) -> None:
@@ -111,6 +116,39 @@ def _legend_below(fig, handles, labels=None, fontsize: float = 8) -> None:
     entry = 0.6 + 0.062 * fontsize / 8 * max((len(x) for x in labels), default=1)  # inches per column
     ncol = max(1, min(len(labels), int(width // entry)))
     fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
+
+
+# The spread over the runs of one configuration (its seeds): a bar from the smallest to the
+# largest value, drawn where a configuration has two runs or more; SPREAD is its artists' gid.
+SPREAD = "min-max over runs"
+
+
+def over_runs(frame: pd.DataFrame, by, value: str, scale: float = 1.0) -> pd.DataFrame:
+    """Per value of ``by`` (one configuration), over its runs (its seeds): ``mean``,
+    ``min`` and ``max`` of ``value`` times ``scale``, and ``n`` the number of runs; sorted by ``by``."""
+    g = frame.groupby(by)[value]
+    return pd.DataFrame({"mean": g.mean() * scale, "min": g.min() * scale, "max": g.max() * scale,
+                         "n": g.count()}).sort_index()
+
+
+def _spread(ax, x, center, lo, hi, n, color) -> bool:
+    """Min-max bars (with caps) at ``x`` from ``lo`` to ``hi`` around ``center`` where ``n``
+    >= 2 runs; returns whether any was drawn."""
+    keep = np.asarray(n) >= 2
+    if not keep.any():
+        return False
+    x, center, lo, hi = (np.asarray(a, dtype=float)[keep] for a in (x, center, lo, hi))
+    bars = ax.errorbar(x, center, yerr=[center - lo, hi - center], fmt="none", ecolor=color, elinewidth=1.3,
+                       capsize=4, capthick=1.3, zorder=3)
+    for artist in (*bars.lines[1], *bars.lines[2]):
+        artist.set_gid(SPREAD)
+    return True
+
+
+def _spread_handle(center: str = "point: mean") -> Line2D:
+    """The legend entry of :func:`_spread`'s bars, saying what the bar and the point are."""
+    return Line2D([], [], color="#555555", marker="|", markersize=11, mew=1.3, linestyle="none",
+                  label=f"bar: min-max over seeds ({center})")
 
 
 def select(runs: pd.DataFrame, figure: str) -> pd.DataFrame:
@@ -187,7 +225,8 @@ def _stacked_bars(ax, x, comps: pd.DataFrame, scale: float = 1e3, width: float =
 def fig5_ablation(runs: pd.DataFrame) -> plt.Figure:
     """Stacked epoch-time breakdown per cumulative optimization, one panel per Gd
     (paper Fig. 5): bars labelled with the epoch time and the speedup over the first
-    variant (the baseline)."""
+    variant (the baseline); means over the runs (seeds) of a variant, with their min-max
+    on the bar where there are several."""
     frame = select(runs, "fig5")
     frame = frame[_variant(frame) != ""]
     if frame.empty:
@@ -195,30 +234,34 @@ def fig5_ablation(runs: pd.DataFrame) -> plt.Figure:
     frame = frame.assign(_order=frame["sweep.order"] if "sweep.order" in frame else 0, _variant=_variant(frame))
     panels = sorted(frame["grid.dp"].unique())
     fig, axes = _figure(len(panels), 5.2, 4.8)
-    handles = {}
+    handles, spread = {}, False
     for ax, gd in zip(axes, panels):
         sub = frame[frame["grid.dp"] == gd]
         order = sub.groupby("_variant")["_order"].min().sort_values().index.tolist()
         comps = component_table(sub).assign(_variant=sub["_variant"]).groupby("_variant").mean().loc[order]
-        totals_epoch = sub.groupby("_variant")["epoch_time_s"].mean().loc[order]
+        stats = over_runs(sub, "_variant", "epoch_time_s", 1e3).loc[order]
+        totals_epoch = stats["mean"] / 1e3
         # the "other" share makes each bar add up to the measured epoch time
         comps["other"] = np.maximum(0.0, totals_epoch.to_numpy() - comps.drop(columns="other").sum(axis=1).to_numpy())
         x = np.arange(len(order))
         totals, used = _stacked_bars(ax, x, comps)
         handles.update(used)
+        spread |= _spread(ax, x, stats["mean"], stats["min"], stats["max"], stats["n"], "black")
+        tops = np.maximum(totals, np.where(stats["n"] > 1, stats["max"], 0.0))  # labels above the spread
         base = totals[0]
-        for xi, tot in zip(x, totals):
-            ax.text(xi, tot, f"{tot:.0f} ms\n{base / tot:.2f}x", ha="center", va="bottom", fontsize=8)
+        for xi, tot, top in zip(x, totals, tops):
+            ax.annotate(f"{tot:.0f} ms\n{base / tot:.2f}x", (xi, top), textcoords="offset points", xytext=(0, 2),
+                        ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, order, rotation=20, ha="right")
         world = int(sub["world_size"].iloc[0])
         ax.set_title(f"DP{gd}: {world} ranks, grid {sub['grid_str'].iloc[0]}")
         ax.set_ylabel("epoch time (ms)")
-        ax.set_ylim(0, max(totals) * 1.22)
+        ax.set_ylim(0, max(tops) * 1.22)
         ax.grid(axis="y", alpha=0.3)
     row = frame.iloc[0]
     fig.suptitle(f"Optimizations applied cumulatively\n{_dataset_label(row)}, {_cluster(frame).iloc[0]}",
                  fontsize=11)
-    _component_legend(fig, handles)
+    _component_legend(fig, handles, spread)
     return fig
 
 
@@ -313,18 +356,25 @@ def _paper_style(ax, xs, ys, system: str, label: str | None = None):
             linewidth=1.2, label=label or "_paper")
 
 
-def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, systems_seen: list, label_of: dict):
-    """One Fig. 6 panel of measured runs (see :func:`fig6_time_to_target`)."""
+def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, systems_seen: list,
+                label_of: dict) -> bool:
+    """One Fig. 6 panel of measured runs (see :func:`fig6_time_to_target`); returns whether
+    it drew a spread over seeds."""
     points = {}  # system -> {gpus: (seconds, reached, best_acc)}
+    spreads = {}  # system -> {gpus: (min, max, runs that reached, runs)} of the grid drawn
     device = sub.groupby("system")["device_kind"].agg(lambda k: "/".join(sorted(set(k)))) \
         if "device_kind" in sub else pd.Series(dtype=object)
     unit = _rank_unit(sub)
     for system, s in sub.groupby("system"):
-        pts = {}
+        pts, spreads[system] = {}, {}
         for g, r in s.groupby("world_size"):
             reached = r["time_to_target_s"].notna()
             if reached.any():
-                pts[int(g)] = (fastest_grid_time(r)[0], True, None)
+                seconds, grid = fastest_grid_time(r)
+                pts[int(g)] = (seconds, True, None)
+                of_grid = r[r["grid_str"] == grid]
+                times = of_grid["time_to_target_s"].dropna()
+                spreads[system][int(g)] = (times.min(), times.max(), len(times), len(of_grid))
             else:
                 best = r["best_test_acc"].astype(float)
                 i = best.idxmax() if best.notna().any() else r.index[0]
@@ -333,6 +383,7 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
         points[system] = pts
     order = sorted(points, key=lambda s: (s != "scalegnn", s))
     stacked: dict[int, int] = {}  # labels already written at a GPU count: offset the next one
+    spread = False
     for system in order:
         color, marker, name = _style(system)
         if system not in systems_seen:
@@ -347,6 +398,15 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
         for gi, (t, ok, acc) in pts.items():
             if ok:
                 ax.plot([gi], [t], marker=marker, color=color, markersize=7, linestyle="none")
+                lo, hi, n, runs_at = spreads[system][gi]
+                spread |= _spread(ax, [gi], [t], [lo], [hi], [n], color)
+                if n < runs_at:  # the spread is over the runs that reached the target: say how many did
+                    k = stacked.get(gi, 0)
+                    stacked[gi] = k + 1
+                    last = gi == sub["world_size"].max()  # at the right edge, written to the left
+                    ax.annotate(f"{n} of {runs_at} runs reached it", (gi, t), textcoords="offset points",
+                                xytext=(-7 if last else 7, -3 - 9 * k), ha="right" if last else "left",
+                                fontsize=7, color=color)
             else:
                 ax.plot([gi], [t], marker="x", color=color, markersize=9, mew=2.2, linestyle="none")
                 if acc is not None and not pd.isna(acc):
@@ -383,6 +443,7 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
             ax.annotate("\n".join(lines), (gmax, sg[gmax][0]), textcoords="offset points", xytext=(-8, -14),
                         ha="right", va="top", fontsize=8, color=_style("scalegnn")[0],
                         bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
+    return spread
 
 
 def _rank_unit(runs: pd.DataFrame) -> str:
@@ -418,23 +479,27 @@ def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True, xlabe
 
 
 def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper: dict | None = None) -> plt.Figure:
-    """Training time to the target test accuracy vs GPUs, one panel per (cluster,
-    dataset), log scale (paper Fig. 6). Runs that never reached the target are
-    drawn with an x at the time to their best accuracy, which is written next to
-    them. At the largest GPU count where ScaleGNN reached the target, its speedup over
-    the reference system (``reference[cluster]``, else every other system there)
-    is annotated. The paper's own times (:func:`paper_points_fig6`) are drawn on the
-    same axes, hollow markers without a line, where the experiment matches (same cluster, dataset,
-    system and GPU count); the others go to :func:`fig6_paper_vs_here`."""
+    """Training time to the target test accuracy vs ranks (GPUs, or CPU processes:
+    :func:`rank_axis_label`), one panel per (cluster, dataset), log scale (paper Fig. 6).
+    A point is the median over the runs (seeds) of the fastest grid at that count
+    (:func:`fastest_grid_time`, as in the table and the result line), with the min-max of
+    those that reached the target as a bar where there are several (and "k of n runs
+    reached it" where some did not). Runs that never reached the target are drawn with an
+    x at the time to their best accuracy, which is written next to them. At the largest
+    count where ScaleGNN reached the target, its speedup over the reference system
+    (``reference[cluster]``, else every other system there) is annotated. The paper's own
+    times (:func:`paper_points_fig6`) are drawn on the same axes, hollow markers without a
+    line (only those counts are published), where the experiment matches (same cluster,
+    dataset, system and GPU count); the others go to :func:`fig6_paper_vs_here`."""
     frame = _fig6_frame(runs)
     pp = paper_points_fig6(runs, paper)
     pp = pp[pp["matched"]]
     keys = _panel_order(frame)
     fig, axes = _figure(len(keys), 5.0, 4.8)
-    systems_seen, label_of = [], {}
+    systems_seen, label_of, spread = [], {}, False
     for ax, (cluster, ds) in zip(axes, keys):
         sub = frame[(frame["_cluster"] == cluster) & (frame["_ds"] == ds)]
-        _fig6_panel(ax, sub, cluster, reference, systems_seen, label_of)
+        spread |= _fig6_panel(ax, sub, cluster, reference, systems_seen, label_of)
         mine = pp[(pp["cluster"] == cluster) & (pp["label"] == ds)]
         for system, p in mine.groupby("system"):
             p = p.sort_values("gpus")
@@ -449,6 +514,8 @@ def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper
     if not pp.empty:
         handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="none",
                               label="paper, same experiment (published points only)"))
+    if spread:
+        handles.append(_spread_handle("point: median"))
     _legend_below(fig, handles)
     fig.suptitle("Training time to target test accuracy (evaluation excluded; lower is better)", fontsize=11)
     return fig
@@ -473,7 +540,7 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
     pcols = -(-len(paper_keys) // 2)
     fig = plt.figure(figsize=(3.3 * pcols + 4.6 * len(here_keys), 7.4), layout="constrained")
     grid = fig.add_gridspec(2, pcols + len(here_keys), width_ratios=[1] * pcols + [1.5] * len(here_keys))
-    seen, label_of, missed = [], {}, False
+    seen, label_of, missed, spread = [], {}, False, False
     for i, (cl, ds) in enumerate(paper_keys):
         ax = fig.add_subplot(grid[i // pcols, i % pcols])
         sub = pp[(pp["cluster"] == cl) & (pp["dataset"] == ds)]
@@ -487,7 +554,7 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
     for j, (cl, ds) in enumerate(here_keys):
         ax = fig.add_subplot(grid[:, pcols + j])
         sub = frame[(frame["_cluster"] == cl) & (frame["_ds"] == ds)]
-        _fig6_panel(ax, sub, cl, reference, seen, label_of)
+        spread |= _fig6_panel(ax, sub, cl, reference, seen, label_of)
         _fig6_axes(ax, sub["world_size"], float(sub["target_acc"].iloc[0]), f"here: {ds}, {cl}",
                    xlabel=rank_axis_label(sub))
         missed = missed or not sub["time_to_target_s"].notna().all()
@@ -500,6 +567,8 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
     if missed:
         handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
                               label="target not reached (time to best)"))
+    if spread:
+        handles.append(_spread_handle("point: median"))
     _legend_below(fig, handles)
     fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow: its published points); "
                  "right: measured here.\nNo experiment here is the paper's (same cluster, dataset, system and GPU "
@@ -549,7 +618,8 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
     """Epoch time vs ranks (GPUs, or CPU processes: :func:`rank_axis_label` says which),
     one panel per cluster and one curve per (dataset, 3D grid)
     as Gd grows, with ideal scaling from each curve's first point (dashed) and the
-    measured speedup annotated at its last point (paper Fig. 7). The paper's epoch
+    measured speedup annotated at its last point (paper Fig. 7); a point is the mean over
+    its runs (seeds), with their min-max as a bar where there are several. The paper's epoch
     times (:func:`paper_points_fig7`, where stated) are drawn on the same axes where the
     experiment matches (same cluster, dataset and GPU count): hollow markers at its first
     and last GPU counts, the only ones it publishes, with no line between them."""
@@ -566,18 +636,21 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
     all_curves = sorted(frame.groupby(["_ds", "mp_grid"]).groups)
     color_of = {k: colors[i % len(colors)] for i, k in enumerate(all_curves)}
     legend: dict[str, object] = {}
+    spread = False
     for ax, cluster in zip(axes, clusters):
         sub = frame[frame["_cluster"] == cluster]
         curves = sorted(sub.groupby(["_ds", "mp_grid"]).groups)
         color_of_ds = {}
         for ds, mp in curves:
             c = sub[(sub["_ds"] == ds) & (sub["mp_grid"] == mp)]
-            pts = c.groupby("world_size")["epoch_time_s"].mean().sort_index() * 1e3
+            stats = over_runs(c, "world_size", "epoch_time_s", 1e3)
+            pts = stats["mean"]
             color = color_of[(ds, mp)]
             color_of_ds.setdefault(ds, color)
             label = f"{ds}, 3D grid {mp}" if len(all_curves) > 1 else ds
             (line,) = ax.plot(pts.index, pts.values, "o-", color=color, label=label, linewidth=2)
             legend.setdefault(label, line)
+            spread |= _spread(ax, stats.index, pts, stats["min"], stats["max"], stats["n"], color)
             if len(pts) > 1:
                 g0, t0 = pts.index[0], pts.iloc[0]
                 ax.plot(pts.index, [t0 * g0 / g for g in pts.index], "--", color=color, alpha=0.5, linewidth=1)
@@ -601,7 +674,7 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
         ax.set_title(cluster)
         ax.grid(alpha=0.3, which="both")
     handles = list(legend.values()) + [Line2D([], [], color="gray", linestyle="--", label="ideal scaling")]
-    _legend_below(fig, handles)
+    _legend_below(fig, handles + ([_spread_handle()] if spread else []))
     fig.suptitle("Strong scaling of ScaleGNN epoch time (3D grid fixed, Gd grows)", fontsize=11)
     return fig
 
@@ -622,9 +695,9 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
         raise NoData("the paper's Fig. 7 points are drawn on the measured axes (same experiment)")
     curves = []
     for (cl, ds, mp), c in frame.groupby(["_cluster", "_ds", "mp_grid"]):
-        pts = c.groupby("world_size")["epoch_time_s"].mean().sort_index()
-        if len(pts) > 1:
-            curves.append((cl, ds, mp, pts))
+        stats = over_runs(c, "world_size", "epoch_time_s")
+        if len(stats) > 1:
+            curves.append((cl, ds, mp, stats))
     if not curves:
         raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more rank counts")
     measured = frame[[k in {c[:3] for c in curves} for k in zip(frame["_cluster"], frame["_ds"], frame["mp_grid"])]]
@@ -644,11 +717,14 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
                 markersize=7, color=ds_color[ds],
                 label=f"{ds}, {cl} ({p['gpus'].iloc[0]} -> {p['gpus'].iloc[-1]} GPUs)")
         top = max(top, float(mult.iloc[-1]))
-    here_top = 1.0
-    for i, (cl, ds, mp, pts) in enumerate(curves):
-        mult = pts.index / pts.index[0]
-        a2.plot(mult, pts.iloc[0] / pts.values, "o-", color=colors[i % len(colors)], linewidth=2,
-                label=f"{ds}, 3D grid {mp}, {cl} ({pts.index[0]} -> {pts.index[-1]})")
+    here_top, spread = 1.0, False
+    for i, (cl, ds, mp, stats) in enumerate(curves):
+        mult = stats.index / stats.index[0]
+        t0 = stats["mean"].iloc[0]  # speedups over the mean of the first count: its runs' spread stays visible
+        a2.plot(mult, t0 / stats["mean"], "o-", color=colors[i % len(colors)], linewidth=2,
+                label=f"{ds}, 3D grid {mp}, {cl} ({stats.index[0]} -> {stats.index[-1]})")
+        spread |= _spread(a2, mult, t0 / stats["mean"], t0 / stats["max"], t0 / stats["min"], stats["n"],
+                          colors[i % len(colors)])
         here_top = max(here_top, float(mult[-1]))
     paper_title = ("paper: ScaleGNN strong scaling (Fig. 7, Section VII-C), its published endpoints\n"
                    "(the first and last count: no line, the points between are not published)")
@@ -665,7 +741,8 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
         ax.set_ylabel(f"speedup over the first {count}")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        _legend_below(sub_fig, ax.get_legend_handles_labels()[0], fontsize=7)  # under its own axes
+        handles = ax.get_legend_handles_labels()[0] + ([_spread_handle()] if spread and ax is a2 else [])
+        _legend_below(sub_fig, handles, fontsize=7)  # under its own axes
     fig.suptitle("Fig. 7, paper vs here: no experiment here matches the paper's, so each has its own axes",
                  fontsize=11)
     return fig
@@ -675,30 +752,35 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
 def fig8_epoch_breakdown(runs: pd.DataFrame) -> plt.Figure:
     """Epoch time by component vs Gd with the 3D grid fixed (paper Fig. 8), one
     panel per (cluster, dataset, 3D grid) that has at least two Gd values (at most 3
-    panels: those with the most Gd values)."""
+    panels: those with the most Gd values); means over the runs (seeds) of a Gd, with
+    their min-max on the bar where there are several."""
     frame = _scaling_frame(runs, "fig8")
     groups = frame.groupby(["_cluster", "_ds", "mp_grid"])
     keys = sorted(groups.groups, key=lambda k: (-groups.get_group(k)["grid.dp"].nunique(), k))
     keys = [k for k in keys if groups.get_group(k)["grid.dp"].nunique() > 1][:3] or keys[:1]
     fig, axes = _figure(len(keys), 5.2, 4.8)
-    handles = {}
+    handles, spread = {}, False
     for ax, key in zip(axes, keys):
         sub = groups.get_group(key)
         comps = component_table(sub).assign(gd=sub["grid.dp"]).groupby("gd").mean().sort_index()
-        epoch = sub.groupby("grid.dp")["epoch_time_s"].mean().sort_index()
+        stats = over_runs(sub, "grid.dp", "epoch_time_s", 1e3)
+        epoch = stats["mean"] / 1e3
         comps["other"] = np.maximum(0.0, epoch.to_numpy() - comps.drop(columns="other").sum(axis=1).to_numpy())
         x = np.arange(len(comps))
         totals, used = _stacked_bars(ax, x, comps)
         handles.update(used)
         worlds = sub.groupby("grid.dp")["world_size"].first().sort_index()
         ax.set_xticks(x, [f"Gd={gd}\n{int(w)} rank{'s' if int(w) != 1 else ''}" for gd, w in worlds.items()])
-        for xi, tot in zip(x, totals):
-            ax.text(xi, tot, f"{tot:.0f}", ha="center", va="bottom", fontsize=8)
+        spread |= _spread(ax, x, stats["mean"], stats["min"], stats["max"], stats["n"], "black")
+        tops = np.maximum(totals, np.where(stats["n"] > 1, stats["max"], 0.0))  # labels above the spread
+        for xi, tot, top in zip(x, totals, tops):
+            ax.annotate(f"{tot:.0f}", (xi, top), textcoords="offset points", xytext=(0, 2), ha="center",
+                        va="bottom", fontsize=8)
         ax.set_ylabel("epoch time (ms)")
-        ax.set_ylim(0, max(totals) * 1.15)
+        ax.set_ylim(0, max(tops) * 1.15)
         ax.set_title(f"{key[1]}\n{key[0]}, 3D grid {key[2]}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    _component_legend(fig, handles)
+    _component_legend(fig, handles, spread)
     fig.suptitle("Epoch time by component as data parallelism Gd grows", fontsize=11)
     return fig
 

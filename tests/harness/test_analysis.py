@@ -603,6 +603,70 @@ def test_rank_axes_say_what_the_ranks_ran_on(devices, label):
     assert F.fig6_time_to_target(runs).axes[0].get_xlabel() == label
 
 
+def spread_bars(ax) -> list[tuple[float, float, float]]:
+    """(x, low, high) of every min-max bar over seeds drawn on ``ax``, by x."""
+    return sorted((float(seg[0][0]), *sorted((float(seg[0][1]), float(seg[1][1]))))
+                  for coll in ax.collections if coll.get_gid() == F.SPREAD for seg in coll.get_segments())
+
+
+def legend_texts(fig) -> list[str]:
+    return [t.get_text() for f in [fig, *fig.subfigs] for lg in f.legends for t in lg.get_texts()]
+
+
+def test_points_of_several_seeds_show_their_mean_and_min_max():
+    """Three seeds per point: Fig. 7 draws their mean and a bar from the fastest to the
+    slowest, Fig. 8 the same bar on the stacked bars, Fig. 7 paper vs here the speedups'
+    bar; a point of one run has no bar, and the legend says what the bar is only when one is drawn."""
+    def tagged(spec, recs):
+        return runs_from_records(recs, [manifest(spec, "perlmutter", [(r, "") for r in recs])])
+
+    seeds = {1: (0.09, 0.10, 0.14), 2: (0.05, 0.06, 0.07)}  # s per epoch, by Gd
+    recs = [make_record("scalegnn", "products-14m", (d, 4, 4, 2), [1.0, t, t], seed=s)
+            for d, times in seeds.items() for s, t in enumerate(times)]
+    fig = F.fig7_strong_scaling(tagged("fig7", recs))
+    ax = fig.axes[0]
+    (curve,) = [ln for ln in ax.get_lines() if ln.get_label() == "products-14m"]
+    assert list(curve.get_xdata()) == [32, 64] and np.allclose(curve.get_ydata(), [110, 60])  # ms, the means
+    assert np.allclose(spread_bars(ax), [(32, 90, 140), (64, 50, 70)])
+    assert "bar: min-max over seeds (point: mean)" in legend_texts(fig)
+    ax8 = F.fig8_epoch_breakdown(tagged("fig8", recs)).axes[0]
+    assert np.allclose(spread_bars(ax8), [(0, 90, 140), (1, 50, 70)])  # bars at x = 0, 1
+    ablation = [(make_record(grid=(1, 2, 2, 2), epoch_s=[0.2, t, t], seed=s), v)
+                for v, times in (("baseline", (0.09, 0.11)), ("+prefetch", (0.08,))) for s, t in enumerate(times)]
+    fig5 = F.fig5_ablation(runs_from_records([r for r, _ in ablation], [manifest("fig5", "local", ablation)]))
+    assert np.allclose(spread_bars(fig5.axes[0]), [(0, 90, 110)])  # the baseline's two seeds; +prefetch ran once
+    assert "bar: min-max over seeds (bar top: mean)" in legend_texts(fig5)
+    one = [r for r in recs if r["seed"] == 0]  # one run per point: no bar, no legend entry
+    fig = F.fig7_strong_scaling(tagged("fig7", one))
+    assert spread_bars(fig.axes[0]) == [] and not [t for t in legend_texts(fig) if "min-max" in t]
+    generated = [make_record("scalegnn", "csbm:n=10000,avg_degree=50", (d, 1, 1, 1), [1.0, t, t], seed=s)
+                 for d, times in seeds.items() for s, t in enumerate(times)]
+    fig = F.fig7_paper_vs_here(tagged("demo", generated))
+    here = fig.axes[1]
+    # speedups over the first count's mean (0.11 s): the bar at 2 spans 0.11 / 0.07 .. 0.11 / 0.05
+    assert np.allclose(spread_bars(here)[-1], (2.0, 0.11 / 0.07, 0.11 / 0.05))
+    assert "bar: min-max over seeds (point: mean)" in legend_texts(fig)
+
+
+def test_fig6_seeds_bar_over_the_runs_that_reached_the_target():
+    """Time to target of three seeds: the point is their median (as in the table), the
+    bar their min-max; where one seed missed, the bar covers the two that reached it and
+    the panel says "2 of 3 runs reached it"."""
+    reach, miss = [0.9, 0.96], [0.9, 0.93]
+    recs = [make_record("scalegnn", grid=(1, 2, 2, 1), epoch_s=[t, t], test=reach, target=0.95, seed=s)
+            for s, t in enumerate((0.5, 0.6, 0.8))]
+    recs += [make_record("scalegnn", grid=(4, 2, 2, 1), epoch_s=[t, t], test=acc, target=0.95, seed=s)
+             for s, (t, acc) in enumerate(((0.2, reach), (0.3, reach), (0.1, miss)))]
+    runs = runs_from_records(recs, [manifest("fig6", "local", [(r, "") for r in recs])])
+    fig = F.fig6_time_to_target(runs)
+    ax = fig.axes[0]
+    (sg,) = [ln for ln in ax.get_lines() if ln.get_label() == "ScaleGNN"]
+    assert list(sg.get_xdata()) == [4, 16] and list(sg.get_ydata()) == pytest.approx([1.2, 0.5])
+    assert np.allclose(spread_bars(ax), [(4, 1.0, 1.6), (16, 0.4, 0.6)])
+    assert "2 of 3 runs reached it" in texts(fig)
+    assert "bar: min-max over seeds (point: median)" in legend_texts(fig)
+
+
 def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
     from scalegnn.analysis.tables import accuracy_table, time_to_target_table
 
