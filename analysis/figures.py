@@ -33,7 +33,7 @@ from .paper import canonical_dataset, fig6_points, paper_numbers  # noqa: E402
 __all__ = ["NoData", "fig5_ablation", "fig6_time_to_target", "fig7_strong_scaling", "fig8_epoch_breakdown",
            "plexus_fig5_model", "select", "COMPONENTS", "FIGURE_SPECS", "component_table", "paper_points_fig6",
            "paper_points_fig7", "fig6_paper_vs_here", "fig7_paper_vs_here", "fastest_grid_time",
-           "short_dataset", "rank_axis_label"]
+           "short_dataset", "rank_axis_label", "over_runs", "SPREAD"]
 
 
 class NoData(LookupError):
@@ -570,9 +570,9 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
     if spread:
         handles.append(_spread_handle("point: median"))
     _legend_below(fig, handles)
-    fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow: its published points); "
-                 "right: measured here.\nNo experiment here is the paper's (same cluster, dataset, system and GPU "
-                 "count), so each has its own axes.", fontsize=10)
+    fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow: its "
+                 "published points); right: measured here.\nNo experiment here is the paper's (same cluster, dataset, "
+                 "system and GPU count), so each has its own axes.", fontsize=10)
     return fig
 
 
