@@ -33,7 +33,7 @@ from .paper import canonical_dataset, fig6_points, paper_numbers  # noqa: E402
 __all__ = ["NoData", "fig5_ablation", "fig6_time_to_target", "fig7_strong_scaling", "fig8_epoch_breakdown",
            "plexus_fig5_model", "select", "COMPONENTS", "FIGURE_SPECS", "component_table", "paper_points_fig6",
            "paper_points_fig7", "fig6_paper_vs_here", "fig7_paper_vs_here", "fastest_grid_time",
-           "short_dataset"]
+           "short_dataset", "rank_axis_label", "over_runs", "SPREAD"]
 
 
 class NoData(LookupError):
@@ -86,24 +86,69 @@ def _log_axis(axis) -> None:
 
 
 def _figure(panels: int, panel_w: float, height: float):
-    """A row of panels, at least 7.5 inches wide so titles and legends fit."""
-    fig, axes = plt.subplots(1, panels, figsize=(max(7.5, panel_w * panels), height), squeeze=False)
+    """A row of panels, at least 7.5 inches wide so titles and legends fit. Constrained
+    layout puts the figure's title right above the panels' titles (no blank band under
+    it) and makes room for the legend under the panels (:func:`_legend_below`)."""
+    fig, axes = plt.subplots(1, panels, figsize=(max(7.5, panel_w * panels), height), squeeze=False,
+                             layout="constrained")
     return fig, axes[0]
 
 
-def _component_legend(fig, used: dict) -> float:
-    """Legend of the stacked components, in stacking order, under the panels."""
+def _component_legend(fig, used: dict, spread: bool = False) -> None:
+    """Legend of the stacked components, in stacking order, under the panels (and of the
+    bars' spread over seeds, where one is drawn)."""
     order = [label for _, label, _ in COMPONENTS if label in used]
-    return _legend_below(fig, [plt.Rectangle((0, 0), 1, 1, color=used[k]) for k in order], order)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=used[k]) for k in order]
+    if spread:
+        handles.append(_spread_handle("bar top: mean"))
+        order.append(handles[-1].get_label())
+    _legend_below(fig, handles, order)
 
 
-def _legend_below(fig, handles, labels, rows_hint: int = 0) -> float:
-    """A legend under the panels; returns the bottom margin (figure fraction) it needs."""
-    width = fig.get_size_inches()[0]
-    ncol = max(1, min(len(labels), int(width // 2.1)))
-    nrows = -(-len(labels) // ncol)
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    return min(0.35, (0.035 + 0.04 * max(nrows, rows_hint)) * 4.6 / fig.get_size_inches()[1])
+def _legend_below(fig, handles, labels=None, fontsize: float = 8) -> None:
+    """A legend under the panels of ``fig`` (a figure or a subfigure with constrained
+    layout), outside every axes, so it never covers a line or a bar: as many columns as
+    the longest label lets fit in the figure's width."""
+    labels = labels if labels is not None else [h.get_label() for h in handles]
+    width = fig.get_size_inches()[0] if hasattr(fig, "get_size_inches") else fig.figure.get_size_inches()[0]
+    if hasattr(fig, "bbox_relative"):  # a subfigure: its share of the figure's width
+        width *= fig.bbox_relative.width
+    entry = 0.6 + 0.062 * fontsize / 8 * max((len(x) for x in labels), default=1)  # inches per column
+    ncol = max(1, min(len(labels), int(width // entry)))
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
+
+
+# The spread over the runs of one configuration (its seeds): a bar from the smallest to the
+# largest value, drawn where a configuration has two runs or more; SPREAD is its artists' gid.
+SPREAD = "min-max over runs"
+
+
+def over_runs(frame: pd.DataFrame, by, value: str, scale: float = 1.0) -> pd.DataFrame:
+    """Per value of ``by`` (one configuration), over its runs (its seeds): ``mean``,
+    ``min`` and ``max`` of ``value`` times ``scale``, and ``n`` the number of runs; sorted by ``by``."""
+    g = frame.groupby(by)[value]
+    return pd.DataFrame({"mean": g.mean() * scale, "min": g.min() * scale, "max": g.max() * scale,
+                         "n": g.count()}).sort_index()
+
+
+def _spread(ax, x, center, lo, hi, n, color) -> bool:
+    """Min-max bars (with caps) at ``x`` from ``lo`` to ``hi`` around ``center`` where ``n``
+    >= 2 runs; returns whether any was drawn."""
+    keep = np.asarray(n) >= 2
+    if not keep.any():
+        return False
+    x, center, lo, hi = (np.asarray(a, dtype=float)[keep] for a in (x, center, lo, hi))
+    bars = ax.errorbar(x, center, yerr=[center - lo, hi - center], fmt="none", ecolor=color, elinewidth=1.3,
+                       capsize=4, capthick=1.3, zorder=3)
+    for artist in (*bars.lines[1], *bars.lines[2]):
+        artist.set_gid(SPREAD)
+    return True
+
+
+def _spread_handle(center: str = "point: mean") -> Line2D:
+    """The legend entry of :func:`_spread`'s bars, saying what the bar and the point are."""
+    return Line2D([], [], color="#555555", marker="|", markersize=11, mew=1.3, linestyle="none",
+                  label=f"bar: min-max over seeds ({center})")
 
 
 def select(runs: pd.DataFrame, figure: str) -> pd.DataFrame:
@@ -180,7 +225,8 @@ def _stacked_bars(ax, x, comps: pd.DataFrame, scale: float = 1e3, width: float =
 def fig5_ablation(runs: pd.DataFrame) -> plt.Figure:
     """Stacked epoch-time breakdown per cumulative optimization, one panel per Gd
     (paper Fig. 5): bars labelled with the epoch time and the speedup over the first
-    variant (the baseline)."""
+    variant (the baseline); means over the runs (seeds) of a variant, with their min-max
+    on the bar where there are several."""
     frame = select(runs, "fig5")
     frame = frame[_variant(frame) != ""]
     if frame.empty:
@@ -188,31 +234,34 @@ def fig5_ablation(runs: pd.DataFrame) -> plt.Figure:
     frame = frame.assign(_order=frame["sweep.order"] if "sweep.order" in frame else 0, _variant=_variant(frame))
     panels = sorted(frame["grid.dp"].unique())
     fig, axes = _figure(len(panels), 5.2, 4.8)
-    handles = {}
+    handles, spread = {}, False
     for ax, gd in zip(axes, panels):
         sub = frame[frame["grid.dp"] == gd]
         order = sub.groupby("_variant")["_order"].min().sort_values().index.tolist()
         comps = component_table(sub).assign(_variant=sub["_variant"]).groupby("_variant").mean().loc[order]
-        totals_epoch = sub.groupby("_variant")["epoch_time_s"].mean().loc[order]
+        stats = over_runs(sub, "_variant", "epoch_time_s", 1e3).loc[order]
+        totals_epoch = stats["mean"] / 1e3
         # the "other" share makes each bar add up to the measured epoch time
         comps["other"] = np.maximum(0.0, totals_epoch.to_numpy() - comps.drop(columns="other").sum(axis=1).to_numpy())
         x = np.arange(len(order))
         totals, used = _stacked_bars(ax, x, comps)
         handles.update(used)
+        spread |= _spread(ax, x, stats["mean"], stats["min"], stats["max"], stats["n"], "black")
+        tops = np.maximum(totals, np.where(stats["n"] > 1, stats["max"], 0.0))  # labels above the spread
         base = totals[0]
-        for xi, tot in zip(x, totals):
-            ax.text(xi, tot, f"{tot:.0f} ms\n{base / tot:.2f}x", ha="center", va="bottom", fontsize=8)
+        for xi, tot, top in zip(x, totals, tops):
+            ax.annotate(f"{tot:.0f} ms\n{base / tot:.2f}x", (xi, top), textcoords="offset points", xytext=(0, 2),
+                        ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, order, rotation=20, ha="right")
         world = int(sub["world_size"].iloc[0])
         ax.set_title(f"DP{gd}: {world} ranks, grid {sub['grid_str'].iloc[0]}")
         ax.set_ylabel("epoch time (ms)")
-        ax.set_ylim(0, max(totals) * 1.22)
+        ax.set_ylim(0, max(tops) * 1.22)
         ax.grid(axis="y", alpha=0.3)
     row = frame.iloc[0]
     fig.suptitle(f"Optimizations applied cumulatively\n{_dataset_label(row)}, {_cluster(frame).iloc[0]}",
                  fontsize=11)
-    bottom = _component_legend(fig, handles)
-    fig.tight_layout(rect=(0, bottom, 1, 0.92))
+    _component_legend(fig, handles, spread)
     return fig
 
 
@@ -300,24 +349,32 @@ def fastest_grid_time(runs: pd.DataFrame) -> tuple[float, str]:
 
 
 def _paper_style(ax, xs, ys, system: str, label: str | None = None):
-    """The paper's points: hollow markers joined by a dashed line, in the system's colour."""
+    """The paper's points: hollow markers in the system's colour, and no line: only these
+    counts are published, and a line would claim the values between them."""
     color, marker, _ = _style(system)
-    ax.plot(xs, ys, linestyle="--", marker=marker, mfc="none", mew=1.5, markersize=8, color=color, alpha=0.9,
+    ax.plot(xs, ys, linestyle="none", marker=marker, mfc="none", mew=1.5, markersize=8, color=color, alpha=0.9,
             linewidth=1.2, label=label or "_paper")
 
 
-def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, systems_seen: list, label_of: dict):
-    """One Fig. 6 panel of measured runs (see :func:`fig6_time_to_target`)."""
+def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, systems_seen: list,
+                label_of: dict) -> bool:
+    """One Fig. 6 panel of measured runs (see :func:`fig6_time_to_target`); returns whether
+    it drew a spread over seeds."""
     points = {}  # system -> {gpus: (seconds, reached, best_acc)}
+    spreads = {}  # system -> {gpus: (min, max, runs that reached, runs)} of the grid drawn
     device = sub.groupby("system")["device_kind"].agg(lambda k: "/".join(sorted(set(k)))) \
         if "device_kind" in sub else pd.Series(dtype=object)
     unit = _rank_unit(sub)
     for system, s in sub.groupby("system"):
-        pts = {}
+        pts, spreads[system] = {}, {}
         for g, r in s.groupby("world_size"):
             reached = r["time_to_target_s"].notna()
             if reached.any():
-                pts[int(g)] = (fastest_grid_time(r)[0], True, None)
+                seconds, grid = fastest_grid_time(r)
+                pts[int(g)] = (seconds, True, None)
+                of_grid = r[r["grid_str"] == grid]
+                times = of_grid["time_to_target_s"].dropna()
+                spreads[system][int(g)] = (times.min(), times.max(), len(times), len(of_grid))
             else:
                 best = r["best_test_acc"].astype(float)
                 i = best.idxmax() if best.notna().any() else r.index[0]
@@ -326,6 +383,7 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
         points[system] = pts
     order = sorted(points, key=lambda s: (s != "scalegnn", s))
     stacked: dict[int, int] = {}  # labels already written at a GPU count: offset the next one
+    spread = False
     for system in order:
         color, marker, name = _style(system)
         if system not in systems_seen:
@@ -340,6 +398,15 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
         for gi, (t, ok, acc) in pts.items():
             if ok:
                 ax.plot([gi], [t], marker=marker, color=color, markersize=7, linestyle="none")
+                lo, hi, n, runs_at = spreads[system][gi]
+                spread |= _spread(ax, [gi], [t], [lo], [hi], [n], color)
+                if n < runs_at:  # the spread is over the runs that reached the target: say how many did
+                    k = stacked.get(gi, 0)
+                    stacked[gi] = k + 1
+                    last = gi == sub["world_size"].max()  # at the right edge, written to the left
+                    ax.annotate(f"{n} of {runs_at} runs reached it", (gi, t), textcoords="offset points",
+                                xytext=(-7 if last else 7, -3 - 9 * k), ha="right" if last else "left",
+                                fontsize=7, color=color)
             else:
                 ax.plot([gi], [t], marker="x", color=color, markersize=9, mew=2.2, linestyle="none")
                 if acc is not None and not pd.isna(acc):
@@ -376,6 +443,7 @@ def _fig6_panel(ax, sub: pd.DataFrame, cluster: str, reference: dict | None, sys
             ax.annotate("\n".join(lines), (gmax, sg[gmax][0]), textcoords="offset points", xytext=(-8, -14),
                         ha="right", va="top", fontsize=8, color=_style("scalegnn")[0],
                         bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
+    return spread
 
 
 def _rank_unit(runs: pd.DataFrame) -> str:
@@ -385,13 +453,25 @@ def _rank_unit(runs: pd.DataFrame) -> str:
     return "GPU" if kinds == {"gpu"} else "rank" if "gpu" in kinds else "process"
 
 
-def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True, unit: str = "GPU"):
+# What the ranks of a set of runs are (:func:`_rank_unit`): (the noun an axis counts, a note when they mix).
+_RANKS = {"GPU": ("GPUs", ""), "process": ("CPU processes", ""), "rank": ("ranks", "GPU and CPU runs mixed")}
+
+
+def rank_axis_label(runs: pd.DataFrame) -> str:
+    """What an axis of rank counts counts, from the records' ``env.device_type`` (the
+    ``device_kind`` column): "GPUs (ranks)" only when every run computed on GPUs, "CPU
+    processes (ranks)" when none did, and "ranks (GPU and CPU runs mixed)" when they mix."""
+    noun, note = _RANKS[_rank_unit(runs)]
+    return f"{noun} ({note or 'ranks'})"
+
+
+def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True, xlabel: str = "GPUs (ranks)"):
     _log2_ticks(ax, counts)
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     ax.set_ylim(lo / 1.25, hi * 1.1)  # room for the "best x%" labels under the lowest point
     _log_axis(ax.yaxis)
-    ax.set_xlabel({"GPU": "GPUs (ranks)", "process": "processes (ranks)"}.get(unit, "ranks"))
+    ax.set_xlabel(xlabel)
     if ylabel:
         ax.set_ylabel(f"training time to {100 * target:.0f}% test accuracy (s)")
     ax.set_title(title, fontsize=10)
@@ -399,46 +479,51 @@ def _fig6_axes(ax, counts, target: float, title: str, ylabel: bool = True, unit:
 
 
 def fig6_time_to_target(runs: pd.DataFrame, reference: dict | None = None, paper: dict | None = None) -> plt.Figure:
-    """Training time to the target test accuracy vs GPUs, one panel per (cluster,
-    dataset), log scale (paper Fig. 6). Runs that never reached the target are
-    drawn with an x at the time to their best accuracy, which is written next to
-    them. At the largest GPU count where ScaleGNN reached the target, its speedup over
-    the reference system (``reference[cluster]``, else every other system there)
-    is annotated. The paper's own times (:func:`paper_points_fig6`) are drawn on the
-    same axes, hollow and dashed, where the experiment matches (same cluster, dataset,
-    system and GPU count); the others go to :func:`fig6_paper_vs_here`."""
+    """Training time to the target test accuracy vs ranks (GPUs, or CPU processes:
+    :func:`rank_axis_label`), one panel per (cluster, dataset), log scale (paper Fig. 6).
+    A point is the median over the runs (seeds) of the fastest grid at that count
+    (:func:`fastest_grid_time`, as in the table and the result line), with the min-max of
+    those that reached the target as a bar where there are several (and "k of n runs
+    reached it" where some did not). Runs that never reached the target are drawn with an
+    x at the time to their best accuracy, which is written next to them. At the largest
+    count where ScaleGNN reached the target, its speedup over the reference system
+    (``reference[cluster]``, else every other system there) is annotated. The paper's own
+    times (:func:`paper_points_fig6`) are drawn on the same axes, hollow markers without a
+    line (only those counts are published), where the experiment matches (same cluster,
+    dataset, system and GPU count); the others go to :func:`fig6_paper_vs_here`."""
     frame = _fig6_frame(runs)
     pp = paper_points_fig6(runs, paper)
     pp = pp[pp["matched"]]
     keys = _panel_order(frame)
     fig, axes = _figure(len(keys), 5.0, 4.8)
-    systems_seen, label_of = [], {}
+    systems_seen, label_of, spread = [], {}, False
     for ax, (cluster, ds) in zip(axes, keys):
         sub = frame[(frame["_cluster"] == cluster) & (frame["_ds"] == ds)]
-        _fig6_panel(ax, sub, cluster, reference, systems_seen, label_of)
+        spread |= _fig6_panel(ax, sub, cluster, reference, systems_seen, label_of)
         mine = pp[(pp["cluster"] == cluster) & (pp["label"] == ds)]
         for system, p in mine.groupby("system"):
             p = p.sort_values("gpus")
             _paper_style(ax, p["gpus"].tolist(), p["seconds"].tolist(), system,
                          label=f"{_style(system)[2]} (paper)")
         counts = list(sub["world_size"]) + list(mine["gpus"])
-        _fig6_axes(ax, counts, float(sub["target_acc"].iloc[0]), f"{ds}, {cluster}", unit=_rank_unit(sub))
+        _fig6_axes(ax, counts, float(sub["target_acc"].iloc[0]), f"{ds}, {cluster}", xlabel=rank_axis_label(sub))
     handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
                for s in systems_seen]
     handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
                           label="target not reached (time to best)"))
     if not pp.empty:
-        handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="--",
-                              label="paper (same experiment)"))
-    bottom = _legend_below(fig, handles, [h.get_label() for h in handles])
+        handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="none",
+                              label="paper, same experiment (published points only)"))
+    if spread:
+        handles.append(_spread_handle("point: median"))
+    _legend_below(fig, handles)
     fig.suptitle("Training time to target test accuracy (evaluation excluded; lower is better)", fontsize=11)
-    fig.tight_layout(rect=(0, bottom, 1, 0.95))
     return fig
 
 
 def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper: dict | None = None) -> plt.Figure:
     """Paper vs here for Fig. 6 when no experiment matches: the paper's time-to-target
-    panels (left, two rows, hollow and dashed, its clusters and datasets) beside the
+    panels (left, two rows, hollow markers of its published points, its clusters and datasets) beside the
     panels measured here (right, full height), each on its own axes. Raises :class:`NoData` without
     measured runs, or when some paper point matches (it is then on Fig. 6 itself)."""
     paper = paper if paper is not None else paper_numbers()
@@ -453,34 +538,41 @@ def fig6_paper_vs_here(runs: pd.DataFrame, reference: dict | None = None, paper:
     here_keys = _panel_order(frame)
     # the paper's panels in a block of two rows on the left, ours on the right at full height
     pcols = -(-len(paper_keys) // 2)
-    fig = plt.figure(figsize=(3.3 * pcols + 4.6 * len(here_keys), 7.4))
+    fig = plt.figure(figsize=(3.3 * pcols + 4.6 * len(here_keys), 7.4), layout="constrained")
     grid = fig.add_gridspec(2, pcols + len(here_keys), width_ratios=[1] * pcols + [1.5] * len(here_keys))
+    seen, label_of, missed, spread = [], {}, False, False
     for i, (cl, ds) in enumerate(paper_keys):
         ax = fig.add_subplot(grid[i // pcols, i % pcols])
         sub = pp[(pp["cluster"] == cl) & (pp["dataset"] == ds)]
         for system, p in sorted(sub.groupby("system"), key=lambda kv: (kv[0] != "scalegnn", kv[0])):
             p = p.sort_values("gpus")
             _paper_style(ax, p["gpus"].tolist(), p["seconds"].tolist(), system, label=_style(system)[2])
+            if system not in seen:
+                seen.append(system)
         _fig6_axes(ax, sub["gpus"], float(targets.get(ds, np.nan)), f"paper: {ds}, {cl}")
         ax.set_ylabel(f"time to {100 * float(targets.get(ds, np.nan)):.0f}% test acc. (s)", fontsize=9)
-        ax.legend(fontsize=7, loc="best")
     for j, (cl, ds) in enumerate(here_keys):
         ax = fig.add_subplot(grid[:, pcols + j])
         sub = frame[(frame["_cluster"] == cl) & (frame["_ds"] == ds)]
-        seen, label_of = [], {}
-        _fig6_panel(ax, sub, cl, reference, seen, label_of)
+        spread |= _fig6_panel(ax, sub, cl, reference, seen, label_of)
         _fig6_axes(ax, sub["world_size"], float(sub["target_acc"].iloc[0]), f"here: {ds}, {cl}",
-                   unit=_rank_unit(sub))
-        handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
-                   for s in seen]
-        if not sub["time_to_target_s"].notna().all():
-            handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
-                                  label="target not reached (time to best)"))
-        ax.legend(handles=handles, fontsize=8, loc="best")
-    fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow, dashed); "
-                 "right: measured here.\nNo experiment here is the paper's (same cluster, dataset, system and GPU "
-                 "count), so each has its own axes.", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
+                   xlabel=rank_axis_label(sub))
+        missed = missed or not sub["time_to_target_s"].notna().all()
+    # one legend for every panel, under them: a system has one colour and marker everywhere
+    seen.sort(key=lambda s: (s != "scalegnn", s))
+    handles = [Line2D([], [], color=_style(s)[0], marker=_style(s)[1], label=label_of.get(s, _style(s)[2]))
+               for s in seen]
+    handles.append(Line2D([], [], color="black", marker="o", mfc="none", linestyle="none",
+                          label="paper (published points only)"))
+    if missed:
+        handles.append(Line2D([], [], color="black", marker="x", linestyle="none", mew=2,
+                              label="target not reached (time to best)"))
+    if spread:
+        handles.append(_spread_handle("point: median"))
+    _legend_below(fig, handles)
+    fig.suptitle("Fig. 6, paper vs here: time to target accuracy. Left: the paper's GPU clusters (hollow: its "
+                 "published points); right: measured here.\nNo experiment here is the paper's (same cluster, dataset, "
+                 "system and GPU count), so each has its own axes.", fontsize=10)
     return fig
 
 
@@ -523,31 +615,42 @@ def paper_points_fig7(runs: pd.DataFrame | None, paper: dict | None = None) -> p
 
 
 def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Figure:
-    """Epoch time vs GPUs, one panel per cluster and one curve per (dataset, 3D grid)
+    """Epoch time vs ranks (GPUs, or CPU processes: :func:`rank_axis_label` says which),
+    one panel per cluster and one curve per (dataset, 3D grid)
     as Gd grows, with ideal scaling from each curve's first point (dashed) and the
-    measured speedup annotated at its last point (paper Fig. 7). The paper's epoch
-    times (:func:`paper_points_fig7`, where stated) are drawn on the same axes, hollow
-    and dashed, where the experiment matches (same cluster, dataset and GPU count)."""
+    measured speedup annotated at its last point (paper Fig. 7); a point is the mean over
+    its runs (seeds), with their min-max as a bar where there are several. The paper's epoch
+    times (:func:`paper_points_fig7`, where stated) are drawn on the same axes where the
+    experiment matches (same cluster, dataset and GPU count): hollow markers at its first
+    and last GPU counts, the only ones it publishes, with no line between them."""
     frame = _scaling_frame(runs, "fig7")
     if frame.groupby(["_cluster", "_ds", "mp_grid"])["world_size"].nunique().max() < 2:
-        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more GPU counts; every curve here "
+        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more rank counts; every curve here "
                      "has one point")
     pp = paper_points_fig7(runs, paper)
     pp = pp[pp["matched"] & pp["epoch_ms"].notna()]
     clusters = sorted(frame["_cluster"].unique())
     fig, axes = _figure(len(clusters), 5.6, 4.8)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # one colour per (dataset, 3D grid) in every panel, so that one legend under the panels serves them all
+    all_curves = sorted(frame.groupby(["_ds", "mp_grid"]).groups)
+    color_of = {k: colors[i % len(colors)] for i, k in enumerate(all_curves)}
+    legend: dict[str, object] = {}
+    spread = False
     for ax, cluster in zip(axes, clusters):
         sub = frame[frame["_cluster"] == cluster]
         curves = sorted(sub.groupby(["_ds", "mp_grid"]).groups)
         color_of_ds = {}
-        for i, (ds, mp) in enumerate(curves):
+        for ds, mp in curves:
             c = sub[(sub["_ds"] == ds) & (sub["mp_grid"] == mp)]
-            pts = c.groupby("world_size")["epoch_time_s"].mean().sort_index() * 1e3
-            color = colors[i % len(colors)]
+            stats = over_runs(c, "world_size", "epoch_time_s", 1e3)
+            pts = stats["mean"]
+            color = color_of[(ds, mp)]
             color_of_ds.setdefault(ds, color)
-            label = f"{ds}, 3D grid {mp}" if len(sub["mp_grid"].unique()) > 1 or len(curves) > 1 else ds
-            ax.plot(pts.index, pts.values, "o-", color=color, label=label, linewidth=2)
+            label = f"{ds}, 3D grid {mp}" if len(all_curves) > 1 else ds
+            (line,) = ax.plot(pts.index, pts.values, "o-", color=color, label=label, linewidth=2)
+            legend.setdefault(label, line)
+            spread |= _spread(ax, stats.index, pts, stats["min"], stats["max"], stats["n"], color)
             if len(pts) > 1:
                 g0, t0 = pts.index[0], pts.iloc[0]
                 ax.plot(pts.index, [t0 * g0 / g for g in pts.index], "--", color=color, alpha=0.5, linewidth=1)
@@ -559,28 +662,29 @@ def fig7_strong_scaling(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fi
         mine = pp[pp["cluster"] == cluster]
         for ds, p in mine.groupby("label"):
             p = p.sort_values("gpus")
-            ax.plot(p["gpus"], p["epoch_ms"], linestyle=":", marker="o", mfc="none", mew=1.5, markersize=8,
-                    color=color_of_ds.get(ds, "black"), label=f"{ds} (paper)")
+            (line,) = ax.plot(p["gpus"], p["epoch_ms"], linestyle="none", marker="o", mfc="none", mew=1.5,
+                              markersize=8, color=color_of_ds.get(ds, "black"),
+                              label=f"{ds}, paper (published endpoints)")
+            legend.setdefault(line.get_label(), line)
         _log2_ticks(ax, list(sub["world_size"]) + list(mine["gpus"]))
         ax.set_yscale("log")
         _log_axis(ax.yaxis)
-        ax.set_xlabel("GPUs (ranks); Gd grows from the first point")
+        ax.set_xlabel(f"{rank_axis_label(sub)}; Gd grows from the first point")
         ax.set_ylabel("epoch time (ms)")
         ax.set_title(cluster)
         ax.grid(alpha=0.3, which="both")
-        handles, labels = ax.get_legend_handles_labels()
-        handles.append(Line2D([], [], color="gray", linestyle="--", label="ideal scaling"))
-        ax.legend(handles=handles, fontsize=8, loc="lower left")
+    handles = list(legend.values()) + [Line2D([], [], color="gray", linestyle="--", label="ideal scaling")]
+    _legend_below(fig, handles + ([_spread_handle()] if spread else []))
     fig.suptitle("Strong scaling of ScaleGNN epoch time (3D grid fixed, Gd grows)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
 
 
 def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Figure:
     """Paper vs here for Fig. 7 when no experiment matches: speedup over the first GPU
     count against the GPU multiple (GPUs / first GPUs, so one ideal line y = x serves
-    every curve), the paper's strong-scaling results on the left (first and last
-    count, hollow and dashed) and the ScaleGNN curves measured here on the right, each
+    every curve; here the ranks' multiple, named by :func:`rank_axis_label`), the paper's
+    strong-scaling results on the left (its published endpoints, the first and last count:
+    hollow markers, no line) and the ScaleGNN curves measured here on the right, each
     on its own axes. Raises :class:`NoData` without a measured curve of two or more
     counts, or when a paper point matches (it is then on Fig. 7 itself)."""
     frame = _scaling_frame(runs, "fig7")
@@ -591,12 +695,16 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
         raise NoData("the paper's Fig. 7 points are drawn on the measured axes (same experiment)")
     curves = []
     for (cl, ds, mp), c in frame.groupby(["_cluster", "_ds", "mp_grid"]):
-        pts = c.groupby("world_size")["epoch_time_s"].mean().sort_index()
-        if len(pts) > 1:
-            curves.append((cl, ds, mp, pts))
+        stats = over_runs(c, "world_size", "epoch_time_s")
+        if len(stats) > 1:
+            curves.append((cl, ds, mp, stats))
     if not curves:
-        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more GPU counts")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5.0))
+        raise NoData("scaling needs ScaleGNN runs of one 3D grid at two or more rank counts")
+    measured = frame[[k in {c[:3] for c in curves} for k in zip(frame["_cluster"], frame["_ds"], frame["mp_grid"])]]
+    noun, note = _RANKS[_rank_unit(measured)]  # the paper's ranks are GPUs; ours may be CPU processes
+    fig = plt.figure(figsize=(12, 6.2), layout="constrained")
+    left, right = fig.subfigures(1, 2)
+    a1, a2 = left.subplots(), right.subplots()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = {"perlmutter": "o", "frontier": "s", "tuolumne": "^"}
     ds_color = {ds: colors[i % len(colors)] for i, ds in enumerate(sorted(pp["dataset"].unique()))}
@@ -604,30 +712,39 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
     for (cl, ds), p in sorted(pp.groupby(["cluster", "dataset"])):
         p = p.sort_values("gpus")
         mult = p["gpus"] / p["gpus"].iloc[0]
-        a1.plot(mult, p["speedup"], linestyle="--", marker=markers.get(cl, "D"), mfc="none", mew=1.5,
-                markersize=7, color=ds_color[ds], label=f"{ds}, {cl} ({p['gpus'].iloc[0]} -> {p['gpus'].iloc[-1]})")
+        # the endpoints only, as published: the paper's text gives no point between them
+        a1.plot(mult, p["speedup"], linestyle="none", marker=markers.get(cl, "D"), mfc="none", mew=1.5,
+                markersize=7, color=ds_color[ds],
+                label=f"{ds}, {cl} ({p['gpus'].iloc[0]} -> {p['gpus'].iloc[-1]} GPUs)")
         top = max(top, float(mult.iloc[-1]))
-    here_top = 1.0
-    for i, (cl, ds, mp, pts) in enumerate(curves):
-        mult = pts.index / pts.index[0]
-        a2.plot(mult, pts.iloc[0] / pts.values, "o-", color=colors[i % len(colors)], linewidth=2,
-                label=f"{ds}, 3D grid {mp}, {cl} ({pts.index[0]} -> {pts.index[-1]})")
+    here_top, spread = 1.0, False
+    for i, (cl, ds, mp, stats) in enumerate(curves):
+        mult = stats.index / stats.index[0]
+        t0 = stats["mean"].iloc[0]  # speedups over the mean of the first count: its runs' spread stays visible
+        a2.plot(mult, t0 / stats["mean"], "o-", color=colors[i % len(colors)], linewidth=2,
+                label=f"{ds}, 3D grid {mp}, {cl} ({stats.index[0]} -> {stats.index[-1]})")
+        spread |= _spread(a2, mult, t0 / stats["mean"], t0 / stats["max"], t0 / stats["min"], stats["n"],
+                          colors[i % len(colors)])
         here_top = max(here_top, float(mult[-1]))
-    for ax, hi, title in ((a1, top, "paper: ScaleGNN strong scaling (Fig. 7, Section VII-C)"),
-                          (a2, here_top, "here: ScaleGNN strong scaling (measured)")):
+    paper_title = ("paper: ScaleGNN strong scaling (Fig. 7, Section VII-C), its published endpoints\n"
+                   "(the first and last count: no line, the points between are not published)")
+    here_x = f"{noun} / first count" + (f" ({note})" if note else "")
+    for sub_fig, ax, hi, title, xlabel, count in (
+            (left, a1, top, paper_title, "GPUs / first GPU count", "GPU count"),
+            (right, a2, here_top, "here: ScaleGNN strong scaling (measured)", here_x, "count")):
         ax.plot([1, hi], [1, hi], color="gray", linestyle=":", linewidth=1, label="ideal")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel("GPUs / first GPU count")
-        ax.set_ylabel("speedup over the first GPU count")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"speedup over the first {count}")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="upper left")
+        handles = ax.get_legend_handles_labels()[0] + ([_spread_handle()] if spread and ax is a2 else [])
+        _legend_below(sub_fig, handles, fontsize=7)  # under its own axes
     fig.suptitle("Fig. 7, paper vs here: no experiment here matches the paper's, so each has its own axes",
                  fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
     return fig
 
 
@@ -635,32 +752,36 @@ def fig7_paper_vs_here(runs: pd.DataFrame, paper: dict | None = None) -> plt.Fig
 def fig8_epoch_breakdown(runs: pd.DataFrame) -> plt.Figure:
     """Epoch time by component vs Gd with the 3D grid fixed (paper Fig. 8), one
     panel per (cluster, dataset, 3D grid) that has at least two Gd values (at most 3
-    panels: those with the most Gd values)."""
+    panels: those with the most Gd values); means over the runs (seeds) of a Gd, with
+    their min-max on the bar where there are several."""
     frame = _scaling_frame(runs, "fig8")
     groups = frame.groupby(["_cluster", "_ds", "mp_grid"])
     keys = sorted(groups.groups, key=lambda k: (-groups.get_group(k)["grid.dp"].nunique(), k))
     keys = [k for k in keys if groups.get_group(k)["grid.dp"].nunique() > 1][:3] or keys[:1]
     fig, axes = _figure(len(keys), 5.2, 4.8)
-    handles = {}
+    handles, spread = {}, False
     for ax, key in zip(axes, keys):
         sub = groups.get_group(key)
         comps = component_table(sub).assign(gd=sub["grid.dp"]).groupby("gd").mean().sort_index()
-        epoch = sub.groupby("grid.dp")["epoch_time_s"].mean().sort_index()
+        stats = over_runs(sub, "grid.dp", "epoch_time_s", 1e3)
+        epoch = stats["mean"] / 1e3
         comps["other"] = np.maximum(0.0, epoch.to_numpy() - comps.drop(columns="other").sum(axis=1).to_numpy())
         x = np.arange(len(comps))
         totals, used = _stacked_bars(ax, x, comps)
         handles.update(used)
         worlds = sub.groupby("grid.dp")["world_size"].first().sort_index()
         ax.set_xticks(x, [f"Gd={gd}\n{int(w)} rank{'s' if int(w) != 1 else ''}" for gd, w in worlds.items()])
-        for xi, tot in zip(x, totals):
-            ax.text(xi, tot, f"{tot:.0f}", ha="center", va="bottom", fontsize=8)
+        spread |= _spread(ax, x, stats["mean"], stats["min"], stats["max"], stats["n"], "black")
+        tops = np.maximum(totals, np.where(stats["n"] > 1, stats["max"], 0.0))  # labels above the spread
+        for xi, tot, top in zip(x, totals, tops):
+            ax.annotate(f"{tot:.0f}", (xi, top), textcoords="offset points", xytext=(0, 2), ha="center",
+                        va="bottom", fontsize=8)
         ax.set_ylabel("epoch time (ms)")
-        ax.set_ylim(0, max(totals) * 1.15)
+        ax.set_ylim(0, max(tops) * 1.15)
         ax.set_title(f"{key[1]}\n{key[0]}, 3D grid {key[2]}", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    bottom = _component_legend(fig, handles)
+    _component_legend(fig, handles, spread)
     fig.suptitle("Epoch time by component as data parallelism Gd grows", fontsize=11)
-    fig.tight_layout(rect=(0, bottom, 1, 0.94))
     return fig
 
 
@@ -673,14 +794,16 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
         raise NoData("no runs to validate the performance model on (the `perfmodel` sweep)")
     v = validation.sort_values("observed_s").reset_index(drop=True)
     ms = 1e3
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.5]})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5.2), gridspec_kw={"width_ratios": [1, 1.5]},
+                                 layout="constrained")
     lo = min(v["observed_s"].min(), v["predicted_s"].min(), v["loo_s"].min()) * ms / 1.3
     hi = max(v["observed_s"].max(), v["predicted_s"].max(), v["loo_s"].max()) * ms * 1.3
-    a1.plot([lo, hi], [lo, hi], "k-", linewidth=1, label="predicted = observed")
-    a1.fill_between([lo, hi], [lo / 1.25, hi / 1.25], [lo * 1.25, hi * 1.25], color="gray", alpha=0.15,
-                    label="within 25%")
-    a1.plot(v["observed_s"] * ms, v["predicted_s"] * ms, "o", color="#d62728", label="fit on all runs")
-    a1.plot(v["observed_s"] * ms, v["loo_s"] * ms, "o", mfc="none", color="#1f77b4", label="leave-one-out")
+    (diag,) = a1.plot([lo, hi], [lo, hi], "k-", linewidth=1, label="predicted = observed")
+    band = a1.fill_between([lo, hi], [lo / 1.25, hi / 1.25], [lo * 1.25, hi * 1.25], color="gray", alpha=0.15,
+                           label="within 25%")
+    (fit,) = a1.plot(v["observed_s"] * ms, v["predicted_s"] * ms, "o", color="#d62728", label="fit on all runs")
+    (loo_pts,) = a1.plot(v["observed_s"] * ms, v["loo_s"] * ms, "o", mfc="none", color="#1f77b4",
+                         label="leave-one-out")
     worst = (v["loo_s"] / v["observed_s"] - 1).abs().nlargest(min(3, len(v))).index
     for i in worst:  # name the largest leave-one-out misses (every grid is named on the right)
         r = v.loc[i]
@@ -697,11 +820,10 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
     mape = (v["predicted_s"] / v["observed_s"] - 1).abs().mean()
     loo = (v["loo_s"] / v["observed_s"] - 1).abs().mean()
     a1.set_title(f"mean |error|: {100 * mape:.0f}% fitted, {100 * loo:.0f}% leave-one-out", fontsize=10)
-    a1.legend(fontsize=8, loc="upper left")
     a1.grid(alpha=0.3, which="both")
     x = np.arange(len(v))
     w = 0.28
-    a2.bar(x - w, v["observed_s"] * ms, w, color="#444444", label="observed")
+    observed = a2.bar(x - w, v["observed_s"] * ms, w, color="#444444", label="observed")
     a2.bar(x, v["predicted_s"] * ms, w, color="#d62728", label="predicted (fit on all)")
     a2.bar(x + w, v["loo_s"] * ms, w, color="#1f77b4", alpha=0.7, label="predicted (leave-one-out)")
     a2.set_xticks(x, v["grid"], rotation=45, ha="right", fontsize=8)
@@ -710,7 +832,6 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
     best_obs = v.loc[v["observed_s"].idxmin(), "grid"]
     best_pred = v.loc[v["loo_s"].idxmin(), "grid"]
     a2.set_title(f"fastest observed {best_obs}; fastest predicted (leave-one-out) {best_pred}", fontsize=10)
-    a2.legend(fontsize=8)
     a2.grid(axis="y", alpha=0.3)
     title = "Performance model: predicted vs observed epoch time"
     if "dataset" in v and v["dataset"].nunique() == 1:
@@ -718,6 +839,9 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
         short = f"{ds.split(':', 1)[0]} {ds.split(':', 1)[1].split(',')[0]}" if ":" in ds else ds
         title += f"\n{short}, {len(v)} grids, {v['cluster'].iloc[0] if 'cluster' in v else ''}"
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    # one legend under both panels (the colours mean the same on both): never over a point or a bar
+    _legend_below(fig, [observed, fit, loo_pts, diag, band],
+                  ["observed", "predicted: fit on all runs", "predicted: leave-one-out", "predicted = observed",
+                   "within 25%"])
     return fig
 

@@ -120,7 +120,8 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     add("\nPaper numbers come from `analysis/paper_numbers.toml` (the papers' tables and text). "
         "They sit next to a measured number only for the same experiment: same system and dataset "
         "(never a generated stand-in), and for timings the same cluster and GPU count. In the figures the "
-        "paper's points are drawn on the measured axes (hollow markers, dashed lines) only for such an "
+        "paper's points are drawn on the measured axes (hollow markers with no line: only the published points "
+        "are known, the paper's Fig. 7 text gives the first and last GPU count of each curve) only for such an "
         "experiment; where there is none, a \"paper vs here\" figure shows both, each on its own axes.\n")
 
     # ------------------------------------------------------------------ figures

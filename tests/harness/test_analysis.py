@@ -22,6 +22,15 @@ from tests.files import minimal_record
 _counter = [0]
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Every figure a test drew is closed after it (pyplot keeps them open otherwise)."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 def make_record(system="scalegnn", dataset="reddit", grid=(1, 1, 1, 1), epoch_s=(0.1, 0.1, 0.1), test=None,
                 target=None, components=None, eval_s=0.05, status="ok", seed=0, host="nid001"):
     """A valid run record with per-epoch times ``epoch_s`` and test accuracies ``test``."""
@@ -81,11 +90,13 @@ def test_fig6_series_markers_and_speedup_annotation():
     assert set(lines) == {"ScaleGNN", "SALIENT++", "BNS-GCN", "ScaleGNN (paper)", "SALIENT++ (paper)",
                           "BNS-GCN (paper)"}
     # the same experiment as the paper's (perlmutter, reddit, same system and GPU count): its points on
-    # these axes, hollow and dashed; BNS-GCN only at 16 GPUs, the one count it was measured at here
+    # these axes, hollow markers and no line (only these counts are published); BNS-GCN only at 16 GPUs,
+    # the one count it was measured at here
     paper = {k: (list(v.get_xdata()), list(v.get_ydata())) for k, v in lines.items() if k.endswith("(paper)")}
     assert paper == {"ScaleGNN (paper)": ([4, 16], [1.33, 0.98]), "SALIENT++ (paper)": ([4, 16], [1.83, 3.13]),
                      "BNS-GCN (paper)": ([16], [11.7])}
-    assert all(lines[k].get_markerfacecolor() == "none" and lines[k].get_linestyle() == "--" for k in paper)
+    assert all(lines[k].get_markerfacecolor() == "none" and lines[k].get_linestyle() == "None" for k in paper)
+    assert "paper, same experiment (published points only)" in [t.get_text() for t in fig.legends[0].get_texts()]
     with pytest.raises(F.NoData, match="drawn on the measured axes"):
         F.fig6_paper_vs_here(runs)
     assert list(lines["ScaleGNN"].get_xdata()) == [4, 16] and list(lines["ScaleGNN"].get_ydata()) == [2.0, 0.5]
@@ -165,14 +176,14 @@ def test_fig7_curve_ideal_line_and_speedup():
     ideal = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--" and len(ln.get_xdata()) == 3][0]
     assert np.allclose(ideal.get_ydata(), [100, 50, 25])
     assert "2.5x (62% of ideal 4x)" in texts(fig)
-    assert ax.get_title() == "perlmutter" and "ideal scaling" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_title() == "perlmutter" and "ideal scaling" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
 def test_fig7_of_runs_at_one_gpu_count_is_no_data():
     """One point per curve is not a scaling curve: the report says so instead."""
     recs = _scaling_records()[:1]
     runs = runs_from_records(recs, [manifest("fig7", "perlmutter", [(r, "") for r in recs])])
-    with pytest.raises(F.NoData, match="two or more GPU counts"):
+    with pytest.raises(F.NoData, match="two or more rank counts"):
         F.fig7_strong_scaling(runs)
 
 
@@ -462,7 +473,7 @@ def test_fig6_paper_vs_here_panel_when_no_experiment_matches():
     top = both.axes[1]
     sg = [ln for ln in top.get_lines() if ln.get_label() == "ScaleGNN"][0]
     assert list(sg.get_xdata()) == [4, 16] and list(sg.get_ydata()) == [1.33, 0.98]
-    assert sg.get_markerfacecolor() == "none" and sg.get_linestyle() == "--"
+    assert sg.get_markerfacecolor() == "none" and sg.get_linestyle() == "None"  # the published points only
     assert "95% test acc" in top.get_ylabel()
     here = [ax for ax in both.axes if ax.get_title().startswith("here:")][0]
     mine = [ln for ln in here.get_lines() if ln.get_label() == "ScaleGNN"][0]
@@ -472,15 +483,18 @@ def test_fig6_paper_vs_here_panel_when_no_experiment_matches():
 
 def test_fig7_paper_points_on_the_axes_or_beside_them():
     """Frontier products-14m at the paper's GPU counts: the paper's stated epoch times on
-    Fig. 7's axes (hollow, dotted); a generated graph: the speedup panels side by side."""
+    Fig. 7's axes (hollow markers at its two published endpoints, no line between them: the
+    curve between is not published); a generated graph: the speedup panels side by side."""
     recs = [make_record("scalegnn", "products-14m", (d, 4, 4, 2), [1.0, 9.0, 9.0]) for d in (1, 32)]
     runs = runs_from_records(recs, [manifest("fig7", "frontier", [(r, "") for r in recs])])
     pp = F.paper_points_fig7(runs)
     assert list(pp.loc[pp["matched"], "gpus"]) == [32, 1024]
-    ax = F.fig7_strong_scaling(runs).axes[0]
-    (paper,) = [ln for ln in ax.get_lines() if ln.get_label() == "products-14m (paper)"]
+    fig = F.fig7_strong_scaling(runs)
+    ax = fig.axes[0]
+    (paper,) = [ln for ln in ax.get_lines() if ln.get_label() == "products-14m, paper (published endpoints)"]
     assert list(paper.get_xdata()) == [32, 1024] and list(paper.get_ydata()) == [8809, 394]
-    assert paper.get_markerfacecolor() == "none"
+    assert paper.get_markerfacecolor() == "none" and paper.get_linestyle() == "None" and paper.get_marker() == "o"
+    assert "products-14m, paper (published endpoints)" in [t.get_text() for t in fig.legends[0].get_texts()]
     with pytest.raises(F.NoData, match="drawn on the measured axes"):
         F.fig7_paper_vs_here(runs)
     recs = [make_record("scalegnn", "csbm:n=10000,avg_degree=50", (d, 1, 1, 1), [1.0, 0.4, 0.4]) for d in (1, 2)]
@@ -488,12 +502,169 @@ def test_fig7_paper_points_on_the_axes_or_beside_them():
     assert not F.paper_points_fig7(runs)["matched"].any()
     a1, a2 = F.fig7_paper_vs_here(runs).axes
     lines = {ln.get_label(): ln for ln in a1.get_lines()}
-    assert list(lines["products-14m, frontier (32 -> 1024)"].get_ydata()) == [1.0, 22.4]
-    assert list(lines["products-14m, frontier (32 -> 1024)"].get_xdata()) == [1, 32]
+    endpoints = lines["products-14m, frontier (32 -> 1024 GPUs)"]
+    assert list(endpoints.get_ydata()) == [1.0, 22.4] and list(endpoints.get_xdata()) == [1, 32]
+    assert all(ln.get_linestyle() == "None" for k, ln in lines.items() if k != "ideal")  # markers, no line
+    assert "published endpoints" in a1.get_title()
     (here,) = [ln for ln in a2.get_lines() if ln.get_label() != "ideal"]
     assert list(here.get_xdata()) == [1, 2] and here.get_ydata()[-1] == pytest.approx(1.0)
     with pytest.raises(F.NoData):  # one run: no scaling curve, no panel (the report skips both)
         F.fig7_paper_vs_here(runs_from_records(recs[:1], [manifest("demo", "local", [(recs[0], "")])]))
+
+
+# ---------------------------------------------------------------------------- what a reviewer sees
+def _figure_inputs():
+    """Every figure the report draws, from synthetic records: name -> a function building it."""
+    def tagged(spec, cluster, recs):
+        return runs_from_records(recs, [manifest(spec, cluster, [(r, "") for r in recs])])
+
+    generated = "csbm:n=10000,avg_degree=50,classes=8"
+    fig5 = [(make_record(grid=(gd, 2, 2, 2), epoch_s=[0.2, t, t], components={"pmm_comm": 0.05}), v)
+            for gd in (1, 4) for v, t in (("baseline", 0.1), ("+prefetch", 0.08))]
+    fig6 = [make_record(s, "reddit", grid=(g // 4, 2, 2, 1) if s == "scalegnn" else (g, 1, 1, 1),
+                        epoch_s=[t, t], test=[0.9, 0.96], target=0.95)
+            for s, g, t in (("scalegnn", 4, 1.0), ("scalegnn", 16, 0.3), ("salient", 4, 1.2), ("salient", 16, 2.0))]
+    mine = [make_record(s, generated, grid=(g, 1, 1, 1), epoch_s=[t, t], test=[0.9, 0.96], target=0.95)
+            for s, g, t in (("scalegnn", 1, 0.5), ("graphsage", 1, 2.0), ("scalegnn", 2, 0.4), ("graphsage", 2, 1.5))]
+    matched7 = [make_record("scalegnn", "products-14m", (d, 4, 4, 2), [1.0, t, t]) for d, t in ((1, 9.0), (32, 0.5))]
+    here7 = [make_record("scalegnn", generated, (d, 1, 1, 1), [1.0, t, t]) for d, t in ((1, 0.5), (2, 0.3))]
+    model = pd.DataFrame({"grid": ["1x1x1x1", "1x2x1x1", "2x1x1x1"], "observed_s": [1.0, 0.6, 0.5],
+                          "predicted_s": [1.1, 0.55, 0.5], "loo_s": [1.2, 0.5, 0.45], "dataset": ["d"] * 3,
+                          "cluster": ["local"] * 3})
+    return {
+        "fig5": lambda: F.fig5_ablation(runs_from_records([r for r, _ in fig5], [manifest("fig5", "local", fig5)])),
+        "fig6": lambda: F.fig6_time_to_target(tagged("fig6", "perlmutter", fig6)),
+        "fig6_paper_vs_here": lambda: F.fig6_paper_vs_here(tagged("demo", "local", mine)),
+        "fig7": lambda: F.fig7_strong_scaling(tagged("fig7", "frontier", matched7)),
+        "fig7_paper_vs_here": lambda: F.fig7_paper_vs_here(tagged("demo", "local", here7)),
+        "fig8": lambda: F.fig8_epoch_breakdown(tagged("fig8", "perlmutter", _scaling_records())),
+        "plexus_fig5": lambda: F.plexus_fig5_model(model),
+    }
+
+
+def _drawn(fig):
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def legends_over_axes(fig) -> list[str]:
+    """Every legend (the figure's, its subfigures', the axes') whose box overlaps the
+    plotting area of some axes: "legend text -> axes title"."""
+    renderer = _drawn(fig)
+    legends = [lg for f in [fig, *fig.subfigs] for lg in f.legends]
+    legends += [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends, "the figure has no legend"
+    return [f"{lg.get_texts()[0].get_text()} -> {ax.get_title()}" for lg in legends for ax in fig.axes
+            if lg.get_window_extent(renderer).overlaps(ax.bbox)]
+
+
+def band_under_title(fig) -> float:
+    """Inches of empty figure between the bottom of the figure's title and the top of the
+    highest panel title (or panel, where it has no title)."""
+    renderer = _drawn(fig)
+    sup = fig._suptitle.get_window_extent(renderer)  # noqa: SLF001 - the suptitle has no public artist getter
+    tops = [ax.title.get_window_extent(renderer).y1 if ax.get_title() else ax.bbox.y1 for ax in fig.axes]
+    return (sup.y0 - max(tops)) / fig.dpi
+
+
+@pytest.mark.parametrize("name", list(_figure_inputs()))
+def test_every_figure_keeps_its_legend_off_the_data_and_its_title_on_the_panels(name):
+    """Legends sit outside every axes (never over a line, a point or a bar), and the
+    figure's title sits right above the panels' titles: no blank band between them."""
+    fig = _figure_inputs()[name]()
+    assert legends_over_axes(fig) == []
+    assert 0.0 <= band_under_title(fig) < 0.15, f"{band_under_title(fig):.2f} in of blank band"
+
+
+def _on(device_type, rec):
+    """``rec`` as run on ``device_type`` (``env.device_type``: "cpu" or "cuda")."""
+    rec["env"].update(device="cpu (x86_64, 2 cores)" if device_type == "cpu" else "A100", device_type=device_type)
+    return rec
+
+
+@pytest.mark.parametrize("devices, label", [(("cuda", "cuda"), "GPUs (ranks)"),
+                                            (("cpu", "cpu"), "CPU processes (ranks)"),
+                                            (("cuda", "cpu"), "ranks (GPU and CPU runs mixed)")])
+def test_rank_axes_say_what_the_ranks_ran_on(devices, label):
+    """The x axis of Fig. 6 and 7 (and Fig. 7 paper vs here's measured side) names GPUs
+    only when every run of the panel ran on GPUs (the records' env.device_type)."""
+    scaling = [_on(dev, make_record("scalegnn", "csbm:n=10000,avg_degree=50", (d, 1, 1, 1), [1.0, t, t]))
+               for dev, d, t in zip(devices, (1, 2), (0.5, 0.3))]
+    runs = runs_from_records(scaling, [manifest("demo", "local", [(r, "") for r in scaling])])
+    assert F.fig7_strong_scaling(runs).axes[0].get_xlabel() == f"{label}; Gd grows from the first point"
+    paper_side, here_side = F.fig7_paper_vs_here(runs).axes
+    assert paper_side.get_xlabel() == "GPUs / first GPU count"  # the paper's ranks are GPUs
+    noun = label.split(" (")[0]
+    assert here_side.get_xlabel() == (f"{noun} / first count" if "mixed" not in label else
+                                      "ranks / first count (GPU and CPU runs mixed)")
+    timed = [_on(dev, make_record(s, grid=(g, 1, 1, 1), epoch_s=[1.0], test=[0.96], target=0.95))
+             for dev, (s, g) in zip(devices, (("scalegnn", 1), ("scalegnn", 2)))]
+    runs = runs_from_records(timed, [manifest("demo", "local", [(r, "") for r in timed])])
+    assert F.fig6_time_to_target(runs).axes[0].get_xlabel() == label
+
+
+def spread_bars(ax) -> list[tuple[float, float, float]]:
+    """(x, low, high) of every min-max bar over seeds drawn on ``ax``, by x."""
+    return sorted((float(seg[0][0]), *sorted((float(seg[0][1]), float(seg[1][1]))))
+                  for coll in ax.collections if coll.get_gid() == F.SPREAD for seg in coll.get_segments())
+
+
+def legend_texts(fig) -> list[str]:
+    return [t.get_text() for f in [fig, *fig.subfigs] for lg in f.legends for t in lg.get_texts()]
+
+
+def test_points_of_several_seeds_show_their_mean_and_min_max():
+    """Three seeds per point: Fig. 7 draws their mean and a bar from the fastest to the
+    slowest, Fig. 8 the same bar on the stacked bars, Fig. 7 paper vs here the speedups'
+    bar; a point of one run has no bar, and the legend says what the bar is only when one is drawn."""
+    def tagged(spec, recs):
+        return runs_from_records(recs, [manifest(spec, "perlmutter", [(r, "") for r in recs])])
+
+    seeds = {1: (0.09, 0.10, 0.14), 2: (0.05, 0.06, 0.07)}  # s per epoch, by Gd
+    recs = [make_record("scalegnn", "products-14m", (d, 4, 4, 2), [1.0, t, t], seed=s)
+            for d, times in seeds.items() for s, t in enumerate(times)]
+    fig = F.fig7_strong_scaling(tagged("fig7", recs))
+    ax = fig.axes[0]
+    (curve,) = [ln for ln in ax.get_lines() if ln.get_label() == "products-14m"]
+    assert list(curve.get_xdata()) == [32, 64] and np.allclose(curve.get_ydata(), [110, 60])  # ms, the means
+    assert np.allclose(spread_bars(ax), [(32, 90, 140), (64, 50, 70)])
+    assert "bar: min-max over seeds (point: mean)" in legend_texts(fig)
+    ax8 = F.fig8_epoch_breakdown(tagged("fig8", recs)).axes[0]
+    assert np.allclose(spread_bars(ax8), [(0, 90, 140), (1, 50, 70)])  # bars at x = 0, 1
+    ablation = [(make_record(grid=(1, 2, 2, 2), epoch_s=[0.2, t, t], seed=s), v)
+                for v, times in (("baseline", (0.09, 0.11)), ("+prefetch", (0.08,))) for s, t in enumerate(times)]
+    fig5 = F.fig5_ablation(runs_from_records([r for r, _ in ablation], [manifest("fig5", "local", ablation)]))
+    assert np.allclose(spread_bars(fig5.axes[0]), [(0, 90, 110)])  # the baseline's two seeds; +prefetch ran once
+    assert "bar: min-max over seeds (bar top: mean)" in legend_texts(fig5)
+    one = [r for r in recs if r["seed"] == 0]  # one run per point: no bar, no legend entry
+    fig = F.fig7_strong_scaling(tagged("fig7", one))
+    assert spread_bars(fig.axes[0]) == [] and not [t for t in legend_texts(fig) if "min-max" in t]
+    generated = [make_record("scalegnn", "csbm:n=10000,avg_degree=50", (d, 1, 1, 1), [1.0, t, t], seed=s)
+                 for d, times in seeds.items() for s, t in enumerate(times)]
+    fig = F.fig7_paper_vs_here(tagged("demo", generated))
+    here = fig.axes[1]
+    # speedups over the first count's mean (0.11 s): the bar at 2 spans 0.11 / 0.07 .. 0.11 / 0.05
+    assert np.allclose(spread_bars(here)[-1], (2.0, 0.11 / 0.07, 0.11 / 0.05))
+    assert "bar: min-max over seeds (point: mean)" in legend_texts(fig)
+
+
+def test_fig6_seeds_bar_over_the_runs_that_reached_the_target():
+    """Time to target of three seeds: the point is their median (as in the table), the
+    bar their min-max; where one seed missed, the bar covers the two that reached it and
+    the panel says "2 of 3 runs reached it"."""
+    reach, miss = [0.9, 0.96], [0.9, 0.93]
+    recs = [make_record("scalegnn", grid=(1, 2, 2, 1), epoch_s=[t, t], test=reach, target=0.95, seed=s)
+            for s, t in enumerate((0.5, 0.6, 0.8))]
+    recs += [make_record("scalegnn", grid=(4, 2, 2, 1), epoch_s=[t, t], test=acc, target=0.95, seed=s)
+             for s, (t, acc) in enumerate(((0.2, reach), (0.3, reach), (0.1, miss)))]
+    runs = runs_from_records(recs, [manifest("fig6", "local", [(r, "") for r in recs])])
+    fig = F.fig6_time_to_target(runs)
+    ax = fig.axes[0]
+    (sg,) = [ln for ln in ax.get_lines() if ln.get_label() == "ScaleGNN"]
+    assert list(sg.get_xdata()) == [4, 16] and list(sg.get_ydata()) == pytest.approx([1.2, 0.5])
+    assert np.allclose(spread_bars(ax), [(4, 1.0, 1.6), (16, 0.4, 0.6)])
+    assert "2 of 3 runs reached it" in texts(fig)
+    assert "bar: min-max over seeds (point: median)" in legend_texts(fig)
 
 
 def test_baseline_tables_aggregate_seeds_and_mark_missed_targets():
