@@ -111,13 +111,21 @@ def _baseline_argv(argv: list[str]) -> list[str]:
     return argv[:i] + argv[i + 2:]
 
 
+def _srun_command(nodes: int, per_node: int, argv: list[str]) -> list[str]:
+    """``argv`` as a job step of ``per_node`` tasks on each of ``nodes`` nodes that ends
+    when one task fails."""
+    return ["srun", "-N", str(nodes), "--ntasks-per-node", str(per_node), "--kill-on-bad-exit=1", *argv]
+
+
+def _transport_env(ifname: str | None = "sc0") -> dict:
+    """This environment with gloo on ``ifname`` (a site profile's socket_ifname; None: unset)."""
+    return {**os.environ, **({"GLOO_SOCKET_IFNAME": ifname} if ifname else {})}
+
+
 def _srun(nodes: int, per_node: int, argv: list[str], *, ifname: str | None = "sc0", timeout_s: float = 300,
           check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    if ifname:
-        env["GLOO_SOCKET_IFNAME"] = ifname
-    proc = subprocess.run(["srun", "-N", str(nodes), "--ntasks-per-node", str(per_node), "--kill-on-bad-exit=1",
-                           *argv], capture_output=True, text=True, timeout=timeout_s, env=env)
+    proc = subprocess.run(_srun_command(nodes, per_node, argv), capture_output=True, text=True, timeout=timeout_s,
+                          env=_transport_env(ifname))
     if check:
         assert proc.returncode == 0, f"srun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -275,13 +283,11 @@ grids = ["1x2x1x2"]
 def _start_long(tmp_path: Path, data: Path, timeout_s: int, epochs: int = 40) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "sc0"}
-    log = open(tmp_path / "srun.log", "w")
-    proc = subprocess.Popen(["srun", "-N", "2", "--ntasks-per-node", "2", "--kill-on-bad-exit=1",
-                             *_train_argv(LONG, "1x2x1x2", out, data, epochs, "--collective-timeout",
-                                          str(timeout_s), "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                          "--checkpoint-every", "5")],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    argv = _train_argv(LONG, "1x2x1x2", out, data, epochs, "--collective-timeout", str(timeout_s),
+                       "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "5")
+    with open(tmp_path / "srun.log", "w") as log:  # srun keeps its own copy of the descriptor
+        proc = subprocess.Popen(_srun_command(2, 2, argv), stdout=log, stderr=subprocess.STDOUT,
+                                env=_transport_env())
     return proc, out
 
 
@@ -316,12 +322,11 @@ def _first_checkpoint(tmp_path: Path):
     return list((tmp_path / "ckpt").glob("step-*/meta.json"))
 
 
-def _failed_record(out: Path) -> dict | None:
+def _record_with_status(out: Path, status: str) -> dict | None:
+    """The run's one record in ``out`` once it has ``status``, else None."""
     paths = list(out.glob("*.json"))
-    if not paths:
-        return None
-    rec = records.read_record(paths[0])
-    return rec if rec["status"] == "failed" else None
+    rec = records.read_record(paths[0]) if len(paths) == 1 else None
+    return rec if rec is not None and rec["status"] == status else None
 
 
 def test_every_process_of_one_node_killed(cluster, tmp_path, data):
@@ -342,7 +347,7 @@ def test_every_process_of_one_node_killed(cluster, tmp_path, data):
         wait_for(lambda: not _alive(survivors), 30, "the first node's ranks to exit")
     finally:
         proc.kill()
-    rec = wait_for(lambda: _failed_record(out), 30, "the failed record")
+    rec = wait_for(lambda: _record_with_status(out, "failed"), 30, "the failed record")
     assert rec["lost_ranks"] == [{"rank": 2, "host": cluster[1]}, {"rank": 3, "host": cluster[1]}]
     assert rec["error"].startswith(f"ranks 2, 3 on {cluster[1]} lost (no heartbeat for")
     assert ended_s < timeout_s + 40, ended_s  # detected by the closed connections, well inside the timeout
@@ -369,7 +374,7 @@ def test_one_node_link_cut_mid_epoch(cluster, tmp_path, data):
     finally:
         subprocess.run(["bash", str(LOCALCLUSTER), "mend", str(conf_dir), "2"], timeout=30)
         proc.kill()
-    rec = wait_for(lambda: _failed_record(out), 30, "the failed record")
+    rec = wait_for(lambda: _record_with_status(out, "failed"), 30, "the failed record")
     assert rec["lost_ranks"] == [{"rank": 2, "host": cluster[1]}, {"rank": 3, "host": cluster[1]}]
     assert "Timed out waiting" in rec["error"]
     assert near_s < timeout_s + 30 and far_s < timeout_s + 45, (near_s, far_s)
@@ -394,14 +399,14 @@ def test_a_drained_node_and_a_requeue_resume_on_other_nodes_exactly(cluster, tmp
                       f"srun --kill-on-bad-exit=1 {' '.join(argv)}\n")
     job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True,
                          timeout=30).stdout.strip().split(";")[0]
-    wait_for(lambda: list(ckpt.glob("step-*/meta.json")), 300, "the first checkpoint")
+    wait_for(lambda: _first_checkpoint(tmp_path), 300, "the first checkpoint")
     subprocess.run(["scontrol", "update", f"NodeName={third}", "State=RESUME"], check=True, timeout=30)
     subprocess.run(["scontrol", "update", f"NodeName={cluster[1]}", "State=DRAIN", "Reason=maintenance"],
                    check=True, timeout=30)
     subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
     wait_for(lambda: squeue("%T", job) == ["PENDING"], 120, "the requeued job to wait", every_s=1)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
-    rec = wait_for(lambda: (r := _record_or_none(out)) and r["status"] == "ok" and r, 600, "the resumed run's record",
+    rec = wait_for(lambda: _record_with_status(out, "ok"), 600, "the resumed run's record",
                 every_s=2)
     assert rec.get("resumed"), "the requeued job started from scratch"
     assert sorted(_hosts(rec)) == [cluster[0], third]  # the drained node left out
@@ -411,8 +416,3 @@ def test_a_drained_node_and_a_requeue_resume_on_other_nodes_exactly(cluster, tmp
     for key in KEYS:
         assert _rows(rec, key) == _rows(want, key), key
     assert len(rec["epochs"]) == 6
-
-
-def _record_or_none(out: Path) -> dict | None:
-    paths = list(out.glob("*.json"))
-    return records.read_record(paths[0]) if len(paths) == 1 else None
