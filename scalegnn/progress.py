@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 
 __all__ = ["EpochLogger", "configure_logging", "default_log_level", "mode_from_progress", "LOG_LEVELS", "LOG_FORMAT",
            "Phases"]
@@ -108,8 +109,8 @@ def _fmt(value, spec: str = ".4f") -> str:
 
 class Phases:
     """The first minute of a run, phase by phase: rank 0 logs one line as each phase
-    (loading the graph, building the engine, compiling) ends, with what it made and its
-    seconds, so that a batch log is not silent until the first epoch::
+    (loading the graph, building the engine: ``scalegnn.trainer``) ends, with what it
+    made and its seconds, so that a batch log is not silent until the first epoch::
 
         phases = Phases(rank)
         with phases("loading the graph") as said:
@@ -125,8 +126,6 @@ class Phases:
 
     @contextlib.contextmanager
     def __call__(self, what: str):
-        import time
-
         detail: list[str] = []
         start = time.perf_counter()
         yield detail.append

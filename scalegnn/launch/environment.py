@@ -37,7 +37,7 @@ from .. import threads as thread_policy
 
 __all__ = ["DistEnv", "detect_env", "run_mode", "RUN_MODES", "init_from_env", "init_process_group", "first_host",
            "single_env", "local_rank_env", "local_backend", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run",
-           "slurm_tasks_on_node", "launched_rank", "placement_entry", "gather_placement", "check_socket_ifnames"]
+           "slurm_tasks_on_node", "launched_rank", "gather_placement", "check_socket_ifnames"]
 
 log = logging.getLogger("scalegnn.launch")
 
@@ -221,17 +221,13 @@ def init_process_group(backend: str, device: torch.device, **kwargs) -> None:
 
 
 # --------------------------------------------------------------------------- where the ranks run
-def placement_entry(env: DistEnv) -> dict:
-    """Where this rank runs, as a record lists it (``env.placement``)."""
+def gather_placement(env: DistEnv) -> list[dict]:
+    """Where every rank runs (:func:`scalegnn.records.placement_of`: host, local rank,
+    device), in rank order (a collective: every rank of an initialized world calls it;
+    a single process has its own entry alone)."""
     from ..records import placement_of
 
-    return placement_of(env.rank, env.local_rank, env.device)
-
-
-def gather_placement(env: DistEnv) -> list[dict]:
-    """Every rank's :func:`placement_entry`, in rank order (a collective: every rank of
-    an initialized world calls it; a single process has its own entry alone)."""
-    mine = placement_entry(env)
+    mine = placement_of(env.rank, env.local_rank, env.device)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [mine]
     every = [None] * dist.get_world_size()

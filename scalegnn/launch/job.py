@@ -116,7 +116,7 @@ class LocalJob:
         """Start every worker (forked from a warm server that preloaded torch)."""
         where = unguarded_main_call()
         if where is not None:
-            raise ValueError(f"{where} starts {self.nprocs} worker processes from the top level of the script, "
+            raise ValueError(f"{where}, starts {self.nprocs} worker processes from the top level of the script, "
                              "which every worker imports again before it runs (Python's spawn and forkserver "
                              "start methods): put the call under `if __name__ == \"__main__\":`")
         for key, value in thread_policy.WAIT_ENV.items():
@@ -272,7 +272,7 @@ def unguarded_main_call() -> str | None:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and _is_main_guard(node.test) and node.lineno <= line <= node.end_lineno:
             return None
-    return f"{os.path.basename(path)}, line {line},"
+    return f"{os.path.basename(path)}, line {line}"
 
 
 def _is_main_guard(test: ast.expr) -> bool:
