@@ -75,6 +75,9 @@ __all__ = [
     "set_rng_state",
     "config_mismatch",
     "continuation",
+    "saved_grid",
+    "regridded_step",
+    "regridding",
     "atomic_torch_save",
 ]
 
@@ -83,7 +86,8 @@ _STEP_DIR = re.compile(r"^step-(\d{9,})$")
 # Config fields (dotted) that may differ between the interrupted run and its
 # resumption: where things are, how they are shown or timed, never what is computed
 # (the sampler kernels and prefetching give bit-identical batches).
-RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "loop.progress", "loop.out_dir", "data.data_root", "data.shard_dir",
+RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "loop.progress", "loop.heartbeat_s", "loop.out_dir",
+                                   "loop.save_model", "data.data_root", "data.shard_dir",
                                    "parallel.collective_timeout_s", "parallel.nproc", "parallel.device",
                                    "parallel.backend", "perf.prefetch", "perf.profile", "perf.sampler",
                                    "perf.instrument"})
@@ -91,6 +95,12 @@ RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "loop.progress", "loop.out_dir"
 # computes (the sample and dropout of step s do not depend on them). The resumed entry
 # of the record lists each change (:func:`continuation`).
 CONTINUABLE_DIFFERENCES = frozenset({"loop.epochs"})
+# The grid may change at a resume: the trainer makes the checkpoint's state whole and cuts
+# each rank's shards from it (:func:`scalegnn.parallel.engine.read_whole_state`). With the
+# same Gd a step samples and drops out the same vertices on any 3D grid, so the run goes
+# on as it would have, up to the summation order of the new grid's collectives; another
+# Gd changes the batches and the steps per epoch (:func:`regridded_step`, :func:`regridding`).
+REGRIDDABLE_DIFFERENCES = frozenset({"parallel.grid"})
 
 
 class CheckpointError(ValueError):
@@ -325,7 +335,7 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
     def walk(a, b, prefix):
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
-                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES | CONTINUABLE_DIFFERENCES:
+                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES | CONTINUABLE_DIFFERENCES | REGRIDDABLE_DIFFERENCES:
                     continue
                 if key not in a:  # a setting added after the checkpoint was written: it keeps its default
                     continue
@@ -359,6 +369,45 @@ def continuation(ckpt, meta: dict, current: dict) -> dict:
         note = (f"continued from {old} to {new} epochs; with the {current['optim']['schedule']} LR schedule the "
                 f"steps are those of an uninterrupted {new}-epoch run")
     return {"changed": {"epochs": [old, new]}, "note": note}
+
+
+def saved_grid(meta: dict) -> tuple[int, int, int, int]:
+    """The grid (Gd, Gx, Gy, Gz) a checkpoint was written on."""
+    return tuple(int(g) for g in _current_layout(meta["config"])["parallel"]["grid"])
+
+
+def regridded_step(ckpt, meta: dict, steps_per_epoch: int) -> int:
+    """The next step of a run resumed from ``ckpt`` on another grid with
+    ``steps_per_epoch`` steps per epoch: the saved step when that count is unchanged (the
+    same Gd); with another Gd the first step of the epoch after the checkpoint's, which
+    must then end an epoch (a half-done epoch's steps have no counterpart on the new grid)."""
+    step, old = int(meta["step"]), int(meta["steps_per_epoch"])
+    if old == steps_per_epoch:
+        return step
+    if step % old:
+        epoch = step // old + 1
+        raise CheckpointError(
+            f"{ckpt} is in the middle of epoch {epoch} (step {step % old} of {old}); a resume changes the data-parallel "
+            f"size Gd only at an epoch's end: resume on the grid {'x'.join(map(str, saved_grid(meta)))} with "
+            f"--epochs {epoch} first, then on the new grid with --epochs as wanted")
+    return int(meta["epoch"]) * steps_per_epoch
+
+
+def regridding(meta: dict, grid, step: int, steps_per_epoch: int, changes: dict) -> dict:
+    """``changes`` (:func:`continuation`) with the grid's change added, for the record's
+    resumed entry: what stays equal and what does not."""
+    old, new = "x".join(map(str, saved_grid(meta))), "x".join(map(str, grid))
+    if saved_grid(meta)[0] == tuple(grid)[0]:
+        note = (f"resharded from the grid {old} to {new}: the same samples and dropout masks, so the steps of an "
+                "uninterrupted run up to the collectives' summation order")
+    else:
+        note = (f"resharded from the grid {old} to {new} at an epoch's end: another data-parallel size, so other "
+                f"batches and {steps_per_epoch} steps per epoch instead of {meta['steps_per_epoch']} (the next step "
+                f"is {step}); the model, AdamW's moments and its step counts carry over")
+    out = {"changed": {**changes.get("changed", {}), "grid": [old, new]}, "note": note}
+    if changes.get("note"):
+        out["note"] = f"{changes['note']}; {note}"
+    return out
 
 
 # --------------------------------------------------------------------------- preemption

@@ -32,7 +32,7 @@ from .checkpoint import CheckpointError, Checkpointer, Preempted
 from .config import RunConfig
 from .graph import Graph
 from .loop import Callback, DivergedError, EpochStats, EpochSums, LoopStart, Trainer, reached_target
-from .progress import Phases
+from .progress import Heartbeat, Phases, mode_from_progress
 from .sampling import resolve_batch_size
 
 __all__ = ["ScaleGNNTrainer", "make_trainer", "prepare_graph", "make_engine"]
@@ -106,7 +106,7 @@ class ScaleGNNTrainer(Trainer):
         self.grid = ProcessGrid(*cfg.parallel.grid, backend=env.backend) if dist.is_initialized() \
             else ProcessGrid.single()
         self.device = torch.device(env.device)
-        phases = Phases(env.rank)
+        phases = Phases(env.rank, quiet=cfg.loop.progress is False)
         if cfg.data.shard_dir is not None:
             with phases("reading this rank's shard and building the engine") as said:
                 self.graph_info, self.engine = _engine_from_shards(cfg, self.grid, self.device)
@@ -122,6 +122,9 @@ class ScaleGNNTrainer(Trainer):
                 said(f"grid {'x'.join(map(str, cfg.parallel.grid))}, batch {self.engine.batch_size:,}, "
                      f"{self.engine.steps_per_epoch} steps per epoch, on {self.device}")
         self.batch_size, self.steps_per_epoch = self.engine.batch_size, self.engine.steps_per_epoch
+        self.heartbeat = Heartbeat(cfg.system, cfg.data.dataset, cfg.loop.epochs, env.rank,
+                                   mode_from_progress(cfg.loop.progress), every_s=cfg.loop.heartbeat_s,
+                                   steps_per_epoch=self.steps_per_epoch, batch_size=self.batch_size)
         self.ckpt = Checkpointer(cfg.checkpoint, self.grid if self.grid.distributed else None) \
             if cfg.checkpoint.enabled else None
         self.record: dict | None = None
@@ -155,6 +158,25 @@ class ScaleGNNTrainer(Trainer):
     def close(self) -> None:
         self.engine.close()  # stops the prefetch thread (no orphan threads), writes the profiler trace
 
+    def end(self, record: dict) -> None:
+        """``--save-model``: the ranks' shards made one serial model, written by rank 0
+        beside the record (:mod:`scalegnn.trained`), which names the file."""
+        if not self.cfg.loop.save_model:
+            return
+        from .trained import model_file_of, save_model
+
+        self.stage = "consolidating the trained model"
+        state = self.engine.gather_model()  # a collective: every rank takes part
+        if state is None:
+            return
+        m, cfg = self.engine.model, self.cfg
+        about = {"run_id": record["run_id"], "system": cfg.system, "dataset": cfg.data.dataset,
+                 "grid": "x".join(map(str, cfg.parallel.grid)), "step": self.step,
+                 "epoch": self.step // self.steps_per_epoch}
+        path = save_model(model_file_of(cfg.loop.out_dir, record["run_id"]), state, in_dim=m.in_dim,
+                          num_classes=m.num_classes, model_cfg=m.config, about=about)
+        record["model_file"] = str(path)
+
     # ------------------------------------------------------------------ epochs
     def train_epoch(self, epoch: int) -> EpochStats:
         engine, start, spe = self.engine, self.start, self.steps_per_epoch
@@ -167,10 +189,12 @@ class ScaleGNNTrainer(Trainer):
         engine.synchronize()
         t0, seconds = time.perf_counter(), 0.0
         end = epoch * spe
+        self.heartbeat.begin_epoch(epoch, self.step % spe)
         while self.step < end:
             self.stage = f"training step {self.step} (epoch {epoch})"
             sums.add(engine.train_step(self.step), self.step)
             self.step += 1
+            self.heartbeat.step(self.step - (epoch - 1) * spe)
             if self.ckpt is not None and self.step < end and self.ckpt.due(self.step):  # mid-epoch save
                 engine.synchronize()
                 seconds += time.perf_counter() - t0
@@ -228,14 +252,26 @@ class ScaleGNNTrainer(Trainer):
             raise CheckpointError(f"{path} was written by a run with another config ({'; '.join(diff)}); resume "
                                   "with the same settings, or use a new --checkpoint-dir for a new run")
         changes = ckpt_mod.continuation(path, meta, cfg.to_dict())  # e.g. more --epochs; refused past its end
-        for key in ("world_size", "batch_size", "steps_per_epoch"):
-            now = record[key]
-            if meta.get(key) != now:
-                raise CheckpointError(f"{path}: {key} was {meta.get(key)} when saved, is {now} now "
-                                      "(the dataset or the launch changed); use a new --checkpoint-dir")
-        state = ckpt_mod.load_rank_state(path, grid.rank)
-        self.engine.load_state_dict(state["engine"])
-        ckpt_mod.set_rng_state(state["rng"])
+        if meta.get("batch_size") != record["batch_size"]:
+            raise CheckpointError(f"{path}: batch_size was {meta.get('batch_size')} when saved, is "
+                                  f"{record['batch_size']} now (the dataset changed); use a new --checkpoint-dir")
+        saved_grid = ckpt_mod.saved_grid(meta)
+        if saved_grid == tuple(cfg.parallel.grid):
+            for key in ("world_size", "steps_per_epoch"):
+                if meta.get(key) != record[key]:
+                    raise CheckpointError(f"{path}: {key} was {meta.get(key)} when saved, is {record[key]} now "
+                                          "(the dataset or the launch changed); use a new --checkpoint-dir")
+            state = ckpt_mod.load_rank_state(path, grid.rank)
+            self.engine.load_state_dict(state["engine"])
+        else:  # another grid: every rank cuts its shards from the checkpoint's state made whole
+            from .parallel.engine import read_whole_state
+
+            step = ckpt_mod.regridded_step(path, meta, self.steps_per_epoch)
+            self.engine.load_whole_state(read_whole_state(path, meta), step=step)
+            changes = ckpt_mod.regridding(meta, tuple(cfg.parallel.grid), step, self.steps_per_epoch, changes)
+            meta = {**meta, "loop": {**meta["loop"], "step": step}}
+            state = ckpt_mod.load_rank_state(path, grid.rank if grid.rank < meta["world_size"] else 0)
+        ckpt_mod.set_rng_state(state["rng"])  # not read by a step (samples and dropout are keyed by step)
         saved = meta["record"]
         record["run_id"] = saved["run_id"]
         record["epochs"] = saved["epochs"]
