@@ -1,5 +1,5 @@
-"""Command line: ``scalegnn train``, ``scalegnn data info|shard``, ``scalegnn demo``,
-``scalegnn sweep|report|plan`` (the harness: :mod:`scalegnn.sweeps.cli`).
+"""Command line: ``scalegnn train``, ``scalegnn export``, ``scalegnn data info|shard``,
+``scalegnn demo``, ``scalegnn sweep|report|plan`` (the harness: :mod:`scalegnn.sweeps.cli`).
 
 ``python -m scalegnn`` is the same program.
 """
@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
@@ -35,6 +36,13 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     t.add_argument("--log-level", type=str.upper, default=default_log_level(), metavar="|".join(LOG_LEVELS),
                    help="Python logging level of scalegnn's messages, e.g. the one line per epoch (rank 0) "
                    "written when stderr is not a terminal (batch jobs); default $SCALEGNN_LOG_LEVEL or INFO")
+
+    export = sub.add_parser("export", help="consolidate a checkpoint of any grid into one model file",
+                            description="Consolidate the newest complete checkpoint in CKPT_DIR (or one step-* "
+                            "folder), written by any grid, into one model file that scalegnn.load_model(FILE) "
+                            "reads on one process, without torch.distributed.")
+    export.add_argument("ckpt_dir", metavar="CKPT_DIR", help="a --checkpoint-dir, or one step-* folder in it")
+    export.add_argument("--out", required=True, metavar="FILE", help="the model file to write (e.g. model.pt)")
 
     demo = sub.add_parser("demo", help="offline demo: a local sweep (ScaleGNN on two grids and the compared "
                           "systems on a generated graph), then its report")
@@ -102,19 +110,34 @@ def _cmd_train(args) -> int:
 
     given = {k: v for k, v in vars(args).items() if k not in ("command", "log_level")}
     try:
-        record = train(config=config_from_given(given))
+        result = train(config=config_from_given(given))
     except Interrupted as stop:  # recorded as interrupted: one line, the shell's exit status for the signal
         record = stop.run_record
         print(summary_line(record))
         print(f"record: {record['path']}")
         print(f"scalegnn: {record['error']}", file=sys.stderr)
         return stop.exit_code
-    if record is None:  # a rank other than 0 of an externally launched job
+    if result is None:  # a rank other than 0 of an externally launched job
         return 0
+    record = result.record
     print(summary_line(record))
     if record.get("path"):
         print(f"record: {record['path']}")
+    if record.get("model_file"):
+        print(f"model: {record['model_file']}")
     return 0 if record["status"] == "ok" else 1
+
+
+def _cmd_export(args) -> int:
+    from .fileio import check_output_folder
+    from .trained import export_checkpoint, load_model
+
+    check_output_folder(str(Path(args.out).parent), "--out")
+    path = export_checkpoint(args.ckpt_dir, args.out)
+    about = load_model(path).about  # read back: the file is whole and loads
+    print(f"wrote {path}: the model of run {about['run_id']} at step {about['step']} (epoch {about['epoch']}), "
+          f"consolidated from the grid {about['grid']}")
+    return 0
 
 
 def _cmd_data(args) -> int:
@@ -183,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_train(args)
         if args.command == "data":
             return _cmd_data(args)
+        if args.command == "export":
+            return _cmd_export(args)
         if args.command == "bench":
             from scalegnn.benchmarks.bench_command import run_bench_command
 
