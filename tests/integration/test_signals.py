@@ -30,7 +30,7 @@ LAUNCHES = {"one process": [], "--nproc 2": ["--nproc", "2", "--grid", "1x2x1x1"
 def tiny_train(tmp_path: Path, launch: str, *extra: str, epochs: int = 8) -> list[str]:
     """``scalegnn train`` arguments of a run of a few seconds (4 steps per epoch)."""
     return ["train", "--dataset", TINY, "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
-            "--batch-size", "100", "--hidden", "16", "--layers", "2", "--epochs", str(epochs), "--quiet",
+            "--batch-size", "100", "--hidden", "16", "--layers", "2", "--epochs", str(epochs),
             *LAUNCHES[launch], *extra]
 
 
