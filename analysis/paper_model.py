@@ -25,8 +25,8 @@ from scalegnn.perfmodel import Coefficients, Machine, Workload, comm_time_by_kin
 
 from .paper import paper_numbers
 
-__all__ = ["ASSUMPTIONS", "FIT_CURVES", "PaperRow", "paper_grid", "paper_workload", "machines", "calibrate",
-           "paper_table", "held_out_median", "format_table", "frontier_memory_check", "fig7_curves"]
+__all__ = ["ASSUMPTIONS", "FIT_CURVES", "PaperRow", "paper_grid", "paper_workload", "calibrate",
+           "paper_table", "held_out_median", "format_table", "frontier_memory_check", "fig7_curves", "MACHINES"]
 
 MACHINES = ("perlmutter", "frontier", "tuolumne")
 # The one curve per machine with stated epoch times: the only ones a time calibration can use.
@@ -64,12 +64,6 @@ def paper_workload(dataset: str, *, prefetch=True, bf16=True, fused=True, overla
     hidden = 128 if dataset.lower() == "ogbn-papers100m" else 256
     return Workload.for_dataset(dataset, hidden=hidden, layers=3, batch_ratio=0.05, pmm_bytes=2 if bf16 else 4,
                                 prefetch=prefetch, fused=fused, comm_overlap=overlap)
-
-
-def machines() -> dict[str, Machine]:
-    from scalegnn.sweeps.profiles import load_profile  # noqa: the profiles are data files
-
-    return {c: Machine.from_profile(load_profile(c)) for c in MACHINES}
 
 
 def _coef(net: float) -> Coefficients:
@@ -128,10 +122,10 @@ def _gstr(grid) -> str:
     return "x".join(map(str, grid))
 
 
-def paper_table(paper: dict | None = None) -> tuple[list[PaperRow], dict[str, float]]:
-    """Every predicted paper point (see the module doc) and the fitted multipliers."""
+def paper_table(ms: dict[str, Machine], paper: dict | None = None) -> tuple[list[PaperRow], dict[str, float]]:
+    """Every predicted paper point (see the module doc) and the fitted multipliers; ``ms``:
+    {cluster: Machine} of the three clusters (``Machine.from_profile``)."""
     paper = paper or paper_numbers()
-    ms = machines()
     net = calibrate(ms, paper)
     rows: list[PaperRow] = []
     for cl, ds, cur in fig7_curves(paper):
@@ -206,11 +200,11 @@ def held_out_median(rows: list[PaperRow]) -> float:
     return (errs[n // 2] if n % 2 else (errs[n // 2 - 1] + errs[n // 2]) / 2) if n else float("nan")
 
 
-def frontier_memory_check() -> tuple[float, float]:
+def frontier_memory_check(frontier: Machine) -> tuple[float, float]:
     """(predicted peak GB per rank, relative error vs the official repository's ~3.15 GB):
     ogbn-products, 2x2x2 on Frontier, batch ratio 0.05, hidden 256 (assumed, as Fig. 7)."""
     w = paper_workload("ogbn-products")
-    peak = predict(w, (1, 2, 2, 2), machines()["frontier"]).memory_bytes / 1e9
+    peak = predict(w, (1, 2, 2, 2), frontier).memory_bytes / 1e9
     return peak, peak / 3.15 - 1
 
 
@@ -222,7 +216,7 @@ def _num(v: float | None, kind: str) -> str:
     return f"{v:.3f}" if abs(v) < 1 else f"{v:.1f}"
 
 
-def format_table(rows: list[PaperRow], net: dict[str, float]) -> str:
+def format_table(rows: list[PaperRow], net: dict[str, float], frontier: Machine) -> str:
     out = ["The model against the paper (assumptions: docs/performance.md#the-paper-side-by-side)",
            "network multipliers fitted (one curve per machine): "
            + ", ".join(f"{c} x{v:.2f} on {FIT_CURVES[c]}" for c, v in net.items()),
@@ -237,7 +231,7 @@ def format_table(rows: list[PaperRow], net: dict[str, float]) -> str:
     loco = [abs(r.loco_error) for r in rows if r.loco_error is not None]
     held = [r for r in rows if r.role == "held out" and r.error is not None]
     worst = max(held, key=lambda r: abs(r.error))
-    peak, merr = frontier_memory_check()
+    peak, merr = frontier_memory_check(frontier)
     out.append(f"fitted points: median absolute error {100 * _median(fit):.1f} % ({len(fit)} points); "
                f"the same points left out (other machines' multipliers): {100 * _median(loco):.1f} %")
     out.append(f"worst held-out point: fig {worst.figure} {worst.cluster} {worst.dataset} {worst.point}: "
