@@ -26,7 +26,8 @@ from scalegnn.perfmodel import Coefficients, Machine, Workload, comm_time_by_kin
 from .paper import paper_numbers
 
 __all__ = ["ASSUMPTIONS", "FIT_CURVES", "PaperRow", "paper_grid", "paper_workload", "calibrate",
-           "paper_table", "held_out_median", "format_table", "frontier_memory_check", "fig7_curves", "MACHINES"]
+           "paper_table", "held_out_median", "format_table", "frontier_memory_check", "fig7_curves", "MACHINES",
+           "fig7_model_curves"]
 
 MACHINES = ("perlmutter", "frontier", "tuolumne")
 # The one curve per machine with stated epoch times: the only ones a time calibration can use.
@@ -246,3 +247,19 @@ def _median(v: list[float]) -> float:
     v = sorted(v)
     n = len(v)
     return float("nan") if not n else (v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2)
+
+
+def fig7_model_curves(ms: dict[str, Machine], net: dict[str, float], paper: dict | None = None) -> list[dict]:
+    """Every Fig. 7 curve as the calibrated model draws it: GPU counts doubling from the first
+    to the last, the model's epoch ms at each, the paper's stated endpoints (or None) and speedups."""
+    paper = paper or paper_numbers()
+    out = []
+    for cl, ds, cur in fig7_curves(paper):
+        g0, g1 = cur["gpus"]
+        counts = [g0 * 2**i for i in range(int(math.log2(g1 // g0)) + 1)]
+        w = paper_workload(ds)
+        ms_ = [1e3 * _epoch(w, paper_grid(g0, g), ms[cl], net[cl]) for g in counts]
+        out.append({"cluster": cl, "dataset": ds, "gpus": counts, "model_ms": ms_,
+                    "paper_ms": list(cur.get("epoch_ms", [])) or None, "paper_speedup": float(cur["speedup"]),
+                    "model_speedup": ms_[0] / ms_[-1], "fitted": FIT_CURVES.get(cl) == ds})
+    return out

@@ -115,8 +115,15 @@ def run(args) -> int:
 
         from scalegnn.analysis.report import write_report
 
+        from scalegnn.analysis.paper_model import MACHINES
+        from scalegnn.perfmodel import Machine
+
+        from .profiles import load_profile
+
         out = args.out or str(Path(args.results_dir) / "report")
-        path = write_report(args.results_dir, out, data_root=args.data_root, title=args.title)
+        machines = {c: Machine.from_profile(load_profile(c)) for c in MACHINES}
+        path = write_report(args.results_dir, out, data_root=args.data_root, title=args.title,
+                            paper_machines=machines)
         print(f"report: {path}")
         return 0
     if args.command == "plan":

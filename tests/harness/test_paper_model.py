@@ -31,3 +31,18 @@ def test_plan_paper_prints_the_table_and_the_held_out_error(capsys):
     first = next(ln for ln in rows if "epoch ms at 64" in ln and "perlmutter" in ln)
     assert first.split()[8:11] == ["4,095", "3,934", "-4%"]
     assert "3.29 GB peak per rank predicted, official ~3.15 GB (+4 %)" in out
+
+
+def test_report_draws_the_model_against_fig7(tmp_path):
+    from scalegnn.analysis.paper_model import MACHINES
+    from scalegnn.analysis.report import write_report
+    from scalegnn.perfmodel import Machine
+    from scalegnn.sweeps import load_profile
+
+    (tmp_path / "results").mkdir()
+    machines = {c: Machine.from_profile(load_profile(c)) for c in MACHINES}
+    path = write_report(tmp_path / "results", tmp_path / "report", paper_machines=machines)
+    text = path.read_text()
+    assert "## Performance model at the paper's scale" in text and "fig7_model_vs_paper.png" in text
+    assert (tmp_path / "report" / "fig7_model_vs_paper.png").stat().st_size > 10_000
+    assert "median absolute error on points not used for calibration" in text
