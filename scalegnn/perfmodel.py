@@ -205,6 +205,7 @@ class Collective:
     bytes_per_elem: int = 4
     bucket: tuple | None = None  # collectives with one key share one call (gradient buckets)
     backward: bool = False  # a weight/gain gradient reduction: --comm-overlap hides it behind backward compute
+    feature_grad: bool = False  # a GEMM's input-gradient all-reduce: --comm-overlap runs it beside the dW GEMM
 
     @property
     def nbytes(self) -> float:
@@ -224,12 +225,13 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
     B, H, F, C, pb = w.batch, w.hidden, w.num_features, w.num_classes, w.pmm_bytes
     out: list[Collective] = []
 
-    def ar(axis, kind, elems, nbytes=4, grad=False):
+    def ar(axis, kind, elems, nbytes=4, grad=False, feature_grad=False):
         # A weight or gain gradient joins its step's bucket over (axis, wire bytes) when
         # bucketing is on (scalegnn.parallel.context.ParallelContext.weight_grad_hook).
         if g[axis] > 1 and elems > 0:
             out.append(Collective(axis, kind, "all_reduce", float(elems), nbytes,
-                                  ("grad", axis, nbytes) if grad and w.bucket else None, backward=grad))
+                                  ("grad", axis, nbytes) if grad and w.bucket else None, backward=grad,
+                                  feature_grad=feature_grad))
 
     def ag(axis, elems):
         if g[axis] > 1 and elems > 0:
@@ -245,7 +247,7 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
         rows_t, rows_r = B / g[t], B / g[r]
         ar(r, f"pmm_{r}", rows_t * H / g[c], pb)  # SpMM forward
         ar(c, f"pmm_{c}", rows_t * H / g[r], pb)  # GEMM forward
-        ar(r, f"pmm_{r}", rows_t * H / g[c], pb)  # dH
+        ar(r, f"pmm_{r}", rows_t * H / g[c], pb, feature_grad=True)  # dH
         ar(t, f"pmm_{t}", H / g[c] * H / g[r], pb, grad=True)  # dW
         ar(t, f"pmm_{t}", rows_r * H / g[c], pb)  # dX = A^T dH
         if w.norm:
@@ -263,7 +265,7 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
     d = head.class_axis
     rows_a = B / g[a]
     ar(b, f"pmm_{b}", rows_a * C / g[d], pb)  # logits
-    ar(d, f"pmm_{d}", rows_a * H / g[b], pb)  # dX
+    ar(d, f"pmm_{d}", rows_a * H / g[b], pb, feature_grad=True)  # dX
     ar(a, f"pmm_{a}", H / g[b] * C / g[d], pb, grad=True)  # dW_out
     # loss with the batch accuracy: max; sum-exp, target and two argmax counts; totals and counts
     ar(d, "loss", rows_a)
@@ -407,7 +409,7 @@ def _device_terms(w: Workload, grid, machine: Machine) -> dict:
     def gemm(m, k, n):  # one FP32 GEMM: roofline of its flops and its operands' bytes
         return max(2.0 * m * k * n / peak, 4.0 * (m * k + k * n + m * n) / hbm)
 
-    fwd = bwd = 0.0
+    fwd = bwd = dw = 0.0
     for layer in range(w.layers):
         lay = layer_layout(layer)
         r, c = lay.feat
@@ -421,6 +423,7 @@ def _device_terms(w: Workload, grid, machine: Machine) -> dict:
         k_in = H / g[r]
         fwd += gemm(rows_t, cols, k_in)
         bwd += gemm(rows_t, k_in, cols) + gemm(cols, rows_t, k_in)  # dH, dW
+        dw += gemm(cols, rows_t, k_in)
         block = 4 * rows_t * cols
         passes = ELEMENTWISE_PASSES[w.fused]
         fwd += passes / 3 * block / hbm
@@ -435,6 +438,7 @@ def _device_terms(w: Workload, grid, machine: Machine) -> dict:
     a, b = head.feat
     fwd += gemm(B / g[a], H / g[b], C / g[head.class_axis])
     bwd += 2 * gemm(B / g[a], H / g[b], C / g[head.class_axis])
+    dw += gemm(H / g[b], B / g[a], C / g[head.class_axis])
     # Algorithm 2 on the device: draw S (a sort of N keys), then per adjacency plane gather the
     # sampled rows' CSR entries (B/G_rows * nnz/N, 12 bytes each) and binary-search each column
     # in the sorted sample: ceil(log2 B) dependent probes, one sector each.
@@ -442,7 +446,7 @@ def _device_terms(w: Workload, grid, machine: Machine) -> dict:
     touched = sum(B / g[rows] * w.nnz / w.num_nodes for rows, _ in planes)
     probes = math.ceil(math.log2(max(B, 2)))
     sampling = (RANDPERM_BYTES_PER_VERTEX * w.num_nodes + touched * (12 + probes * SECTOR_BYTES)) / hbm
-    return {"forward": fwd, "backward": bwd, "sampling": sampling}
+    return {"forward": fwd, "backward": bwd, "dw": dw, "sampling": sampling}
 
 
 def comm_time_by_kind(w: Workload, grid, machine: Machine) -> dict:
@@ -458,15 +462,30 @@ def comm_time_by_kind(w: Workload, grid, machine: Machine) -> dict:
     return out
 
 
+def _dw_flops(w: Workload, grid) -> float:
+    """FLOPs of the weight-gradient GEMMs of one step (the layers' and the head's)."""
+    from .parallel.layout import head_layout, layer_layout
+
+    g = _sizes(grid)
+    B, H = w.batch, w.hidden
+    out = sum(2.0 * B / g[layer_layout(i).adj[0]] * H / g[layer_layout(i).feat[1]] * H / g[layer_layout(i).feat[0]]
+              for i in range(w.layers))
+    head = head_layout(w.layers)
+    a, b = head.feat
+    return out + 2.0 * B / g[a] * H / g[b] * w.num_classes / g[head.class_axis]
+
+
 def step_times(w: Workload, grid, machine: Machine) -> dict:
     """The five model terms of one step, in seconds with the machine's constants.
 
-    With ``w.comm_overlap`` the weight- and gain-gradient reductions (``Collective.backward``)
-    are paid only where they outlast the backward compute they overlap (paper V-D)."""
+    With ``w.comm_overlap`` (paper V-D) each GEMM's input-gradient all-reduce
+    (``Collective.feature_grad``) is paid only where it outlasts the weight-gradient GEMMs it
+    runs beside, and the weight- and gain-gradient reductions (``Collective.backward``) only
+    where they outlast the rest of the backward compute."""
     sizes = _sizes(grid)
     device = _device_terms(w, grid, machine) if machine.hbm_Bps > 0 else None
     bw = lat = 0.0
-    grad_bw = grad_lat = 0.0
+    grad_bw = grad_lat = fg_bw = fg_lat = 0.0
     launched: set = set()  # a bucket pays its latency once
     for col in step_collectives(w, grid):
         n = sizes[col.axis]
@@ -477,6 +496,8 @@ def step_times(w: Workload, grid, machine: Machine) -> dict:
         launched.add(col.bucket)
         if col.backward and w.comm_overlap:
             grad_bw, grad_lat = grad_bw + b, grad_lat + a
+        elif col.feature_grad and w.comm_overlap:
+            fg_bw, fg_lat = fg_bw + b, fg_lat + a
         else:
             bw, lat = bw + b, lat + a
     over = oversubscription(grid, machine)
@@ -485,13 +506,23 @@ def step_times(w: Workload, grid, machine: Machine) -> dict:
         compute = over * (spmm / machine.spmm_flops + gemm / machine.gemm_flops)
         sampling_s = over * sampling / machine.spmm_flops
         backward = compute * 2 / 3
+        dw = over * _dw_flops(w, grid) / machine.gemm_flops
     else:
         compute = device["forward"] + device["backward"]
         sampling_s = device["sampling"]
         backward = device["backward"]
-    if grad_bw + grad_lat > 0:  # exposed part of the overlapped reductions, split bandwidth/latency pro rata
-        exposed = max(0.0, grad_bw + grad_lat - backward) / (grad_bw + grad_lat)
-        bw, lat = bw + exposed * grad_bw, lat + exposed * grad_lat
+        dw = device["dw"]
+
+    def exposed(b, a, budget):  # the part of (b, a) not hidden by budget seconds, split pro rata
+        if b + a <= 0:
+            return 0.0, 0.0, budget
+        f = max(0.0, b + a - budget) / (b + a)
+        return f * b, f * a, max(0.0, budget - (b + a))
+
+    eb, ea, left = exposed(fg_bw, fg_lat, dw)
+    bw, lat = bw + eb, lat + ea
+    eb, ea, _ = exposed(grad_bw, grad_lat, backward - (dw - left))
+    bw, lat = bw + eb, lat + ea
     return {
         "bandwidth": bw,
         "latency": lat,
