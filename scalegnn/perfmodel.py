@@ -41,6 +41,13 @@ carry over: a worse shape cannot make an SpMM faster. GEMM FLOPs are counted
 exactly per rank. Sampling (Algorithm 2) touches ``(B/G_t) nnz/N`` entries per
 adjacency plane, each with a binary search over the sample.
 
+**Accelerators** (a profile with ``hbm_GBps``; docs/performance.md, "At the paper's scale").
+SpMM, element-wise work and Algorithm 2's sampling are priced in bytes over device memory
+bandwidth, each GEMM by the roofline of its FLOPs and bytes; an all-reduce costs the cheaper
+of ring and double binary tree (``tree``); a fully connected node (``intra_links="full"``)
+gives a ring of n devices n-1 pair links. ``Workload.prefetch``/``comm_overlap``/``fused``
+model the paper's Section V switches; :func:`memory_breakdown` the bytes per rank.
+
 **Unified model and fit.** Per step, five times in seconds from the cluster
 profile's constants: bandwidth, latency, compute, sampling and a fixed overhead.
 Epoch time = ``steps * sum_k c_k * t_k`` with ``steps = ceil(ceil(N/B)/Gd)``. With
