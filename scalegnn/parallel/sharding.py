@@ -407,7 +407,13 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
 
 
 def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
-    """Read global ``rank``'s shard (rank order dp, x, y, z; replicas share files)."""
+    """Read global ``rank``'s shard (rank order dp, x, y, z; replicas share files).
+
+    A shard depends only on the 3D part (Gx, Gy, Gz) of the grid: its file is named by
+    the rank's (x, y, z) coordinate, and every data-parallel replica reads the same one.
+    So shards written for ``1xGxxGyxGz`` serve a run on ``GdxGxxGyxGz`` for any Gd: the
+    manifest's 3D part must equal ``grid_shape``'s, its Gd need not, and the shard comes
+    back with the run's ``grid_shape``."""
     out = Path(out_dir)
     mpath = out / "manifest.json"
     if not mpath.exists():
@@ -419,11 +425,15 @@ def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"shard manifest {mpath} is unreadable ({type(exc).__name__}: {str(exc)[:120]}); "
                          f"{redo}") from None
-    if grid_shape is not None and tuple(grid_shape) != shape:
-        raise ValueError(f"shards in {out} were written for grid {shape}, not {tuple(grid_shape)}; re-shard")
+    run_shape = shape if grid_shape is None else tuple(int(g) for g in grid_shape)
+    if run_shape[1:] != shape[1:]:
+        three_d = "x".join(map(str, shape[1:]))
+        raise ValueError(f"shards in {out} were written for the 3D grid {three_d} (Gx x Gy x Gz of grid {shape}), "
+                         f"not {'x'.join(map(str, run_shape[1:]))} of the run's grid {run_shape}; re-shard with "
+                         f"`scalegnn data shard DATASET --grid 1x{'x'.join(map(str, run_shape[1:]))} --out DIR`")
     mp = shape[1] * shape[2] * shape[3]
-    if not 0 <= rank < shape[0] * mp:
-        raise ValueError(f"rank {rank} is outside the grid {shape} ({shape[0] * mp} ranks)")
+    if not 0 <= rank < run_shape[0] * mp:
+        raise ValueError(f"rank {rank} is outside the grid {run_shape} ({run_shape[0] * mp} ranks)")
     path = out / _shard_name(_mp_coords(shape)[rank % mp])
     if not path.exists():
         raise FileNotFoundError(f"shard file {path} is missing (the manifest lists grid {shape}); {redo}")
@@ -432,7 +442,7 @@ def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad file
         raise ValueError(f"shard file {path} is unreadable ({load_error(exc)}); {redo}") from None
     try:
-        return RankShard.from_state(state)
+        return dataclasses.replace(RankShard.from_state(state), grid_shape=run_shape)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"shard file {path} lacks {type(exc).__name__}: {str(exc)[:120]} (not a shard scalegnn "
                          f"wrote); {redo}") from None
