@@ -59,6 +59,14 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     info.add_argument("--seed", type=int, default=0)
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     dsub.add_parser("list", help="list the known dataset names")
+    gen = dsub.add_parser("generate", help="write a paper-scale synthetic graph to a folder in chunks, in bounded "
+                          "memory (read it back as dir:DIR); scalegnn/datasets/streaming.py")
+    gen.add_argument("kind", help="csbm:n=..,avg_degree=..,classes=..,homophily=..,feature_dim=..,signal=.. or "
+                     "powerlaw:n=..,avg_degree=..,exponent=..")
+    gen.add_argument("--out", required=True, help="an empty or new folder")
+    gen.add_argument("--seed", type=int, default=0, help="the graph's seed (edges, labels, per-vertex features)")
+    gen.add_argument("--chunk-edges", type=int, default=1 << 22,
+                     help="edge draws held at once (memory ~ 60 bytes each); the graph does not depend on it")
     shard = dsub.add_parser("shard", help="write per-rank adjacency/feature shards for a grid, once")
     shard.add_argument("name")
     shard.add_argument("--grid", type=_grid_arg, required=True)
@@ -124,6 +132,13 @@ def _cmd_data(args) -> int:
         print("\n".join(datasets.list_datasets()))
         print("\nyour own files (--dataset <kind>:<path>; scalegnn/datasets/README.md):")
         print("\n".join(f"  {line}" for line in datasets.file_forms()))
+        return 0
+    if args.data_command == "generate":
+        from .datasets.streaming import generate
+
+        info = generate(args.kind, args.out, seed=args.seed, chunk_edges=args.chunk_edges)
+        print(f"wrote {info['num_nodes']:,} vertices, {info['stored_entries']:,} stored entries to {args.out}; "
+              f"read it as dir:{args.out}")
         return 0
     if args.data_command == "shard":
         from .fileio import check_output_folder
