@@ -81,6 +81,11 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     shard.add_argument("--split", type=_split_arg, default=None, help=helps["split"] + "; the run must use the same")
     shard.add_argument("--split-seed", type=int, default=None, help=helps["split_seed"] + "; the run must use the same")
     shard.add_argument("--stand-in-labels", action="store_true", help=helps["stand_in_labels"])
+    shard.add_argument("--memory-budget", default=None, metavar="SIZE",
+                       help="stage out of core within about SIZE (e.g. 512M): the graph is read by memory map in "
+                       "chunks, never whole (a dir: folder written by `scalegnn data generate`; "
+                       "scalegnn/parallel/staging.py)")
+    shard.add_argument("--workers", type=int, default=1, help="with --memory-budget: processes writing rank files")
     return parser
 
 
@@ -144,6 +149,18 @@ def _cmd_data(args) -> int:
         from .fileio import check_output_folder
 
         check_output_folder(args.out, "--out")  # before loading: a bad --out is found in a second, not an hour
+        if args.memory_budget is not None:  # out of core: the graph is never loaded whole
+            from .parallel.staging import parse_size, stage_out_of_core
+
+            kind, _, folder = args.name.partition(":")
+            if kind.strip().lower() != "dir" or not folder.strip():
+                raise ValueError(f"--memory-budget stages a dir: folder written by `scalegnn data generate`, not "
+                                 f"{args.name!r}; pass dir:FOLDER, or drop --memory-budget to stage in memory")
+            paths = stage_out_of_core(folder.strip(), args.grid, args.out, seed=args.seed,
+                                      memory_budget=parse_size(args.memory_budget), workers=args.workers,
+                                      permute=args.permute, split=(args.split, args.split_seed))
+            print(f"wrote {len(paths)} shard files to {args.out} (out of core)")
+            return 0
     if args.data_command == "info":
         graph = datasets.load_dataset(args.name, data_root=args.data_root, seed=args.seed)
     else:  # shard: the graph a run with these --dataset/--seed/--split settings trains on

@@ -18,8 +18,9 @@ A rank at (x, y, z) holds, for every data-parallel replica alike:
 with vertex ranges ``split_range(N, G_axis, index)``. Planes share storage where their
 ranges allow (:func:`share_planes`): one block for equal ranges, a row slice for rows
 inside another plane's over the same columns. :func:`save_shards` writes
-these once per (x, y, z) for ``scalegnn data shard``; :func:`load_shard` reads a
-rank's file back (``weights_only=True``, plain tensors only).
+these once per (x, y, z) for ``scalegnn data shard`` (:mod:`.staging` does it out of
+core), with every file's SHA-256 in the manifest; :func:`load_shard` reads a rank's file
+back (``weights_only=True``, plain tensors only) after checking its SHA-256.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from .layout import PLANES
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
            "share_planes", "row_slice", "adjacency_storage",
            "check_shard_manifest",
-           "load_shard", "shard_command", "shard_nnz_stats"]
+           "load_shard", "shard_command", "shard_nnz_stats", "file_sha256"]
 
 SHARD_FORMAT = 1
 
@@ -398,12 +399,23 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
         "format": SHARD_FORMAT, "grid_shape": list(shape), "name": graph.name, "num_nodes": graph.num_nodes,
         "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
         "multilabel": graph.multilabel, "files": [p.name for p in paths], "nnz_per_shard": nnz,
-        "permute": permute, "seed": int(seed), "split": list(split), "graph": graph.record_info(),
+        "sha256": {p.name: file_sha256(p) for p in paths}, "permute": permute, "seed": int(seed), "split": list(split), "graph": graph.record_info(),
         "host": socket.gethostname(),  # where it was staged (ranks on other nodes read it from shared storage)
     }
     mpath = out / "manifest.json"
     atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
     return paths + [mpath]
+
+
+def file_sha256(path, block: int = 1 << 22) -> str:
+    """The SHA-256 of a file, read ``block`` bytes at a time (the manifest's checksums)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
@@ -437,6 +449,10 @@ def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
     path = out / _shard_name(_mp_coords(shape)[rank % mp])
     if not path.exists():
         raise FileNotFoundError(f"shard file {path} is missing (the manifest lists grid {shape}); {redo}")
+    want = (manifest.get("sha256") or {}).get(path.name)  # shards written before checksums have none
+    if want is not None and file_sha256(path) != want:
+        raise ValueError(f"shard file {path} does not match the SHA-256 its manifest lists (damaged, or written by "
+                         f"another staging); {redo}")
     try:  # a damaged or foreign file: one line naming it, never torch's advice to load it unsafely
         state = torch.load(path, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad file
