@@ -105,12 +105,12 @@ def hash_uniform(seed: int, stream: str, counter: np.ndarray) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
-def seeded_normal(seed: int, rows: tuple[int, int], dim: int, stream: str = "features") -> np.ndarray:
-    """Rows [v0, v1) of an (N, dim) N(0, 1) float32 matrix, entry (v, j) by Box-Muller from
-    the uniforms of counters ``2 (v dim + j)`` and ``2 (v dim + j) + 1``: any block of rows
-    equals the same rows of the whole matrix."""
-    v0, v1 = rows
-    c = (np.arange(v0, v1, dtype=np.uint64)[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)) * np.uint64(2)
+def seeded_normal(seed: int, rows, dim: int, stream: str = "features") -> np.ndarray:
+    """Rows ``rows`` ((v0, v1), or an array of vertex ids) of an (N, dim) N(0, 1) float32
+    matrix, entry (v, j) by Box-Muller from the uniforms of counters ``2 (v dim + j)`` and
+    ``2 (v dim + j) + 1``: any rows equal the same rows of the whole matrix."""
+    ids = np.arange(rows[0], rows[1], dtype=np.uint64) if isinstance(rows, tuple) else np.asarray(rows, np.uint64)
+    c = (ids[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)) * np.uint64(2)
     u1 = 1.0 - hash_uniform(seed, stream, c)  # (0, 1]
     u2 = hash_uniform(seed, stream, c + np.uint64(1))
     return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
@@ -125,9 +125,10 @@ class SeededFeatures:
     seed: int
     means: np.ndarray | None = None  # (C, dim) float32
 
-    def rows(self, v0: int, v1: int, y_rows: np.ndarray | None = None) -> np.ndarray:
-        """Feature rows [v0, v1) (float32); ``y_rows``: those rows' classes (needed with means)."""
-        x = seeded_normal(self.seed, (v0, v1), self.dim)
+    def rows(self, v0: int, v1: int | None = None, y_rows: np.ndarray | None = None) -> np.ndarray:
+        """Feature rows [v0, v1) (float32), or the rows of the ids ``v0`` (an array, ``v1``
+        None); ``y_rows``: those rows' classes (needed with means)."""
+        x = seeded_normal(self.seed, v0 if v1 is None else (v0, v1), self.dim)
         if self.means is not None:
             x += self.means[np.asarray(y_rows, dtype=np.int64)]
         return x

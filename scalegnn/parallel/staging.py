@@ -24,7 +24,10 @@ time each. A killed staging resumes: a shard file whose ``.sha256`` sidecar matc
 is kept, and the manifest (written last) lists every file's SHA-256, which
 :func:`.sharding.load_shard` verifies.
 
-Not yet (issue 26 item 2): ``--permute single|double``, ``--split``, folders other than
+``--permute single`` relabels by the seed's P_c on the fly (new row i is old row
+``perm[i]``, its columns mapped by ``perm^-1``: one N-sized int64 array each).
+
+Not yet (issue 26 item 2): ``--permute double``, ``--split``, folders other than
 ``scalegnn data generate``'s (the npz form, a user's CSR folder, OGB's papers100M files as
 OGB ships them); those go through the in-memory path.
 """
@@ -64,7 +67,7 @@ def parse_size(text: str) -> int:
 class _Source:
     """A generated folder's arrays, memory-mapped, and what every rank needs of them."""
 
-    def __init__(self, folder: Path, seed: int):
+    def __init__(self, folder: Path, seed: int, permute: str = "none"):
         from ..datasets._core import SPLIT_FRACTIONS
         from ..datasets.streaming import seeded_features
         from ..graph import random_split
@@ -87,9 +90,6 @@ class _Source:
         else:
             self.features, self.x = None, load("x.npy")
             self.num_features = self.x.shape[1]
-        deg = torch.from_numpy(np.diff(self.indptr).astype(np.float64)) + 1.0  # A + I: one self loop per row
-        self.inv_sqrt = torch.where(deg > 0, deg.rsqrt(), torch.zeros_like(deg))
-        del deg
         labeled = np.flatnonzero(y >= 0)
         train, val, test = random_split(self.n, SPLIT_FRACTIONS, seed=seed, labeled=labeled)
         self.masks = {}
@@ -99,6 +99,22 @@ class _Source:
             self.masks[key] = m
         self.masks["train_mask"] &= self.y >= 0
         self.split_note = f"random 50/25/25 seed {seed} (the file has no split)"
+        deg = np.diff(self.indptr)
+        self.perm = self.new_id = None
+        if permute == "single":  # the seed's relabeling P_c (Graph.permute: old vertex perm[i] is vertex i)
+            from ..permutation import inverse_permutation, random_permutation
+
+            perm_t = random_permutation(self.n, seed)
+            self.perm, self.new_id = perm_t.numpy(), inverse_permutation(perm_t).numpy()
+            deg = deg[self.perm]
+            self.y = self.y[perm_t]
+            self.masks = {k: m[perm_t] for k, m in self.masks.items()}
+            self.row_end = np.concatenate([[0], np.cumsum(deg)])  # entries before each new row
+        else:
+            self.row_end = self.indptr
+        deg_t = torch.from_numpy(deg.astype(np.float64)) + 1.0  # A + I: one self loop per row
+        self.inv_sqrt = torch.where(deg_t > 0, deg_t.rsqrt(), torch.zeros_like(deg_t))
+        del deg, deg_t
 
     def block(self, rows: tuple, cols: tuple, chunk: int) -> CSRBlock:
         """Rows ``rows`` x columns ``cols`` of the normalized A + I, read ``chunk`` stored
@@ -108,11 +124,21 @@ class _Source:
         counts, cols_out, vals_out = [], [], []
         a = r0
         while a < r1:  # rows [a, b) hold about `chunk` entries (at least one row)
-            b = int(np.searchsorted(self.indptr, self.indptr[a] + chunk, side="right")) - 1
+            b = int(np.searchsorted(self.row_end, self.row_end[a] + chunk, side="right")) - 1
             b = min(r1, max(a + 1, b))
-            lo, hi = int(self.indptr[a]), int(self.indptr[b])
-            local = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(self.indptr[a:b + 1]))
-            c = np.concatenate([np.asarray(self.indices[lo:hi], dtype=np.int64), np.arange(a, b, dtype=np.int64)])
+            if self.perm is None:
+                lo, hi = int(self.indptr[a]), int(self.indptr[b])
+                lens = np.diff(self.indptr[a:b + 1])
+                c = np.asarray(self.indices[lo:hi], dtype=np.int64)
+            else:  # new rows [a, b) are old rows perm[a:b], their columns relabeled
+                old = self.perm[a:b]
+                starts = np.asarray(self.indptr[old], dtype=np.int64)
+                lens = np.asarray(self.indptr[old + 1], dtype=np.int64) - starts
+                flat = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()), dtype=np.int64)
+                c = self.new_id[np.asarray(self.indices[flat], dtype=np.int64)]
+                del old, starts, flat
+            local = np.repeat(np.arange(b - a, dtype=np.int64), lens)
+            c = np.concatenate([c, np.arange(a, b, dtype=np.int64)])
             local = np.concatenate([local, np.arange(b - a, dtype=np.int64)])
             key = np.sort(local * n + c)  # rows in order, columns sorted: the self loop in its place
             del local, c
@@ -140,10 +166,11 @@ class _Source:
         out = torch.empty((x1 - x0, f1 - f0), dtype=torch.float32)
         for a in range(x0, x1, max(1, chunk_rows)):
             b = min(x1, a + max(1, chunk_rows))
+            ids = np.arange(a, b) if self.perm is None else self.perm[a:b]  # the rows' ids in the folder
             if self.features is not None:
-                block = self.features.rows(a, b, None if self.features.means is None else self.y[a:b].numpy())
+                block = self.features.rows(ids, None, None if self.features.means is None else self.y[a:b].numpy())
             else:
-                block = np.asarray(self.x[a:b], dtype=np.float32)
+                block = np.asarray(self.x[ids], dtype=np.float32)
             out[a - x0:b - x0] = torch.from_numpy(np.ascontiguousarray(block[:, f0:f1]))
         return out
 
@@ -151,15 +178,16 @@ class _Source:
 _SOURCE: dict = {}
 
 
-def _source(folder: str, seed: int) -> _Source:
-    key = (folder, seed)
+def _source(folder: str, seed: int, permute: str = "none") -> _Source:
+    key = (folder, seed, permute)
     if key not in _SOURCE:
         _SOURCE.clear()
-        _SOURCE[key] = _Source(Path(folder), seed)
+        _SOURCE[key] = _Source(Path(folder), seed, permute)
     return _SOURCE[key]
 
 
-def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str, name: str, chunk: int) -> dict:
+def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str, name: str, chunk: int,
+                permute: str = "none") -> dict:
     """One (x, y, z)'s shard file (kept when its ``.sha256`` sidecar matches it): its name,
     checksum and nonzeros per plane."""
     path = Path(out_dir) / _shard_name(coords)
@@ -168,7 +196,7 @@ def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str
         digest, nnz = side.read_text().split()[0], json.loads(side.read_text().split(maxsplit=1)[1])
         if file_sha256(path) == digest:
             return {"file": path.name, "sha256": digest, "nnz": nnz, "resumed": True}
-    src = _source(folder, seed)
+    src = _source(folder, seed, permute)
     sizes = dict(zip(("dp", "x", "y", "z"), shape))
     vr = {ax: split_range(src.n, sizes[ax], coords[ax]) for ax in PMM_AXES}
     f0, f1 = split_range(src.num_features, sizes["z"], coords["z"])
@@ -200,8 +228,8 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     if not (folder / "graph.json").is_file():
         raise ValueError(f"out-of-core staging reads folders written by `scalegnn data generate` ({folder} has no "
                          "graph.json); stage this graph without --memory-budget (in memory)")
-    if permute != "none" or split[0] is not None:
-        raise ValueError("out-of-core staging does not apply --permute single|double or --split yet; stage "
+    if permute not in ("none", "single") or split[0] is not None:
+        raise ValueError("out-of-core staging does not apply --permute double or --split yet; stage "
                          "without --memory-budget (in memory) for those")
     if memory_budget < 1 << 20:
         raise ValueError(f"--memory-budget {memory_budget} bytes is below 1M; give at least 1M, e.g. 512M")
@@ -213,13 +241,13 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     name = f"dir:{folder}"
     chunk = chunk_entries or max(1024, memory_budget // (BYTES_PER_ENTRY * workers))
     coords = _mp_coords(shape)
-    args = [(str(folder), int(seed), shape, c, str(out), name, chunk) for c in coords]
+    args = [(str(folder), int(seed), shape, c, str(out), name, chunk, permute) for c in coords]
     if workers == 1 or len(coords) == 1:
         done = [_write_rank(*a) for a in args]
     else:
         with ProcessPoolExecutor(max_workers=min(workers, len(coords)), mp_context=get_context("spawn")) as pool:
             done = list(pool.map(_write_rank, *zip(*args)))
-    src = _source(str(folder), int(seed))
+    src = _source(str(folder), int(seed), permute)
     _SOURCE.clear()
     info = {"num_nodes": src.n, "num_edges": src.nnz + src.n, "num_features": src.num_features,
             "num_classes": src.num_classes, "sparse_features": False, "split": src.split_note}

@@ -27,8 +27,8 @@ def generated(tmp_path_factory):
     return root
 
 
-def _in_memory(folder, shape, out):
-    shard_command(load_dataset(f"dir:{folder}", seed=3, cache=False), shape, out, seed=3)
+def _in_memory(folder, shape, out, permute="none"):
+    shard_command(load_dataset(f"dir:{folder}", seed=3, cache=False), shape, out, seed=3, permute=permute)
     return json.loads((out / "manifest.json").read_text())
 
 
@@ -36,13 +36,15 @@ def _manifest(out):
     return json.loads((out / "manifest.json").read_text())
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind, permute", [(k, p) for k in KINDS for p in ("none", "single")])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 3, 1, 2), (1, 1, 1, 1)], ids=lambda s: "x".join(map(str, s)))
-def test_out_of_core_shards_are_the_in_memory_ones(generated, tmp_path, kind, shape):
-    """Rows read 300 stored entries at a time (the graphs hold ~20,000): same files."""
-    want = _in_memory(generated / kind, shape, tmp_path / "mem")
-    stage_out_of_core(generated / kind, shape, tmp_path / "ooc", seed=3, chunk_entries=300)
+def test_out_of_core_shards_are_the_in_memory_ones(generated, tmp_path, kind, permute, shape):
+    """Rows read 300 stored entries at a time (the graphs hold ~20,000): same files, with
+    the seed's relabeling (--permute single) too."""
+    want = _in_memory(generated / kind, shape, tmp_path / "mem", permute)
+    stage_out_of_core(generated / kind, shape, tmp_path / "ooc", seed=3, chunk_entries=300, permute=permute)
     got = _manifest(tmp_path / "ooc")
+    assert got["permute"] == want["permute"] == permute
     assert len(got["sha256"]) == shape[1] * shape[2] * shape[3]
     assert got["sha256"] == want["sha256"] and got["nnz_per_shard"] == want["nnz_per_shard"]
     for key in ("grid_shape", "name", "num_nodes", "num_edges", "num_features", "num_classes", "graph", "seed"):
