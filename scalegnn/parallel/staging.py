@@ -25,9 +25,11 @@ is kept, and the manifest (written last) lists every file's SHA-256, which
 :func:`.sharding.load_shard` verifies.
 
 ``--permute single`` relabels by the seed's P_c on the fly (new row i is old row
-``perm[i]``, its columns mapped by ``perm^-1``: one N-sized int64 array each).
+``perm[i]``, its columns mapped by ``perm^-1``: one N-sized int64 array each); ``double``
+adds sigma's two relabelings of the normalized matrix (rows by sigma for even layers,
+columns for odd ones: :class:`.sharding.AltOrdering`), read the same way.
 
-Not yet (issue 26 item 2): ``--permute double``, ``--split``, folders other than
+Not yet (issue 26 item 2): ``--split``, folders other than
 ``scalegnn data generate``'s (the npz form, a user's CSR folder, OGB's papers100M files as
 OGB ships them); those go through the in-memory path.
 """
@@ -49,7 +51,7 @@ from ..sampling import CSRBlock
 from ..ranges import split_range
 from .grid import PMM_AXES
 from .layout import PLANES
-from .sharding import SHARD_FORMAT, RankShard, _check_shape, _mp_coords, _own_arrays, _shard_name, _shared, file_sha256
+from .sharding import SHARD_FORMAT, AltOrdering, RankShard, _check_shape, _mp_coords, _own_arrays, _shard_name, _shared, file_sha256
 
 __all__ = ["parse_size", "stage_out_of_core", "file_sha256"]
 
@@ -100,57 +102,82 @@ class _Source:
         self.masks["train_mask"] &= self.y >= 0
         self.split_note = f"random 50/25/25 seed {seed} (the file has no split)"
         deg = np.diff(self.indptr)
-        self.perm = self.new_id = None
-        if permute == "single":  # the seed's relabeling P_c (Graph.permute: old vertex perm[i] is vertex i)
-            from ..permutation import inverse_permutation, random_permutation
+        self.perm = self.new_id = self.sigma = self.sigma_inv = None
+        if permute in ("single", "double"):  # the seed's relabeling P_c (Graph.permute: old vertex perm[i] is i)
+            from ..permutation import double_sigma, inverse_permutation, random_permutation
 
             perm_t = random_permutation(self.n, seed)
             self.perm, self.new_id = perm_t.numpy(), inverse_permutation(perm_t).numpy()
             deg = deg[self.perm]
             self.y = self.y[perm_t]
             self.masks = {k: m[perm_t] for k, m in self.masks.items()}
-            self.row_end = np.concatenate([[0], np.cumsum(deg)])  # entries before each new row
-        else:
-            self.row_end = self.indptr
+            if permute == "double":  # and the second labeling sigma (sharding.double_permuted)
+                self.sigma = double_sigma(self.n, seed)
+                self.sigma_inv = inverse_permutation(self.sigma)
+        self.deg = deg  # of A in the run's labeling (P_c applied), self loops not counted
+        self._row_end: dict = {}
         deg_t = torch.from_numpy(deg.astype(np.float64)) + 1.0  # A + I: one self loop per row
         self.inv_sqrt = torch.where(deg_t > 0, deg_t.rsqrt(), torch.zeros_like(deg_t))
         del deg, deg_t
 
-    def block(self, rows: tuple, cols: tuple, chunk: int) -> CSRBlock:
-        """Rows ``rows`` x columns ``cols`` of the normalized A + I, read ``chunk`` stored
-        entries at a time; arrays as ``CSRBlock.from_graph`` makes them."""
+    def _rows_of(self, view: str):
+        """Row r of ``view`` is row ``map[r]`` of A (None: row r): "rows" is the double
+        permutation's A with rows relabeled by sigma."""
+        return self.sigma_inv.numpy() if view == "rows" else None
+
+    def row_end(self, view: str) -> np.ndarray:
+        """Stored entries of A (self loops not counted) before each row of ``view``."""
+        if view not in self._row_end:
+            rows = self._rows_of(view)
+            if rows is None and self.perm is None:
+                self._row_end[view] = self.indptr
+            else:
+                deg = self.deg if rows is None else self.deg[rows]
+                self._row_end[view] = np.concatenate([[0], np.cumsum(deg)])
+        return self._row_end[view]
+
+    def block(self, rows: tuple, cols: tuple, chunk: int, view: str = "A") -> CSRBlock:
+        """Rows ``rows`` x columns ``cols`` of the normalized A + I in the run's labeling --
+        or, for the double permutation, of it with rows (``view="rows"``) or columns
+        (``view="cols"``) relabeled by sigma (:func:`.sharding.double_permuted`) -- read
+        ``chunk`` stored entries at a time; arrays as ``CSRBlock.from_graph`` makes them."""
         (r0, r1), (c0, c1) = rows, cols
         n = self.n
+        row_map = self._rows_of(view)
+        col_map = self.sigma.numpy() if view == "cols" else None
+        row_end = self.row_end(view)
         counts, cols_out, vals_out = [], [], []
         a = r0
         while a < r1:  # rows [a, b) hold about `chunk` entries (at least one row)
-            b = int(np.searchsorted(self.row_end, self.row_end[a] + chunk, side="right")) - 1
+            b = int(np.searchsorted(row_end, row_end[a] + chunk, side="right")) - 1
             b = min(r1, max(a + 1, b))
-            if self.perm is None:
+            g_rows = np.arange(a, b, dtype=np.int64) if row_map is None else row_map[a:b]  # rows of A
+            if self.perm is None and row_map is None:
                 lo, hi = int(self.indptr[a]), int(self.indptr[b])
                 lens = np.diff(self.indptr[a:b + 1])
                 c = np.asarray(self.indices[lo:hi], dtype=np.int64)
-            else:  # new rows [a, b) are old rows perm[a:b], their columns relabeled
-                old = self.perm[a:b]
+            else:  # rows of A are the folder's rows perm[.], their columns relabeled
+                old = g_rows if self.perm is None else self.perm[g_rows]
                 starts = np.asarray(self.indptr[old], dtype=np.int64)
                 lens = np.asarray(self.indptr[old + 1], dtype=np.int64) - starts
                 flat = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()), dtype=np.int64)
-                c = self.new_id[np.asarray(self.indices[flat], dtype=np.int64)]
+                c = np.asarray(self.indices[flat], dtype=np.int64)
+                if self.new_id is not None:
+                    c = self.new_id[c]
                 del old, starts, flat
-            local = np.repeat(np.arange(b - a, dtype=np.int64), lens)
-            c = np.concatenate([c, np.arange(a, b, dtype=np.int64)])
-            local = np.concatenate([local, np.arange(b - a, dtype=np.int64)])
-            key = np.sort(local * n + c)  # rows in order, columns sorted: the self loop in its place
-            del local, c
-            r_l, c_g = np.divmod(key, n)
-            del key
+            local = np.concatenate([np.repeat(np.arange(b - a, dtype=np.int64), lens), np.arange(b - a, dtype=np.int64)])
+            c = np.concatenate([c, g_rows])  # A + I: the self loop (row, row) of A
+            w = torch.from_numpy(self.inv_sqrt.numpy()[g_rows][local]) * torch.ones(local.size, dtype=torch.float64)
+            vals_all = (w * self.inv_sqrt[torch.from_numpy(c)]).float()  # Eq. 3, rounded once as gcn_normalize does
+            out_c = c if col_map is None else col_map[c]
+            order = np.argsort(local * n + out_c, kind="stable")  # rows in order, columns sorted
+            r_l, c_g, vals_all = local[order], out_c[order], vals_all[torch.from_numpy(order)]
+            del local, c, out_c, order, w
             keep = (c_g >= c0) & (c_g < c1)
-            r_l, c_g = r_l[keep], c_g[keep]
-            rt, ct = torch.from_numpy(r_l), torch.from_numpy(c_g)
-            vals = (self.inv_sqrt[rt + a] * torch.ones(rt.numel(), dtype=torch.float64) * self.inv_sqrt[ct]).float()
-            counts.append(np.bincount(r_l, minlength=b - a))
-            cols_out.append(ct)
-            vals_out.append(vals)
+            counts.append(np.bincount(r_l[keep], minlength=b - a))
+            cols_out.append(torch.from_numpy(c_g[keep]))
+            vals_out.append(vals_all[torch.from_numpy(keep)])
+            del r_l, c_g, keep, vals_all
             a = b
         indptr = torch.zeros(r1 - r0 + 1, dtype=torch.int64)
         if counts:
@@ -201,15 +228,27 @@ def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str
     vr = {ax: split_range(src.n, sizes[ax], coords[ax]) for ax in PMM_AXES}
     f0, f1 = split_range(src.num_features, sizes["z"], coords["z"])
     keys = [(vr[rows], vr[cols]) for rows, cols in PLANES]
-    made = _shared(keys, lambda key: _own_arrays(src.block(*key, chunk)))
-    adj = tuple(made[k] for k in keys)
+    def planes(view: str) -> tuple:  # sharding._planes, from the rows read in chunks
+        made = _shared(keys, lambda key: _own_arrays(src.block(*key, chunk, view)))
+        return tuple(made[k] for k in keys)
+
     sl = lambda t: {ax: t[vr[ax][0]: vr[ax][1]].clone() for ax in PMM_AXES}  # noqa: E731
+    alt = None
+    if src.sigma is not None:  # as sharding.build_shard: even layers take alt.adj, odd ones alt.adj_t
+        inv = src.sigma_inv
+        sl_alt = lambda t: {ax: t[inv[vr[ax][0]: vr[ax][1]]].clone() for ax in PMM_AXES}  # noqa: E731
+        alt = AltOrdering(sigma=src.sigma.clone(), sigma_inv=inv, adj=planes("rows"), adj_t=planes("cols"),
+                          y=sl_alt(src.y), train_mask=sl_alt(src.masks["train_mask"]),
+                          val_mask=sl_alt(src.masks["val_mask"]), test_mask=sl_alt(src.masks["test_mask"]))
+        adj = alt.adj
+    else:
+        adj = planes("A")
     shard = RankShard(
         grid_shape=shape, coords={ax: int(coords[ax]) for ax in PMM_AXES}, num_nodes=src.n,
         num_features=src.num_features, num_classes=src.num_classes, multilabel=False, adj=adj,
         x=src.feature_block(vr["x"], (f0, f1), max(1, chunk // max(1, 2 * src.num_features))),
         feature_range=(f0, f1), vertex_ranges=vr, y=sl(src.y), train_mask=sl(src.masks["train_mask"]),
-        val_mask=sl(src.masks["val_mask"]), test_mask=sl(src.masks["test_mask"]), name=name)
+        val_mask=sl(src.masks["val_mask"]), test_mask=sl(src.masks["test_mask"]), name=name, alt=alt)
     atomic_write(path, lambda f: torch.save(shard.to_state(), f))
     digest, nnz = file_sha256(path), [blk.nnz for blk in shard.adj]
     atomic_write(side, lambda f: f.write(f"{digest} {json.dumps(nnz)}\n"), text=True)
@@ -228,9 +267,11 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     if not (folder / "graph.json").is_file():
         raise ValueError(f"out-of-core staging reads folders written by `scalegnn data generate` ({folder} has no "
                          "graph.json); stage this graph without --memory-budget (in memory)")
-    if permute not in ("none", "single") or split[0] is not None:
-        raise ValueError("out-of-core staging does not apply --permute double or --split yet; stage "
-                         "without --memory-budget (in memory) for those")
+    if permute not in ("none", "single", "double"):
+        raise ValueError(f"permute must be none, single or double, got {permute!r}")
+    if split[0] is not None:
+        raise ValueError("out-of-core staging does not apply --split yet; stage without --memory-budget (in memory) "
+                         "for it")
     if memory_budget < 1 << 20:
         raise ValueError(f"--memory-budget {memory_budget} bytes is below 1M; give at least 1M, e.g. 512M")
     if workers < 1:

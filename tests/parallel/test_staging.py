@@ -36,11 +36,11 @@ def _manifest(out):
     return json.loads((out / "manifest.json").read_text())
 
 
-@pytest.mark.parametrize("kind, permute", [(k, p) for k in KINDS for p in ("none", "single")])
+@pytest.mark.parametrize("kind, permute", [(k, p) for k in KINDS for p in ("none", "single", "double")])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 3, 1, 2), (1, 1, 1, 1)], ids=lambda s: "x".join(map(str, s)))
 def test_out_of_core_shards_are_the_in_memory_ones(generated, tmp_path, kind, permute, shape):
     """Rows read 300 stored entries at a time (the graphs hold ~20,000): same files, with
-    the seed's relabeling (--permute single) too."""
+    the seed's relabeling (--permute single) and the double permutation too."""
     want = _in_memory(generated / kind, shape, tmp_path / "mem", permute)
     stage_out_of_core(generated / kind, shape, tmp_path / "ooc", seed=3, chunk_entries=300, permute=permute)
     got = _manifest(tmp_path / "ooc")
@@ -92,7 +92,7 @@ def test_the_cli_stages_out_of_core_and_names_bad_input(generated, tmp_path, cap
             (["cora", "--memory-budget", "1G"], "stages a dir: folder written by `scalegnn data generate`"),
             ([f"dir:{tmp_path / 's'}", "--memory-budget", "1G"], "has no graph.json); stage this graph without"),
             ([f"dir:{generated / 'csbm'}", "--memory-budget", "12Q"], "is not a size; give e.g. 512M"),
-            ([f"dir:{generated / 'csbm'}", "--memory-budget", "1G", "--permute", "double"], "does not apply --permute")):
+            ([f"dir:{generated / 'csbm'}", "--memory-budget", "1G", "--split", "random"], "does not apply --split")):
         assert main(["data", "shard", *argv, "--grid", "1x1x2x1", "--out", str(tmp_path / "bad")]) != 0
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err, err
