@@ -273,6 +273,8 @@ def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progr
     or empty; a folder left by a killed run (no graph.json) is written again."""
     kind, p = parse_kind(text)
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"--out {out} is an existing file, not a folder; pass a new or empty folder")
     if (out / "graph.json").exists():
         raise DatasetError(f"{out} already holds a generated graph (graph.json); pass another --out or delete it")
     if out.exists() and any(f.name not in _OUR_FILES for f in out.iterdir()):

@@ -20,7 +20,7 @@ Memory: O(N) small vectors (the degrees' ``d^-1/2`` in float64, labels, split ma
 about 12 bytes per vertex), the rank's own shard (what it writes), and rows read in
 chunks of ``memory_budget / 40`` stored entries (the int64 keys, their sort and the
 values of a chunk). Work is split over ``workers`` processes, one (x, y, z) file at a
-time each. A killed staging resumes: a shard file whose ``.sha256`` sidecar matches it
+time each (each holds its own N-sized vectors; the budget's chunk is divided among them). A killed staging resumes: a shard file whose ``.sha256`` sidecar matches it
 is kept, and the manifest (written last) lists every file's SHA-256, which
 :func:`.sharding.load_shard` verifies.
 

@@ -137,6 +137,8 @@ def test_an_occupied_folder_is_refused_and_a_killed_one_rewritten(tmp_path):
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(DatasetError, match="is not empty; pass an empty or new folder"):
         generate("csbm:n=50", tmp_path / "busy")
+    with pytest.raises(DatasetError, match="is an existing file, not a folder"):
+        generate("csbm:n=50", tmp_path / "busy" / "notes.txt")
     generate("csbm:n=50,avg_degree=4", tmp_path / "g")
     with pytest.raises(DatasetError, match="already holds a generated graph"):
         generate("csbm:n=50,avg_degree=4", tmp_path / "g")
