@@ -67,6 +67,14 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     info.add_argument("--seed", type=int, default=0)
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     dsub.add_parser("list", help="list the known dataset names")
+    gen = dsub.add_parser("generate", help="write a paper-scale synthetic graph to a folder in chunks, in bounded "
+                          "memory (read it back as dir:DIR); scalegnn/datasets/streaming.py")
+    gen.add_argument("kind", help="csbm:n=..,avg_degree=..,classes=..,homophily=..,feature_dim=..,signal=.. or "
+                     "powerlaw:n=..,avg_degree=..,exponent=..")
+    gen.add_argument("--out", required=True, help="an empty or new folder")
+    gen.add_argument("--seed", type=int, default=0, help="the graph's seed (edges, labels, per-vertex features)")
+    gen.add_argument("--chunk-edges", type=int, default=1 << 22,
+                     help="edge draws held at once (memory ~ 60 bytes each); the graph does not depend on it")
     shard = dsub.add_parser("shard", help="write per-rank adjacency/feature shards for a grid, once")
     shard.add_argument("name")
     shard.add_argument("--grid", type=_grid_arg, required=True)
@@ -81,6 +89,11 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     shard.add_argument("--split", type=_split_arg, default=None, help=helps["split"] + "; the run must use the same")
     shard.add_argument("--split-seed", type=int, default=None, help=helps["split_seed"] + "; the run must use the same")
     shard.add_argument("--stand-in-labels", action="store_true", help=helps["stand_in_labels"])
+    shard.add_argument("--memory-budget", default=None, metavar="SIZE",
+                       help="stage out of core within about SIZE (e.g. 512M): the graph is read by memory map in "
+                       "chunks, never whole (a dir: folder written by `scalegnn data generate`; "
+                       "scalegnn/parallel/staging.py)")
+    shard.add_argument("--workers", type=int, default=1, help="with --memory-budget: processes writing rank files")
     return parser
 
 
@@ -148,10 +161,29 @@ def _cmd_data(args) -> int:
         print("\nyour own files (--dataset <kind>:<path>; scalegnn/datasets/README.md):")
         print("\n".join(f"  {line}" for line in datasets.file_forms()))
         return 0
+    if args.data_command == "generate":
+        from .datasets.streaming import generate
+
+        info = generate(args.kind, args.out, seed=args.seed, chunk_edges=args.chunk_edges)
+        print(f"wrote {info['num_nodes']:,} vertices, {info['stored_entries']:,} stored entries to {args.out}; "
+              f"read it as dir:{args.out}")
+        return 0
     if args.data_command == "shard":
         from .fileio import check_output_folder
 
         check_output_folder(args.out, "--out")  # before loading: a bad --out is found in a second, not an hour
+        if args.memory_budget is not None:  # out of core: the graph is never loaded whole
+            from .parallel.staging import parse_size, stage_out_of_core
+
+            kind, _, folder = args.name.partition(":")
+            if kind.strip().lower() != "dir" or not folder.strip():
+                raise ValueError(f"--memory-budget stages a dir: folder written by `scalegnn data generate`, not "
+                                 f"{args.name!r}; pass dir:FOLDER, or drop --memory-budget to stage in memory")
+            paths = stage_out_of_core(folder.strip(), args.grid, args.out, seed=args.seed,
+                                      memory_budget=parse_size(args.memory_budget), workers=args.workers,
+                                      permute=args.permute, split=(args.split, args.split_seed))
+            print(f"wrote {len(paths)} shard files to {args.out} (out of core)")
+            return 0
     if args.data_command == "info":
         graph = datasets.load_dataset(args.name, data_root=args.data_root, seed=args.seed)
     else:  # shard: the graph a run with these --dataset/--seed/--split settings trains on
