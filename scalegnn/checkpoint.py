@@ -204,8 +204,14 @@ def set_rng_state(state: dict) -> None:
 
 # --------------------------------------------------------------------------- files
 def atomic_torch_save(obj, target: str | os.PathLike) -> Path:
-    """``torch.save`` to a temp file in the same folder, fsync, ``os.replace``."""
-    return atomic_write(target, lambda f: torch.save(obj, f))
+    """``torch.save`` to a temp file in the same folder, fsync, ``os.replace``. Serialized
+    in memory first (a rank's shards and moments: small beside its graph shard), so that
+    a full disk is the ``OSError`` it is (ENOSPC), not torch's wrapped writer error."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return atomic_write(target, lambda f: f.write(buffer.getbuffer()))
 
 
 def _step_dir(directory: Path, step: int) -> Path:
