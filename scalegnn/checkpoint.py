@@ -66,6 +66,7 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointError",
     "Checkpointer",
+    "FolderLock",
     "latest",
     "list_checkpoints",
     "read_meta",
@@ -414,6 +415,45 @@ def regridding(meta: dict, grid, step: int, steps_per_epoch: int, changes: dict)
     if changes.get("note"):
         out["note"] = f"{changes['note']}; {note}"
     return out
+
+
+# --------------------------------------------------------------------------- one run per folder
+class FolderLock:
+    """One run per checkpoint folder: rank 0 holds an exclusive ``flock`` on ``D/.lock``
+    while it runs (the kernel lets go when the process ends, however it ends) and writes
+    its host, pid and run id into it, so a second run on the same folder is refused in one
+    line naming the holder. Where the file system has no locks (some network mounts),
+    nothing is held."""
+
+    def __init__(self, directory):
+        self.path = Path(directory) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self, run_id: str | None = None) -> "FolderLock":
+        import fcntl
+        import socket
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another run"
+            os.close(fd)
+            raise CheckpointError(f"{self.path.parent} is in use by {holder}: one run per checkpoint folder; wait "
+                                  "for it to end, or give this run another --checkpoint-dir") from None
+        except OSError:  # no locks on this file system: nothing to hold
+            os.close(fd)
+            return self
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{f'run {run_id}, ' if run_id else ''}pid {os.getpid()} on host {socket.gethostname()}".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
 
 
 # --------------------------------------------------------------------------- preemption

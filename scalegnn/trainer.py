@@ -106,21 +106,29 @@ class ScaleGNNTrainer(Trainer):
         self.grid = ProcessGrid(*cfg.parallel.grid, backend=env.backend) if dist.is_initialized() \
             else ProcessGrid.single()
         self.device = torch.device(env.device)
-        phases = Phases(env.rank, quiet=cfg.loop.progress is False)
-        if cfg.data.shard_dir is not None:
-            with phases("reading this rank's shard and building the engine") as said:
-                self.graph_info, self.engine = _engine_from_shards(cfg, self.grid, self.device)
-                said(_sizes(self.graph_info))
-        else:
-            with phases("loading the graph") as said:
-                graph = prepare_graph(cfg, graph)
-                self.graph_info = graph.record_info()
-                said(f"{graph.name}, {_sizes(self.graph_info)}")
-            with phases("building the engine") as said:
-                batch_size = resolve_batch_size(graph.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
-                self.engine = make_engine(cfg, graph, batch_size, self.grid, self.device)
-                said(f"grid {'x'.join(map(str, cfg.parallel.grid))}, batch {self.engine.batch_size:,}, "
-                     f"{self.engine.steps_per_epoch} steps per epoch, on {self.device}")
+        # one run per checkpoint folder, refused before anything loads (rank 0 holds it)
+        self.lock = ckpt_mod.FolderLock(cfg.checkpoint.dir).acquire() if cfg.checkpoint.dir and env.rank == 0 \
+            else None
+        try:
+            phases = Phases(env.rank, quiet=cfg.loop.progress is False)
+            if cfg.data.shard_dir is not None:
+                with phases("reading this rank's shard and building the engine") as said:
+                    self.graph_info, self.engine = _engine_from_shards(cfg, self.grid, self.device)
+                    said(_sizes(self.graph_info))
+            else:
+                with phases("loading the graph") as said:
+                    graph = prepare_graph(cfg, graph)
+                    self.graph_info = graph.record_info()
+                    said(f"{graph.name}, {_sizes(self.graph_info)}")
+                with phases("building the engine") as said:
+                    batch_size = resolve_batch_size(graph.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
+                    self.engine = make_engine(cfg, graph, batch_size, self.grid, self.device)
+                    said(f"grid {'x'.join(map(str, cfg.parallel.grid))}, batch {self.engine.batch_size:,}, "
+                         f"{self.engine.steps_per_epoch} steps per epoch, on {self.device}")
+        except BaseException:
+            if self.lock is not None:
+                self.lock.release()
+            raise
         self.batch_size, self.steps_per_epoch = self.engine.batch_size, self.engine.steps_per_epoch
         self.heartbeat = Heartbeat(cfg.system, cfg.data.dataset, cfg.loop.epochs, env.rank,
                                    mode_from_progress(cfg.loop.progress), every_s=cfg.loop.heartbeat_s,
@@ -157,6 +165,8 @@ class ScaleGNNTrainer(Trainer):
 
     def close(self) -> None:
         self.engine.close()  # stops the prefetch thread (no orphan threads), writes the profiler trace
+        if self.lock is not None:
+            self.lock.release()
 
     def end(self, record: dict) -> None:
         """``--save-model``: the ranks' shards made one serial model, written by rank 0

@@ -45,13 +45,13 @@ def _fill_when(disk: Path, ready, timeout_s: float = 120.0) -> threading.Thread:
         end = time.monotonic() + timeout_s
         while not ready() and time.monotonic() < end:
             time.sleep(0.005)
-        with open(disk / "filler", "wb") as f:
-            try:
+        try:
+            with open(disk / "filler", "wb") as f:
                 while True:
                     f.write(bytes(16 << 10))
                     f.flush()
-            except OSError:
-                pass
+        except OSError:  # full: done
+            pass
     thread = threading.Thread(target=fill, daemon=True)
     thread.start()
     return thread
@@ -62,13 +62,20 @@ def _argv(tmp_path, out, *extra) -> list[str]:
             "--hidden", "16", "--layers", "2", "--epochs", "6", "--quiet", *extra]
 
 
-def test_a_disk_that_fills_during_the_run_keeps_its_record(tmp_path, small_disk, isolated_data, capsys):
+def test_a_disk_that_fills_during_the_run_keeps_its_record(tmp_path, small_disk, isolated_data, capsys,
+                                                           monkeypatch):
     """Filled right after the run set its reserve aside: the record is written in its own
     folder all the same (the reserve given back), and the reserve is gone afterwards."""
     out = small_disk / "runs"
-    filler = _fill_when(small_disk, lambda: any(out.glob(".*.reserve")))
+    real_reserve = records.reserve_record_space
+
+    def reserve_then_fill(*args):
+        path = real_reserve(*args)
+        _fill_when(small_disk, lambda: True).join(30)
+        return path
+
+    monkeypatch.setattr(records, "reserve_record_space", reserve_then_fill)
     assert main(_argv(tmp_path, out)) == 0
-    filler.join(10)
     (path,) = out.glob("*.json")
     rec = records.read_record(path)
     assert rec["status"] == "ok" and len(rec["epochs"]) == 6
@@ -76,23 +83,35 @@ def test_a_disk_that_fills_during_the_run_keeps_its_record(tmp_path, small_disk,
 
 
 def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_the_run_resumes(tmp_path, small_disk, isolated_data,
-                                                                               capsys):
-    """Filled once the first checkpoint is complete: the next save fails, the run ends
-    ``failed`` with one line naming the step and the newest whole checkpoint; after
-    space is freed, --resume finishes the run with the uninterrupted epoch rows."""
+                                                                               capsys, monkeypatch):
+    """Filled as soon as the first checkpoint is complete (in the run's own thread, so at
+    that very step): the next save fails, the run ends ``failed`` with one line naming
+    the step and the newest whole checkpoint; after space is freed, --resume finishes
+    the run with the uninterrupted epoch rows."""
+    from scalegnn.checkpoint import Checkpointer
+
     assert main(_argv(tmp_path, tmp_path / "plain")) == 0
     (plain,) = (tmp_path / "plain").glob("*.json")
     capsys.readouterr()
     out, ck = small_disk / "runs", small_disk / "ck"
     argv = _argv(tmp_path, out, "--checkpoint-dir", str(ck), "--checkpoint-every", "4", "--keep-checkpoints", "1")
-    filler = _fill_when(small_disk, lambda: any(ck.glob("step-*/meta.json")))
+    real_save = Checkpointer.save
+
+    def save_then_fill(self, step, engine_state, meta):
+        path = real_save(self, step, engine_state, meta)
+        if not (small_disk / "filler").exists():
+            _fill_when(small_disk, lambda: True).join(30)
+        return path
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_fill)
     assert main(argv) == 1
-    filler.join(10)
+    monkeypatch.setattr(Checkpointer, "save", real_save)
     (path,) = out.glob("*.json")
     rec = records.read_record(path)
     assert rec["status"] == "failed", rec["error"]
     first = sorted(ck.glob("step-*/meta.json"))[0].parent
-    assert rec["error"].startswith("rank 0: no space left on device while checkpoint save at step ")
+    assert first.name == "step-000000004"
+    assert rec["error"].startswith("rank 0: no space left on device while checkpoint save at step 8 ")
     assert rec["error"].endswith(f"the newest whole checkpoint is {first}: free space, then resume with "
                                  f"--checkpoint-dir {ck} --resume") and "\n" not in rec["error"]
     (small_disk / "filler").unlink()
@@ -127,3 +146,24 @@ def _minimal() -> dict:
     from tests.files import minimal_record
 
     return minimal_record()
+
+
+def test_one_run_per_checkpoint_folder(tmp_path, isolated_data, capsys):
+    """A second run on a checkpoint folder another run holds is refused in one line that
+    names the holder; once the holder is gone the folder is free again (and a failed
+    start does not keep it)."""
+    from scalegnn.checkpoint import FolderLock
+
+    ck = tmp_path / "ck"
+    argv = _argv(tmp_path, tmp_path / "runs", "--checkpoint-dir", str(ck), "--checkpoint-every", "4")
+    holder = FolderLock(ck).acquire("r-holder")
+    try:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == (f"scalegnn: error: {ck} is in use by run r-holder, pid {os.getpid()} on host "
+                       f"{__import__('socket').gethostname()}: one run per checkpoint folder; wait for it to end, "
+                       "or give this run another --checkpoint-dir\n"), err
+    finally:
+        holder.release()
+    assert main(argv + ["--epochs", "1"]) == 0
+    FolderLock(ck).acquire().release()  # the finished run let go
