@@ -203,8 +203,15 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
     if info.source == "single" or dist.is_initialized():
         return info
     check_socket_ifnames()
-    init_process_group(info.backend, dev, init_method=f"tcp://{info.master_addr}:{info.master_port}",
-                       rank=info.rank, world_size=info.world_size, timeout=timeout)
+    try:
+        init_process_group(info.backend, dev, init_method=f"tcp://{info.master_addr}:{info.master_port}",
+                           rank=info.rank, world_size=info.world_size, timeout=timeout)
+    except dist.DistNetworkError as exc:
+        if "EADDRINUSE" not in str(exc) and "address already in use" not in str(exc).lower():
+            raise
+        raise ValueError(f"MASTER_PORT {info.master_port} on {info.master_addr} is already in use (another job or "
+                         "process listens there), so rank 0 cannot open the rendezvous: give the job a free port, "
+                         "e.g. MASTER_PORT=$((20000 + RANDOM % 20000)), or torchrun --master-port") from None
     return info
 
 

@@ -150,3 +150,30 @@ def test_a_transport_interface_this_host_lacks_is_refused_in_one_line():
         check_socket_ifnames({"GLOO_SOCKET_IFNAME": "l"})  # gloo takes whole names only
     with pytest.raises(ValueError, match="^NCCL_SOCKET_IFNAME==l names no network interface"):
         check_socket_ifnames({"NCCL_SOCKET_IFNAME": "=l"})  # "=": NCCL's exact match
+
+
+def test_a_rendezvous_port_in_use_is_one_line(tmp_path):
+    """A torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) whose port
+    another process already listens on: rank 0 cannot open the rendezvous store; one
+    line naming the port and the fix, exit 2, no traceback (was 42 lines)."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.files import REPO
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "2",
+               "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([sys.executable, "-m", "scalegnn", "train", "--dataset",
+                               "csbm:n=200,avg_degree=4,classes=2,feature_dim=4", "--epochs", "1", "--grid", "2x1x1x1",
+                               "--out", str(tmp_path / "runs"), "--data-root", str(tmp_path / "data")],
+                              env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr == (f"scalegnn: error: MASTER_PORT {port} on 127.0.0.1 is already in use (another job or "
+                           "process listens there), so rank 0 cannot open the rendezvous: give the job a free port, "
+                           "e.g. MASTER_PORT=$((20000 + RANDOM % 20000)), or torchrun --master-port\n")
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*.json"))
