@@ -494,6 +494,9 @@ def _planetoid_payload(part: str):
 
 case("Planetoid graph of memoized shared lists (pickle expansion)", "size", _planetoid(graph=_memo_bomb()),
      "ind.cora.graph", "expands")
+case("Planetoid graph holding itself (a cyclic pickle)", "size", lambda tmp: _planetoid(graph=_cyclic())(tmp),
+     "ind.cora.graph",
+     "expands")
 case("Planetoid features CSR declaring 1e6 x 1e6 (dense 4 TB)", "size",
      lambda tmp: _planetoid(allx=_big_csr())(tmp), "ind.cora.allx", "declares")
 for _part in ("graph", "x", "allx", "ty"):
@@ -507,6 +510,12 @@ case("Planetoid truncated pickle", "layout", _planetoid(tx=pickle.dumps(np.ones(
 case("Planetoid ty rows mismatch", "value", _planetoid(ty=np.eye(3, dtype=np.float32)), "ind.cora.ty", "rows")
 case("Planetoid random bytes", "layout", _planetoid(graph=os.urandom(64)), "ind.cora.graph")
 case("Planetoid graph negative id", "value", _planetoid(graph={0: [-5], 1: [0]}), "cora")
+
+
+def _cyclic() -> bytes:
+    row = [1]
+    row.append(row)
+    return pickle.dumps({0: row, 1: [0]}, protocol=2)
 
 
 def _big_csr():
