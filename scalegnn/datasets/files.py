@@ -647,7 +647,7 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
         if "values" in a:
             w = _numbers(where, "values", a["values"])
             if w.shape != src.shape:
-                raise DatasetError(f"{where}: 'values' must hold one weight per edge, ({src.size},): {src.size} entries, "
+                raise DatasetError(f"{where}: 'values' must hold one weight per edge ({src.size} entries, shape ({src.size},)), "
                                    f"got shape {w.shape}")
             w = w.astype(np.float32)
             _finite(where, "values", w, "give every edge a finite weight")

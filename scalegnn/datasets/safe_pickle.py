@@ -151,6 +151,9 @@ def _bounded(path: Path, obj, what: str, fix: str):
     """``obj``, unpickled from ``path``, unless it expands far beyond the file."""
     size = Path(path).stat().st_size
     entries = expanded_size(obj)
+    if entries >= 1 << 62:
+        raise DatasetError(f"{path}: its pickle holds a container that contains itself (a cycle), which "
+                           f"{what} never does; {fix}")
     if entries > 4 * size + 100_000:  # a genuine file stores every entry (>= 1 byte each)
         raise DatasetError(f"{path}: its pickle expands to {entries:,} entries from a {size:,}-byte file (the same "
                            f"containers referenced over and over); {what} stores each entry; {fix}")
