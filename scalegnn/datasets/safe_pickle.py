@@ -102,7 +102,7 @@ def _run(path, file, admitted, what, fix, **kwargs):
 
 
 def expanded_size(obj) -> int:
-    """The entries a walk over ``obj`` visits when every reference is followed: a list
+    """The container slots a walk over ``obj`` visits when every reference is followed: a list
     shared by many rows counts once per row. A pickle stores a shared object once and
     refers to it by its memo, so a small file can expand to billions of entries; this
     counts them in time proportional to the distinct objects. A cycle counts as
@@ -131,7 +131,7 @@ def expanded_size(obj) -> int:
             active.discard(key)
             sizes[key] = total
             return total
-        return 1
+        return 0  # a number, a string, a numeric array: its bytes are in the file
 
     try:
         return walk(obj)
