@@ -43,7 +43,10 @@ The three splits are given together or not at all: without any, the labeled vert
 get the seeded random 50/25/25 split of ``--seed`` (``meta["split"]`` says so).
 Self loops are dropped in both cases (the trainer adds I); duplicates are merged
 (weights summed when directed and weighted). Arrays are read with
-``allow_pickle=False``.
+``allow_pickle=False`` (an object array is refused by name, arrays under unknown keys
+are never read) after their headers' sizes are checked against the file and the
+memory budget (:func:`read_npy`, :func:`read_npz`); each key is checked for its type,
+shape and finite values before the graph is built.
 """
 
 from __future__ import annotations
