@@ -447,7 +447,8 @@ case("edge list one column", "text", write("g.txt", "1\n2\n3\n", "edgelist:{path
 case("edge list fractional ids", "text", write("g.txt", "0 1\n1.5 2\n", "edgelist:{path}"), "g.txt", "line")
 case("edge list only comments", "text", write("g.txt", "# a\n% b\n", "edgelist:{path}"), "g.txt", "no edges")
 case("edge list binary junk", "text", write("g.txt", bytes(range(256)) * 4, "edgelist:{path}"), "g.txt")
-case("edge list id 2**70", "value", write("g.txt", f"0 1\n1 {2**70}\n", "edgelist:{path}"), "g.txt")
+case("edge list id 2**70", "value", write("g.txt", f"0 1\n1 {2**70}\n", "edgelist:{path}"), "g.txt", "line 2",
+     "64 bits")
 case("edgelist: missing file", "layout", lambda tmp: info(tmp, f"edgelist:{tmp / 'nope.txt'}"), "nope.txt")
 case("mtx: missing file", "layout", lambda tmp: info(tmp, f"mtx:{tmp / 'nope.mtx'}"), "nope.mtx")
 case("npz: missing file", "layout", lambda tmp: info(tmp, f"npz:{tmp / 'nope.npz'}"), "nope.npz")

@@ -123,7 +123,7 @@ def _parse_edgelist_slow(path: Path) -> np.ndarray:
                 continue
             toks = s.replace(",", " ").split()
             try:
-                pairs.append((int(toks[0]), int(toks[1])))
+                pair = (int(toks[0]), int(toks[1]))
             except (ValueError, IndexError):
                 if first:  # a header line
                     first = False
@@ -131,6 +131,10 @@ def _parse_edgelist_slow(path: Path) -> np.ndarray:
                 raise DatasetError(
                     f"{path}, line {lineno}: expected two integer vertex ids, got {s[:80]!r}; fix or remove the line"
                 ) from None
+            if max(map(abs, pair)) >= 2**63:
+                raise DatasetError(f"{path}, line {lineno}: vertex id {max(pair, key=abs)} does not fit in 64 bits; "
+                                   "renumber the vertices (ids < 2**63)")
+            pairs.append(pair)
             first = False
     return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
 
@@ -149,7 +153,7 @@ def read_edgelist(path: Path) -> tuple[np.ndarray, np.ndarray]:
                     skiprows=skip, usecols=[0, 1], dtype=np.int64, engine="c",
                     skipinitialspace=True,
                 ).to_numpy()  # fmt: skip
-            except (ValueError, pd.errors.ParserError, IndexError):
+            except (ValueError, OverflowError, pd.errors.ParserError, IndexError):
                 e = None  # mixed layout: the line-by-line parser finds the bad line
         if e is None:
             e = _parse_edgelist_slow(path)
@@ -512,7 +516,7 @@ def byo_features(a: dict, where: str) -> torch.Tensor:
         fix = "x_shape must be the matrix's (N, F); the file is corrupt or the shape wrong"
         check_declared_size(where, "'x_shape' rows (N, row pointers)", int(shape[0]) + 1, 8, fix=fix,
                             error=DatasetError)
-        check_declared_size(where, "'x_shape' columns (F, one weight row each)", int(shape[1]), 4 * 64, fix=fix,
+        check_declared_size(where, "'x_shape' columns (F, at least one weight each)", int(shape[1]), 4, fix=fix,
                             error=DatasetError)
         _numbers(where, "x_data", a["x_data"], "iufb")
         try:
