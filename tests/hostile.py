@@ -385,6 +385,62 @@ def _dir_pickle(tmp: Path) -> list[str]:
     return info(tmp, f"dir:{d}")
 
 
+def _dir_sparse_x(**members):
+    """Build: ``dir:`` whose features are ``x.npz`` (scipy.sparse.save_npz's keys), some
+    members replaced (bytes: the raw member written as is)."""
+    def build(tmp: Path) -> list[str]:
+        import io
+        import zipfile
+
+        d = tmp / "g"
+        d.mkdir()
+        for key, value in base_graph().items():
+            if key != "x":
+                np.save(d / f"{key}.npy", value)
+        parts = {"format": np.array(b"csr"), "shape": np.array([N, 4]), "indptr": np.arange(N + 1),
+                 "indices": np.arange(N) % 4, "data": np.ones(N, np.float32)}
+        parts.update(members)
+        with zipfile.ZipFile(d / "x.npz", "w") as z:
+            for key, value in parts.items():
+                if isinstance(value, bytes):
+                    z.writestr(f"{key}.npy", value)
+                    continue
+                buf = io.BytesIO()
+                np.save(buf, value, allow_pickle=True)
+                z.writestr(f"{key}.npy", buf.getvalue())
+        return info(tmp, f"dir:{d}")
+    return build
+
+
+case("dir: x.npz in COO format", "layout", _dir_sparse_x(format=np.array(b"coo")), "x.npz", "save_npz")
+case("dir: x.npz without data", "layout", lambda tmp: _drop_member(tmp), "x.npz", "save_npz")
+case("dir: x.npz member header claiming 1e12 entries", "size",
+     _dir_sparse_x(data=_npy_header((10**12,)) + b"\0" * 64), "x.npz", "declares")
+case("dir: x.npz with a pickled member", "pickle",
+     lambda tmp: _dir_sparse_x(data=np.array([_Payload(tmp)], dtype=object))(tmp), "x.npz", "pickled", canary=True)
+case("dir: x.npz shape 1e12 columns", "size", _dir_sparse_x(shape=np.array([N, 10**12])), "x_shape", "budget")
+case("dir: x.npz data NaN", "value", _dir_sparse_x(data=np.full(N, np.nan, np.float32)), "NaN or inf")
+case("dir: x.npz of random bytes", "layout", lambda tmp: _random_x_npz(tmp), "x.npz")
+
+
+def _drop_member(tmp: Path) -> list[str]:
+    argv = _dir_sparse_x()(tmp)
+    import zipfile
+
+    src = tmp / "g" / "x.npz"
+    data = {n: zipfile.ZipFile(src).read(n) for n in zipfile.ZipFile(src).namelist() if n != "data.npy"}
+    with zipfile.ZipFile(src, "w") as z:
+        for n, b in data.items():
+            z.writestr(n, b)
+    return argv
+
+
+def _random_x_npz(tmp: Path) -> list[str]:
+    argv = _dir_sparse_x()(tmp)
+    (tmp / "g" / "x.npz").write_bytes(os.urandom(200))
+    return argv
+
+
 # ---------------------------------------------------------------- node data beside a graph file
 case("features beside: 0 columns", "size", beside("features", np.zeros((N, 0), np.float32)), "features", "0 columns")
 case("features beside: strings", "type", beside("features", np.array([["a"]] * N)), "features", "numbers")
@@ -573,9 +629,40 @@ FLAG_CASES = [
     (("--eval-every", "0"), ("eval",)),
     (("--target-acc", "nan"), ("target",)), (("--target-acc", "2"), ("target",)),
     (("--split", "random:0.9,0.9,0.9"), ("--split",)), (("--split", "random:nan,0.2,0.2"), ("--split",)),
+    (("--split", "random", "--split-seed", "-1"), ("--split-seed", ">= 0")),
+    (("--split-seed", "3"), ("--split-seed needs --split",)),
+    (("--eval-every", "-1"), ("eval_every", ">= 1")), (("--checkpoint-every", "0"), ("--checkpoint-every",)),
+    (("--checkpoint-every", "-5"), ("--checkpoint-every",)),
+    (("--batch-size", "100000000000000"), ("batch size", "N=400")),
+    (("--grid", "1x1x1x1000000000000"), ("grid axis z",)), (("--nproc", "1000000000"), ("--nproc 1000000000",)),
+    (("--permute", "bogus"), ("--permute",)), (("--system", "nope"), ("--system",)),
+    (("--comm-dtype", "bogus"), ("--comm-dtype",)), (("--target-acc", "-0.5"), ("--target-acc",)),
+    (("--collective-timeout", "1e400"), ("--collective-timeout", "finite")),
+    (("--threads", "0"), ("--threads",)), (("--threads", "-3"), ("--threads",)), (("--threads", "abc"), ("--threads",)),
+    (("--dataset", "csbm:signal=inf"), ("csbm", "signal")), (("--dataset", "csbm:avg_degree=inf"), ("avg_degree",)),
+    (("--dataset", "csbm:homophily=inf"), ("homophily",)), (("--dataset", "csbm:homophily=1.5"), ("homophily",)),
+    (("--dataset", "csbm:n=3,classes=2,avg_degree=2.5"), ("csbm", "empty")),
+    (("--dataset", "rmat:edge_factor=1000000000000"), ("rmat", "budget")),
+    (("--dataset", "rmat:scale=40"), ("rmat", "budget")), (("--dataset", "rmat:scale=41"), ("rmat", "scale")),
+    (("--dataset", "rmat:a=nan"), ("rmat", "a=")), (("--dataset", "rmat:a=0.9"), ("rmat", "must be 1")),
+    (("--dataset", "cora:split=nan"), ("cora", "no parameters")),
+    (("--dataset", "npz:"), ("npz",)), (("--dataset", "dir:"), ("dir",)),
 ]
 for _flags, _expect in FLAG_CASES:
     case("train " + " ".join(_flags), "flag", train(*_flags), *_expect)
+
+
+def _output_at(flag: str, target: str, *more: str):
+    """Build: ``train`` with an output folder where none can be (a file in the way, /proc)."""
+    def build(tmp: Path) -> list[str]:
+        (tmp / "a-file").write_text("")
+        return train(flag, target.format(tmp=tmp), *more)(tmp)
+    return build
+
+
+for _flag, _more in (("--out", ()), ("--checkpoint-dir", ("--checkpoint-every", "5")), ("--profile", ())):
+    case(f"train {_flag} at a file", "flag", _output_at(_flag, "{tmp}/a-file", *_more), _flag, "a-file")
+    case(f"train {_flag} under /proc", "flag", _output_at(_flag, "/proc/scalegnn-x", *_more), _flag, "/proc")
 
 
 # ---------------------------------------------------------------- checkpoint metadata (--resume)
