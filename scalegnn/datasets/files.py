@@ -67,7 +67,7 @@ from ._core import (DATA_ROOT_HINT, SPLIT_FRACTIONS, DatasetError, featureless_g
 
 __all__ = [
     "BYO_KEYS", "FEATURELESS_NAMED", "byo_sources", "compact_ids", "featureless_from_file",
-    "load_byo", "named_featureless_file", "path_tag", "read_edgelist", "read_mtx",
+    "load_byo", "named_featureless_file", "npz_keys", "path_tag", "read_edgelist", "read_mtx", "read_npy", "read_npz",
 ]  # fmt: skip
 
 FEATURELESS_NAMED = {
