@@ -292,6 +292,18 @@ def read_meta(ckpt) -> dict:
     if version > CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {version} is newer than this scalegnn understands "
                               f"({CHECKPOINT_FORMAT}); upgrade scalegnn to resume it")
+    # Every field a resume reads, checked here: a missing or mistyped one is one line, not a KeyError later.
+    fix = f"the file is damaged or not written by scalegnn; remove {Path(ckpt)} to resume from an older checkpoint"
+    for key, kind, low in (("step", int, 0), ("epoch", int, 0), ("steps_per_epoch", int, 1), ("world_size", int, 1),
+                           ("config", dict, None), ("record", dict, None), ("loop", dict, None)):
+        if key not in meta:
+            raise CheckpointError(f"{path}: no {key!r}; {fix}")
+        value = meta[key]
+        if not isinstance(value, kind) or isinstance(value, bool) or (low is not None and value < low):
+            want = f"an integer >= {low}" if kind is int else "an object"
+            raise CheckpointError(f"{path}: {key!r} must be {want}, got {value!r}; {fix}")
+    if not isinstance(meta["record"].get("run_id"), str) or not isinstance(meta["record"].get("epochs"), list):
+        raise CheckpointError(f"{path}: 'record' needs a run_id string and an epochs list; {fix}")
     return meta
 
 

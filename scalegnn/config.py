@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import textwrap
 import types
 import typing
@@ -39,6 +40,7 @@ from typing import Any
 from . import systems as registry
 from .checkpoint import CheckpointConfig
 from .datasets import DataConfig
+from .fileio import check_declared_size
 from .loop import LoopConfig
 from .model import ModelConfig
 from .numerics import NumericsConfig
@@ -82,6 +84,11 @@ class RunConfig:
                 setattr(self, name, _build(cls, value, name))
             elif not isinstance(value, cls):
                 raise ValueError(f"config.{name} must be a {cls.__name__} or a dict, got {type(value).__name__}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"--seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if not math.isfinite(self.parallel.collective_timeout_s):
+            raise ValueError(f"--collective-timeout must be a finite number of seconds, got "
+                             f"{self.parallel.collective_timeout_s}")
         entry = registry.get(self.system)
         if not entry.available:
             raise ValueError(f"--system {self.system} cannot run here: {entry.unavailable}")
@@ -100,6 +107,7 @@ class RunConfig:
                 self.system = "fullgraph-3d"  # B = N: full-graph training, recorded as the Plexus baseline
             if self.system == "fullgraph-3d" and p.nproc and p.nproc > 1 and p.grid == (1, 1, 1, 1):
                 p.grid = (1, *cube_3d(p.nproc))  # --nproc N alone: the most cube-like 3D grid
+            _check_model_size(self.model, p.grid)
             widest = max(zip(p.grid[1:], PMM_AXES))
             if self.model.hidden < widest[0]:
                 raise ValueError(
@@ -147,6 +155,16 @@ class RunConfig:
         if unknown:
             raise ValueError(f"config has unknown fields {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+def _check_model_size(model, grid) -> None:
+    """Refuse a model whose weights alone exceed the memory budget, before any work: L
+    hidden x hidden matrices, each with its gradient and two AdamW moments (16 bytes an
+    entry), split over the Gx * Gy * Gz ranks of the 3D grid."""
+    ranks_3d = grid[1] * grid[2] * grid[3]
+    check_declared_size(f"--hidden {model.hidden} --layers {model.layers}", "the weights (L x hidden^2 per 3D grid)",
+                        -(-model.layers * model.hidden * model.hidden // ranks_3d), 16,
+                        fix="use a smaller --hidden or --layers, or a larger 3D grid")
 
 
 def _build(cls, values: dict, where: str):

@@ -4,6 +4,12 @@ Every file this project writes for later reading (run records, checkpoints, shar
 files, sweep manifests, the dataset cache) goes through :func:`atomic_write`; when
 reading one back fails, :func:`load_error` is the reason in one line. Before any work,
 :func:`check_output_folder` makes sure a folder the work will write to can be written.
+
+Sizes that a file (or a flag) declares are checked before memory is spent on them
+(:func:`check_declared_size`): against the file's own size where the data must be in
+the file, and against the memory budget (:func:`memory_budget`: this machine's
+memory, or ``$SCALEGNN_MEMORY_BUDGET``), so a 60-byte header claiming 10^12 rows is
+one line naming the file and the field, not an allocator traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +18,11 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write", "load_error", "check_output_folder"]
+__all__ = ["atomic_write", "load_error", "check_output_folder", "memory_budget", "check_declared_size",
+           "human_bytes", "MEMORY_BUDGET_ENV"]
+
+MEMORY_BUDGET_ENV = "SCALEGNN_MEMORY_BUDGET"
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -123,3 +133,52 @@ def check_output_folder(path: str | os.PathLike, flag: str) -> None:
         raise ValueError(f"{flag} {path} {where} ({exc.strerror or exc}); {fix}") from None
     os.close(fd)
     os.unlink(probe)
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes as a short text (``7.3 TiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def memory_budget() -> int:
+    """The bytes one declared size may claim: ``$SCALEGNN_MEMORY_BUDGET`` (bytes, or with
+    a K/M/G/T suffix, e.g. ``64G``), else this machine's physical memory."""
+    text = os.environ.get(MEMORY_BUDGET_ENV, "").strip().upper().removesuffix("B").removesuffix("I")
+    if text:
+        unit = text[-1] if text[-1] in _UNITS else ""
+        try:
+            value = float(text[: len(text) - len(unit)])
+        except ValueError:
+            raise ValueError(f"${MEMORY_BUDGET_ENV}={os.environ[MEMORY_BUDGET_ENV]!r} is not a size; give bytes or "
+                             "a number with K, M, G or T (e.g. 64G)") from None
+        if not value > 0:
+            raise ValueError(f"${MEMORY_BUDGET_ENV} must be > 0, got {os.environ[MEMORY_BUDGET_ENV]!r}")
+        return int(value * _UNITS[unit])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 40
+
+
+def check_declared_size(where: str, field: str, count, itemsize: int = 1, *, fix: str,
+                        available: int | None = None, error: type[Exception] = ValueError) -> None:
+    """Refuse ``count`` items of ``itemsize`` bytes that ``where``'s ``field`` declares,
+    before they are allocated: more bytes than ``available`` (what the file holds for
+    them, when the data must be in the file) or than the :func:`memory_budget`. Raises
+    ``error`` with one line naming ``where``, ``field``, the sizes and ``fix``."""
+    count = int(count)
+    if count < 0:
+        raise error(f"{where}: {field} declares a negative size {count:,}; {fix}")
+    need = count * max(int(itemsize), 1)
+    if available is not None and need > available:
+        raise error(f"{where}: {field} declares {count:,} entries ({human_bytes(need)}) but the file holds only "
+                    f"{human_bytes(available)} for them; {fix}")
+    budget = memory_budget()
+    if need > budget:
+        raise error(f"{where}: {field} declares {count:,} entries ({human_bytes(need)}), more than the memory "
+                    f"budget of {human_bytes(budget)} (this machine's memory; ${MEMORY_BUDGET_ENV} sets another); "
+                    f"{fix}")

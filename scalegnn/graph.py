@@ -140,6 +140,11 @@ class Graph:
         put("y", y.to(torch.float32 if y.dim() == 2 else torch.int64).contiguous())
         for split in ("train_idx", "val_idx", "test_idx"):
             put(split, _as_long(self.split_tensor(split), split))
+        classes = self.num_classes
+        if isinstance(classes, bool) or not isinstance(classes, (int, np.integer)) and not (
+                isinstance(classes, (float, np.floating)) and float(classes).is_integer()):
+            raise GraphValidationError(f"num_classes must be one integer, got {classes!r}")
+        put("num_classes", int(classes))
         self.validate()
 
     def split_tensor(self, split: str) -> torch.Tensor:
@@ -162,6 +167,8 @@ class Graph:
             raise GraphValidationError(
                 f"values has {self.values.numel()} entries but indices has {self.indices.numel()}"
             )
+        if not bool(torch.isfinite(self.values).all()):
+            raise GraphValidationError("edge values contain NaN or inf; give every edge a finite weight")
         if self.indices.numel():
             lo, hi = int(self.indices.min()), int(self.indices.max())
             if lo < 0 or hi >= n:
@@ -174,6 +181,9 @@ class Graph:
             raise GraphValidationError(
                 f"features must be an (N, F) matrix with N={n} rows matching the adjacency, got shape {tuple(self.x.shape)}"
             )
+        if self.x.shape[1] == 0:
+            raise GraphValidationError("features have 0 columns; give at least one feature per vertex (a column of "
+                                       "ones when the graph has none)")
         # (A CSR x was checked by csr_matrix when it was made: values finite, columns in range.)
         if not is_csr(self.x) and not bool(torch.isfinite(self.x).all()):
             bad = int((~torch.isfinite(self.x)).any(1).nonzero()[0, 0])
@@ -193,6 +203,8 @@ class Graph:
             if self.y.numel() and int(self.y.min()) < -1:
                 raise GraphValidationError(f"label {int(self.y.min())} is invalid; use -1 for unlabeled vertices")
         elif self.y.dim() == 2:
+            if not bool(torch.isfinite(self.y).all()):
+                raise GraphValidationError("the multi-label matrix holds NaN or inf; its entries must be 0 or 1")
             if self.y.shape[1] != self.num_classes:
                 raise GraphValidationError(
                     f"multi-label matrix has {self.y.shape[1]} columns but num_classes={self.num_classes}"

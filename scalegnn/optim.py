@@ -277,14 +277,18 @@ class OptimConfig:
              "default), or auto (on with sparse features on the CPU with the compiled kernel)")
 
     def __post_init__(self):
+        # Non-finite values used to train a whole run and end it as "diverged": refused before any work.
+        for flag, value in (("--lr", self.lr), ("--weight-decay", self.weight_decay), ("--grad-clip", self.grad_clip)):
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{flag} must be a finite number, got {value}")
         if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+            raise ValueError(f"lr must be > 0, got {self.lr} (--lr)")
         if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay} (--weight-decay)")
         if self.schedule not in ("constant", "cosine"):
             raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
         if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
+            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip} (--grad-clip)")
         if self.sparse_input_update not in SPARSE_INPUT_UPDATE:
             raise ValueError(f"sparse_input_update must be one of {', '.join(SPARSE_INPUT_UPDATE)}, "
                              f"got {self.sparse_input_update!r}")

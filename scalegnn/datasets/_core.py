@@ -76,8 +76,11 @@ def reading(path, fix: str = "re-copy it from its source"):
     """Re-raise any parse error while reading ``path`` as a DatasetError naming it."""
     try:
         yield
-    except (DatasetError, MemoryError, KeyboardInterrupt):
+    except (DatasetError, KeyboardInterrupt):
         raise
+    except MemoryError as e:  # a size in the file that no check caught: still one line naming the file
+        raise DatasetError(f"could not read {path}: out of memory ({e or 'MemoryError'}); the file declares more "
+                           f"data than this machine holds: if it is not that large, it is corrupt; {fix}") from e
     except Exception as e:  # noqa: BLE001 - any parser error means a bad file
         raise DatasetError(
             f"could not read {path}: {type(e).__name__}: {e}. "

@@ -43,18 +43,23 @@ The three splits are given together or not at all: without any, the labeled vert
 get the seeded random 50/25/25 split of ``--seed`` (``meta["split"]`` says so).
 Self loops are dropped in both cases (the trainer adds I); duplicates are merged
 (weights summed when directed and weighted). Arrays are read with
-``allow_pickle=False``.
+``allow_pickle=False`` (an object array is refused by name, arrays under unknown keys
+are never read) after their headers' sizes are checked against the file and the
+memory budget (:func:`read_npy`, :func:`read_npz`); each key is checked for its type,
+shape and finite values before the graph is built.
 """
 
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from scalegnn.csr import csr_matrix
+from scalegnn.fileio import check_declared_size
 from scalegnn.graph import csr_from_edges, random_split
 
 from ._core import (DATA_ROOT_HINT, SPLIT_FRACTIONS, DatasetError, featureless_graph, make_graph, reading,
@@ -62,7 +67,7 @@ from ._core import (DATA_ROOT_HINT, SPLIT_FRACTIONS, DatasetError, featureless_g
 
 __all__ = [
     "BYO_KEYS", "FEATURELESS_NAMED", "byo_sources", "compact_ids", "featureless_from_file",
-    "load_byo", "named_featureless_file", "path_tag", "read_edgelist", "read_mtx",
+    "load_byo", "named_featureless_file", "npz_keys", "path_tag", "read_edgelist", "read_mtx", "read_npy", "read_npz",
 ]  # fmt: skip
 
 FEATURELESS_NAMED = {
@@ -118,7 +123,7 @@ def _parse_edgelist_slow(path: Path) -> np.ndarray:
                 continue
             toks = s.replace(",", " ").split()
             try:
-                pairs.append((int(toks[0]), int(toks[1])))
+                pair = (int(toks[0]), int(toks[1]))
             except (ValueError, IndexError):
                 if first:  # a header line
                     first = False
@@ -126,6 +131,10 @@ def _parse_edgelist_slow(path: Path) -> np.ndarray:
                 raise DatasetError(
                     f"{path}, line {lineno}: expected two integer vertex ids, got {s[:80]!r}; fix or remove the line"
                 ) from None
+            if max(map(abs, pair)) >= 2**63:
+                raise DatasetError(f"{path}, line {lineno}: vertex id {max(pair, key=abs)} does not fit in 64 bits; "
+                                   "renumber the vertices (ids < 2**63)")
+            pairs.append(pair)
             first = False
     return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
 
@@ -144,7 +153,7 @@ def read_edgelist(path: Path) -> tuple[np.ndarray, np.ndarray]:
                     skiprows=skip, usecols=[0, 1], dtype=np.int64, engine="c",
                     skipinitialspace=True,
                 ).to_numpy()  # fmt: skip
-            except (ValueError, pd.errors.ParserError, IndexError):
+            except (ValueError, OverflowError, pd.errors.ParserError, IndexError):
                 e = None  # mixed layout: the line-by-line parser finds the bad line
         if e is None:
             e = _parse_edgelist_slow(path)
@@ -172,6 +181,16 @@ def compact_ids(src: np.ndarray, dst: np.ndarray) -> tuple[torch.Tensor, torch.T
 def read_mtx(path: Path) -> tuple[np.ndarray, np.ndarray, int]:
     import scipy.io
 
+    with reading(path):
+        rows, cols, entries, fmt, _, _ = scipy.io.mminfo(path)
+    if fmt == "coordinate":
+        # The header's sizes, before scipy allocates them: every entry takes a line of at least 4 bytes
+        # ("1 1\n"), and N rows take row pointers (and features) in memory.
+        fix = "the header (after the %%MatrixMarket line: rows columns entries) does not match the file; re-create it"
+        check_declared_size(str(path), "the header's entries", entries, 4, fix=fix, available=path.stat().st_size,
+                            error=DatasetError)
+        check_declared_size(str(path), "the header's rows (N, row pointers)", max(rows, cols) + 1, 8, fix=fix,
+                            error=DatasetError)
     with reading(path):
         m = scipy.io.mmread(path)
         if not hasattr(m, "tocoo"):
@@ -217,12 +236,10 @@ def _read_beside(found: dict[str, Path]) -> tuple[torch.Tensor | None, tuple | N
         if f.suffix == ".npz":
             x = byo_features(read_sparse_npz(f), str(f))
         else:
-            with reading(f):
-                x = byo_features({"x": np.load(f, allow_pickle=False)}, str(f))
+            x = byo_features({"x": read_npy(f, "x")}, str(f))
     if "labels" in found:
         f = found["labels"]
-        with reading(f):
-            raw = np.load(f, allow_pickle=False)
+        raw = read_npy(f, "labels")
         labels, classes = byo_labels(raw, str(f), "the labels file", None if x is None else x.shape[0])
         y = torch.from_numpy(labels), classes
     n = x.shape[0] if x is not None else (y[0].shape[0] if y is not None else None)
@@ -287,6 +304,126 @@ def named_featureless_file(name: str, root: Path) -> Path:
     )
 
 
+# ----------------------------------------------------------- arrays, sizes checked first
+_REMAKE = "the file is corrupt or not what it claims; re-create it (numpy.save / numpy.savez)"
+_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0,
+            (3, 0): np.lib.format.read_array_header_2_0}
+_DEFLATE_MAX_RATIO = 1100  # deflate expands at most ~1032:1
+
+
+def _npy_header(f, where: str, key: str, available: int) -> None:
+    """Check the .npy stream at ``f`` (``available`` bytes in all) before it is loaded:
+    no pickled objects, and the data its header declares is in the stream and within
+    the memory budget."""
+    start = f.tell()
+    try:
+        version = np.lib.format.read_magic(f)
+        if version not in _HEADERS:
+            raise ValueError(f"unsupported .npy format version {version}")
+        shape, _, dtype = _HEADERS[version](f)
+    except ValueError as e:
+        raise DatasetError(f"{where}: '{key}' is not a readable .npy array ({e}); {_REMAKE}") from None
+    if dtype.hasobject:
+        raise DatasetError(f"{where}: '{key}' holds pickled Python objects (dtype object), which scalegnn never "
+                           "loads (unpickling could run code); save it as a numeric array")
+    count = int(np.prod(shape, dtype=object)) if shape else 1
+    check_declared_size(where, f"'{key}' (its .npy header: shape {shape}, {dtype})", count, dtype.itemsize,
+                        fix=_REMAKE, available=available - (f.tell() - start), error=DatasetError)
+
+
+def read_npy(path: Path, key: str | None = None) -> np.ndarray:
+    """One ``.npy`` file, its header checked first (:func:`_npy_header`); never unpickles."""
+    key = path.stem if key is None else key
+    with open(path, "rb") as f:
+        _npy_header(f, str(path), key, path.stat().st_size)
+    with reading(path):
+        return np.load(path, allow_pickle=False)
+
+
+def npz_keys(path: Path) -> list[str]:
+    """The array names of an npz archive (no array is read)."""
+    with reading(path):
+        with zipfile.ZipFile(path) as z:
+            return [n[:-4] for n in z.namelist() if n.endswith(".npy")]
+
+
+def read_npz(path: Path, keys=None) -> dict:
+    """The arrays ``keys`` (default: all) of an npz archive, each member's declared
+    sizes (zip and .npy header) checked before it is read; never unpickles."""
+    where = str(path)
+    with reading(path), zipfile.ZipFile(path) as z:
+        members = {info.filename[:-4]: info for info in z.infolist() if info.filename.endswith(".npy")}
+        out = {}
+        for key, info in members.items():
+            if keys is not None and key not in keys:
+                continue
+            if info.compress_type != zipfile.ZIP_STORED and \
+                    info.file_size > _DEFLATE_MAX_RATIO * info.compress_size + 4096:
+                check_declared_size(where, f"'{key}' (its zip entry)", info.file_size, fix=_REMAKE,
+                                    available=_DEFLATE_MAX_RATIO * info.compress_size + 4096, error=DatasetError)
+            check_declared_size(where, f"'{key}' (its zip entry)", info.file_size, fix=_REMAKE, error=DatasetError)
+            with z.open(info) as f:
+                _npy_header(f, where, key, info.file_size)
+            with z.open(info) as f:
+                out[key] = np.lib.format.read_array(f, allow_pickle=False)
+        return out
+
+
+def _numbers(where: str, key: str, v, kinds: str = "iuf") -> np.ndarray:
+    """``v`` as an array of real numbers (dtype kinds ``kinds``), else one line naming ``key``."""
+    v = np.asarray(v)
+    if v.dtype.kind == "c":
+        raise DatasetError(f"{where}: '{key}' is complex ({v.dtype}); save the real values you mean (numpy.real "
+                           "drops the imaginary part)")
+    if v.dtype.kind == "b" and "b" not in kinds:
+        raise DatasetError(f"{where}: '{key}' is bool; save it as int64 (class ids) or float32 values")
+    if v.dtype.kind not in kinds + "b":
+        raise DatasetError(f"{where}: '{key}' must hold numbers, got dtype {v.dtype}; save it as a float32 or int64 "
+                           "array")
+    return v
+
+
+def _finite(where: str, key: str, v: np.ndarray, fix: str = "clean or impute them first") -> None:
+    if v.dtype.kind == "f" and not np.isfinite(v).all():
+        first = int(np.flatnonzero(~np.isfinite(v.reshape(-1)))[0])
+        raise DatasetError(f"{where}: '{key}' holds NaN or inf (first at flat position {first}); {fix}")
+
+
+def _scalar(where: str, key: str, v, what: str) -> np.ndarray:
+    v = np.asarray(v)
+    if v.size != 1 or v.ndim > 1:
+        raise DatasetError(f"{where}: '{key}' must be {what}, got an array of shape {v.shape}")
+    return v.reshape(())
+
+
+def byo_num_classes(where: str, v, n: int) -> int:
+    """The ``num_classes`` of a file: one integer >= 1 whose N x C logits fit the memory budget."""
+    what = "one integer (the number of classes)"
+    v = _scalar(where, "num_classes", v, what)
+    if v.dtype.kind in "iu":
+        c = int(v)
+    elif v.dtype.kind == "f" and np.isfinite(v) and float(v) == round(float(v)):
+        c = int(v)
+    else:
+        raise DatasetError(f"{where}: 'num_classes' must be {what}, got {v.item()!r} ({v.dtype}); save it as "
+                           "numpy.int64(C)")
+    if c < 1:
+        raise DatasetError(f"{where}: 'num_classes' must be >= 1, got {c}")
+    check_declared_size(where, "'num_classes' (N x C logits)", n * c, 4, error=DatasetError,
+                        fix="give the true number of classes (default: max(y) + 1)")
+    return c
+
+
+def byo_undirected(where: str, v) -> bool:
+    """``undirected``: one boolean (or 0 / 1); a string or a vector is refused, not read as true."""
+    what = "one boolean (True or False; 1 or 0)"
+    v = _scalar(where, "undirected", v, what)
+    if v.dtype.kind == "b" or (v.dtype.kind in "iuf" and float(v) in (0.0, 1.0)):
+        return bool(v)
+    raise DatasetError(f"{where}: 'undirected' must be {what}, got {v.item()!r} ({v.dtype}); save it as "
+                       "numpy.bool_(False) for a directed, weighted graph")
+
+
 # ----------------------------------------------------------- bring your own
 def byo_sources(kind: str, path: Path) -> list[Path]:
     if kind == "npz":
@@ -316,9 +453,8 @@ def byo_has_split(kind: str, path: Path, files: list[Path]) -> bool:
     random split, and its cache entry depends on the seed)."""
     if kind == "npz":
         try:
-            with np.load(path, allow_pickle=False) as z:
-                keys = set(z.files)
-        except Exception:  # noqa: BLE001 - a damaged file is reported by the loader itself
+            keys = set(npz_keys(path))
+        except DatasetError:  # a damaged file is reported by the loader itself
             return True
     else:
         keys = {f.stem for f in files}
@@ -327,23 +463,30 @@ def byo_has_split(kind: str, path: Path, files: list[Path]) -> bool:
 
 def _read_byo(kind: str, path: Path, files: list[Path]) -> dict:
     if kind == "npz":
-        with reading(path), np.load(path, allow_pickle=False) as z:
-            return {k: np.asarray(z[k]) for k in z.files}
+        keys = npz_keys(path)
+        if not set(keys) & set(BYO_KEYS):  # another layout: say what was expected and found, read nothing
+            ppnp = any(k.startswith(("adj_matrix.", "attr_matrix.")) for k in keys)
+            hint = ("; this is the PPNP / nettack layout: write edge_index (or indptr, indices) from its adj_matrix "
+                    "CSR, x from attr_matrix and y = labels" if ppnp else "")
+            raise DatasetError(f"{path}: none of the expected keys (edge_index, or indptr and indices; x, or x_indptr, "
+                               f"x_indices, x_data, x_shape; y; scalegnn/datasets/README.md); found: "
+                               f"{', '.join(sorted(keys)) or 'no arrays'}{hint}")
+        return read_npz(path, BYO_KEYS)  # only the known keys: other arrays are never read
     arrays = {}
     for f in files:
-        with reading(f):
-            if f.suffix == ".npz":  # x.npz: sparse features as scipy.sparse.save_npz writes them
-                arrays.update(read_sparse_npz(f))
-            elif f.suffix == ".json":  # features.json: data (json), never code
-                import json
+        if f.suffix == ".npz":  # x.npz: sparse features as scipy.sparse.save_npz writes them
+            arrays.update(read_sparse_npz(f))
+        elif f.suffix == ".json":  # features.json: data (json), never code
+            import json
 
+            with reading(f):
                 try:
                     arrays["features.json"] = json.loads(f.read_text())
                 except ValueError as exc:
                     raise DatasetError(f"{f}: not JSON ({exc}); write the folder again with "
                                        "`scalegnn data generate`") from None
-            else:
-                arrays[f.stem] = np.load(f, allow_pickle=False)
+        else:
+            arrays[f.stem] = read_npy(f)
     return arrays
 
 
@@ -351,13 +494,13 @@ def read_sparse_npz(path: Path) -> dict:
     """The CSR parts of a ``scipy.sparse.save_npz`` file, under the npz form's keys
     (``x_indptr``, ``x_indices``, ``x_data``, ``x_shape``); read with
     ``allow_pickle=False``, so the file cannot run code."""
-    with reading(path), np.load(path, allow_pickle=False) as z:
-        fmt = z["format"].item() if "format" in z.files else b"?"
-        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
-        if fmt != "csr" or not {"indptr", "indices", "data", "shape"} <= set(z.files):
-            raise DatasetError(f"{path}: expected a CSR matrix saved by scipy.sparse.save_npz, got format {fmt!r} "
-                               f"with keys {sorted(z.files)}; save it with scipy.sparse.save_npz(path, m.tocsr())")
-        return {f"x_{k}": np.asarray(z[k]) for k in ("indptr", "indices", "data", "shape")}
+    z = read_npz(path, ("format", "indptr", "indices", "data", "shape"))
+    fmt = z["format"].item() if "format" in z and z["format"].size == 1 else b"?"
+    fmt = fmt.decode(errors="replace") if isinstance(fmt, bytes) else str(fmt)
+    if fmt != "csr" or not {"indptr", "indices", "data", "shape"} <= set(z):
+        raise DatasetError(f"{path}: expected a CSR matrix saved by scipy.sparse.save_npz, got format {fmt!r} "
+                           f"with keys {sorted(npz_keys(path))}; save it with scipy.sparse.save_npz(path, m.tocsr())")
+    return {f"x_{k}": z[k] for k in ("indptr", "indices", "data", "shape")}
 
 
 def byo_features(a: dict, where: str) -> torch.Tensor:
@@ -376,6 +519,17 @@ def byo_features(a: dict, where: str) -> torch.Tensor:
         shape = np.asarray(a["x_shape"])
         if shape.shape != (2,) or not np.issubdtype(shape.dtype, np.integer):
             raise DatasetError(f"{where}: 'x_shape' must be two integers (N, F), got {shape!r}")
+        if shape.min() < 0:
+            raise DatasetError(f"{where}: 'x_shape' must be two sizes (N, F) >= 0, got {shape.tolist()}")
+        if shape[1] == 0:
+            raise DatasetError(f"{where}: 'x_shape' says 0 columns: the features are empty; give at least one "
+                               "feature per vertex (a column of ones when the graph has none)")
+        fix = "x_shape must be the matrix's (N, F); the file is corrupt or the shape wrong"
+        check_declared_size(where, "'x_shape' rows (N, row pointers)", int(shape[0]) + 1, 8, fix=fix,
+                            error=DatasetError)
+        check_declared_size(where, "'x_shape' columns (F, at least one weight each)", int(shape[1]), 4, fix=fix,
+                            error=DatasetError)
+        _numbers(where, "x_data", a["x_data"], "iufb")
         try:
             return csr_matrix(*(torch.from_numpy(np.ascontiguousarray(a[k])) for k in SPARSE_X_KEYS[:3]),
                               shape.tolist(), f"{where}: sparse features")
@@ -384,9 +538,14 @@ def byo_features(a: dict, where: str) -> torch.Tensor:
     if "x" not in a:
         raise DatasetError(f"{where}: missing key 'x' (an (N, F) float array of node features), or the sparse "
                            f"form {', '.join(SPARSE_X_KEYS)}; see scalegnn/datasets/README.md")
-    x = np.asarray(a["x"], dtype=np.float32)
+    x = _numbers(where, "x", a["x"], "iufb")
     if x.ndim != 2:
         raise DatasetError(f"{where}: 'x' must be (N, F), got shape {x.shape}")
+    if x.shape[1] == 0 and x.shape[0]:
+        raise DatasetError(f"{where}: 'x' has 0 columns: the features are empty; give at least one feature per "
+                           "vertex (a column of ones when the graph has none)")
+    x = np.asarray(x, dtype=np.float32)
+    _finite(where, "x", x, "clean or impute the features first")
     return torch.from_numpy(x)
 
 
@@ -400,8 +559,8 @@ def _byo_split(a: dict, where: str, n: int, split: str, keys: tuple[str, ...]) -
         )
     v = np.asarray(a[key])
     if key.endswith("_mask"):
-        if v.shape != (n,):
-            raise DatasetError(f"{where}: '{key}' must be a ({n},) bool array, got shape {v.shape}")
+        if v.shape != (n,) or not (v.dtype.kind == "b" or (v.dtype.kind in "iu" and np.isin(v, (0, 1)).all())):
+            raise DatasetError(f"{where}: '{key}' must be a ({n},) bool array, got {v.dtype} of shape {v.shape}")
         v = np.flatnonzero(v.astype(bool))
     return torch.from_numpy(np.sort(vertex_ids(where, key, v).reshape(-1)))
 
@@ -409,25 +568,42 @@ def _byo_split(a: dict, where: str, n: int, split: str, keys: tuple[str, ...]) -
 def byo_labels(y, where: str, what: str, n: int | None, num_classes=None) -> tuple[np.ndarray, int]:
     """(labels, number of classes) of a label array: (N,) class ids, -1 or NaN for
     unlabeled, or an (N, C) multi-hot matrix; ``n`` the rows it must have (None: any)."""
-    y = np.asarray(y)
+    y = _numbers(where, what.strip("'"), y, "iuf" if np.ndim(y) == 1 else "iufb")
     if y.ndim not in (1, 2) or (n is not None and y.shape[0] != n):
         rows = "N" if n is None else n
         raise DatasetError(f"{where}: {what} must be ({rows},) or ({rows}, C) to match the features, got shape "
                            f"{y.shape}")
     if y.shape[0] == 0:
         raise DatasetError(f"{where}: {what} is empty (0 rows); give one label per vertex (-1 for unlabeled)")
+    n = y.shape[0]
     if y.ndim == 1:
         if np.issubdtype(y.dtype, np.floating):
+            if np.isinf(y).any():
+                raise DatasetError(f"{where}: {what} holds inf; class ids are integers, -1 (or NaN) for unlabeled")
             if np.any(np.isfinite(y) & (y != np.round(y))):
                 raise DatasetError(f"{where}: {what} holds non-integer class ids; use an (N, C) array for multi-label")
             y = np.where(np.isnan(y), -1, y)
         y = y.astype(np.int64)
+        if y.min() < -1:
+            raise DatasetError(f"{where}: {what} holds class id {int(y.min())}; class ids are 0..C-1, -1 for "
+                               "unlabeled")
         if not (y >= 0).any():
             raise DatasetError(f"{where}: every entry of {what} is -1 or NaN, so no vertex is labeled; "
                                "node classification needs labeled vertices")
-        return y, int(num_classes) if num_classes is not None else int(y.max()) + 1
+        check_declared_size(where, f"{what} (largest class id + 1 classes, N x C logits)", n * (int(y.max()) + 1), 4,
+                            fix="class ids must be 0..C-1 for the C classes (renumber them)", error=DatasetError)
+        return y, byo_num_classes(where, num_classes, n) if num_classes is not None else int(y.max()) + 1
+    if y.shape[1] == 0:
+        raise DatasetError(f"{where}: {what} has 0 columns; a multi-hot label matrix needs one column per class")
     y = y.astype(np.float32)
-    return y, int(num_classes) if num_classes is not None else y.shape[1]
+    _finite(where, what.strip("'"), y, "multi-hot labels are 0 or 1")
+    if y.min() < 0 or y.max() > 1:
+        raise DatasetError(f"{where}: {what} is a multi-hot (N, C) matrix but holds {y.min() if y.min() < 0 else y.max():g}; "
+                           "its entries must be 0 or 1 (or a probability in [0, 1])")
+    if num_classes is not None and byo_num_classes(where, num_classes, n) != y.shape[1]:
+        raise DatasetError(f"{where}: 'num_classes' = {int(np.asarray(num_classes).reshape(-1)[0])} but {what} has "
+                           f"{y.shape[1]} columns; drop 'num_classes' (it is C for a multi-hot y) or fix it")
+    return y, y.shape[1]
 
 
 def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0):
@@ -453,7 +629,7 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
                            "N >= 1 rows, one per vertex")
     y = need("y", f"an (N,) int array of classes with N={n}, -1 = unlabeled, or an (N, C) multi-hot array")
     y, num_classes = byo_labels(y, where, "'y'", n, a.get("num_classes"))
-    undirected = bool(a["undirected"]) if "undirected" in a else True
+    undirected = byo_undirected(where, a["undirected"]) if "undirected" in a else True
 
     if "edge_index" in a:
         ei = np.asarray(a["edge_index"])
@@ -468,6 +644,15 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
         if indptr.shape != (n + 1,):
             raise DatasetError(f"{where}: 'indptr' must be ({n + 1},) for N={n} rows of x, got shape {indptr.shape}")
         dst = vertex_ids(where, "indices", a["indices"])
+        if indptr[0] != 0:
+            raise DatasetError(f"{where}: 'indptr' must start at 0 (row 0's first entry), got {indptr[0]}; it is the "
+                               "row pointer array of a CSR matrix")
+        if (np.diff(indptr) < 0).any():
+            row = int(np.flatnonzero(np.diff(indptr) < 0)[0])
+            raise DatasetError(f"{where}: 'indptr' must be non-decreasing (row pointers), but indptr[{row + 1}] = "
+                               f"{indptr[row + 1]} < indptr[{row}] = {indptr[row]}")
+        if dst.ndim != 1:
+            raise DatasetError(f"{where}: 'indices' must be 1-D (nnz,), got shape {dst.shape}")
         if indptr[-1] != dst.shape[0]:
             raise DatasetError(f"{where}: indptr[-1]={indptr[-1]} but 'indices' has {dst.shape[0]} entries")
         src = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
@@ -483,7 +668,15 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
         indptr_t, indices_t, values_t, counts = undirected_csr(src, dst, n)
     else:
         keep = src != dst
-        w = np.asarray(a["values"], dtype=np.float32)[keep] if "values" in a else None
+        w = None
+        if "values" in a:
+            w = _numbers(where, "values", a["values"])
+            if w.shape != src.shape:
+                raise DatasetError(f"{where}: 'values' must hold one weight per edge ({src.size} entries, shape ({src.size},)), "
+                                   f"got shape {w.shape}")
+            w = w.astype(np.float32)
+            _finite(where, "values", w, "give every edge a finite weight")
+            w = w[keep]
         indptr_t, indices_t, values_t = csr_from_edges(src[keep], dst[keep], n, w)
         counts = {"input_edge_pairs": int(src.size), "self_loops_dropped": int((~keep).sum())}
 

@@ -31,6 +31,7 @@ import math
 import numpy as np
 import torch
 
+from scalegnn.fileio import check_declared_size
 from scalegnn.graph import random_split
 
 from ._core import SPLIT_FRACTIONS, DatasetError, featureless_graph, make_graph, rng_for, undirected_csr
@@ -53,6 +54,9 @@ def csbm(name: str, seed: int, n, avg_degree, classes, homophily, feature_dim, s
     _check(0 < avg_degree < n, name, f"avg_degree={avg_degree} must be in (0, n)")
     _check(feature_dim >= 1, name, f"feature_dim={feature_dim} must be >= 1")
     _check(signal >= 0, name, f"signal={signal} must be >= 0")
+    fix = "choose smaller parameters (or set $SCALEGNN_MEMORY_BUDGET on a larger machine)"
+    check_declared_size(name, "n x feature_dim (the features)", n * feature_dim, 4, fix=fix, error=DatasetError)
+    check_declared_size(name, "n x avg_degree (the edges)", int(n * avg_degree), 48, fix=fix, error=DatasetError)
 
     rng = rng_for(seed, "graph")
     y = rng.permutation(np.arange(n, dtype=np.int64) % classes)  # balanced classes
@@ -121,6 +125,9 @@ def rmat(name: str, seed: int, scale, edge_factor, a, b, c, d):
     _check(min(a, b, c, d) >= 0, name, f"a, b, c, d = {a}, {b}, {c}, {d} must be >= 0")
     _check(abs(a + b + c + d - 1.0) < 1e-6, name, f"a + b + c + d = {a + b + c + d:g} must be 1 (set all four)")
     n = 1 << scale
+    fix = "choose a smaller scale or edge_factor (or set $SCALEGNN_MEMORY_BUDGET on a larger machine)"
+    check_declared_size(name, "2**scale x edge_factor (the edges)", int(edge_factor * n), 48, fix=fix,
+                        error=DatasetError)
     rng = rng_for(seed, "graph")
     src, dst = rmat_edges(scale, int(edge_factor * n), a, b, c, rng)
     perm = rng_for(seed, "perm").permutation(n)

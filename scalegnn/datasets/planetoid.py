@@ -31,6 +31,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from scalegnn.fileio import check_declared_size
+
 from ._core import DatasetError, find_dir, make_graph, missing_files_error, reading, undirected_csr
 from .safe_pickle import PLANETOID_TYPES, load_pickle
 
@@ -69,6 +71,8 @@ def _matrix(path: Path, m, name: str) -> np.ndarray:
     with reading(path, _fix(name)):
         if isinstance(m, sp.csr_matrix):
             m.check_format(full_check=True)  # its arrays came from the file: validate before use
+            check_declared_size(str(path), f"its CSR matrix's shape {m.shape} (dense rows x columns)",
+                                m.shape[0] * m.shape[1], 4, fix=_fix(name), error=DatasetError)
             m = m.toarray()
         if not isinstance(m, np.ndarray) or m.ndim != 2 or m.dtype.hasobject:
             raise ValueError(f"expected a 2-D numeric matrix, got {type(m).__name__} {getattr(m, 'shape', '')}")
@@ -78,12 +82,15 @@ def _matrix(path: Path, m, name: str) -> np.ndarray:
 def _adjacency_lists(path: Path, graph, name: str) -> tuple[np.ndarray, np.ndarray]:
     """``graph`` ({vertex: [neighbors]}) as (src, dst) int64 arrays."""
     with reading(path, _fix(name)):
-        if not isinstance(graph, dict) or not all(
-            type(k) is int and isinstance(nb, list) and all(type(v) is int for v in nb) for k, nb in graph.items()
-        ):
+        if not isinstance(graph, dict) or not all(type(k) is int and isinstance(nb, list) for k, nb in graph.items()):
+            raise ValueError("expected a dict of vertex id -> list of neighbor ids (ints)")
+        # (A pickle whose rows share one memoized list was refused by load_pickle: expanded_size.)
+        if not all(type(v) is int for nb in graph.values() for v in nb):
             raise ValueError("expected a dict of vertex id -> list of neighbor ids (ints)")
         src = np.fromiter((k for k, nb in graph.items() for _ in nb), dtype=np.int64)
         dst = np.fromiter((v for nb in graph.values() for v in nb), dtype=np.int64)
+        if (src.size and src.min() < 0) or (dst.size and dst.min() < 0):
+            raise ValueError(f"a negative vertex id {min(src.min(), dst.min())}; ids are >= 0")
     return src, dst
 
 

@@ -101,10 +101,63 @@ def _run(path, file, admitted, what, fix, **kwargs):
         ) from None
 
 
+def expanded_size(obj) -> int:
+    """The container slots a walk over ``obj`` visits when every reference is followed: a list
+    shared by many rows counts once per row. A pickle stores a shared object once and
+    refers to it by its memo, so a small file can expand to billions of entries; this
+    counts them in time proportional to the distinct objects. A cycle counts as
+    unbounded."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def walk(o) -> int:
+        if isinstance(o, (list, tuple, dict, set, frozenset)) or (isinstance(o, np.ndarray) and o.dtype.hasobject) \
+                or isinstance(o, sp.spmatrix):
+            key = id(o)
+            if key in sizes:
+                return sizes[key]
+            if key in active:
+                raise OverflowError("a container holds itself")
+            active.add(key)
+            if isinstance(o, dict):
+                children = [*o.keys(), *o.values()]
+            elif isinstance(o, np.ndarray):
+                children = o.reshape(-1).tolist()
+            elif isinstance(o, sp.spmatrix):
+                children = list(vars(o).values())
+            else:
+                children = list(o)
+            total = len(children) + sum(walk(c) for c in children)
+            active.discard(key)
+            sizes[key] = total
+            return total
+        return 0  # a number, a string, a numeric array: its bytes are in the file
+
+    try:
+        return walk(obj)
+    except (OverflowError, RecursionError):
+        return 1 << 62
+
+
 def load_pickle(path: Path, admitted: dict, what: str, fix: str, encoding: str = "ASCII"):
-    """Unpickle ``path`` admitting only ``admitted`` globals (see module docstring)."""
+    """Unpickle ``path`` admitting only ``admitted`` globals (see module docstring); an
+    object that expands far beyond the file (shared, memoized containers, or a cycle)
+    is refused before anyone walks it (:func:`expanded_size`)."""
     with open(path, "rb") as f:
-        return _run(path, f, admitted, what, fix, encoding=encoding)
+        return _bounded(path, _run(path, f, admitted, what, fix, encoding=encoding), what, fix)
+
+
+def _bounded(path: Path, obj, what: str, fix: str):
+    """``obj``, unpickled from ``path``, unless it expands far beyond the file."""
+    size = Path(path).stat().st_size
+    entries = expanded_size(obj)
+    if entries >= 1 << 62:
+        raise DatasetError(f"{path}: its pickle holds a container that contains itself (a cycle), which "
+                           f"{what} never does; {fix}")
+    if entries > 4 * size + 100_000:  # a genuine file stores every entry (>= 1 byte each)
+        raise DatasetError(f"{path}: its pickle expands to {entries:,} entries from a {size:,}-byte file (the same "
+                           f"containers referenced over and over); {what} stores each entry; {fix}")
+    return obj
 
 
 def load_object_npy(path: Path, admitted: dict, what: str, fix: str) -> np.ndarray:
@@ -123,7 +176,7 @@ def load_object_npy(path: Path, admitted: dict, what: str, fix: str) -> np.ndarr
         if not dtype.hasobject:
             f.seek(0)
             return np.load(f, allow_pickle=False)
-        arr = _run(path, f, admitted, what, fix)
+        arr = _bounded(path, _run(path, f, admitted, what, fix), what, fix)
     if not isinstance(arr, np.ndarray) or arr.shape != tuple(shape):
         raise DatasetError(f"could not read {path}: its pickle is not the {shape} array its header announces; {fix}")
     return arr

@@ -17,6 +17,9 @@ from scalegnn.config import RunConfig, make_config
 from tests.files import schema_2_config
 from tests.runs import SMALL
 
+# What the trainer saves beside the step (scalegnn.trainer), the fields read_meta checks.
+META = {"record": {"run_id": "r", "epochs": []}, "epoch": 0, "steps_per_epoch": 1, "config": {}, "loop": {}}
+
 
 # ----------------------------------------------------------------------------- config
 def test_checkpoint_every_accepts_steps_and_durations():
@@ -44,7 +47,7 @@ def test_atomic_save_layout_weights_only_and_pruning(tmp_path):
     saver = ck.Checkpointer(CheckpointConfig(dir=str(tmp_path), every="1", keep=2))
     state = {"w": torch.arange(4.0), "opt": {"step": torch.tensor(3.0), "lr": [1e-3], "betas": (0.9, 0.99)}}
     for step in (1, 2, 3):
-        saver.save(step, state, {"record": {"run_id": "r"}, "epoch": 0})
+        saver.save(step, state, META)
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["step-000000002", "step-000000003"]  # keep=2
     latest = ck.latest(tmp_path)
     assert latest.name == "step-000000003"
@@ -57,7 +60,7 @@ def test_atomic_save_layout_weights_only_and_pruning(tmp_path):
     (tmp_path / "step-000000004").mkdir()
     torch.save({}, tmp_path / "step-000000004" / "rank-00000.pt")
     assert ck.latest(tmp_path).name == "step-000000003"
-    saver.save(5, state, {"record": {"run_id": "r"}, "epoch": 0})
+    saver.save(5, state, META)
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["step-000000003", "step-000000005"]
     assert ck.latest(tmp_path / "missing") is None
 
@@ -80,7 +83,7 @@ def test_interrupted_write_leaves_the_previous_file(tmp_path, monkeypatch):
 
 def test_corrupt_foreign_and_newer_checkpoints_are_refused_with_their_path(tmp_path):
     saver = ck.Checkpointer(CheckpointConfig(dir=str(tmp_path), every="1"))
-    path = saver.save(1, {"w": torch.ones(1)}, {"record": {"run_id": "r"}, "epoch": 0})
+    path = saver.save(1, {"w": torch.ones(1)}, META)
     rank_file = path / "rank-00000.pt"
     rank_file.write_bytes(rank_file.read_bytes()[:40])  # truncated
     with pytest.raises(CheckpointError, match=r"rank-00000.pt: cannot be read .*truncated, corrupt"):

@@ -1,0 +1,712 @@
+"""Hostile inputs as data: the table of bad inputs (and, in the same form, faults) that
+``tests/unit/test_hostile.py`` runs, one row per case, so that every bug found adds a
+row and the count grows.
+
+A :class:`Case` is: a name, its ``kind`` (``input``: a bad file, value or flag; ``fault``:
+something that happens to a running job, run by the fault suites), a ``category``, a
+``build`` function that writes whatever the case needs under a fresh folder and returns
+the ``scalegnn`` command line (run in-process through :func:`scalegnn.cli.main`), and
+``expect``: fragments the one-line error must hold (each naming the file, key or flag,
+or the fix). Pickle cases also name a canary file that a crafted payload would create
+if any code from the file ran.
+
+The runner asserts for every bad input: a non-zero exit, exactly one line on stderr
+(``scalegnn: error: ...``, no traceback), every fragment in it, and the canary absent.
+
+Categories: ``size`` (a declared size checked before memory is spent), ``value``
+(non-finite or out-of-range numbers), ``type`` (wrong dtype or shape), ``csr``
+(malformed row pointers and column ids), ``layout`` (another file layout, a missing or
+unknown key), ``flag`` (a command-line value), ``checkpoint`` (checkpoint metadata),
+``pickle`` (a crafted pickle: refused, no code run), ``text`` (edge-list and Matrix
+Market text).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tests.runs import TINY
+
+CANARY = "CANARY-code-ran"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    category: str
+    build: Callable[[Path], list[str]]
+    expect: tuple[str, ...]
+    kind: str = "input"  # or "fault" (the fault suites: signals, disks, locks, ports)
+    canary: bool = False  # a crafted payload would create <folder>/CANARY if it ran
+    notes: str = ""
+
+
+CASES: list[Case] = []
+
+
+def case(name: str, category: str, build, *expect: str, **kw) -> None:
+    CASES.append(Case(name, category, build, tuple(expect), **kw))
+
+
+# ---------------------------------------------------------------- builders
+N = 8
+
+
+def base_graph() -> dict:
+    """A valid bring-your-own graph: a ring of 8 vertices, 4 features, 3 classes."""
+    src = np.arange(N)
+    return {
+        "edge_index": np.stack([src, (src + 1) % N]).astype(np.int64),
+        "x": np.random.default_rng(0).standard_normal((N, 4)).astype(np.float32),
+        "y": (np.arange(N) % 3).astype(np.int64),
+    }
+
+
+_DROP = object()
+
+
+def _arrays(changes: dict) -> dict:
+    a = base_graph()
+    for key, value in changes.items():
+        if value is _DROP:
+            a.pop(key, None)
+        else:
+            a[key] = value
+    return a
+
+
+def info(tmp: Path, dataset: str) -> list[str]:
+    return ["data", "info", dataset, "--data-root", str(tmp)]
+
+
+def npz(**changes):
+    """Build: the base graph with ``changes`` (``_DROP`` removes a key) as ``npz:``."""
+    def build(tmp: Path) -> list[str]:
+        path = tmp / "g.npz"
+        np.savez(path, **_arrays(changes))
+        return info(tmp, f"npz:{path}")
+    return build
+
+
+def folder(**changes):
+    """Build: the same as ``dir:``, one ``<key>.npy`` per key."""
+    def build(tmp: Path) -> list[str]:
+        d = tmp / "g"
+        d.mkdir()
+        for key, value in _arrays(changes).items():
+            np.save(d / f"{key}.npy", value)
+        return info(tmp, f"dir:{d}")
+    return build
+
+
+def both(name: str, category: str, changes: dict, *expect: str) -> None:
+    """One case as ``npz:`` and one as ``dir:``."""
+    case(f"npz {name}", category, npz(**changes), *expect)
+    case(f"dir {name}", category, folder(**changes), *expect)
+
+
+def csr_parts(indptr, indices):
+    return {"edge_index": _DROP, "indptr": np.asarray(indptr), "indices": np.asarray(indices)}
+
+
+def sparse_x(indptr=None, indices=None, data=None, shape=None, drop=()):
+    """Sparse features (the four ``x_*`` arrays) of a diagonal 8 x 4 matrix, some replaced."""
+    parts = {"x": _DROP,
+             "x_indptr": np.arange(N + 1, dtype=np.int64) if indptr is None else np.asarray(indptr),
+             "x_indices": (np.arange(N) % 4).astype(np.int64) if indices is None else np.asarray(indices),
+             "x_data": np.ones(N, dtype=np.float32) if data is None else np.asarray(data),
+             "x_shape": np.array([N, 4]) if shape is None else np.asarray(shape)}
+    for key in drop:
+        parts[key] = _DROP
+    return parts
+
+
+def write(name: str, content, dataset: str):
+    """Build: one file ``name`` (text or bytes) and the dataset ``dataset`` (``{path}`` filled in)."""
+    def build(tmp: Path) -> list[str]:
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+        return info(tmp, dataset.format(path=path))
+    return build
+
+
+def beside(kind: str, array, graph: str = "1 2\n2 3\n3 4\n4 5\n5 6\n6 7\n7 0\n0 1\n"):
+    """Build: an edge list with a features or labels file beside it."""
+    def build(tmp: Path) -> list[str]:
+        path = tmp / "g.txt"
+        path.write_text(graph)
+        np.save(tmp / f"g.{kind}.npy", array)
+        return info(tmp, f"edgelist:{path}")
+    return build
+
+
+class _Payload:
+    """Pickles as a call of ``os.system`` that would create the canary file."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.folder / CANARY}",)
+
+
+# ---------------------------------------------------------------- bring your own arrays
+# features
+both("x of strings", "type", {"x": np.array([["a"] * 4] * N)}, "'x'", "numbers")
+both("x with 0 columns", "size", {"x": np.zeros((N, 0), np.float32)}, "'x'", "0 columns")
+both("x complex", "type", {"x": np.ones((N, 4), np.complex64)}, "'x'", "complex")
+both("x with NaN", "value", {"x": np.full((N, 4), np.nan, np.float32)}, "NaN")
+both("x with inf", "value", {"x": np.full((N, 4), np.inf, np.float32)}, "NaN or inf")
+both("x 1-D", "type", {"x": np.ones(N, np.float32)}, "'x'", "(N, F)")
+both("x 3-D", "type", {"x": np.ones((N, 2, 2), np.float32)}, "'x'", "(N, F)")
+both("x 0 rows", "size", {"x": np.zeros((0, 4), np.float32)}, "'x'", "0 rows")
+both("x rows != y rows", "type", {"x": np.ones((N + 2, 4), np.float32)}, "'y'", "shape")
+both("x of timestamps", "type", {"x": np.zeros((N, 4), "datetime64[s]")}, "'x'", "numbers")
+both("x void bytes", "type", {"x": np.zeros((N, 4), "V4")}, "'x'", "numbers")
+# labels
+both("y of strings", "type", {"y": np.array(["a"] * N)}, "'y'", "numbers")
+both("y fractional", "value", {"y": np.linspace(0, 1, N)}, "'y'", "non-integer")
+both("y complex", "type", {"y": np.ones(N, np.complex64)}, "'y'", "complex")
+both("y below -1", "value", {"y": np.full(N, -5)}, "'y'", "-5")
+both("y all unlabeled", "value", {"y": np.full(N, -1)}, "'y'", "no vertex is labeled")
+both("y 3-D", "type", {"y": np.zeros((N, 2, 2))}, "'y'", "shape")
+both("y wrong length", "type", {"y": np.zeros(N + 3, np.int64)}, "'y'", "shape")
+both("y inf", "value", {"y": np.full(N, np.inf)}, "'y'", "inf")
+both("multi-hot y with NaN", "value", {"y": np.where(np.eye(N, 3) > 0, np.nan, 0)}, "'y'", "NaN")
+both("multi-hot y with inf", "value", {"y": np.where(np.eye(N, 3) > 0, np.inf, 0)}, "'y'", "inf")
+both("multi-hot y with 2", "value", {"y": np.eye(N, 3) * 2}, "'y'", "0 or 1")
+both("multi-hot y with -1", "value", {"y": -np.eye(N, 3)}, "'y'", "0 or 1")
+both("multi-hot y 0 columns", "size", {"y": np.zeros((N, 0))}, "'y'", "0 columns")
+both("y bool", "type", {"y": np.ones(N, bool)}, "'y'", "bool")
+both("y huge class id", "size", {"y": np.array([10**12] + [0] * (N - 1))}, "'y'", "budget")
+# num_classes
+both("num_classes vector", "type", {"num_classes": np.array([3, 4])}, "'num_classes'", "one integer")
+both("num_classes 3.7", "type", {"num_classes": np.array(3.7)}, "'num_classes'", "3.7")
+both("num_classes 1e12", "size", {"num_classes": np.array(10**12)}, "'num_classes'", "budget")
+both("num_classes 0", "value", {"num_classes": np.array(0)}, "'num_classes'", ">= 1")
+both("num_classes -3", "value", {"num_classes": np.array(-3)}, "'num_classes'", ">= 1")
+both("num_classes string", "type", {"num_classes": np.array("3")}, "'num_classes'", "one integer")
+both("num_classes NaN", "type", {"num_classes": np.array(np.nan)}, "'num_classes'", "nan")
+both("num_classes below max(y)+1", "value", {"num_classes": np.array(2)}, "num_classes", "label 2")
+both("num_classes bool", "type", {"num_classes": np.array(True)}, "'num_classes'", "one integer")
+both("num_classes != multi-hot columns", "value", {"y": np.eye(N, 3), "num_classes": np.array(5)},
+     "'num_classes'", "3 columns")
+# undirected
+both("undirected vector", "type", {"undirected": np.array([True, False])}, "'undirected'", "one boolean")
+both("undirected 'false'", "type", {"undirected": np.array("false")}, "'undirected'", "one boolean")
+both("undirected 2", "value", {"undirected": np.array(2)}, "'undirected'", "one boolean")
+both("undirected 0.5", "value", {"undirected": np.array(0.5)}, "'undirected'", "one boolean")
+both("undirected NaN", "value", {"undirected": np.array(np.nan)}, "'undirected'", "one boolean")
+# edge_index
+both("edge_index strings", "type", {"edge_index": np.array([["0", "1"], ["1", "2"]])}, "'edge_index'", "dtype")
+both("edge_index fractional", "value", {"edge_index": np.array([[0.5, 1], [1, 2]])}, "'edge_index'", "non-integer")
+both("edge_index NaN", "value", {"edge_index": np.array([[np.nan, 1], [1, 2]])}, "'edge_index'", "non-integer")
+both("edge_index negative", "value", {"edge_index": np.array([[-1, 1], [1, 2]])}, "edge", "[0, 8)")
+both("edge_index out of range", "value", {"edge_index": np.array([[0, 1], [1, 99]])}, "edge", "[0, 8)")
+both("edge_index 3 rows", "type", {"edge_index": np.zeros((3, 5), np.int64)}, "'edge_index'", "(2, E)")
+both("edge_index 1-D", "type", {"edge_index": np.zeros(6, np.int64)}, "'edge_index'", "(2, E)")
+both("edge_index complex", "type", {"edge_index": np.ones((2, 3), np.complex64)}, "'edge_index'", "dtype")
+both("edge_index bool", "type", {"edge_index": np.ones((2, 3), bool)}, "'edge_index'", "dtype")
+both("edge_index 2**62", "value", {"edge_index": np.array([[0, 2**62], [1, 2]])}, "edge", "[0, 8)")
+both("edge_index 3-D", "type", {"edge_index": np.zeros((2, 2, 2), np.int64)}, "'edge_index'", "(2, E)")
+# CSR adjacency
+both("indptr decreasing", "csr", csr_parts([0, 2, 1, 3, 3, 3, 3, 3, 3], [1, 2, 3]), "'indptr'",
+     "non-decreasing")
+both("indptr not from 0", "csr", csr_parts([1, 2, 3, 3, 3, 3, 3, 3, 3], [1, 2, 3]), "'indptr'", "start at 0")
+both("indptr wrong length", "csr", csr_parts([0, 1, 2], [1, 2]), "'indptr'", "(9,)")
+both("indptr end != nnz", "csr", csr_parts([0, 1, 2, 3, 3, 3, 3, 3, 5], [1, 2, 3]), "indptr[-1]", "'indices'")
+both("indptr fractional", "csr", csr_parts(np.array([0, 1.5, 2, 3, 3, 3, 3, 3, 3]), [1, 2, 3]), "'indptr'",
+     "non-integer")
+both("indptr 2-D", "csr", csr_parts(np.zeros((3, 3), np.int64), [1, 2, 3]), "'indptr'", "(9,)")
+both("indptr strings", "csr", csr_parts(np.array(["0"] * 9), [1, 2, 3]), "'indptr'", "dtype")
+both("indices out of range", "csr", csr_parts([0, 1, 2, 3, 3, 3, 3, 3, 3], [1, 2, 30]), "[0, 8)")
+both("indices negative", "csr", csr_parts([0, 1, 2, 3, 3, 3, 3, 3, 3], [1, -2, 3]), "[0, 8)")
+both("indptr without indices", "layout", {"edge_index": _DROP, "indptr": np.arange(N + 1)}, "'indices'")
+both("indptr negative", "csr", csr_parts([0, -1, 2, 3, 3, 3, 3, 3, 3], [1, 2, 3]), "'indptr'", "non-decreasing")
+# edge weights (kept with undirected=False)
+both("values wrong length", "type", {"undirected": np.array(False), "values": np.ones(3, np.float32)},
+     "'values'", "8 entries")
+both("values NaN", "value", {"undirected": np.array(False), "values": np.full(N, np.nan)}, "'values'", "NaN")
+both("values inf", "value", {"undirected": np.array(False), "values": np.full(N, np.inf)}, "'values'", "NaN or inf")
+both("values strings", "type", {"undirected": np.array(False), "values": np.array(["1"] * N)}, "'values'",
+     "numbers")
+both("values 2-D", "type", {"undirected": np.array(False), "values": np.ones((N, 2))}, "'values'", "8 entries")
+both("values complex", "type", {"undirected": np.array(False), "values": np.ones(N, np.complex64)}, "'values'",
+     "complex")
+# sparse features
+both("x_shape 1e12 columns", "size", sparse_x(shape=[N, 10**12]), "x_shape", "budget")
+both("x_shape 1e12 rows", "size", sparse_x(shape=[10**12, 4]), "x_shape", "budget")
+both("x_shape negative", "value", sparse_x(shape=[N, -4]), "x_shape", "two sizes")
+both("x_shape three entries", "type", sparse_x(shape=[N, 4, 1]), "x_shape", "two integers")
+both("x_shape float", "type", sparse_x(shape=np.array([8.0, 4.0])), "x_shape", "two integers")
+both("x_shape 0 columns", "size", sparse_x(shape=[N, 0], indices=np.zeros(0, np.int64),
+                                           indptr=np.zeros(N + 1, np.int64), data=np.zeros(0, np.float32)),
+     "0 columns")
+both("x_indptr decreasing", "csr", sparse_x(indptr=[0, 2, 1, 3, 4, 5, 6, 7, 8]), "'indptr'", "without decreasing")
+both("x_indices out of range", "csr", sparse_x(indices=np.full(N, 7)), "column id 7", "[0, 4)")
+both("x_data NaN", "value", sparse_x(data=np.full(N, np.nan, np.float32)), "NaN or inf")
+both("x_data strings", "type", sparse_x(data=np.array(["1"] * N)), "'x_data'", "numbers")
+both("x_data complex", "type", sparse_x(data=np.ones(N, np.complex64)), "'x_data'", "complex")
+both("sparse x without x_data", "layout", sparse_x(drop=("x_data",)), "missing x_data")
+both("sparse x and dense x", "layout", {**sparse_x(), "x": np.ones((N, 4), np.float32)}, "both 'x'")
+both("x_indptr float", "csr", sparse_x(indptr=np.arange(N + 1) * 1.0), "'indptr'", "integers")
+# splits
+_SPLIT = {"train_idx": np.array([0, 1, 2]), "val_idx": np.array([3, 4]), "test_idx": np.array([5, 6, 7])}
+both("train_idx out of range", "value", {**_SPLIT, "train_idx": np.array([0, 99])}, "train_idx", "[0, 8)")
+both("train_idx negative", "value", {**_SPLIT, "train_idx": np.array([-1, 2])}, "train_idx", "[0, 8)")
+both("train_idx fractional", "value", {**_SPLIT, "train_idx": np.array([0.5, 2])}, "'train_idx'", "non-integer")
+both("train_idx strings", "type", {**_SPLIT, "train_idx": np.array(["0", "1"])}, "'train_idx'", "dtype")
+both("only one split", "layout", {"train_idx": np.array([0, 1])}, "'val_idx'", "all three splits")
+both("train_mask wrong length", "type", {"train_mask": np.ones(3, bool), "val_mask": np.ones(N, bool),
+                                         "test_mask": np.ones(N, bool)}, "'train_mask'", "(8,)")
+both("empty test split", "value", {**_SPLIT, "test_idx": np.zeros(0, np.int64)}, "test_idx is empty")
+both("train vertex unlabeled", "value", {**_SPLIT, "y": np.array([-1, 1, 2, 0, 1, 2, 0, 1])}, "train_idx",
+     "unlabeled")
+both("train_mask of 2s", "value", {"train_mask": np.full(N, 2), "val_mask": np.ones(N, bool),
+                                   "test_mask": np.ones(N, bool)}, "'train_mask'", "bool")
+# layouts
+both("no edges at all", "layout", {"edge_index": _DROP}, "'edge_index'", "'indptr'")
+both("no y", "layout", {"y": _DROP}, "'y'")
+both("no x", "layout", {"x": _DROP}, "'x'")
+
+_PPNP = {"adj_matrix.data": np.ones(3, np.float32), "adj_matrix.indices": np.array([1, 2, 0]),
+         "adj_matrix.indptr": np.array([0, 1, 2, 3]), "adj_matrix.shape": np.array([3, 3]),
+         "attr_matrix.data": np.ones(3, np.float32), "attr_matrix.indices": np.array([0, 1, 2]),
+         "attr_matrix.indptr": np.array([0, 1, 2, 3]), "attr_matrix.shape": np.array([3, 3]),
+         "labels": np.array([0, 1, 0]), "idx_to_node": np.array([{"a": 1}], dtype=object),
+         "class_names": np.array(["x", "y"], dtype=object)}
+
+
+def _npz_of(arrays: dict):
+    def build(tmp: Path) -> list[str]:
+        path = tmp / "g.npz"
+        np.savez(path, **arrays)
+        return info(tmp, f"npz:{path}")
+    return build
+
+
+case("npz in PPNP's layout (adj_matrix.*, attr_matrix.*, pickled metadata)", "layout", _npz_of(_PPNP),
+     "expected keys", "adj_matrix.data", "found")
+case("npz with only unknown keys", "layout", _npz_of({"a": np.ones(3), "b": np.ones(3)}), "expected keys",
+     "found: a, b")
+case("npz with an object array under a known key", "pickle",
+     lambda tmp: _npz_of({**base_graph(), "y": np.array([_Payload(tmp)], dtype=object)})(tmp), "'y'", "pickled",
+     canary=True)
+case("empty npz", "layout", _npz_of({}), "expected keys")
+case("npz of random bytes", "layout", write("g.npz", os.urandom(256), "npz:{path}"), "g.npz")
+case("npz truncated", "layout", lambda tmp: _truncated_npz(tmp), "g.npz")
+case("npz with an npy header claiming 1e12 rows", "size", lambda tmp: _npz_bomb(tmp), "'x'", "declares")
+case("dir: .npy header claiming 1e12 rows", "size", lambda tmp: _npy_bomb(tmp), "x.npy", "declares")
+case("dir: empty folder", "layout", lambda tmp: info(tmp, f"dir:{(tmp / 'e').mkdir() or tmp / 'e'}"),
+     "none of the expected files")
+case("dir: x.npy of a pickled object", "pickle", lambda tmp: _dir_pickle(tmp), "x.npy", "pickled", canary=True)
+case("npz zip bomb (member declares 1e12 bytes)", "size", lambda tmp: _zip_bomb(tmp), "declares")
+
+
+def _truncated_npz(tmp: Path) -> list[str]:
+    path = tmp / "g.npz"
+    np.savez(path, **base_graph())
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return info(tmp, f"npz:{path}")
+
+
+def _npy_header(shape, dtype="<f4") -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": dtype, "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+def _npz_bomb(tmp: Path) -> list[str]:
+    import zipfile
+
+    path = tmp / "g.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        for key, value in base_graph().items():
+            if key == "x":
+                z.writestr("x.npy", _npy_header((10**12, 4)) + b"\0" * 64)
+            else:
+                import io
+
+                buf = io.BytesIO()
+                np.save(buf, value)
+                z.writestr(f"{key}.npy", buf.getvalue())
+    return info(tmp, f"npz:{path}")
+
+
+def _npy_bomb(tmp: Path) -> list[str]:
+    d = tmp / "g"
+    d.mkdir()
+    for key, value in base_graph().items():
+        np.save(d / f"{key}.npy", value)
+    (d / "x.npy").write_bytes(_npy_header((10**12, 4)) + b"\0" * 64)
+    return info(tmp, f"dir:{d}")
+
+
+def _zip_bomb(tmp: Path) -> list[str]:
+    import zipfile
+
+    path = tmp / "g.npz"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for key, value in base_graph().items():
+            import io
+
+            buf = io.BytesIO()
+            np.save(buf, value)
+            z.writestr(f"{key}.npy", buf.getvalue())
+    # Patch the central directory's uncompressed size of the first member to 1e12 - 1.
+    data = bytearray(path.read_bytes())
+    at = data.rfind(b"PK\x01\x02")
+    first = data.find(b"PK\x01\x02")
+    assert at >= 0 and first >= 0
+    import struct
+
+    data[first + 24: first + 28] = struct.pack("<I", 0xFFFFFFFE)
+    path.write_bytes(bytes(data))
+    return info(tmp, f"npz:{path}")
+
+
+def _dir_pickle(tmp: Path) -> list[str]:
+    d = tmp / "g"
+    d.mkdir()
+    for key, value in base_graph().items():
+        np.save(d / f"{key}.npy", value)
+    np.save(d / "x.npy", np.array([_Payload(tmp)], dtype=object), allow_pickle=True)
+    return info(tmp, f"dir:{d}")
+
+
+def _dir_sparse_x(**members):
+    """Build: ``dir:`` whose features are ``x.npz`` (scipy.sparse.save_npz's keys), some
+    members replaced (bytes: the raw member written as is)."""
+    def build(tmp: Path) -> list[str]:
+        import io
+        import zipfile
+
+        d = tmp / "g"
+        d.mkdir()
+        for key, value in base_graph().items():
+            if key != "x":
+                np.save(d / f"{key}.npy", value)
+        parts = {"format": np.array(b"csr"), "shape": np.array([N, 4]), "indptr": np.arange(N + 1),
+                 "indices": np.arange(N) % 4, "data": np.ones(N, np.float32)}
+        parts.update(members)
+        with zipfile.ZipFile(d / "x.npz", "w") as z:
+            for key, value in parts.items():
+                if isinstance(value, bytes):
+                    z.writestr(f"{key}.npy", value)
+                    continue
+                buf = io.BytesIO()
+                np.save(buf, value, allow_pickle=True)
+                z.writestr(f"{key}.npy", buf.getvalue())
+        return info(tmp, f"dir:{d}")
+    return build
+
+
+case("dir: x.npz in COO format", "layout", _dir_sparse_x(format=np.array(b"coo")), "x.npz", "save_npz")
+case("dir: x.npz without data", "layout", lambda tmp: _drop_member(tmp), "x.npz", "save_npz")
+case("dir: x.npz member header claiming 1e12 entries", "size",
+     _dir_sparse_x(data=_npy_header((10**12,)) + b"\0" * 64), "x.npz", "declares")
+case("dir: x.npz with a pickled member", "pickle",
+     lambda tmp: _dir_sparse_x(data=np.array([_Payload(tmp)], dtype=object))(tmp), "x.npz", "pickled", canary=True)
+case("dir: x.npz shape 1e12 columns", "size", _dir_sparse_x(shape=np.array([N, 10**12])), "x_shape", "budget")
+case("dir: x.npz data NaN", "value", _dir_sparse_x(data=np.full(N, np.nan, np.float32)), "NaN or inf")
+case("dir: x.npz of random bytes", "layout", lambda tmp: _random_x_npz(tmp), "x.npz")
+
+
+def _drop_member(tmp: Path) -> list[str]:
+    argv = _dir_sparse_x()(tmp)
+    import zipfile
+
+    src = tmp / "g" / "x.npz"
+    data = {n: zipfile.ZipFile(src).read(n) for n in zipfile.ZipFile(src).namelist() if n != "data.npy"}
+    with zipfile.ZipFile(src, "w") as z:
+        for n, b in data.items():
+            z.writestr(n, b)
+    return argv
+
+
+def _random_x_npz(tmp: Path) -> list[str]:
+    argv = _dir_sparse_x()(tmp)
+    (tmp / "g" / "x.npz").write_bytes(os.urandom(200))
+    return argv
+
+
+# ---------------------------------------------------------------- node data beside a graph file
+case("features beside: 0 columns", "size", beside("features", np.zeros((N, 0), np.float32)), "features", "0 columns")
+case("features beside: strings", "type", beside("features", np.array([["a"]] * N)), "features", "numbers")
+case("features beside: NaN", "value", beside("features", np.full((N, 3), np.nan, np.float32)), "NaN")
+case("features beside: complex", "type", beside("features", np.ones((N, 3), np.complex64)), "features", "complex")
+case("features beside: 1-D", "type", beside("features", np.ones(N, np.float32)), "features", "(N, F)")
+case("features beside: too few rows", "value", beside("features", np.ones((3, 2), np.float32)), "vertex id",
+     "3 rows")
+case("features beside: header claiming 1e12 rows", "size",
+     lambda tmp: _beside_bomb(tmp), "declares")
+case("labels beside: strings", "type", beside("labels", np.array(["a"] * N)), "labels", "numbers")
+case("labels beside: fractional", "value", beside("labels", np.linspace(0, 1, N)), "labels", "non-integer")
+case("labels beside: NaN multi-hot", "value", beside("labels", np.where(np.eye(N, 3) > 0, np.nan, 0)), "labels",
+     "NaN")
+case("labels beside: 3-D", "type", beside("labels", np.zeros((N, 2, 2))), "labels", "shape")
+case("labels beside: all -1", "value", beside("labels", np.full(N, -1)), "labels", "no vertex is labeled")
+case("labels beside: object array", "pickle",
+     lambda tmp: _beside_pickle(tmp), "labels.npy", "pickled", canary=True)
+
+
+def _beside_bomb(tmp: Path) -> list[str]:
+    path = tmp / "g.txt"
+    path.write_text("0 1\n1 2\n")
+    (tmp / "g.features.npy").write_bytes(_npy_header((10**12, 4)) + b"\0" * 64)
+    return info(tmp, f"edgelist:{path}")
+
+
+def _beside_pickle(tmp: Path) -> list[str]:
+    path = tmp / "g.txt"
+    path.write_text("0 1\n1 2\n")
+    np.save(tmp / "g.labels.npy", np.array([_Payload(tmp)], dtype=object), allow_pickle=True)
+    return info(tmp, f"edgelist:{path}")
+
+
+# ---------------------------------------------------------------- Matrix Market and edge lists
+MTX = "%%MatrixMarket matrix coordinate pattern general\n"
+case("mtx header claiming 1e12 rows (60 bytes)", "size",
+     write("g.mtx", MTX + "1000000000000 1000000000000 1\n1 2\n", "mtx:{path}"), "g.mtx", "rows", "declares")
+case("mtx header claiming 1e12 entries", "size",
+     write("g.mtx", MTX + "4 4 1000000000000\n1 2\n", "mtx:{path}"), "g.mtx", "entries", "declares")
+case("mtx header claiming more entries than lines", "size",
+     write("g.mtx", MTX + "4 4 5000\n1 2\n2 3\n", "mtx:{path}"), "g.mtx", "entries")
+case("mtx non-square", "type", write("g.mtx", MTX + "3 4 1\n1 2\n", "mtx:{path}"), "g.mtx", "square")
+case("mtx negative size", "value", write("g.mtx", MTX + "-3 -3 1\n1 2\n", "mtx:{path}"), "g.mtx")
+case("mtx array format", "layout",
+     write("g.mtx", "%%MatrixMarket matrix array real general\n2 2\n1\n2\n3\n4\n", "mtx:{path}"), "g.mtx",
+     "coordinate")
+case("mtx garbage header", "layout", write("g.mtx", "hello world\n1 2\n", "mtx:{path}"), "g.mtx")
+case("mtx entry out of range", "value", write("g.mtx", MTX + "3 3 1\n1 9\n", "mtx:{path}"), "g.mtx")
+case("mtx entry 0 (1-based)", "value", write("g.mtx", MTX + "3 3 1\n0 1\n", "mtx:{path}"), "g.mtx")
+case("mtx fractional index", "value", write("g.mtx", MTX + "3 3 1\n1.5 2\n", "mtx:{path}"), "g.mtx")
+case("mtx too few entries", "layout", write("g.mtx", MTX + "3 3 3\n1 2\n", "mtx:{path}"), "g.mtx")
+case("mtx empty file", "layout", write("g.mtx", "", "mtx:{path}"), "g.mtx")
+case("mtx binary junk", "layout", write("g.mtx", os.urandom(300), "mtx:{path}"), "g.mtx")
+case("mtx header of words", "layout", write("g.mtx", MTX + "three three one\n1 2\n", "mtx:{path}"), "g.mtx")
+case("edge list of words", "text", write("g.txt", "a b\nc d\ne f\n", "edgelist:{path}"), "g.txt", "line")
+case("edge list negative id", "value", write("g.txt", "0 1\n-4 2\n", "edgelist:{path}"), "g.txt", "negative")
+case("edge list empty", "text", write("g.txt", "", "edgelist:{path}"), "g.txt", "no edges")
+case("edge list one column", "text", write("g.txt", "1\n2\n3\n", "edgelist:{path}"), "g.txt")
+case("edge list fractional ids", "text", write("g.txt", "0 1\n1.5 2\n", "edgelist:{path}"), "g.txt", "line")
+case("edge list only comments", "text", write("g.txt", "# a\n% b\n", "edgelist:{path}"), "g.txt", "no edges")
+case("edge list binary junk", "text", write("g.txt", bytes(range(256)) * 4, "edgelist:{path}"), "g.txt")
+case("edge list id 2**70", "value", write("g.txt", f"0 1\n1 {2**70}\n", "edgelist:{path}"), "g.txt", "line 2",
+     "64 bits")
+case("edgelist: missing file", "layout", lambda tmp: info(tmp, f"edgelist:{tmp / 'nope.txt'}"), "nope.txt")
+case("mtx: missing file", "layout", lambda tmp: info(tmp, f"mtx:{tmp / 'nope.mtx'}"), "nope.mtx")
+case("npz: missing file", "layout", lambda tmp: info(tmp, f"npz:{tmp / 'nope.npz'}"), "nope.npz")
+case("dir: missing folder", "layout", lambda tmp: info(tmp, f"dir:{tmp / 'nope'}"), "nope")
+
+
+# ---------------------------------------------------------------- Planetoid pickles
+def _planetoid(**replace):
+    """Build: a valid 6-vertex Planetoid copy ``ind.cora.*`` with some parts replaced
+    (a value: the object pickled; bytes: the file's content)."""
+    def build(tmp: Path) -> list[str]:
+        import scipy.sparse as sp
+
+        d = tmp / "planetoid_cora"
+        d.mkdir()
+        eye = np.eye(3, dtype=np.float32)
+        parts = {"x": sp.csr_matrix(np.ones((2, 3), np.float32)), "tx": sp.csr_matrix(np.ones((2, 3), np.float32)),
+                 "allx": sp.csr_matrix(np.ones((4, 3), np.float32)), "y": eye[:2], "ty": eye[:2],
+                 "ally": np.vstack([eye, eye[:1]]),
+                 "graph": {0: [1], 1: [2], 2: [3], 3: [4], 4: [5], 5: [0]}}
+        parts.update(replace)
+        for part, value in parts.items():
+            data = value if isinstance(value, bytes) else pickle.dumps(value, protocol=4)
+            (d / f"ind.cora.{part}").write_bytes(data)
+        (d / "ind.cora.test.index").write_text("4\n5\n")
+        return info(tmp, "cora")
+    return build
+
+
+def _memo_bomb() -> bytes:
+    """A graph dict whose 2,000 rows share one memoized list of 100,000 ids: 2e8 entries
+    from a file of a few hundred KiB (the issue's 2 MB file expanded to 2.7e9)."""
+    shared = list(range(100_000))
+    return pickle.dumps({i: shared for i in range(2_000)}, protocol=2)
+
+
+def _planetoid_payload(part: str):
+    def build(tmp: Path) -> list[str]:
+        argv = _planetoid()(tmp)
+        (tmp / "planetoid_cora" / f"ind.cora.{part}").write_bytes(pickle.dumps(_Payload(tmp), protocol=2))
+        return argv
+    return build
+
+
+case("Planetoid graph of memoized shared lists (pickle expansion)", "size", _planetoid(graph=_memo_bomb()),
+     "ind.cora.graph", "expands")
+case("Planetoid graph holding itself (a cyclic pickle)", "size", lambda tmp: _planetoid(graph=_cyclic())(tmp),
+     "ind.cora.graph",
+     "contains itself")
+case("Planetoid features CSR declaring 1e6 x 1e6 (dense 4 TB)", "size",
+     lambda tmp: _planetoid(allx=_big_csr())(tmp), "ind.cora.allx", "declares")
+for _part in ("graph", "x", "allx", "ty"):
+    case(f"Planetoid crafted ind.cora.{_part} (os.system)", "pickle", _planetoid_payload(_part),
+         f"ind.cora.{_part}", "refusing", canary=True)
+case("Planetoid graph of strings", "type", _planetoid(graph={0: ["a"]}), "ind.cora.graph", "dict")
+case("Planetoid graph a list", "type", _planetoid(graph=[1, 2, 3]), "ind.cora.graph", "dict")
+case("Planetoid ally of strings", "type", _planetoid(ally=np.array([["a"]] * 4)), "ind.cora.ally",
+     "not in the expected format")
+case("Planetoid truncated pickle", "layout", _planetoid(tx=pickle.dumps(np.ones(3))[:10]), "ind.cora.tx")
+case("Planetoid ty rows mismatch", "value", _planetoid(ty=np.eye(3, dtype=np.float32)), "ind.cora.ty", "rows")
+case("Planetoid random bytes", "layout", _planetoid(graph=os.urandom(64)), "ind.cora.graph")
+case("Planetoid graph negative id", "value", _planetoid(graph={0: [-5], 1: [0]}), "cora")
+
+
+def _cyclic() -> bytes:
+    row = [1]
+    row.append(row)
+    return pickle.dumps({0: row, 1: [0]}, protocol=2)
+
+
+def _big_csr():
+    import scipy.sparse as sp
+
+    return sp.csr_matrix((np.ones(1, np.float32), np.array([0]), np.r_[0, np.ones(10**6, np.int64)]),
+                         shape=(10**6, 10**6))
+
+
+# ---------------------------------------------------------------- flags of `scalegnn train`
+def train(*flags: str, dataset: str = TINY):
+    def build(tmp: Path) -> list[str]:
+        return ["train", "--dataset", dataset, "--data-root", str(tmp), "--epochs", "1", "--hidden", "8",
+                "--layers", "2", "--out", str(tmp / "runs"), "--quiet", *flags]
+    return build
+
+
+FLAG_CASES = [
+    (("--lr", "inf"), ("--lr", "finite")), (("--lr", "nan"), ("--lr", "finite")), (("--lr", "-inf"), ("--lr",)),
+    (("--lr", "0"), ("--lr", "> 0")), (("--lr", "-1"), ("--lr", "> 0")), (("--lr", "1e400"), ("--lr", "finite")),
+        (("--grad-clip", "nan"), ("--grad-clip", "finite")), (("--grad-clip", "inf"), ("--grad-clip", "finite")),
+    (("--grad-clip", "0"), ("--grad-clip", "> 0")), (("--grad-clip", "-1"), ("--grad-clip", "> 0")),
+    (("--weight-decay", "nan"), ("--weight-decay", "finite")),
+    (("--weight-decay", "inf"), ("--weight-decay", "finite")),
+    (("--weight-decay", "-1"), ("--weight-decay", ">= 0")),
+    (("--dropout", "nan"), ("dropout", "[0, 1)")), (("--dropout", "1"), ("dropout", "[0, 1)")),
+    (("--dropout", "-0.1"), ("dropout", "[0, 1)")), (("--dropout", "inf"), ("dropout", "[0, 1)")),
+    (("--hidden", "1000000000"), ("--hidden", "budget")), (("--hidden", "0"), ("hidden", ">= 1")),
+    (("--hidden", "-8"), ("hidden", ">= 1")), (("--hidden", "3000000"), ("--hidden", "budget")),
+    (("--layers", "0"), ("layers", ">= 1")), (("--layers", "-1"), ("layers", ">= 1")),
+    (("--layers", "100000000000"), ("--layers", "budget")),
+    (("--seed", str(2**64)), ("--seed", "2**63")), (("--seed", "-1"), ("--seed", "[0, 2**63)")),
+    (("--seed", str(2**63)), ("--seed", "2**63")),
+    (("--epochs", "0"), ("epochs", ">= 1")), (("--epochs", "-3"), ("epochs", ">= 1")),
+    (("--batch-size", "1"), ("batch size",)), (("--batch-size", "0"), ("batch",)),
+    (("--batch-size", "-5"), ("batch",)),
+    (("--batch-ratio", "nan"), ("--batch-ratio",)), (("--batch-ratio", "inf"), ("--batch-ratio",)),
+    (("--batch-ratio", "0"), ("--batch-ratio",)), (("--batch-ratio", "1.5"), ("--batch-ratio",)),
+    (("--collective-timeout", "nan"), ("--collective-timeout",)),
+    (("--collective-timeout", "inf"), ("--collective-timeout", "finite")),
+    (("--collective-timeout", "-1"), ("--collective-timeout", "> 0")),
+    (("--keep-checkpoints", "0"), ("--keep-checkpoints", ">= 1")),
+    (("--checkpoint-every", "10"), ("--checkpoint-every", "--checkpoint-dir")),
+    (("--resume",), ("--resume", "--checkpoint-dir")),
+    (("--nproc", "0"), ("--nproc", ">= 1")), (("--nproc", "-2"), ("--nproc", ">= 1")),
+    (("--device", "tpu"), ("--device",)), (("--backend", "nccl", "--device", "cpu"), ("--backend nccl",)),
+    (("--hidden", "2", "--grid", "1x4x1x1"), ("--hidden >= 4",)),
+    (("--dataset", "facebok"), ("facebok", "did you mean")),
+    (("--dataset", "csbm:n=abc"), ("csbm", "'abc'")),
+    (("--dataset", "csbm:n=1000000000000000"), ("csbm", "n")),
+    (("--dataset", "csbm:classes=1000000000000"), ("csbm", "classes")),
+    (("--dataset", "csbm:feature_dim=1000000000000"), ("csbm", "feature_dim")),
+    (("--dataset", "csbm:n=nan"), ("csbm", "n")),
+    (("--eval-every", "0"), ("eval",)),
+    (("--target-acc", "nan"), ("target",)), (("--target-acc", "2"), ("target",)),
+    (("--split", "random:0.9,0.9,0.9"), ("--split",)), (("--split", "random:nan,0.2,0.2"), ("--split",)),
+    (("--split", "random", "--split-seed", "-1"), ("--split-seed", ">= 0")),
+    (("--split-seed", "3"), ("--split-seed needs --split",)),
+    (("--eval-every", "-1"), ("eval_every", ">= 1")), (("--checkpoint-every", "0"), ("--checkpoint-every",)),
+    (("--checkpoint-every", "-5"), ("--checkpoint-every",)),
+    (("--batch-size", "100000000000000"), ("batch size", "N=400")),
+    (("--grid", "1x1x1x1000000000000"), ("grid axis z",)), (("--nproc", "1000000000"), ("--nproc 1000000000",)),
+    (("--permute", "bogus"), ("--permute",)), (("--system", "nope"), ("--system",)),
+    (("--comm-dtype", "bogus"), ("--comm-dtype",)), (("--target-acc", "-0.5"), ("--target-acc",)),
+    (("--collective-timeout", "1e400"), ("--collective-timeout", "finite")),
+    (("--threads", "0"), ("--threads",)), (("--threads", "-3"), ("--threads",)), (("--threads", "abc"), ("--threads",)),
+    (("--dataset", "csbm:signal=inf"), ("csbm", "signal")), (("--dataset", "csbm:avg_degree=inf"), ("avg_degree",)),
+    (("--dataset", "csbm:homophily=inf"), ("homophily",)), (("--dataset", "csbm:homophily=1.5"), ("homophily",)),
+    (("--dataset", "csbm:n=3,classes=2,avg_degree=2.5"), ("csbm", "empty")),
+    (("--dataset", "rmat:edge_factor=1000000000000"), ("rmat", "budget")),
+    (("--dataset", "rmat:scale=40"), ("rmat", "budget")), (("--dataset", "rmat:scale=41"), ("rmat", "scale")),
+    (("--dataset", "rmat:a=nan"), ("rmat", "a=")), (("--dataset", "rmat:a=0.9"), ("rmat", "must be 1")),
+    (("--dataset", "cora:split=nan"), ("cora", "no parameters")),
+    (("--dataset", "npz:"), ("npz",)), (("--dataset", "dir:"), ("dir",)),
+]
+for _flags, _expect in FLAG_CASES:
+    case("train " + " ".join(_flags), "flag", train(*_flags), *_expect)
+
+
+def _output_at(flag: str, target: str, *more: str):
+    """Build: ``train`` with an output folder where none can be (a file in the way, /proc)."""
+    def build(tmp: Path) -> list[str]:
+        (tmp / "a-file").write_text("")
+        return train(flag, target.format(tmp=tmp), *more)(tmp)
+    return build
+
+
+for _flag, _more in (("--out", ()), ("--checkpoint-dir", ("--checkpoint-every", "5")), ("--profile", ())):
+    case(f"train {_flag} at a file", "flag", _output_at(_flag, "{tmp}/a-file", *_more), _flag, "a-file")
+    case(f"train {_flag} under /proc", "flag", _output_at(_flag, "/proc/scalegnn-x", *_more), _flag, "/proc")
+
+
+# ---------------------------------------------------------------- checkpoint metadata (--resume)
+def _meta(change):
+    """Build: a checkpoint folder whose meta.json is a valid-looking one changed by
+    ``change(meta)`` (returning the new meta, or bytes for the file), then --resume."""
+    def build(tmp: Path) -> list[str]:
+        ckpt = tmp / "ckpt" / "step-000000004"
+        ckpt.mkdir(parents=True)
+        (ckpt / "rank-00000.pt").write_bytes(b"")
+        argv = train()(tmp)
+        meta = {"format": 1, "step": 4, "epoch": 1, "steps_per_epoch": 4, "world_size": 1,
+                "config": {"system": "scalegnn"}, "loop": {"step": 4},
+                "record": {"run_id": "20260101-000000-abcdef123456", "epochs": []}}
+        meta = change(meta)
+        (ckpt / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+        return [*argv, "--checkpoint-dir", str(tmp / "ckpt"), "--resume"]
+    return build
+
+
+def _without(key):
+    return lambda m: {k: v for k, v in m.items() if k != key}
+
+
+def _with(key, value):
+    return lambda m: {**m, key: value}
+
+
+for _key in ("config", "record", "step", "epoch", "steps_per_epoch", "loop"):
+    case(f"meta.json without {_key!r}", "checkpoint", _meta(_without(_key)), "meta.json", repr(_key))
+for _key, _value in (("config", [1, 2]), ("config", "x"), ("record", None), ("record", []), ("step", "4"),
+                     ("step", -1), ("step", 1.5), ("epoch", -2), ("epoch", None), ("steps_per_epoch", 0),
+                     ("world_size", "1"), ("format", "1")):
+    case(f"meta.json {_key} = {_value!r}", "checkpoint", _meta(_with(_key, _value)), "meta.json", repr(_key))
+case("meta.json record without run_id", "checkpoint", _meta(_with("record", {})), "meta.json", "run_id")
+case("meta.json record run_id a number", "checkpoint", _meta(_with("record", {"run_id": 5})), "meta.json",
+     "run_id")
+case("meta.json format from the future", "checkpoint", _meta(_with("format", 99)), "meta.json", "newer")
+
+
+def counts() -> dict[str, int]:
+    """Bad inputs and faults by category (the summary line the suite prints)."""
+    out: dict[str, int] = {}
+    for c in CASES:
+        key = f"{c.kind}:{c.category}"
+        out[key] = out.get(key, 0) + 1
+    return out

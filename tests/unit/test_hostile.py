@@ -1,0 +1,56 @@
+"""Every bad input of the hostile-case table (tests/hostile.py) is refused in one line.
+
+For each case: the ``scalegnn`` command it builds runs in this process
+(:func:`scalegnn.cli.main`), and must exit non-zero with exactly one stderr line
+``scalegnn: error: ...`` (no traceback) holding every expected fragment, write no run
+record, and, for a crafted pickle, run no code from the file (its canary file is
+absent). ``pytest -s tests/unit/test_hostile.py`` prints the counts by category.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import scalegnn.launch.job
+from scalegnn.cli import main
+from scalegnn.fileio import MEMORY_BUDGET_ENV
+from tests.hostile import CANARY, CASES, counts
+
+BAD_INPUTS = [c for c in CASES if c.kind == "input"]
+
+
+def test_the_table_counts(capsys):
+    by = counts()
+    total = sum(v for k, v in by.items() if k.startswith("input:"))
+    with capsys.disabled():
+        print(f"\nhostile cases: {total} bad inputs, {sum(by.values()) - total} faults; by category: "
+              + ", ".join(f"{k.split(':')[1]} {v}" for k, v in sorted(by.items())))
+    assert total >= 200
+    assert len({c.name for c in CASES}) == len(CASES), "case names must be unique"
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[c.name for c in BAD_INPUTS])
+def test_bad_input_is_one_line(case, tmp_path, capsys, monkeypatch, isolated_data):
+    def no_workers(*args, **kwargs):
+        raise AssertionError("a bad input started worker processes")
+
+    monkeypatch.setattr(scalegnn.launch.job.LocalJob, "start", no_workers)
+    monkeypatch.setenv(MEMORY_BUDGET_ENV, "2G")  # the same budget on every machine
+    work = tmp_path / "case"
+    work.mkdir()
+    argv = case.build(work)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse: usage, then one line
+        code = exc.code
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
+    assert code not in (0, None), (case.name, out, err)
+    assert "Traceback" not in err and len(lines) == 1, (case.name, err)
+    assert lines[0].startswith(("scalegnn: error: ", "scalegnn train: error: ", "scalegnn data info: error: ")), err
+    missing = [f for f in case.expect if f not in lines[0]]
+    assert not missing, f"{case.name}: {missing} not in: {lines[0]}"
+    assert not (work / "runs").exists() or not any((work / "runs").rglob("*.json")), "a record was written"
+    if case.canary:
+        assert not (work / CANARY).exists(), f"{case.name}: code from the file ran"
