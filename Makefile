@@ -43,7 +43,7 @@ GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/u
 DOCS_OUT   ?= build/docs
 DOCS_STAMP := $(VENV)/.docs-installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-slurm test-cluster test-gpu bench-gpu env bench clean-env dgl-env docs
+.PHONY: demo test test-vgpu test-slurm test-cluster test-gpu gpu-report bench-gpu env bench clean-env dgl-env docs
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -80,6 +80,13 @@ demo: $(STAMP)
 
 test: $(STAMP) $(DGL_STAMP)
 	$(PY) -m pytest -q
+
+# The virtual-device tier (CI; not part of `make test`): every system's whole run and the
+# engine in every configuration with --device cuda on a virtual GPU (tests/vgpu/virtual.py:
+# the CPU computes, torch.cuda is stubbed, an operator mixing devices, a host kernel given
+# device memory or a host read inside a prefetched step fails the test). A few minutes.
+test-vgpu: $(STAMP)
+	$(PY) -m pytest -q -m vgpu -p no:cacheprovider tests/vgpu
 
 # The real-scheduler tier (not part of `make test`): a one-node SLURM cluster with munge
 # started on this machine by tests/slurm/localslurm.sh (root; apt-get installs slurm-wlm

@@ -145,11 +145,13 @@ class _Functions(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) and \
+                str(func).split(".")[0] in ("aten", "prim"):
+            return func(*args, **kwargs)  # an ATen operator the dispatch mode runs (inside backward)
+        # (an extension's operator, e.g. torch_sparse's: its kernel allocates in C++ from its inputs' options)
         name = getattr(func, "__name__", "")
         if name in MOVES and args and isinstance(args[0], torch.Tensor):
             return self._move(name, args[0], args[1:], kwargs)
-        if name == "backward" and args and isinstance(args[0], torch.Tensor):
-            return self._backward(*args, **kwargs)
         if name == "pin_memory":
             return args[0]  # a CPU build cannot pin; the copy that follows is the same
         if name == "numpy" and args and device_of(args[0]) == "cuda":
@@ -171,7 +173,10 @@ class _Functions(TorchFunctionMode):
         _local.device = wanted or outer[0]
         _local.context = inside  # what the call makes without a tensor to follow is on its device
         try:
-            out = func(*args, **kwargs)
+            if name == "backward" and args and isinstance(args[0], torch.Tensor):
+                out = self._backward(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
         finally:
             _local.device, _local.context = outer
         if name == "__deepcopy__":  # a storage-level copy: the copy is on its original's device
@@ -363,6 +368,12 @@ class VirtualGpu:
                 return run(thread)
 
         self._set(threading.Thread, "run", run_watched)
+        # DDP's reducer allocates its gradient buckets in C++ from the parameters' options
+        # (at construction and when it rebuilds them in forward): on the device on a GPU.
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        for attr in ("__init__", "forward"):
+            self._set(DDP, attr, _on_parameters_device(getattr(DDP, attr)))
         self._modes = [_Functions(self), _Operators(self)]
         for mode in self._modes:
             mode.__enter__()
@@ -387,9 +398,35 @@ class VirtualGpu:
 _ABSENT = object()
 
 
+def _on_parameters_device(method):
+    def run(ddp, *args, **kwargs):
+        module = ddp.module if "module" in ddp.__dict__.get("_modules", {}) else (args[0] if args else kwargs["module"])
+        first = next(iter(module.parameters()), None)
+        outer = getattr(_local, "context", None)
+        _local.context = device_of(first) if first is not None else outer
+        try:
+            return method(ddp, *args, **kwargs)
+        finally:
+            _local.context = outer
+
+    return run
+
+
 def _project_frame() -> str:
     frames = [f for f in traceback.extract_stack()[:-2] if "/tests/vgpu/" not in f.filename]
     ours = [f for f in frames if any(p in f.filename for p in ("/scalegnn/", "/baselines/", "/benchmarks/"))
             and "/torch/" not in f.filename]
     f = (ours or frames)[-1]
     return f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
+
+
+def virtual_rank(rank: int, world: int, cfg, graph, run_id: str, backend: str):
+    """A local job's worker on its own virtual GPU (``launch(cfg, rank_main=virtual_rank)``):
+    :func:`scalegnn.launch.local_rank` inside :class:`VirtualGpu`; a breach fails the rank."""
+    from scalegnn.launch import local_rank
+
+    with VirtualGpu() as gpu:
+        record = local_rank(rank, world, cfg, graph, run_id, backend)
+    if gpu.violations:
+        raise AssertionError(f"rank {rank} on its virtual GPU:\n{gpu.report()}")
+    return record
