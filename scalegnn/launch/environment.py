@@ -37,7 +37,7 @@ from .. import threads as thread_policy
 
 __all__ = ["DistEnv", "detect_env", "run_mode", "RUN_MODES", "init_from_env", "init_process_group", "first_host",
            "single_env", "local_rank_env", "local_backend", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run",
-           "slurm_tasks_on_node", "launched_rank", "gather_placement", "check_socket_ifnames"]
+           "slurm_tasks_on_node", "launched_rank", "gather_placement", "check_socket_ifnames", "check_one_gpu_per_rank"]
 
 log = logging.getLogger("scalegnn.launch")
 
@@ -196,6 +196,7 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
     info = detect_env()
     dev = resolve_device(device or "auto", info.local_rank)
     info = dataclasses.replace(info, backend=resolve_backend(backend or "auto", dev), device=str(dev))
+    check_one_gpu_per_rank(str(device or "auto"), info.backend, info.local_world_size, info.source)
     if info.backend == "nccl" and info.local_rank >= torch.cuda.device_count():
         raise ValueError(f"local rank {info.local_rank} has no GPU of its own ({torch.cuda.device_count()} on this "
                          "node) and NCCL runs one rank per GPU: launch at most one rank per GPU per node, or use "
@@ -206,6 +207,17 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
     init_process_group(info.backend, dev, init_method=f"tcp://{info.master_addr}:{info.master_port}",
                        rank=info.rank, world_size=info.world_size, timeout=timeout)
     return info
+
+
+def check_one_gpu_per_rank(spec: str, backend: str, ranks_on_node: int, source: str) -> None:
+    """Refuse ``--device cuda:N`` when NCCL ranks share a node: every rank would bind GPU
+    N, and NCCL aborts with "Duplicate GPU detected" after the job has started. The
+    ``--nproc`` path refuses it the same way (:func:`local_backend`); ``--backend gloo``
+    (ranks sharing one GPU on purpose, for tests) is allowed."""
+    if backend == "nccl" and ranks_on_node > 1 and spec.strip().lower().startswith("cuda:"):
+        raise ValueError(f"--device {spec} with {ranks_on_node} ranks per node under {source}: NCCL runs one rank "
+                         "per GPU, and every rank would take this one; use --device cuda (or auto: each rank takes "
+                         "the GPU of its local rank), or --backend gloo to share one GPU")
 
 
 def init_process_group(backend: str, device: torch.device, **kwargs) -> None:
