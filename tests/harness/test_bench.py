@@ -72,6 +72,27 @@ def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path):
     assert "Time to target" in md and "PyG full-batch GCN" in md and "ScaleGNN epoch breakdown" in md
 
 
+def test_a_failed_gpu_benchmark_section_is_recorded_and_the_rest_runs(tmp_path, monkeypatch):
+    """One section raising (a GPU error, a toolchain missing) no longer loses the sections
+    after it: it is recorded as failed with its error, the PyG comparison still runs, the
+    Markdown lists it, and the exit status says a section failed."""
+    from scalegnn.benchmarks import gpu
+
+    def broken(*args):
+        raise RuntimeError("planted: the sampler section failed")
+
+    monkeypatch.setattr(gpu, "sampler_section", broken)
+    monkeypatch.setattr(gpu, "scalegnn_section", broken)
+    out = tmp_path / "gpu"
+    assert gpu.main(["--device", "cpu", "--nodes", "2000", "--avg-degree", "10", "--max-epochs", "1",
+                     "--max-seconds", "10", "--skip", "pyg_sage", "--target", "0.3", "--out", str(out)]) == 1
+    res = json.loads((out / "gpu.json").read_text())
+    assert res["sampler"]["status"] == res["scalegnn"]["status"] == "failed"
+    assert "planted" in res["sampler"]["error"] and "Traceback" in res["scalegnn"]["traceback"]
+    assert res["pyg_gcn"]["status"] == "ok" and res["failed_sections"] == ["sampler", "scalegnn"]
+    assert "- sampler: failed: RuntimeError: planted" in (out / "gpu.md").read_text()
+
+
 def test_the_micro_benchmark_runs_at_toy_size(capsys):
     """benchmarks/elementwise.py end to end on a tiny shape (its timings are not checked)."""
     from scalegnn.benchmarks.elementwise import main
