@@ -105,6 +105,14 @@ test-cluster: $(STAMP)
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m gpu -p no:cacheprovider $(GPU_TESTS)
 
+# The one command for a GPU machine: the GPU tests and the GPU benchmark, and one report of
+# both (versions, device, every test's outcome, every number) in results/gpu/report.md (and
+# .json), which docs/gpu.md publishes. Without a GPU every test is skipped and so is the benchmark.
+GPU_REPORT ?= results/gpu/report.md
+gpu-report:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu_report --python $(GPU_PYTHON) \
+	    --tests "$(GPU_TESTS)" --out $(GPU_REPORT) --bench-out results/bench/gpu
+
 # ScaleGNN on one GPU against PyG on the same GPU (benchmarks/gpu.py), the machine's python.
 bench-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu --out results/bench/gpu
