@@ -37,7 +37,8 @@ from .. import threads as thread_policy
 
 __all__ = ["DistEnv", "detect_env", "run_mode", "RUN_MODES", "init_from_env", "init_process_group", "first_host",
            "single_env", "local_rank_env", "local_backend", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run",
-           "slurm_tasks_on_node", "launched_rank", "gather_placement", "check_socket_ifnames", "check_one_gpu_per_rank"]
+           "slurm_tasks_on_node", "launched_rank", "gather_placement", "check_socket_ifnames", "check_one_gpu_per_rank",
+           "check_torch", "MIN_TORCH"]
 
 log = logging.getLogger("scalegnn.launch")
 
@@ -115,6 +116,20 @@ def _flux_port(job_id: str | None) -> int:
     return _default_port(job_id)
 
 
+MIN_TORCH = (2, 6)  # pyproject.toml's floor: the oldest torch a cluster profile loads (Perlmutter's pytorch/2.6.0)
+
+
+def check_torch(version: str | None = None) -> None:
+    """Refuse a torch older than :data:`MIN_TORCH` in one line naming both versions and the
+    fix: a site module or a venv can bring an older one than pip's resolver would."""
+    text = version if version is not None else torch.__version__
+    found = tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:2])
+    if found < MIN_TORCH:
+        need = ".".join(map(str, MIN_TORCH))
+        raise RuntimeError(f"scalegnn needs torch >= {need}, this python has torch {text}; load a newer module "
+                           f"(e.g. `module load pytorch/{need}.0`) or `pip install 'torch>={need}'`")
+
+
 def detect_env() -> DistEnv:
     """Read rank, world size, local rank and the rendezvous address from the environment.
 
@@ -125,6 +140,7 @@ def detect_env() -> DistEnv:
     variables on to every task), SLURM (``SLURM_PROCID``/``SLURM_NTASKS``), else a
     single process.
     """
+    check_torch()  # the first thing every run does (launch, a joined rank, a sweep task)
     backend = "auto"  # the device decides (init_from_env): a visible GPU alone does not make a run use it
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
