@@ -845,3 +845,41 @@ def plexus_fig5_model(validation: pd.DataFrame) -> plt.Figure:
                    "within 25%"])
     return fig
 
+
+
+def fig7_model_vs_paper(curves: list[dict]) -> plt.Figure:
+    """The calibrated performance model (lines) against the paper's Fig. 7 (hollow markers:
+    the stated endpoints), one panel per machine; the legend gives each curve's speedup,
+    paper vs model. Curves the paper states no times for show the model only."""
+    clusters = list(dict.fromkeys(c["cluster"] for c in curves))
+    fig, axes = _figure(len(clusters), 3.6, 3.6)
+    colors = {"ogbn-products": "#1b9e77", "isolate-3-8m": "#d95f02", "products-14m": "#7570b3",
+              "ogbn-papers100M": "#e7298a"}
+    handles = {}
+    for ax, cl in zip(axes, clusters):
+        for c in (c for c in curves if c["cluster"] == cl):
+            color = colors.get(c["dataset"], "#444444")
+            label = short_dataset(c["dataset"])
+            ax.plot(c["gpus"], c["model_ms"], "-", color=color, lw=1.5)
+            txt = f"x{c['paper_speedup']:.1f} / x{c['model_speedup']:.1f}"
+            ax.annotate(txt, (c["gpus"][-1], c["model_ms"][-1]), textcoords="offset points", xytext=(3, -3),
+                        fontsize=6.5, color=color)
+            if c["paper_ms"]:
+                ax.plot([c["gpus"][0], c["gpus"][-1]], c["paper_ms"], "o", mfc="none", mec=color, ms=7, mew=1.5)
+            handles.setdefault(label, Line2D([], [], color=color, lw=1.5, label=label))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis)
+        counts = sorted({g for c in curves if c["cluster"] == cl for g in c["gpus"]})
+        _log2_ticks(ax, counts)
+        ax.set_xlim(counts[0] / 1.3, counts[-1] * 5.5)
+        ax.set_title(cl, fontsize=9)
+        ax.set_xlabel("GCDs" if cl == "frontier" else "GPUs", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel("epoch time (ms)", fontsize=8)
+    extra = [Line2D([], [], color="#444444", lw=1.5, label="model (calibrated)"),
+             Line2D([], [], ls="none", marker="o", mfc="none", mec="#444444", label="paper (stated endpoints)")]
+    fig.suptitle("Fig. 7: performance model vs paper (labels: speedup paper / model)", fontsize=9)
+    _legend_below(fig, list(handles.values()) + extra)
+    return fig

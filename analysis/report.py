@@ -92,8 +92,11 @@ def _fmt_acc(frame: pd.DataFrame) -> pd.DataFrame:
     return f
 
 
-def write_report(results_dir, out_dir, *, data_root: str | None = None, title: str | None = None) -> Path:
-    """Write ``out_dir/report.md`` and the figures; returns the report's path."""
+def write_report(results_dir, out_dir, *, data_root: str | None = None, title: str | None = None,
+                 paper_machines: dict | None = None) -> Path:
+    """Write ``out_dir/report.md`` and the figures; returns the report's path. ``paper_machines``
+    ({cluster: Machine} of Perlmutter, Frontier and Tuolumne, from their profiles) adds the
+    performance model against the paper's Fig. 5/7/8 numbers (``analysis.paper_model``)."""
     results_dir, out = Path(results_dir), Path(out_dir)
     records, skipped = read_records(results_dir)  # first: a missing folder is an error, not made by mkdir below
     out.mkdir(parents=True, exist_ok=True)
@@ -195,6 +198,9 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     # ------------------------------------------------------------------ performance model
     add("\n## Performance model: predicted vs observed (Plexus Section 4, Fig. 5)\n")
     _perfmodel_section(runs, manifests, out, add)
+    if paper_machines:
+        add("\n## Performance model at the paper's scale (Fig. 5, 7, 8)\n")
+        _paper_model_section(paper_machines, out, add)
 
     add("\n## Load balance (Plexus Table 3)\n")
     add("max / mean stored entries over 8 x 8 blocks of the adjacency (self loops included): original vertex "
@@ -252,6 +258,18 @@ def _references(manifests: list[dict]) -> dict:
     for m in manifests:
         ref.update(m.get("reference") or {})
     return ref
+
+
+def _paper_model_section(machines: dict, out: Path, add) -> None:
+    from .paper_model import fig7_model_curves, format_table, paper_table
+
+    rows, net = paper_table(machines)
+    png, pdf = _save(F.fig7_model_vs_paper(fig7_model_curves(machines, net)), out, "fig7_model_vs_paper")
+    add(f"![Fig. 7: model vs paper]({png})\n\n[PDF]({pdf})\n")
+    add("The model's prediction for every number the paper prints in Fig. 5 and 7 (and Fig. 8's claim), on the "
+        "paper's grids, from the cluster profiles' hardware constants with one fitted multiplier per machine "
+        "(`scalegnn plan --paper`; assumptions and sources: docs/performance.md).\n")
+    add("```\n" + format_table(rows, net, machines["frontier"]) + "\n```\n")
 
 
 def _perfmodel_section(runs: pd.DataFrame, manifests: list[dict], out: Path, add) -> None:

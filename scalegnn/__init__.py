@@ -3,7 +3,8 @@ and 4D (data x 3D parallel matrix multiplication) parallelism.
 
 The public API (loaded on first use, so ``import scalegnn`` stays light)::
 
-    scalegnn.train(graph_or_none, **settings) -> run record    (scalegnn.api)
+    scalegnn.train(graph_or_none, **settings) -> TrainResult   (scalegnn.api: .record, .model, .predict)
+    scalegnn.load_model(file), scalegnn.predict(model, graph), scalegnn.export_checkpoint(dir, file)
     scalegnn.Graph, scalegnn.Graph.from_pyg(data), graph.to_pyg(), Graph.from_dgl(g)
     scalegnn.RunConfig, scalegnn.make_config(**settings), scalegnn.load_dataset(name)
 """
@@ -16,7 +17,8 @@ import warnings
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
 
-__all__ = ["train", "Graph", "RunConfig", "make_config", "load_dataset", "__version__"]
+__all__ = ["train", "Graph", "RunConfig", "make_config", "load_dataset", "load_model", "predict",
+           "export_checkpoint", "TrainResult", "__version__"]
 
 # The harness lives beside this package in the repository and is installed inside it
 # (scalegnn.analysis, ...: pyproject.toml's package-dir maps these folders), so that pip adds
@@ -83,6 +85,10 @@ def __getattr__(name: str):
         value = getattr(config, name)
     elif name == "load_dataset":
         from .datasets import load_dataset as value
+    elif name in ("load_model", "predict", "export_checkpoint", "TrainResult"):
+        from . import trained
+
+        value = getattr(trained, name)
     else:
         raise AttributeError(f"module 'scalegnn' has no attribute {name!r}")
     globals()[name] = value

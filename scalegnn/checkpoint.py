@@ -66,6 +66,7 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointError",
     "Checkpointer",
+    "FolderLock",
     "latest",
     "list_checkpoints",
     "read_meta",
@@ -75,6 +76,9 @@ __all__ = [
     "set_rng_state",
     "config_mismatch",
     "continuation",
+    "saved_grid",
+    "regridded_step",
+    "regridding",
     "atomic_torch_save",
 ]
 
@@ -83,7 +87,8 @@ _STEP_DIR = re.compile(r"^step-(\d{9,})$")
 # Config fields (dotted) that may differ between the interrupted run and its
 # resumption: where things are, how they are shown or timed, never what is computed
 # (the sampler kernels and prefetching give bit-identical batches).
-RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "loop.progress", "loop.out_dir", "data.data_root", "data.shard_dir",
+RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "loop.progress", "loop.heartbeat_s", "loop.out_dir",
+                                   "loop.save_model", "data.data_root", "data.shard_dir",
                                    "parallel.collective_timeout_s", "parallel.nproc", "parallel.device",
                                    "parallel.backend", "perf.prefetch", "perf.profile", "perf.sampler",
                                    "perf.instrument"})
@@ -91,6 +96,12 @@ RESUMABLE_DIFFERENCES = frozenset({"checkpoint", "loop.progress", "loop.out_dir"
 # computes (the sample and dropout of step s do not depend on them). The resumed entry
 # of the record lists each change (:func:`continuation`).
 CONTINUABLE_DIFFERENCES = frozenset({"loop.epochs"})
+# The grid may change at a resume: the trainer makes the checkpoint's state whole and cuts
+# each rank's shards from it (:func:`scalegnn.parallel.engine.read_whole_state`). With the
+# same Gd a step samples and drops out the same vertices on any 3D grid, so the run goes
+# on as it would have, up to the summation order of the new grid's collectives; another
+# Gd changes the batches and the steps per epoch (:func:`regridded_step`, :func:`regridding`).
+REGRIDDABLE_DIFFERENCES = frozenset({"parallel.grid"})
 
 
 class CheckpointError(ValueError):
@@ -194,8 +205,14 @@ def set_rng_state(state: dict) -> None:
 
 # --------------------------------------------------------------------------- files
 def atomic_torch_save(obj, target: str | os.PathLike) -> Path:
-    """``torch.save`` to a temp file in the same folder, fsync, ``os.replace``."""
-    return atomic_write(target, lambda f: torch.save(obj, f))
+    """``torch.save`` to a temp file in the same folder, fsync, ``os.replace``. Serialized
+    in memory first (a rank's shards and moments: small beside its graph shard), so that
+    a full disk is the ``OSError`` it is (ENOSPC), not torch's wrapped writer error."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return atomic_write(target, lambda f: f.write(buffer.getbuffer()))
 
 
 def _step_dir(directory: Path, step: int) -> Path:
@@ -325,7 +342,7 @@ def config_mismatch(saved: dict, current: dict) -> list[str]:
     def walk(a, b, prefix):
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
-                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES | CONTINUABLE_DIFFERENCES:
+                if f"{prefix}{key}" in RESUMABLE_DIFFERENCES | CONTINUABLE_DIFFERENCES | REGRIDDABLE_DIFFERENCES:
                     continue
                 if key not in a:  # a setting added after the checkpoint was written: it keeps its default
                     continue
@@ -359,6 +376,84 @@ def continuation(ckpt, meta: dict, current: dict) -> dict:
         note = (f"continued from {old} to {new} epochs; with the {current['optim']['schedule']} LR schedule the "
                 f"steps are those of an uninterrupted {new}-epoch run")
     return {"changed": {"epochs": [old, new]}, "note": note}
+
+
+def saved_grid(meta: dict) -> tuple[int, int, int, int]:
+    """The grid (Gd, Gx, Gy, Gz) a checkpoint was written on."""
+    return tuple(int(g) for g in _current_layout(meta["config"])["parallel"]["grid"])
+
+
+def regridded_step(ckpt, meta: dict, steps_per_epoch: int) -> int:
+    """The next step of a run resumed from ``ckpt`` on another grid with
+    ``steps_per_epoch`` steps per epoch: the saved step when that count is unchanged (the
+    same Gd); with another Gd the first step of the epoch after the checkpoint's, which
+    must then end an epoch (a half-done epoch's steps have no counterpart on the new grid)."""
+    step, old = int(meta["step"]), int(meta["steps_per_epoch"])
+    if old == steps_per_epoch:
+        return step
+    if step % old:
+        epoch = step // old + 1
+        raise CheckpointError(
+            f"{ckpt} is in the middle of epoch {epoch} (step {step % old} of {old}); a resume changes the data-parallel "
+            f"size Gd only at an epoch's end: resume on the grid {'x'.join(map(str, saved_grid(meta)))} with "
+            f"--epochs {epoch} first, then on the new grid with --epochs as wanted")
+    return int(meta["epoch"]) * steps_per_epoch
+
+
+def regridding(meta: dict, grid, step: int, steps_per_epoch: int, changes: dict) -> dict:
+    """``changes`` (:func:`continuation`) with the grid's change added, for the record's
+    resumed entry: what stays equal and what does not."""
+    old, new = "x".join(map(str, saved_grid(meta))), "x".join(map(str, grid))
+    if saved_grid(meta)[0] == tuple(grid)[0]:
+        note = (f"resharded from the grid {old} to {new}: the same samples and dropout masks, so the steps of an "
+                "uninterrupted run up to the collectives' summation order")
+    else:
+        note = (f"resharded from the grid {old} to {new} at an epoch's end: another data-parallel size, so other "
+                f"batches and {steps_per_epoch} steps per epoch instead of {meta['steps_per_epoch']} (the next step "
+                f"is {step}); the model, AdamW's moments and its step counts carry over")
+    out = {"changed": {**changes.get("changed", {}), "grid": [old, new]}, "note": note}
+    if changes.get("note"):
+        out["note"] = f"{changes['note']}; {note}"
+    return out
+
+
+# --------------------------------------------------------------------------- one run per folder
+class FolderLock:
+    """One run per checkpoint folder: rank 0 holds an exclusive ``flock`` on ``D/.lock``
+    while it runs (the kernel lets go when the process ends, however it ends) and writes
+    its host, pid and run id into it, so a second run on the same folder is refused in one
+    line naming the holder. Where the file system has no locks (some network mounts),
+    nothing is held."""
+
+    def __init__(self, directory):
+        self.path = Path(directory) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self, run_id: str | None = None) -> "FolderLock":
+        import fcntl
+        import socket
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another run"
+            os.close(fd)
+            raise CheckpointError(f"{self.path.parent} is in use by {holder}: one run per checkpoint folder; wait "
+                                  "for it to end, or give this run another --checkpoint-dir") from None
+        except OSError:  # no locks on this file system: nothing to hold
+            os.close(fd)
+            return self
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{f'run {run_id}, ' if run_id else ''}pid {os.getpid()} on host {socket.gethostname()}".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
 
 
 # --------------------------------------------------------------------------- preemption

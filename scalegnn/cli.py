@@ -1,5 +1,5 @@
-"""Command line: ``scalegnn train``, ``scalegnn data info|shard``, ``scalegnn demo``,
-``scalegnn sweep|report|plan`` (the harness: :mod:`scalegnn.sweeps.cli`).
+"""Command line: ``scalegnn train``, ``scalegnn export``, ``scalegnn data info|shard``,
+``scalegnn demo``, ``scalegnn sweep|report|plan`` (the harness: :mod:`scalegnn.sweeps.cli`).
 
 ``python -m scalegnn`` is the same program.
 """
@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
@@ -36,6 +37,13 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
                    help="Python logging level of scalegnn's messages, e.g. the one line per epoch (rank 0) "
                    "written when stderr is not a terminal (batch jobs); default $SCALEGNN_LOG_LEVEL or INFO")
 
+    export = sub.add_parser("export", help="consolidate a checkpoint of any grid into one model file",
+                            description="Consolidate the newest complete checkpoint in CKPT_DIR (or one step-* "
+                            "folder), written by any grid, into one model file that scalegnn.load_model(FILE) "
+                            "reads on one process, without torch.distributed.")
+    export.add_argument("ckpt_dir", metavar="CKPT_DIR", help="a --checkpoint-dir, or one step-* folder in it")
+    export.add_argument("--out", required=True, metavar="FILE", help="the model file to write (e.g. model.pt)")
+
     demo = sub.add_parser("demo", help="offline demo: a local sweep (ScaleGNN on two grids and the compared "
                           "systems on a generated graph), then its report")
     demo.add_argument("--out", default="results/demo")
@@ -59,6 +67,14 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     info.add_argument("--seed", type=int, default=0)
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     dsub.add_parser("list", help="list the known dataset names")
+    gen = dsub.add_parser("generate", help="write a paper-scale synthetic graph to a folder in chunks, in bounded "
+                          "memory (read it back as dir:DIR); scalegnn/datasets/streaming.py")
+    gen.add_argument("kind", help="csbm:n=..,avg_degree=..,classes=..,homophily=..,feature_dim=..,signal=.. or "
+                     "powerlaw:n=..,avg_degree=..,exponent=..")
+    gen.add_argument("--out", required=True, help="an empty or new folder")
+    gen.add_argument("--seed", type=int, default=0, help="the graph's seed (edges, labels, per-vertex features)")
+    gen.add_argument("--chunk-edges", type=int, default=1 << 22,
+                     help="edge draws held at once (memory ~ 60 bytes each); the graph does not depend on it")
     shard = dsub.add_parser("shard", help="write per-rank adjacency/feature shards for a grid, once")
     shard.add_argument("name")
     shard.add_argument("--grid", type=_grid_arg, required=True)
@@ -73,6 +89,11 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     shard.add_argument("--split", type=_split_arg, default=None, help=helps["split"] + "; the run must use the same")
     shard.add_argument("--split-seed", type=int, default=None, help=helps["split_seed"] + "; the run must use the same")
     shard.add_argument("--stand-in-labels", action="store_true", help=helps["stand_in_labels"])
+    shard.add_argument("--memory-budget", default=None, metavar="SIZE",
+                       help="stage out of core within about SIZE (e.g. 512M): the graph is read by memory map in "
+                       "chunks, never whole (a dir: folder written by `scalegnn data generate`; "
+                       "scalegnn/parallel/staging.py)")
+    shard.add_argument("--workers", type=int, default=1, help="with --memory-budget: processes writing rank files")
     return parser
 
 
@@ -102,19 +123,34 @@ def _cmd_train(args) -> int:
 
     given = {k: v for k, v in vars(args).items() if k not in ("command", "log_level")}
     try:
-        record = train(config=config_from_given(given))
+        result = train(config=config_from_given(given))
     except Interrupted as stop:  # recorded as interrupted: one line, the shell's exit status for the signal
         record = stop.run_record
         print(summary_line(record))
         print(f"record: {record['path']}")
         print(f"scalegnn: {record['error']}", file=sys.stderr)
         return stop.exit_code
-    if record is None:  # a rank other than 0 of an externally launched job
+    if result is None:  # a rank other than 0 of an externally launched job
         return 0
+    record = result.record
     print(summary_line(record))
     if record.get("path"):
         print(f"record: {record['path']}")
+    if record.get("model_file"):
+        print(f"model: {record['model_file']}")
     return 0 if record["status"] == "ok" else 1
+
+
+def _cmd_export(args) -> int:
+    from .fileio import check_output_folder
+    from .trained import export_checkpoint, load_model
+
+    check_output_folder(str(Path(args.out).parent), "--out")
+    path = export_checkpoint(args.ckpt_dir, args.out)
+    about = load_model(path).about  # read back: the file is whole and loads
+    print(f"wrote {path}: the model of run {about['run_id']} at step {about['step']} (epoch {about['epoch']}), "
+          f"consolidated from the grid {about['grid']}")
+    return 0
 
 
 def _cmd_data(args) -> int:
@@ -125,10 +161,29 @@ def _cmd_data(args) -> int:
         print("\nyour own files (--dataset <kind>:<path>; scalegnn/datasets/README.md):")
         print("\n".join(f"  {line}" for line in datasets.file_forms()))
         return 0
+    if args.data_command == "generate":
+        from .datasets.streaming import generate
+
+        info = generate(args.kind, args.out, seed=args.seed, chunk_edges=args.chunk_edges)
+        print(f"wrote {info['num_nodes']:,} vertices, {info['stored_entries']:,} stored entries to {args.out}; "
+              f"read it as dir:{args.out}")
+        return 0
     if args.data_command == "shard":
         from .fileio import check_output_folder
 
         check_output_folder(args.out, "--out")  # before loading: a bad --out is found in a second, not an hour
+        if args.memory_budget is not None:  # out of core: the graph is never loaded whole
+            from .parallel.staging import parse_size, stage_out_of_core
+
+            kind, _, folder = args.name.partition(":")
+            if kind.strip().lower() != "dir" or not folder.strip():
+                raise ValueError(f"--memory-budget stages a dir: folder written by `scalegnn data generate`, not "
+                                 f"{args.name!r}; pass dir:FOLDER, or drop --memory-budget to stage in memory")
+            paths = stage_out_of_core(folder.strip(), args.grid, args.out, seed=args.seed,
+                                      memory_budget=parse_size(args.memory_budget), workers=args.workers,
+                                      permute=args.permute, split=(args.split, args.split_seed))
+            print(f"wrote {len(paths)} shard files to {args.out} (out of core)")
+            return 0
     if args.data_command == "info":
         graph = datasets.load_dataset(args.name, data_root=args.data_root, seed=args.seed)
     else:  # shard: the graph a run with these --dataset/--seed/--split settings trains on
@@ -183,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_train(args)
         if args.command == "data":
             return _cmd_data(args)
+        if args.command == "export":
+            return _cmd_export(args)
         if args.command == "bench":
             from scalegnn.benchmarks.bench_command import run_bench_command
 

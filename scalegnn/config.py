@@ -242,6 +242,28 @@ def _setting_hint(name: str, known) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _flag_names_as_fields(settings: dict, known) -> dict:
+    """``settings`` with the flags' names read as their settings, so that a setting has the
+    one name of its flag in Python as well (``checkpoint_dir=`` is ``--checkpoint-dir``,
+    the field ``dir``; ``quiet=True`` is ``--quiet``, the field ``progress=False``; ``out=``
+    is ``--out``, the field ``out_dir``)."""
+    out = dict(settings)
+    for _, _, f in known:
+        name = flag_of(f).lstrip("-").replace("-", "_")
+        if name == f.name or name not in out:
+            continue
+        if f.name in out:
+            raise ValueError(f"{name}= and {f.name}= are one setting ({flag_of(f)}); give it once")
+        value = out.pop(name)
+        kw = f.metadata["argparse"]
+        if kw.get("action") == "store_const":  # a switch: True is the flag given, False the default
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}= is a switch ({flag_of(f)}): True or False, got {value!r}")
+            value = kw["const"] if value else f.default
+        out[f.name] = value
+    return out
+
+
 def add_train_arguments(parser: argparse.ArgumentParser, system: str = "scalegnn") -> None:
     """The flags of ``scalegnn train --system SYSTEM``: the common settings (every
     system reads them), then the system's own (ScaleGNN's sections, or the fields of
@@ -416,6 +438,7 @@ def make_config(system: str = "scalegnn", **settings) -> RunConfig:
     whole = {name: settings.pop(name) for name in (*SECTIONS, "options") if name in settings}
     known = _system_settings(system)
     dests = {dest.rsplit(".", 1)[-1]: dest for dest, _, _ in known}
+    settings = _flag_names_as_fields(settings, known)
     unknown = sorted(set(settings) - set(dests))
     if unknown:
         raise ValueError(f"--system {system} has no setting {unknown[0]!r}{_setting_hint(unknown[0], known)}; "

@@ -25,7 +25,7 @@ import torch
 
 from .csr import csr_matrix, is_csr, select_rows
 
-__all__ = ["Graph", "GraphValidationError", "csr_from_edges"]
+__all__ = ["Graph", "GraphValidationError", "csr_from_edges", "as_graph"]
 
 
 class GraphValidationError(ValueError):
@@ -498,6 +498,20 @@ class Graph:
         return {"num_nodes": self.num_nodes, "num_edges": self.num_edges, "num_features": self.num_features,
                 "num_classes": self.num_classes, "sparse_features": is_csr(self.x),
                 **{k: self.meta[k] for k in self.PROVENANCE if k in self.meta}}
+
+
+def as_graph(graph, *, name: str | None = None, seed: int = 0) -> "Graph":
+    """A scalegnn :class:`~scalegnn.graph.Graph` from a Graph (as is), a PyTorch
+    Geometric ``Data`` (:meth:`Graph.from_pyg`) or a DGL graph (:meth:`Graph.from_dgl`):
+    their masks, else a seeded random split."""
+    if isinstance(graph, Graph):
+        return graph
+    if hasattr(graph, "edge_index"):  # torch_geometric.data.Data or anything shaped like it
+        return Graph.from_pyg(graph, name=name or "pyg", seed=seed)
+    if hasattr(graph, "ndata") and hasattr(graph, "edges"):  # a dgl.DGLGraph (features ndata["feat"], labels ["label"])
+        return Graph.from_dgl(graph, name=name or "dgl", seed=seed)
+    raise TypeError(f"cannot train on a {type(graph).__name__}: pass a scalegnn Graph, a PyG Data, a DGL graph, or "
+                    "a dataset name (dataset=...)")
 
 
 def random_split(n: int, fractions=(0.5, 0.25, 0.25), seed: int = 0, labeled=None):

@@ -41,6 +41,13 @@ carry over: a worse shape cannot make an SpMM faster. GEMM FLOPs are counted
 exactly per rank. Sampling (Algorithm 2) touches ``(B/G_t) nnz/N`` entries per
 adjacency plane, each with a binary search over the sample.
 
+**Accelerators** (a profile with ``hbm_GBps``; docs/performance.md, "At the paper's scale").
+SpMM, element-wise work and Algorithm 2's sampling are priced in bytes over device memory
+bandwidth, each GEMM by the roofline of its FLOPs and bytes; an all-reduce costs the cheaper
+of ring and double binary tree (``tree``); a fully connected node (``intra_links="full"``)
+gives a ring of n devices n-1 pair links. ``Workload.prefetch``/``comm_overlap``/``fused``
+model the paper's Section V switches; :func:`memory_breakdown` the bytes per rank.
+
 **Unified model and fit.** Per step, five times in seconds from the cluster
 profile's constants: bandwidth, latency, compute, sampling and a fixed overhead.
 Epoch time = ``steps * sum_k c_k * t_k`` with ``steps = ceil(ceil(N/B)/Gd)``. With
@@ -59,7 +66,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["Workload", "Machine", "Collective", "step_collectives", "axis_bandwidth", "step_times", "predict",
            "Coefficients", "fit", "rank_grids", "memory_per_rank", "KNOWN_DATASETS", "TERMS", "epoch_time_from_rows",
-           "predicted_bytes_per_step", "predicted_calls_per_step", "oversubscription"]
+           "predicted_bytes_per_step", "predicted_calls_per_step", "oversubscription", "memory_breakdown",
+           "collective_cost", "comm_time_by_kind"]
 
 TERMS = ("bandwidth", "latency", "compute", "sampling", "overhead")
 KAPPA = 1e-6  # Plexus: 7.8e-10 / 7.8e-4
@@ -89,6 +97,9 @@ class Workload:
     residual: bool = True
     pmm_bytes: int = 4  # bytes per element of 3D-PMM partial sums (2 with BF16 communication)
     bucket: bool = True  # --bucket-collectives: weight/gain gradients one call per (axis, wire dtype)
+    prefetch: bool = False  # --prefetch (V-A): sampling of step t+1 overlaps step t; only the excess is paid
+    fused: bool = False  # --compile (V-C): RMSNorm, ReLU and dropout in one kernel (fewer HBM passes)
+    comm_overlap: bool = False  # --comm-overlap (V-D): weight-gradient all-reduces hide behind backward compute
 
     @property
     def batch(self) -> int:
@@ -165,6 +176,12 @@ class Machine:
     compute_slots: int = 0
     memory_bytes: float = 0.0
     name: str = ""
+    # Accelerator terms (0 / False: the CPU model above, unchanged). hbm_Bps > 0 prices the
+    # memory-bound kernels (SpMM, element-wise, sampling) in bytes over device memory bandwidth
+    # and each GEMM by the roofline max(flops / gemm_flops, bytes / hbm_Bps).
+    hbm_Bps: float = 0.0
+    intra_links: str = "ring"  # "full": every pair of a node's devices has its own intra_Bps link
+    tree: bool = False  # all-reduce: the cheaper of ring and double binary tree (NCCL/RCCL pick per size)
 
     def to_dict(self) -> dict:
         """What a sweep manifest records about its cluster (:meth:`from_dict` reads it back)."""
@@ -180,7 +197,9 @@ class Machine:
         return cls(gpus_per_node=profile.gpus_per_node, intra_Bps=n.intra_node_GBps * 1e9,
                    inter_Bps=n.inter_node_GBps * 1e9, latency_s=n.latency_us * 1e-6, spmm_flops=c.spmm_gflops * 1e9,
                    gemm_flops=c.gemm_tflops * 1e12, step_overhead_s=c.step_overhead_ms * 1e-3,
-                   compute_slots=c.compute_slots, memory_bytes=c.memory_gb * 2**30, name=profile.name)
+                   compute_slots=c.compute_slots, memory_bytes=c.memory_gb * 2**30, name=profile.name,
+                   hbm_Bps=getattr(c, "hbm_GBps", 0.0) * 1e9, intra_links=getattr(n, "intra_links", "ring"),
+                   tree=bool(getattr(n, "tree_allreduce", False)))
 
 
 # ---------------------------------------------------------------------------- communication
@@ -192,6 +211,8 @@ class Collective:
     elements: float  # all-reduce: buffer elements; all-gather: (padded) piece elements
     bytes_per_elem: int = 4
     bucket: tuple | None = None  # collectives with one key share one call (gradient buckets)
+    backward: bool = False  # a weight/gain gradient reduction: --comm-overlap hides it behind backward compute
+    feature_grad: bool = False  # a GEMM's input-gradient all-reduce: --comm-overlap runs it beside the dW GEMM
 
     @property
     def nbytes(self) -> float:
@@ -211,12 +232,13 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
     B, H, F, C, pb = w.batch, w.hidden, w.num_features, w.num_classes, w.pmm_bytes
     out: list[Collective] = []
 
-    def ar(axis, kind, elems, nbytes=4, grad=False):
+    def ar(axis, kind, elems, nbytes=4, grad=False, feature_grad=False):
         # A weight or gain gradient joins its step's bucket over (axis, wire bytes) when
         # bucketing is on (scalegnn.parallel.context.ParallelContext.weight_grad_hook).
         if g[axis] > 1 and elems > 0:
             out.append(Collective(axis, kind, "all_reduce", float(elems), nbytes,
-                                  ("grad", axis, nbytes) if grad and w.bucket else None))
+                                  ("grad", axis, nbytes) if grad and w.bucket else None, backward=grad,
+                                  feature_grad=feature_grad))
 
     def ag(axis, elems):
         if g[axis] > 1 and elems > 0:
@@ -232,7 +254,7 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
         rows_t, rows_r = B / g[t], B / g[r]
         ar(r, f"pmm_{r}", rows_t * H / g[c], pb)  # SpMM forward
         ar(c, f"pmm_{c}", rows_t * H / g[r], pb)  # GEMM forward
-        ar(r, f"pmm_{r}", rows_t * H / g[c], pb)  # dH
+        ar(r, f"pmm_{r}", rows_t * H / g[c], pb, feature_grad=True)  # dH
         ar(t, f"pmm_{t}", H / g[c] * H / g[r], pb, grad=True)  # dW
         ar(t, f"pmm_{t}", rows_r * H / g[c], pb)  # dX = A^T dH
         if w.norm:
@@ -250,7 +272,7 @@ def step_collectives(w: Workload, grid) -> list[Collective]:
     d = head.class_axis
     rows_a = B / g[a]
     ar(b, f"pmm_{b}", rows_a * C / g[d], pb)  # logits
-    ar(d, f"pmm_{d}", rows_a * H / g[b], pb)  # dX
+    ar(d, f"pmm_{d}", rows_a * H / g[b], pb, feature_grad=True)  # dX
     ar(a, f"pmm_{a}", H / g[b] * C / g[d], pb, grad=True)  # dW_out
     # loss with the batch accuracy: max; sum-exp, target and two argmax counts; totals and counts
     ar(d, "loss", rows_a)
@@ -305,7 +327,9 @@ def axis_bandwidth(grid, axis: str, machine: Machine) -> tuple[float, bool]:
     world = math.prod(grid)
     members = [i * s for i in range(n)]
     if len({m // gpn for m in members}) == 1:
-        return machine.intra_Bps, True
+        # "full": a ring of n devices of one node runs n-1 rings over disjoint pair links (NCCL's
+        # channels), so each device sends at (n-1) times the pair bandwidth.
+        return machine.intra_Bps * (max(1, n - 1) if machine.intra_links == "full" else 1), True
     # groups of this axis with a member on node 0: ranks differing only in the axis coordinate share a group
     groups = {r - ((r // s) % n) * s for r in range(min(gpn, world))}
     return machine.inter_Bps / max(1, len(groups)), False
@@ -349,28 +373,168 @@ def _compute_terms(w: Workload, grid) -> tuple[float, float, float]:
     return spmm, gemm, sampling
 
 
+def collective_cost(op: str, nbytes: float, n: int, beta: float, alpha: float, tree: bool = False
+                    ) -> tuple[float, float, str]:
+    """(bandwidth s, latency s, algorithm) of one collective over n ranks at beta bytes/s.
+
+    Ring all-reduce ``2 (n-1)/n M/beta + 2 (n-1) alpha``; with ``tree`` the double binary
+    tree ``2 M/beta + 2 ceil(log2 n) alpha`` (NCCL's other algorithm: it wins where the
+    ring's 2(n-1) latency steps outweigh its bandwidth advantage, i.e. small messages over
+    many ranks) when that is cheaper. All-gather: ring, ``(n-1) p/beta + (n-1) alpha``."""
+    if op == "all_reduce":
+        ring = (2 * (n - 1) / n * nbytes / beta, 2 * (n - 1) * alpha, "ring")
+        if tree and n > 2:
+            tr = (2 * nbytes / beta, 2 * math.ceil(math.log2(n)) * alpha, "tree")
+            if sum(tr[:2]) < sum(ring[:2]):
+                return tr
+        return ring
+    return (n - 1) * nbytes / beta, (n - 1) * alpha, "ring"
+
+
+# Device-memory passes over an activation block per layer (reads + writes of a tensor the size
+# of the layer's output shard), counted from the layer's operators: forward RMSNorm (sum of
+# squares 1, normalize 2), ReLU 2, dropout 2 (+ mask), residual add 3 = 10, backward twice that.
+# --compile fuses norm + ReLU + dropout: forward 1 (sum of squares) + 2 (fused) + 3 (residual),
+# backward twice that. A BF16 wire adds casts: read FP32 + write BF16, and back (12 bytes per
+# element = 3 FP32 passes) per 3D-PMM all-reduce buffer.
+ELEMENTWISE_PASSES = {False: 30.0, True: 18.0}
+CAST_PASSES = 3.0
+RANDPERM_BYTES_PER_VERTEX = 64  # Alg. 2 line 1 on a device: radix sort of N 64-bit (key, index) pairs, 4 passes
+SECTOR_BYTES = 32  # a random device-memory read costs one sector (binary-search probes, row gathers)
+
+
+def _device_terms(w: Workload, grid, machine: Machine) -> dict:
+    """Accelerator costs of one step, seconds: SpMM, GEMM and element-wise work (roofline over
+    HBM bandwidth and FP32 peak), its backward share, and Algorithm 2's sampling."""
+    from .parallel.layout import head_layout, layer_layout
+
+    g = _sizes(grid)
+    B, H, F, C = w.batch, w.hidden, w.num_features, w.num_classes
+    hbm, peak = machine.hbm_Bps, machine.gemm_flops
+    nnz_s = w.sampled_nnz
+
+    def gemm(m, k, n):  # one FP32 GEMM: roofline of its flops and its operands' bytes
+        return max(2.0 * m * k * n / peak, 4.0 * (m * k + k * n + m * n) / hbm)
+
+    fwd = bwd = dw = 0.0
+    for layer in range(w.layers):
+        lay = layer_layout(layer)
+        r, c = lay.feat
+        t = lay.adj[0]
+        rows_t, rows_r, cols = B / g[t], B / g[r], H / g[c]
+        nnz = nnz_s / (g[t] * g[r])
+        # CSR SpMM: values + int64 columns, one gathered feature row (cols floats, whole sectors) per entry
+        row_bytes = max(SECTOR_BYTES, 4 * cols)
+        fwd += (nnz * (12 + row_bytes) + 4 * rows_t * cols) / hbm
+        bwd += (nnz * (12 + row_bytes) + 4 * rows_r * cols) / hbm  # A^T dH
+        k_in = H / g[r]
+        fwd += gemm(rows_t, cols, k_in)
+        bwd += gemm(rows_t, k_in, cols) + gemm(cols, rows_t, k_in)  # dH, dW
+        dw += gemm(cols, rows_t, k_in)
+        block = 4 * rows_t * cols
+        passes = ELEMENTWISE_PASSES[w.fused]
+        fwd += passes / 3 * block / hbm
+        bwd += 2 * passes / 3 * block / hbm
+        if w.pmm_bytes == 2:  # BF16 casts around the SpMM, GEMM, dH and dX all-reduces
+            fwd += 2 * CAST_PASSES * block / hbm
+            bwd += 2 * CAST_PASSES * block / hbm
+    rows_x = B / g["x"]
+    fwd += 4 * rows_x * F / g["z"] / hbm + gemm(rows_x, F / g["z"], H / g["y"])  # gather X_in, project
+    bwd += gemm(F / g["z"], rows_x, H / g["y"])
+    head = head_layout(w.layers)
+    a, b = head.feat
+    fwd += gemm(B / g[a], H / g[b], C / g[head.class_axis])
+    bwd += 2 * gemm(B / g[a], H / g[b], C / g[head.class_axis])
+    dw += gemm(H / g[b], B / g[a], C / g[head.class_axis])
+    # Algorithm 2 on the device: draw S (a sort of N keys), then per adjacency plane gather the
+    # sampled rows' CSR entries (B/G_rows * nnz/N, 12 bytes each) and binary-search each column
+    # in the sorted sample: ceil(log2 B) dependent probes, one sector each.
+    planes = [layer_layout(i).adj for i in range(min(3, w.layers))]
+    touched = sum(B / g[rows] * w.nnz / w.num_nodes for rows, _ in planes)
+    probes = math.ceil(math.log2(max(B, 2)))
+    sampling = (RANDPERM_BYTES_PER_VERTEX * w.num_nodes + touched * (12 + probes * SECTOR_BYTES)) / hbm
+    return {"forward": fwd, "backward": bwd, "dw": dw, "sampling": sampling}
+
+
+def comm_time_by_kind(w: Workload, grid, machine: Machine) -> dict:
+    """Seconds per step of the collectives of each CommStats kind (bandwidth + latency, no overlap)."""
+    sizes, out, launched = _sizes(grid), {}, set()
+    for col in step_collectives(w, grid):
+        beta, _ = axis_bandwidth(grid, col.axis, machine)
+        b, a, _ = collective_cost(col.op, col.nbytes, sizes[col.axis], beta, machine.latency_s, machine.tree)
+        if col.op == "all_reduce" and col.bucket is not None and col.bucket in launched:
+            a = 0.0
+        launched.add(col.bucket)
+        out[col.kind] = out.get(col.kind, 0.0) + a + b
+    return out
+
+
+def _dw_flops(w: Workload, grid) -> float:
+    """FLOPs of the weight-gradient GEMMs of one step (the layers' and the head's)."""
+    from .parallel.layout import head_layout, layer_layout
+
+    g = _sizes(grid)
+    B, H = w.batch, w.hidden
+    out = sum(2.0 * B / g[layer_layout(i).adj[0]] * H / g[layer_layout(i).feat[1]] * H / g[layer_layout(i).feat[0]]
+              for i in range(w.layers))
+    head = head_layout(w.layers)
+    a, b = head.feat
+    return out + 2.0 * B / g[a] * H / g[b] * w.num_classes / g[head.class_axis]
+
+
 def step_times(w: Workload, grid, machine: Machine) -> dict:
-    """The five model terms of one step, in seconds with the machine's constants."""
+    """The five model terms of one step, in seconds with the machine's constants.
+
+    With ``w.comm_overlap`` (paper V-D) each GEMM's input-gradient all-reduce
+    (``Collective.feature_grad``) is paid only where it outlasts the weight-gradient GEMMs it
+    runs beside, and the weight- and gain-gradient reductions (``Collective.backward``) only
+    where they outlast the rest of the backward compute."""
+    sizes = _sizes(grid)
+    device = _device_terms(w, grid, machine) if machine.hbm_Bps > 0 else None
     bw = lat = 0.0
+    grad_bw = grad_lat = fg_bw = fg_lat = 0.0
     launched: set = set()  # a bucket pays its latency once
     for col in step_collectives(w, grid):
-        n = _sizes(grid)[col.axis]
+        n = sizes[col.axis]
         beta, _ = axis_bandwidth(grid, col.axis, machine)
-        if col.op == "all_reduce":
-            bw += 2 * (n - 1) / n * col.nbytes / beta
-            if col.bucket is None or col.bucket not in launched:
-                lat += 2 * (n - 1) * machine.latency_s
-                launched.add(col.bucket)
+        b, a, _ = collective_cost(col.op, col.nbytes, n, beta, machine.latency_s, machine.tree)
+        if col.op == "all_reduce" and col.bucket is not None and col.bucket in launched:
+            a = 0.0
+        launched.add(col.bucket)
+        if col.backward and w.comm_overlap:
+            grad_bw, grad_lat = grad_bw + b, grad_lat + a
+        elif col.feature_grad and w.comm_overlap:
+            fg_bw, fg_lat = fg_bw + b, fg_lat + a
         else:
-            bw += (n - 1) * col.nbytes / beta
-            lat += (n - 1) * machine.latency_s
-    spmm, gemm, sampling = _compute_terms(w, grid)
+            bw, lat = bw + b, lat + a
     over = oversubscription(grid, machine)
+    if device is None:
+        spmm, gemm, sampling = _compute_terms(w, grid)
+        compute = over * (spmm / machine.spmm_flops + gemm / machine.gemm_flops)
+        sampling_s = over * sampling / machine.spmm_flops
+        backward = compute * 2 / 3
+        dw = over * _dw_flops(w, grid) / machine.gemm_flops
+    else:
+        compute = device["forward"] + device["backward"]
+        sampling_s = device["sampling"]
+        backward = device["backward"]
+        dw = device["dw"]
+
+    def exposed(b, a, budget):  # the part of (b, a) not hidden by budget seconds, split pro rata
+        if b + a <= 0:
+            return 0.0, 0.0, budget
+        f = max(0.0, b + a - budget) / (b + a)
+        return f * b, f * a, max(0.0, budget - (b + a))
+
+    eb, ea, left = exposed(fg_bw, fg_lat, dw)
+    bw, lat = bw + eb, lat + ea
+    eb, ea, _ = exposed(grad_bw, grad_lat, backward - (dw - left))
+    bw, lat = bw + eb, lat + ea
     return {
         "bandwidth": bw,
         "latency": lat,
-        "compute": over * (spmm / machine.spmm_flops + gemm / machine.gemm_flops),
-        "sampling": over * sampling / machine.spmm_flops,
+        "compute": compute,
+        "sampling": sampling_s,
         "overhead": over * machine.step_overhead_s,
     }
 
@@ -405,21 +569,59 @@ class Prediction:
         return "x".join(map(str, self.grid))
 
 
-def memory_per_rank(w: Workload, grid) -> float:
-    """Rough peak bytes per rank: adjacency shards (CSR, int64 columns + FP32 values on
-    min(3, L) planes), the feature shard, full-graph evaluation activations, weights."""
-    from .parallel.layout import layer_layout
+# Tensors of a layer's output block alive from forward until backward: SpMM output, GEMM output,
+# RMSNorm output and its inverse RMS, ReLU output (mask), dropout mask (1 byte) and output, and
+# the resharded residual: about 7 FP32 blocks per layer.
+SAVED_PER_LAYER = 7.0
+
+
+def memory_breakdown(w: Workload, grid) -> dict:
+    """Peak bytes per rank, by what holds them:
+
+    shard        adjacency planes (CSR: int64 columns + FP32 values, int64 row pointers) on
+                 min(3, L) planes, and the input-feature shard
+    optimizer    weights, gradients and AdamW's two moments of this rank's weight shards
+    block        the sampled blocks (CSR on each plane) and Algorithm 2's scratch (the gathered
+                 columns and their positions, 16 bytes per touched entry); twice with --prefetch
+    activations  what training keeps for backward: SAVED_PER_LAYER blocks of (B/G_t) x (H/G_c)
+                 per layer, the gathered input features and the logits
+    evaluation   full-graph evaluation (no autograd): three live (N/G_t) x (H/G_c) blocks
+    peak         shard + optimizer + max(block + activations, evaluation)"""
+    from .parallel.layout import head_layout, layer_layout
 
     g = _sizes(grid)
-    N, H, F = w.num_nodes, w.hidden, w.num_features
-    adj = 0.0
-    for i in range(min(3, w.layers)):
-        rows, cols = layer_layout(i).adj
-        adj += w.nnz / (g[rows] * g[cols]) * 12 + N / g[rows] * 8
+    N, B, H, F, C = w.num_nodes, w.batch, w.hidden, w.num_features, w.num_classes
+    shard = feats = 0.0
+    block = 0.0
+    planes = [layer_layout(i).adj for i in range(min(3, w.layers))]
+    for rows, cols in planes:
+        shard += w.nnz / (g[rows] * g[cols]) * 12 + N / g[rows] * 8
+        block += w.sampled_nnz / (g[rows] * g[cols]) * 12 + B / g[rows] * 8
+        block += B / g[rows] * w.nnz / w.num_nodes / g[cols] * 16
     feats = N / g["x"] * F / g["z"] * 4
-    act = 6 * N / min(g["x"], g["y"], g["z"]) * H / max(g["x"], g["y"], g["z"]) * 4  # evaluation, B = N
-    weights = 4 * 4 * (F * H + w.layers * H * H + H * w.num_classes) / (g["x"] * g["y"] * g["z"])
-    return adj + feats + act + weights
+    if w.prefetch:
+        block *= 2
+    params = F / g["z"] * H / g["y"]
+    act = eval_act = 0.0
+    for layer in range(w.layers):
+        lay = layer_layout(layer)
+        r, c = lay.feat
+        params += H / g[c] * H / g[r] + H / g[r]
+        act += SAVED_PER_LAYER * 4 * B / g[lay.adj[0]] * H / g[c]
+        eval_act = max(eval_act, 3 * 4 * N / g[lay.adj[0]] * H / g[c])
+    head = head_layout(w.layers)
+    a, b = head.feat
+    params += H / g[b] * C / g[head.class_axis]
+    act += 4 * B / g["x"] * F / g["z"] + 2 * 4 * B / g[a] * C / g[head.class_axis]
+    out = {"shard": shard + feats, "optimizer": 4 * 4 * params, "block": block, "activations": act,
+           "evaluation": eval_act}
+    out["peak"] = out["shard"] + out["optimizer"] + max(block + act, eval_act)
+    return out
+
+
+def memory_per_rank(w: Workload, grid) -> float:
+    """Peak bytes per rank (:func:`memory_breakdown`'s ``peak``)."""
+    return memory_breakdown(w, grid)["peak"]
 
 
 def predict(w: Workload, grid, machine: Machine, coef: Coefficients | None = None) -> Prediction:
@@ -427,6 +629,9 @@ def predict(w: Workload, grid, machine: Machine, coef: Coefficients | None = Non
     grid = tuple(int(v) for v in grid)
     steps = w.steps_per_epoch(grid[0])
     parts = {k: steps * coef[k] * v for k, v in step_times(w, grid, machine).items()}
+    if w.prefetch:  # V-A: the next batch is sampled while this step trains; only the excess waits
+        train = sum(v for k, v in parts.items() if k != "sampling")
+        parts["sampling"] = max(0.0, parts["sampling"] - train)
     mem = memory_per_rank(w, grid)
     return Prediction(grid, sum(parts.values()), steps, parts, mem,
                       fits=machine.memory_bytes <= 0 or mem <= machine.memory_bytes)

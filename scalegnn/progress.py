@@ -6,8 +6,8 @@ switched off. :class:`EpochLogger` therefore picks by where its output goes:
 
 * ``mode="auto"`` (the default): a tqdm bar when stderr is a terminal, otherwise one
   log line per epoch;
-* ``"lines"``: always log lines (``--quiet``: no bar, but the log keeps its lines);
-* ``"bar"``: always the bar; ``"off"``: nothing.
+* ``"lines"``: always log lines, with a :class:`Heartbeat` line inside a long epoch;
+* ``"bar"``: always the bar; ``"off"`` (``--quiet``, ``progress=False``): nothing.
 
 Only rank 0 reports (every rank sees the same reduced row). A line reads::
 
@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-__all__ = ["EpochLogger", "configure_logging", "default_log_level", "mode_from_progress", "LOG_LEVELS", "LOG_FORMAT",
+__all__ = ["EpochLogger", "Heartbeat", "resolve_mode", "configure_logging", "default_log_level", "mode_from_progress", "LOG_LEVELS", "LOG_FORMAT",
            "Phases"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -98,9 +98,74 @@ def _ensure_configured() -> None:
 
 
 def mode_from_progress(progress: bool | None) -> str:
-    """``RunConfig.progress`` / ``CommonConfig.progress`` as a mode: None -> auto (bar
-    on a terminal, lines elsewhere), False (``--quiet``) -> lines, True -> bar."""
-    return "auto" if progress is None else ("bar" if progress else "lines")
+    """``LoopConfig.progress`` as a mode: None -> auto (bar on a terminal, lines
+    elsewhere), False (``--quiet``, ``quiet=True``) -> off, True -> bar."""
+    return "auto" if progress is None else ("bar" if progress else "off")
+
+
+def resolve_mode(mode: str, rank: int = 0, stream=None) -> str:
+    """What rank ``rank`` shows for ``mode``: "off" on every rank but 0; "auto" is a bar
+    where ``stream`` (default stderr) is a terminal, else lines."""
+    if mode not in MODES:
+        raise ValueError(f"progress mode must be one of {MODES}, got {mode!r}")
+    if rank != 0:
+        return "off"
+    if mode == "auto":
+        out = stream if stream is not None else sys.stderr
+        return "bar" if hasattr(out, "isatty") and out.isatty() else "lines"
+    return mode
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else (f"{rest // 60}m{rest % 60:02d}s" if rest >= 60 else f"{rest}s")
+
+
+class Heartbeat:
+    """A line inside a long epoch, every ``every_s`` seconds, where the epoch lines go
+    (mode "lines": a batch log), so that a log is never silent for a whole epoch::
+
+        scalegnn papers epoch 2/10: step 300/1000, 12.5 steps/s, 6,400 vertices/s, epoch ETA 56s, run ETA 14m20s
+
+    :meth:`step` is called after every step; it reads the clock only (no device
+    value), so the rates are those at which the host queues steps (on a GPU, ahead of
+    the device by at most its queue). ``every_s`` 0 turns it off."""
+
+    def __init__(self, system: str, dataset: str, total_epochs: int, rank: int = 0, mode: str = "auto", *,
+                 every_s: float = 60.0, steps_per_epoch: int, batch_size: int | None = None, clock=time.monotonic):
+        self.on = every_s > 0 and resolve_mode(mode, rank) == "lines"
+        self.system, self.dataset, self.total = system, dataset, int(total_epochs)
+        self.every_s, self.spe, self.batch_size, self.clock = float(every_s), int(steps_per_epoch), batch_size, clock
+        self.log = logging.getLogger("scalegnn.progress")
+        self.epoch = self.first_step = 0
+        self.start = self.last = 0.0
+
+    def begin_epoch(self, epoch: int, step_in_epoch: int = 0) -> None:
+        """Epoch ``epoch`` starts (at ``step_in_epoch``: a run resumed mid-epoch)."""
+        self.epoch, self.first_step = epoch, step_in_epoch
+        self.start = self.last = self.clock()
+
+    def step(self, step_in_epoch: int) -> str | None:
+        """``step_in_epoch`` steps of the epoch are done; returns the line when one is due."""
+        if not self.on:
+            return None
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return None
+        self.last = now
+        done = step_in_epoch - self.first_step
+        rate = done / max(now - self.start, 1e-9)
+        parts = [f"step {step_in_epoch}/{self.spe}", f"{rate:.2f} steps/s"]
+        if self.batch_size:
+            parts.append(f"{rate * self.batch_size:,.0f} vertices/s")
+        if rate > 0:
+            left = (self.spe - step_in_epoch) / rate
+            parts += [f"epoch ETA {_duration(left)}",
+                      f"run ETA {_duration(left + (self.total - self.epoch) * self.spe / rate)}"]
+        line = f"{self.system} {self.dataset} epoch {self.epoch}/{self.total}: " + ", ".join(parts)
+        self.log.info(line)
+        return line
 
 
 def _fmt(value, spec: str = ".4f") -> str:
@@ -118,10 +183,10 @@ class Phases:
             said(f"{graph.num_nodes:,} vertices")
     """
 
-    def __init__(self, rank: int = 0):
-        self.rank = rank
+    def __init__(self, rank: int = 0, *, quiet: bool = False):
+        self.rank = -1 if quiet else rank  # quiet (--quiet): no rank speaks
         self.log = logging.getLogger("scalegnn.progress")
-        if rank == 0:
+        if self.rank == 0:
             _ensure_configured()
 
     @contextlib.contextmanager
@@ -149,20 +214,14 @@ class EpochLogger:
     def __init__(self, system: str, dataset: str, total_epochs: int, rank: int = 0, mode: str = "auto", *,
                  steps_per_epoch: int | None = None, batch_size: int | None = None, done_epochs: int = 0,
                  done_time_s: float = 0.0, stream=None):
-        if mode not in MODES:
-            raise ValueError(f"progress mode must be one of {MODES}, got {mode!r}")
         self.system, self.dataset, self.total = system, dataset, int(total_epochs)
         self.steps_per_epoch, self.batch_size = steps_per_epoch, batch_size
         self.last_time_s = float(done_time_s)
         self.log = logging.getLogger("scalegnn.progress")
         self.bar = None
-        if rank != 0 or mode == "off":
-            self.mode = "off"
+        self.mode = mode = resolve_mode(mode, rank, stream)
+        if mode == "off":
             return
-        if mode == "auto":
-            out = stream if stream is not None else sys.stderr
-            mode = "bar" if hasattr(out, "isatty") and out.isatty() else "lines"
-        self.mode = mode
         if mode == "lines":
             _ensure_configured()
         if mode == "bar":

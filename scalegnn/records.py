@@ -7,6 +7,7 @@ thing; :func:`validate_record` is the single definition of what a valid one is.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -21,6 +22,9 @@ from .fileio import atomic_write
 
 __all__ = [
     "SCHEMA_VERSION",
+    "reserve_record_space",
+    "reserve_path",
+    "rescue_folders",
     "RecordError",
     "new_run_id",
     "new_record",
@@ -322,11 +326,90 @@ def validate_record(record: dict, source: str = "record") -> dict:
     return record
 
 
+# A full disk must not lose a finished run: when a run starts, rank 0 sets aside this much
+# of its record folder (:func:`reserve_record_space`, a file of zeros, so the blocks are
+# really allocated); when the record cannot be written for lack of space, the reserve is
+# given back and the write tried again, then a rescue folder (:func:`rescue_folders`).
+RESERVE_BASE_BYTES = 256 << 10
+RESERVE_PER_EPOCH_BYTES = 4 << 10  # an epoch row with its components and bytes is ~1-2 KiB
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def reserve_path(out_dir, run_id: str) -> Path:
+    """Where run ``run_id``'s reserve (:func:`reserve_record_space`) sits."""
+    return Path(out_dir) / f".{run_id}.reserve"
+
+
+def reserve_record_space(out_dir: str | os.PathLike, run_id: str, epochs: int) -> Path | None:
+    """Set aside room for the record of run ``run_id`` (``epochs`` epoch rows) in
+    ``out_dir``; None when even that fails (the disk is already full: the run goes on,
+    and its record will go to a rescue folder if need be)."""
+    path = reserve_path(out_dir, run_id)
+    size = RESERVE_BASE_BYTES + RESERVE_PER_EPOCH_BYTES * max(int(epochs), 1)
+    try:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            chunk = bytes(64 << 10)
+            for start in range(0, size, len(chunk)):
+                f.write(chunk[: size - start])
+            f.flush()
+            os.fsync(f.fileno())
+        return path
+    except OSError:
+        path.unlink(missing_ok=True)
+        return None
+
+
+def rescue_folders() -> list[Path]:
+    """Where a record goes when its own folder is full: ``$SCALEGNN_RESCUE_DIR``, then
+    ``~/.cache/scalegnn/rescued-records``, then the temporary folder."""
+    import tempfile
+
+    out = [Path(os.environ["SCALEGNN_RESCUE_DIR"])] if os.environ.get("SCALEGNN_RESCUE_DIR") else []
+    return out + [Path.home() / ".cache" / "scalegnn" / "rescued-records",
+                  Path(tempfile.gettempdir()) / f"scalegnn-rescued-records-{os.getuid()}"]
+
+
 def write_record(record: dict, out_dir: str | os.PathLike, *, exclusive: bool = False) -> Path:
     """Validate and write ``<out_dir>/<run_id>.json`` atomically (:func:`atomic_write_json`;
-    ``exclusive``: only if no record of this run exists yet)."""
+    ``exclusive``: only if no record of this run exists yet). A full disk (ENOSPC, a
+    quota) gives back the run's reserve (:func:`reserve_record_space`) and tries again,
+    then writes to the first rescue folder that takes it (:func:`rescue_folders`) and
+    says so in one line on stderr; the reserve is removed once the record is written."""
     validate_record(record)
-    return atomic_write_json(Path(out_dir) / f"{record['run_id']}.json", record, exclusive=exclusive)
+    reserve = reserve_path(out_dir, record["run_id"])
+    name = f"{record['run_id']}.json"
+    try:
+        path = atomic_write_json(Path(out_dir) / name, record, exclusive=exclusive)
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        if reserve.exists():
+            reserve.unlink()
+            try:
+                return atomic_write_json(Path(out_dir) / name, record, exclusive=exclusive)
+            except OSError as again:
+                if again.errno not in _FULL:
+                    raise
+        path = _rescue(record, name, out_dir, exc)
+    reserve.unlink(missing_ok=True)
+    return path
+
+
+def _rescue(record: dict, name: str, out_dir, full: OSError) -> Path:
+    import sys
+
+    for folder in rescue_folders():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = atomic_write_json(folder / name, record)
+        except OSError:
+            continue
+        print(f"scalegnn: no space left in {out_dir} for the run record ({full.strerror}); it is in {path} instead",
+              file=sys.stderr)
+        return path
+    raise OSError(full.errno, f"no space left for the run record in {out_dir} nor in any rescue folder "
+                  f"({', '.join(map(str, rescue_folders()))}); set SCALEGNN_RESCUE_DIR to a folder with room") from full
 
 
 def atomic_write_json(target: str | os.PathLike, obj, *, exclusive: bool = False) -> Path:

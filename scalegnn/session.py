@@ -40,7 +40,7 @@ from .parallel.grid import AXES
 from .records import RunRecord
 from .signals import Interrupted, JobEnded, held, signal_text, stop_under_way
 
-__all__ = ["RunSession", "status_of", "JobFailed", "FAILURES", "stand_in_record", "conclude", "new_run_id", "write_job_failure",
+__all__ = ["RunSession", "status_of", "JobFailed", "DiskFull", "disk_full", "FAILURES", "stand_in_record", "conclude", "new_run_id", "write_job_failure",
            "write_survivor_failure", "name_lost_ranks", "write_interruption", "OutOfMemory", "out_of_memory", "SETUP"]
 
 # What a rank does with a failure (a status of FAILED_STATUSES):
@@ -62,6 +62,29 @@ class OutOfMemory(RuntimeError):
     """A rank ran out of memory; the message names the rank, the stage and a fix."""
 
 
+class DiskFull(RuntimeError):
+    """A write found no space left (ENOSPC, a quota); the message names what was being
+    written, what is kept and how to go on."""
+
+
+def disk_full(exc: BaseException, cfg: RunConfig, rank: int, stage: str) -> DiskFull | None:
+    """``exc`` as a :class:`DiskFull` when it is a full disk, else None. A checkpoint
+    save that fails leaves the previous checkpoints whole (each file is written to a
+    temporary name and renamed), so the message names the newest one to resume from."""
+    import errno
+
+    if not isinstance(exc, OSError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    text = f"rank {rank}: no space left on device while {stage} ({exc.filename or exc.strerror})"
+    if cfg.checkpoint.dir:
+        from .checkpoint import latest
+
+        newest = latest(cfg.checkpoint.dir)
+        text += (f"; the newest whole checkpoint is {newest}: free space, then resume with --checkpoint-dir "
+                 f"{cfg.checkpoint.dir} --resume" if newest is not None else "; no checkpoint was saved yet")
+    return DiskFull(text)
+
+
 def status_of(outcome: BaseException | None) -> str:
     """The record status of what ended a run (None: the loop finished)."""
     if outcome is None:
@@ -81,7 +104,7 @@ def _error_text(outcome: BaseException) -> str:
     """The record's ``error`` for ``outcome``: the message of a run that ended on a
     decision (diverged, preempted, a scheduler's verdict), the type, message and
     traceback of a failure (the traceback of the error being handled)."""
-    if isinstance(outcome, (DivergedError, Preempted, JobEnded, JobFailed)):
+    if isinstance(outcome, (DivergedError, Preempted, JobEnded, JobFailed, DiskFull)):
         return str(outcome)
     return f"{type(outcome).__name__}: {outcome}\n{traceback.format_exc(limit=8)}"
 
@@ -122,6 +145,7 @@ class RunSession:
         self.record: RunRecord | None = None
         self.trainer = None
         self.peaks: list[tuple] | None = None  # every rank's (memory, RSS, device memory) peaks, when known already
+        self.reserve = None  # the room set aside for the record (records.reserve_record_space)
         reset_peak_memory(self.device)
 
     def open(self, trainer) -> RunRecord:
@@ -136,6 +160,8 @@ class RunSession:
             graph=trainer.graph_info,
             batch_size=trainer.batch_size, steps_per_epoch=trainer.steps_per_epoch, target_acc=cfg.loop.target_acc,
             run_id=self.run_id, **trainer.record_fields())
+        if self.write and self.rank == 0:  # room for the record, whatever fills the disk meanwhile
+            self.reserve = records.reserve_record_space(cfg.loop.out_dir, self.record["run_id"], cfg.loop.epochs)
         return self.record
 
     @contextlib.contextmanager
@@ -177,7 +203,8 @@ class RunSession:
         if (signum := stop_under_way()) is not None:
             return Interrupted(signum)
         stage = getattr(self.trainer, "stage", "training")
-        return out_of_memory(exc, self.cfg, self.rank, stage, getattr(self.trainer, "batch_size", None)) or exc
+        return out_of_memory(exc, self.cfg, self.rank, stage, getattr(self.trainer, "batch_size", None)) \
+            or disk_full(exc, self.cfg, self.rank, stage) or exc
 
     def _close(self) -> None:
         record, trainer = self.record, self.trainer
@@ -198,6 +225,8 @@ class RunSession:
         if status in FAILED_STATUSES and self.rank == 0 and self.survey is not None:
             name_lost_ranks(record, self.survey())
         handed_over = self.failures == "hand over" and status in FAILED_STATUSES
+        if self.reserve is not None and self.reserve.exists():  # a resumed run took its checkpoint's id
+            self.reserve = self.reserve.replace(records.reserve_path(self.cfg.loop.out_dir, record["run_id"]))
         if self.write and self.rank == 0 and status != "interrupted" and not handed_over:
             record["path"] = str(records.write_record(record, self.cfg.loop.out_dir))
 

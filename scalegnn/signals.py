@@ -1,6 +1,14 @@
-"""Stopping a run with a signal: SIGINT (Ctrl-C) or SIGTERM ends it as an ``interrupted`` record.
+"""Stopping a run with a signal: SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGQUIT ends it as an
+``interrupted`` record; SIGUSR1 prints where every thread is and the run goes on.
 
-:func:`stop_on_signals` makes the first SIGINT or SIGTERM raise :class:`Interrupted`
+    SIGINT   Ctrl-C                                       stop: record interrupted, exit 130
+    SIGTERM  kill, a scheduler                            stop: record interrupted, exit 143
+    SIGHUP   the terminal closed, an ssh session dropped  stop: record interrupted, exit 129
+    SIGQUIT  Ctrl-\\                                      stop: record interrupted, exit 131
+    SIGUSR1  "where is it?" (a run that seems hung)       every thread's stack on stderr; runs on
+    SIGUSR2  a sweep task's preemption notice (submitit)  checkpoint at the next step, requeue
+
+:func:`stop_on_signals` makes the first stop signal raise :class:`Interrupted`
 in the main thread, wherever the run is: loading data, training, evaluating, saving
 a checkpoint (a save cut short has no ``meta.json`` and is ignored on resume).
 :func:`scalegnn.launch.launch` installs it around every run that no launcher owns;
@@ -28,12 +36,16 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
-__all__ = ["Interrupted", "Terminated", "JobEnded", "STOP_SIGNALS", "stop_on_signals", "held", "signal_text",
+__all__ = ["Interrupted", "Terminated", "JobEnded", "STOP_SIGNALS", "DUMP_SIGNAL", "stop_on_signals", "held", "signal_text",
            "stop_under_way", "terminate_raises", "sigterm_ignored"]
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+DUMP_SIGNAL = signal.SIGUSR1  # faulthandler: every thread's Python stack on stderr, the run goes on
+_WHY = {signal.SIGINT: "Ctrl-C", signal.SIGHUP: "the terminal closed or the ssh session dropped",
+        signal.SIGQUIT: "Ctrl-\\"}
 
 
 class Interrupted(BaseException):
@@ -48,7 +60,8 @@ class Interrupted(BaseException):
 
     @property
     def exit_code(self) -> int:
-        """The shell's convention for a process ended by a signal: 130 (SIGINT), 143 (SIGTERM)."""
+        """The shell's convention for a process ended by a signal: 130 (SIGINT), 143 (SIGTERM),
+        129 (SIGHUP), 131 (SIGQUIT)."""
         return 128 + self.signum
 
 
@@ -72,7 +85,7 @@ class JobEnded(RuntimeError):
 
 def signal_text(signum: int) -> str:
     name = signal.Signals(signum).name
-    return f"{name} (Ctrl-C)" if signum == signal.SIGINT else name
+    return f"{name} ({_WHY[signum]})" if signum in _WHY else name
 
 
 class _State:
@@ -102,19 +115,33 @@ def stop_under_way() -> int | None:
 
 @contextlib.contextmanager
 def stop_on_signals():
-    """SIGINT and SIGTERM raise :class:`Interrupted` (once) inside the block. Off the
-    main thread, for a signal someone else handles, and inside an enclosing
-    ``stop_on_signals`` nothing changes."""
+    """The stop signals (:data:`STOP_SIGNALS`) raise :class:`Interrupted` (once) inside
+    the block, and SIGUSR1 dumps every thread's stack to stderr. Off the main thread,
+    for a signal someone else handles, and inside an enclosing ``stop_on_signals``
+    nothing changes."""
+    import faulthandler
+
     installed = {}
+    dumping = False
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:
             if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler, None):
                 installed[sig] = signal.signal(sig, _raise_once)
+        if signal.getsignal(DUMP_SIGNAL) in (signal.SIG_DFL, None):
+            for stream in (sys.stderr, sys.__stderr__):  # a captured stderr (pytest, a notebook) has no descriptor
+                try:
+                    faulthandler.register(DUMP_SIGNAL, file=stream, all_threads=True, chain=False)
+                except (AttributeError, ValueError, OSError):
+                    continue
+                dumping = True
+                break
     try:
         yield
     finally:
         for sig, previous in installed.items():
             signal.signal(sig, previous)
+        if dumping:
+            faulthandler.unregister(DUMP_SIGNAL)
         if installed:
             _STATE.stopping = None
 

@@ -32,7 +32,7 @@ from .checkpoint import CheckpointError, Checkpointer, Preempted
 from .config import RunConfig
 from .graph import Graph
 from .loop import Callback, DivergedError, EpochStats, EpochSums, LoopStart, Trainer, reached_target
-from .progress import Phases
+from .progress import Heartbeat, Phases, mode_from_progress
 from .sampling import resolve_batch_size
 
 __all__ = ["ScaleGNNTrainer", "make_trainer", "prepare_graph", "make_engine"]
@@ -106,22 +106,33 @@ class ScaleGNNTrainer(Trainer):
         self.grid = ProcessGrid(*cfg.parallel.grid, backend=env.backend) if dist.is_initialized() \
             else ProcessGrid.single()
         self.device = torch.device(env.device)
-        phases = Phases(env.rank)
-        if cfg.data.shard_dir is not None:
-            with phases("reading this rank's shard and building the engine") as said:
-                self.graph_info, self.engine = _engine_from_shards(cfg, self.grid, self.device)
-                said(_sizes(self.graph_info))
-        else:
-            with phases("loading the graph") as said:
-                graph = prepare_graph(cfg, graph)
-                self.graph_info = graph.record_info()
-                said(f"{graph.name}, {_sizes(self.graph_info)}")
-            with phases("building the engine") as said:
-                batch_size = resolve_batch_size(graph.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
-                self.engine = make_engine(cfg, graph, batch_size, self.grid, self.device)
-                said(f"grid {'x'.join(map(str, cfg.parallel.grid))}, batch {self.engine.batch_size:,}, "
-                     f"{self.engine.steps_per_epoch} steps per epoch, on {self.device}")
+        # one run per checkpoint folder, refused before anything loads (rank 0 holds it)
+        self.lock = ckpt_mod.FolderLock(cfg.checkpoint.dir).acquire() if cfg.checkpoint.dir and env.rank == 0 \
+            else None
+        try:
+            phases = Phases(env.rank, quiet=cfg.loop.progress is False)
+            if cfg.data.shard_dir is not None:
+                with phases("reading this rank's shard and building the engine") as said:
+                    self.graph_info, self.engine = _engine_from_shards(cfg, self.grid, self.device)
+                    said(_sizes(self.graph_info))
+            else:
+                with phases("loading the graph") as said:
+                    graph = prepare_graph(cfg, graph)
+                    self.graph_info = graph.record_info()
+                    said(f"{graph.name}, {_sizes(self.graph_info)}")
+                with phases("building the engine") as said:
+                    batch_size = resolve_batch_size(graph.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
+                    self.engine = make_engine(cfg, graph, batch_size, self.grid, self.device)
+                    said(f"grid {'x'.join(map(str, cfg.parallel.grid))}, batch {self.engine.batch_size:,}, "
+                         f"{self.engine.steps_per_epoch} steps per epoch, on {self.device}")
+        except BaseException:
+            if self.lock is not None:
+                self.lock.release()
+            raise
         self.batch_size, self.steps_per_epoch = self.engine.batch_size, self.engine.steps_per_epoch
+        self.heartbeat = Heartbeat(cfg.system, cfg.data.dataset, cfg.loop.epochs, env.rank,
+                                   mode_from_progress(cfg.loop.progress), every_s=cfg.loop.heartbeat_s,
+                                   steps_per_epoch=self.steps_per_epoch, batch_size=self.batch_size)
         self.ckpt = Checkpointer(cfg.checkpoint, self.grid if self.grid.distributed else None) \
             if cfg.checkpoint.enabled else None
         self.record: dict | None = None
@@ -155,6 +166,27 @@ class ScaleGNNTrainer(Trainer):
 
     def close(self) -> None:
         self.engine.close()  # stops the prefetch thread (no orphan threads), writes the profiler trace
+        if self.lock is not None:
+            self.lock.release()
+
+    def end(self, record: dict) -> None:
+        """``--save-model``: the ranks' shards made one serial model, written by rank 0
+        beside the record (:mod:`scalegnn.trained`), which names the file."""
+        if not self.cfg.loop.save_model:
+            return
+        from .trained import model_file_of, save_model
+
+        self.stage = "consolidating the trained model"
+        state = self.engine.gather_model()  # a collective: every rank takes part
+        if state is None:
+            return
+        m, cfg = self.engine.model, self.cfg
+        about = {"run_id": record["run_id"], "system": cfg.system, "dataset": cfg.data.dataset,
+                 "grid": "x".join(map(str, cfg.parallel.grid)), "step": self.step,
+                 "epoch": self.step // self.steps_per_epoch}
+        path = save_model(model_file_of(cfg.loop.out_dir, record["run_id"]), state, in_dim=m.in_dim,
+                          num_classes=m.num_classes, model_cfg=m.config, about=about)
+        record["model_file"] = str(path)
 
     # ------------------------------------------------------------------ epochs
     def train_epoch(self, epoch: int) -> EpochStats:
@@ -168,10 +200,12 @@ class ScaleGNNTrainer(Trainer):
         engine.synchronize()
         t0, seconds = time.perf_counter(), 0.0
         end = epoch * spe
+        self.heartbeat.begin_epoch(epoch, self.step % spe)
         while self.step < end:
             self.stage = f"training step {self.step} (epoch {epoch})"
             sums.add(engine.train_step(self.step), self.step)
             self.step += 1
+            self.heartbeat.step(self.step - (epoch - 1) * spe)
             if self.ckpt is not None and self.step < end and self.ckpt.due(self.step):  # mid-epoch save
                 engine.synchronize()
                 seconds += time.perf_counter() - t0
@@ -229,14 +263,26 @@ class ScaleGNNTrainer(Trainer):
             raise CheckpointError(f"{path} was written by a run with another config ({'; '.join(diff)}); resume "
                                   "with the same settings, or use a new --checkpoint-dir for a new run")
         changes = ckpt_mod.continuation(path, meta, cfg.to_dict())  # e.g. more --epochs; refused past its end
-        for key in ("world_size", "batch_size", "steps_per_epoch"):
-            now = record[key]
-            if meta.get(key) != now:
-                raise CheckpointError(f"{path}: {key} was {meta.get(key)} when saved, is {now} now "
-                                      "(the dataset or the launch changed); use a new --checkpoint-dir")
-        state = ckpt_mod.load_rank_state(path, grid.rank)
-        self.engine.load_state_dict(state["engine"])
-        ckpt_mod.set_rng_state(state["rng"])
+        if meta.get("batch_size") != record["batch_size"]:
+            raise CheckpointError(f"{path}: batch_size was {meta.get('batch_size')} when saved, is "
+                                  f"{record['batch_size']} now (the dataset changed); use a new --checkpoint-dir")
+        saved_grid = ckpt_mod.saved_grid(meta)
+        if saved_grid == tuple(cfg.parallel.grid):
+            for key in ("world_size", "steps_per_epoch"):
+                if meta.get(key) != record[key]:
+                    raise CheckpointError(f"{path}: {key} was {meta.get(key)} when saved, is {record[key]} now "
+                                          "(the dataset or the launch changed); use a new --checkpoint-dir")
+            state = ckpt_mod.load_rank_state(path, grid.rank)
+            self.engine.load_state_dict(state["engine"])
+        else:  # another grid: every rank cuts its shards from the checkpoint's state made whole
+            from .parallel.engine import read_whole_state
+
+            step = ckpt_mod.regridded_step(path, meta, self.steps_per_epoch)
+            self.engine.load_whole_state(read_whole_state(path, meta), step=step)
+            changes = ckpt_mod.regridding(meta, tuple(cfg.parallel.grid), step, self.steps_per_epoch, changes)
+            meta = {**meta, "loop": {**meta["loop"], "step": step}}
+            state = ckpt_mod.load_rank_state(path, grid.rank if grid.rank < meta["world_size"] else 0)
+        ckpt_mod.set_rng_state(state["rng"])  # not read by a step (samples and dropout are keyed by step)
         saved = meta["record"]
         record["run_id"] = saved["run_id"]
         record["epochs"] = saved["epochs"]

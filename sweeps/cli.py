@@ -4,6 +4,9 @@
     scalegnn report RESULTS_DIR --out DIR                        figures, tables, provenance, failures
     scalegnn plan --dataset NAME --gpus G --cluster NAME         rank the grid shapes by predicted epoch time
                   [--cagnet]                                   and CAGNET's configurations of G ranks
+                  [--grid GdxGxxGyxGz]                         one grid: time and memory, term by term
+                  [--recommend]                                the grids that fit, ranked, and why the first wins
+    scalegnn plan --paper                                      the model against every Fig. 5/7/8 number of the paper
 
 ``scalegnn.cli`` registers them with :func:`add_commands` and dispatches to :func:`run`.
 """
@@ -78,9 +81,17 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("plan", help="rank 4D grid shapes by the performance model's predicted epoch time",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", required=True, help="a paper dataset (statistics built in) or any loadable name")
-    p.add_argument("--gpus", type=int, required=True, help="total GPUs (ranks) G = Gd*Gx*Gy*Gz")
-    p.add_argument("--cluster", required=True, help="profile: bandwidths, GPUs per node, device memory")
+    p.add_argument("--dataset", default=None, help="a paper dataset (statistics built in) or any loadable name")
+    p.add_argument("--gpus", type=int, default=None, help="total GPUs (ranks) G = Gd*Gx*Gy*Gz (default: --grid's)")
+    p.add_argument("--cluster", default=None, help="profile: bandwidths, GPUs per node, device memory")
+    p.add_argument("--grid", default=None, metavar="GdxGxxGyxGz", help="evaluate this one grid, term by term")
+    p.add_argument("--recommend", action="store_true",
+                   help="rank only the grids that fit in device memory and say why the first wins")
+    p.add_argument("--paper", action="store_true",
+                   help="the model against every Fig. 5/7/8 number of the paper (other options ignored)")
+    p.add_argument("--prefetch", action="store_true", help="model --prefetch (sampling overlaps training)")
+    p.add_argument("--compile", action="store_true", help="model --compile (fused element-wise kernels)")
+    p.add_argument("--comm-overlap", action="store_true", help="model --comm-overlap")
     p.add_argument("--gd", type=int, default=None, help="fix the data-parallel size Gd (default: all)")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=3)
@@ -104,8 +115,15 @@ def run(args) -> int:
 
         from scalegnn.analysis.report import write_report
 
+        from scalegnn.analysis.paper_model import MACHINES
+        from scalegnn.perfmodel import Machine
+
+        from .profiles import load_profile
+
         out = args.out or str(Path(args.results_dir) / "report")
-        path = write_report(args.results_dir, out, data_root=args.data_root, title=args.title)
+        machines = {c: Machine.from_profile(load_profile(c)) for c in MACHINES}
+        path = write_report(args.results_dir, out, data_root=args.data_root, title=args.title,
+                            paper_machines=machines)
         print(f"report: {path}")
         return 0
     if args.command == "plan":
@@ -127,16 +145,62 @@ def _sweep(args) -> int:
     return 1 if result.failed else 0
 
 
-def _plan(args) -> int:
-    from scalegnn.perfmodel import Coefficients, Machine, Workload, rank_grids
+def _parse_grid(text: str) -> tuple[int, int, int, int]:
+    try:
+        grid = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        grid = ()
+    if len(grid) != 4 or min(grid) < 1:
+        raise SystemExit(f"scalegnn plan: --grid expects GdxGxxGyxGz, e.g. 1x4x4x4; got {text!r}")
+    return grid
+
+
+def _plan_paper() -> int:
+    from scalegnn.analysis.paper_model import MACHINES, format_table, paper_table
+    from scalegnn.perfmodel import Machine
 
     from .profiles import load_profile
 
+    ms = {c: Machine.from_profile(load_profile(c)) for c in MACHINES}
+    rows, net = paper_table(ms)
+    print(format_table(rows, net, ms["frontier"]))
+    return 0
+
+
+def _explain(first, second, machine) -> str:
+    """Why ``first`` beats ``second``: the term that differs most, and where their axes sit."""
+    from scalegnn.perfmodel import axis_bandwidth
+
+    diffs = {k: second.parts[k] - first.parts[k] for k in first.parts}
+    term = max(diffs, key=diffs.get)
+    inside = [a for a, n in zip(("x", "y", "z"), first.grid[1:]) if n > 1 and axis_bandwidth(first.grid, a, machine)[1]]
+    where = f"{', '.join(inside)} inside a node" if inside else "no 3D-PMM axis inside a node"
+    return (f"{first.grid_str} wins over {second.grid_str} by {1e3 * (second.epoch_s - first.epoch_s):.1f} ms per "
+            f"epoch, most of it {term} ({1e3 * diffs[term]:+.1f} ms); {where}; {first.steps} steps per epoch")
+
+
+def _plan(args) -> int:
+    from scalegnn.perfmodel import Coefficients, Machine, Workload, memory_breakdown, predict, rank_grids
+
+    from .profiles import load_profile
+
+    if args.paper:
+        return _plan_paper()
+    grid = _parse_grid(args.grid) if args.grid else None
+    if args.gpus is None and grid is not None:
+        args.gpus = grid[0] * grid[1] * grid[2] * grid[3]
+    missing = [f"--{n}" for n in ("dataset", "gpus", "cluster") if getattr(args, n) is None]
+    if missing:
+        raise SystemExit(f"scalegnn plan: {', '.join(missing)} required (or --paper)")
+    if grid is not None and grid[0] * grid[1] * grid[2] * grid[3] != args.gpus:
+        raise SystemExit(f"scalegnn plan: --grid {args.grid} has {grid[0] * grid[1] * grid[2] * grid[3]} ranks, "
+                         f"--gpus says {args.gpus}")
     profile = load_profile(args.cluster)
     machine = Machine.from_profile(profile)
     w = Workload.for_dataset(args.dataset, hidden=args.hidden, layers=args.layers,
                              batch_ratio=None if args.batch_size else args.batch_ratio, batch_size=args.batch_size,
-                             data_root=args.data_root, pmm_bytes=2 if args.comm_dtype == "bf16" else 4)
+                             data_root=args.data_root, pmm_bytes=2 if args.comm_dtype == "bf16" else 4,
+                             prefetch=args.prefetch, fused=args.compile, comm_overlap=args.comm_overlap)
     coef, source = Coefficients(), f"the {profile.name} profile's constants (not fitted)"
     if args.fit:
         from scalegnn.analysis import load_runs
@@ -144,7 +208,9 @@ def _plan(args) -> int:
 
         coef = fit_from_runs(load_runs(args.fit), profile.name, machine)
         source = f"fitted on {coef.fitted_on} runs recorded on {profile.name} in {args.fit}"
-    preds = rank_grids(w, args.gpus, machine, coef, gd=args.gd)
+    preds = [predict(w, grid, machine, coef)] if grid else rank_grids(w, args.gpus, machine, coef, gd=args.gd)
+    if args.recommend:
+        preds = [p for p in preds if p.fits]
     print(f"{args.dataset}: N={w.num_nodes:,}, nnz={w.nnz:,}, F={w.num_features}, C={w.num_classes}, "
           f"H={w.hidden}, L={w.layers}, B={w.batch:,}; {args.gpus} ranks on {profile.name} "
           f"({profile.gpus_per_node} per node)")
@@ -159,6 +225,19 @@ def _plan(args) -> int:
               f"{1e3 * p.parts['overhead']:>9.1f} {p.steps:>6} {p.memory_bytes / 2**30:>9.2f}{flag}")
     if len(preds) > args.top:
         print(f"... {len(preds) - args.top} more shapes (--top to show them)")
+    if grid is not None:
+        p = preds[0]
+        print("per epoch: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in p.parts.items()))
+        mem = memory_breakdown(w, grid)
+        print("memory per rank: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in mem.items())
+              + f" (device {machine.memory_bytes / 2**30:.0f} GiB: {'fits' if p.fits else 'does not fit'})")
+    if args.recommend:
+        if not preds:
+            print("no grid fits in device memory")
+        elif len(preds) == 1:
+            print(f"recommended: {preds[0].grid_str} (the only grid that fits)")
+        else:
+            print(f"recommended: {preds[0].grid_str}: {_explain(preds[0], preds[1], machine)}")
     if args.cagnet:
         _plan_cagnet(args, machine)
     return 0

@@ -16,7 +16,7 @@ queued or running are left alone).
 Data: every task gets the data root fixed at submission (``--data-root``, else
 ``$SCALEGNN_DATA_ROOT``, else the profile's ``data_root``: scratch on the clusters) and
 the profile's offline switch (``SCALEGNN_OFFLINE=1``); multi-rank ScaleGNN runs read
-only their rank's shard (``--shard-dir``), written once per (dataset, grid,
+only their rank's shard (``--shard-dir``), written once per (dataset, 3D grid,
 permutation, seed) by a staging job the runs depend on: CPU work on the profile's
 ``[staging]`` resources, one array task per graph (:mod:`scalegnn.sweeps.staging`).
 ``OUT`` defaults to ``<out_root>/<spec>-<cluster>`` (the profile's ``out_root``).

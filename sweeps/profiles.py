@@ -98,6 +98,8 @@ class Network:
     intra_node_GBps: float
     inter_node_GBps: float  # per-node injection, shared by the groups that leave the node
     latency_us: float = 10.0
+    intra_links: str = "ring"  # "full": each pair of a node's devices has its own intra_node_GBps link
+    tree_allreduce: bool = False  # the collective library may pick a double binary tree (NCCL, RCCL)
     # The interface of the gloo / NCCL socket transport (bootstrap, and TCP where there is
     # no network plugin): exported as GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME unless
     # [env] sets them (ClusterProfile.env_lines). "": neither is exported.
@@ -120,6 +122,7 @@ class Compute:
     step_overhead_ms: float = 1.0
     memory_gb: float = 0.0
     compute_slots: int = 0  # >0: all ranks of a node share this many cores (CPU); 0: one device per rank
+    hbm_GBps: float = 0.0  # >0: an accelerator: memory-bound kernels priced by device memory bandwidth
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Without staging, every rank of every run loads the whole graph and cuts its own
 shard out of it: on ogbn-papers100M four ranks per node each hold the full graph.
-A sweep therefore shards each (dataset, grid, permutation, seed, split) that its runs need
+A sweep therefore shards each (dataset, 3D grid, permutation, seed, split) that its runs need
 once, with ``scalegnn data shard``, and every run gets ``--shard-dir`` (its rank's file
 only) and the data root. Staging is CPU work: one task, before the runs, on the
 profile's ``[staging]`` resources (Perlmutter's shared CPU nodes, one Frontier node) --
@@ -11,8 +11,11 @@ own locally. The sets that read one graph (same dataset, data root, seed and spl
 one task (:func:`group_stages`): it loads the graph once and writes each of their grids. The seed is
 part of the key because the split, and the permutation when there is one, depend on
 it; so is ``--split`` (with ``--split-seed``) when a run gives one (the shards remember
-it and a run with another is refused); the full grid is, because a shard folder is
-written for one grid shape.
+it and a run with another is refused). Of the grid only the 3D part (Gx, Gy, Gz) is:
+a shard is the data of one (x, y, z) coordinate, the same for every data-parallel
+replica, so a set is staged for ``1xGxxGyxGz`` and read by the runs of every Gd
+(:func:`scalegnn.parallel.sharding.load_shard` checks the 3D part only). The Fig. 7
+sweep on Perlmutter stages 4 sets this way, not 22 (one per 4D grid).
 
 Which runs can read shards is the trainer's business: it is read from their
 configuration (:meth:`scalegnn.sweeps.spec.RunSpec.config`, so ``fullgraph-3d``'s implied
@@ -20,8 +23,9 @@ configuration (:meth:`scalegnn.sweeps.spec.RunSpec.config`, so ``fullgraph-3d``'
 ``fullgraph-3d``) with more than one rank are staged: the baselines and one-rank
 runs load the graph as before, with the same data root and offline switch.
 
-Layout: ``OUT/shards/<dataset>-<grid>-<permute>-s<seed>-<hash>/`` (the hash covers
-the data root too). A folder is complete when its ``manifest.json`` exists
+Layout: ``OUT/shards/<dataset>-1x<Gx>x<Gy>x<Gz>-<permute>-s<seed>-<hash>/`` (the hash
+covers the data root too; a set staged before the key dropped Gd kept the same name
+when its runs had Gd = 1). A folder is complete when its ``manifest.json`` exists
 (written last by ``scalegnn data shard``); complete folders are never rewritten.
 """
 
@@ -60,7 +64,7 @@ def resolve_data_root(data_root: str | os.PathLike | None = None, site: str | No
 @dataclass(frozen=True)
 class StageSet:
     """One set of shard files: ``scalegnn data shard`` of (dataset, grid, permute, seed,
-    split, split seed)."""
+    split, split seed); ``grid`` is ``(1, Gx, Gy, Gz)`` for a sweep's sets (:func:`stage_for`)."""
 
     dataset: str
     grid: tuple[int, int, int, int]
@@ -110,10 +114,12 @@ def group_stages(stages) -> list[list[StageSet]]:
 
 def stage_for(cfg: RunConfig, out: str | os.PathLike, data_root: str) -> StageSet | None:
     """The shard set a run with configuration ``cfg`` reads, or None when it loads the
-    graph itself (a baseline, one rank, or shards it names itself)."""
+    graph itself (a baseline, one rank, or shards it names itself). The set is keyed by
+    the 3D part of the run's grid: runs that differ only in Gd read one set."""
     grid = tuple(cfg.parallel.grid)
     if cfg.system not in STAGED_SYSTEMS or math.prod(grid) == 1 or cfg.data.shard_dir:
         return None
+    grid = (1, *grid[1:])  # replicas share the shards of their (x, y, z): staged once whatever Gd
     root = str(Path(cfg.data.data_root).expanduser().resolve()) if cfg.data.data_root else data_root
     split = cfg.data.split  # its seed defaults to the run's --seed: one staged set for both ways of saying it
     split_seed = None if split is None else (cfg.data.split_seed if cfg.data.split_seed is not None else int(cfg.seed))

@@ -298,6 +298,8 @@ def byo_sources(kind: str, path: Path) -> list[Path]:
     found = [path / f"{k}.npy" for k in BYO_KEYS if (path / f"{k}.npy").is_file()]
     if (path / "x.npz").is_file():  # sparse features (scipy.sparse.save_npz)
         found.append(path / "x.npz")
+    if (path / "features.json").is_file():  # features from a seed per vertex (scalegnn data generate)
+        found.append(path / "features.json")
     if not found:
         raise DatasetError(
             f"dir: {path} holds none of the expected files ({', '.join(k + '.npy' for k in BYO_KEYS[:6])}, ...)"
@@ -332,6 +334,14 @@ def _read_byo(kind: str, path: Path, files: list[Path]) -> dict:
         with reading(f):
             if f.suffix == ".npz":  # x.npz: sparse features as scipy.sparse.save_npz writes them
                 arrays.update(read_sparse_npz(f))
+            elif f.suffix == ".json":  # features.json: data (json), never code
+                import json
+
+                try:
+                    arrays["features.json"] = json.loads(f.read_text())
+                except ValueError as exc:
+                    raise DatasetError(f"{f}: not JSON ({exc}); write the folder again with "
+                                       "`scalegnn data generate`") from None
             else:
                 arrays[f.stem] = np.load(f, allow_pickle=False)
     return arrays
@@ -429,7 +439,14 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
             raise DatasetError(f"{where}: missing key '{key}' (expected {shape}); see scalegnn/datasets/README.md")
         return a[key]
 
-    x = byo_features(a, where)
+    seeded = a.pop("features.json", None)
+    if seeded is not None and not any(k in a for k in ("x", *SPARSE_X_KEYS)):
+        from .streaming import seeded_features  # x from a seed per vertex: y gives N (and the class means)
+
+        y_raw = np.asarray(need("y", "an (N,) int array of classes"))
+        x = torch.from_numpy(seeded_features(seeded, str(path / "features.json")).matrix(y_raw))
+    else:
+        x = byo_features(a, where)
     n = x.shape[0]
     if n == 0:
         raise DatasetError(f"{where}: 'x' has 0 rows: the graph has no vertices; save x as an (N, F) array with "

@@ -140,6 +140,7 @@ def train_rank(cfg: RunConfig, graph: Graph | None, env: DistEnv, *, run_id: str
             progress = Progress(cfg.system, cfg.data.dataset, cfg.loop, env.rank, steps_per_epoch=trainer.steps_per_epoch,
                                 batch_size=trainer.batch_size, done_epochs=start.first_epoch - 1, done_time_s=done)
             train_epochs(cfg.loop, trainer, record, start=start, callbacks=[*start.callbacks, progress, *callbacks])
+        trainer.end(record)
     return record
 
 

@@ -61,7 +61,7 @@ from .context import ParallelContext
 from .dist_sampling import DistributedSampler, ShardedBatch
 from .grid import PMM_AXES, ProcessGrid
 from .losses import parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
-from .model import ParallelScaleGNN
+from .model import ParallelScaleGNN, assemble_shards, full_shapes
 from .sharding import RankShard, build_rank_shard
 from .tail import norm_relu_dropout
 
@@ -96,7 +96,8 @@ def compile_preflight(device: torch.device | str, backend: str = "inductor") -> 
                f"{', '.join(c for c in compilers if c)}) to build inductor's kernels"
     return None
 
-__all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS", "compile_preflight"]
+
+__all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS", "compile_preflight", "read_whole_state"]
 
 # Components reported per epoch (cumulative seconds). They partition the step time:
 #   sampling     time the step waited for its batch (all of it without prefetch)
@@ -516,10 +517,83 @@ class ParallelEngine:
             raise ValueError(f"state of rank {state['rank']} given to rank {self.grid.rank}")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-            # The next step's LR from this run's schedule (the saved one is the old run's:
-            # they differ when a run is continued to more epochs); equal bits otherwise.
-            sched = self.scheduler
-            for group, base, factor in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
-                group["lr"] = base * factor(sched.last_epoch)
+        self._load_schedule(state.get("scheduler"))
+
+    def _load_schedule(self, saved: dict | None, step: int | None = None) -> None:
+        """The LR schedule's counters from ``saved``; ``step``: the next step of this run
+        when it is not the saved one (a resume that changes Gd, so steps per epoch)."""
+        if self.scheduler is None or saved is None:
+            return
+        sched = self.scheduler
+        sched.load_state_dict(saved)
+        if step is not None:
+            sched.last_epoch = step
+        # The next step's LR from this run's schedule (the saved one is the old run's:
+        # they differ when a run is continued to more epochs); equal bits otherwise.
+        for group, base, factor in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+            group["lr"] = base * factor(sched.last_epoch)
+
+    def gather_model(self) -> dict[str, torch.Tensor] | None:
+        """The serial model's parameters, whole, on rank 0 (None on the others): every rank
+        sends the shards it owns (:meth:`ParallelScaleGNN.is_owner`, data-parallel group 0),
+        one collective over the world."""
+        mine = {name: p.detach().cpu() for name, p in self.params
+                if self.dp_index == 0 and self.model.is_owner(name)}
+        pieces = self.grid.gather_object(mine)
+        if self.grid.rank != 0:
+            return None
+        m = self.model
+        return assemble_shards({r: named for r, named in enumerate(pieces) if named}, self.grid.shape_tuple,
+                               m.in_dim, m.num_classes, m.config)
+
+    def load_whole_state(self, whole: dict, step: int | None = None) -> None:
+        """Resume from another grid's checkpoint: this rank's shards of the whole parameters,
+        AdamW moments and step counts (:func:`read_whole_state`), and the LR schedule
+        (``step``: as in :meth:`_load_schedule`). Every value equals the one the same rank
+        of the saving grid would hold, so the run continues as it would have there, up to
+        the summation order of the new grid's collectives."""
+        m = self.model
+        if (whole["in_dim"], whole["num_classes"]) != (m.in_dim, m.num_classes):
+            raise ValueError(f"the checkpoint's model has {whole['in_dim']} inputs and {whole['num_classes']} "
+                             f"classes, this run's {m.in_dim} and {m.num_classes}")
+        mine = lambda full, name: m.shards[name].slice_of(full[name]).clone().contiguous()  # noqa: E731
+        m.load_state_dict({name: mine(whole["model"], name) for name, _ in self.params})
+        state = {i: {"step": whole["steps"][name].clone(), "exp_avg": mine(whole["exp_avg"], name),
+                     "exp_avg_sq": mine(whole["exp_avg_sq"], name)}
+                 for i, (name, _) in enumerate(self.params) if name in whole["steps"]}
+        self.optimizer.load_state_dict({"state": state, "param_groups": whole["param_groups"]})
+        self._load_schedule(whole["scheduler"], step)
+
+
+def read_whole_state(ckpt, meta: dict, parts=("model", "optimizer")) -> dict:
+    """A checkpoint's training state made whole, whatever its grid: the serial parameters
+    (``model``) and, with ``"optimizer"`` in ``parts``, AdamW's moments and step counts and
+    the LR schedule, each tensor assembled from the rank files of data-parallel group 0
+    (the groups are replicas). Also ``grid``, ``in_dim``, ``num_classes``, ``model_cfg``.
+    Reads Gx*Gy*Gz rank files (each a few parameter shards: small beside a graph shard)."""
+    import dataclasses
+
+    from .. import checkpoint as ckpt_mod
+    from ..records import current_config
+
+    config = current_config(meta["config"])
+    shape = tuple(int(g) for g in config["parallel"]["grid"])
+    graph = meta["record"].get("graph") or {}
+    if "num_features" not in graph or "num_classes" not in graph:
+        raise ckpt_mod.CheckpointError(f"{ckpt}/meta.json: its record names no graph sizes (num_features, "
+                                       "num_classes); this checkpoint cannot be consolidated")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    model_cfg = ModelConfig(**{k: v for k, v in config["model"].items() if k in known})
+    in_dim, num_classes = int(graph["num_features"]), int(graph["num_classes"])
+    names = list(full_shapes(in_dim, num_classes, model_cfg))
+    states = {r: ckpt_mod.load_rank_state(ckpt, r)["engine"] for r in range(shape[1] * shape[2] * shape[3])}
+    whole = {"grid": "x".join(map(str, shape)), "in_dim": in_dim, "num_classes": num_classes, "model_cfg": model_cfg,
+             "model": assemble_shards({r: s["model"] for r, s in states.items()}, shape, in_dim, num_classes, model_cfg)}
+    if "optimizer" in parts:
+        moments = {key: assemble_shards({r: {names[int(i)]: st[key] for i, st in s["optimizer"]["state"].items()}
+                                         for r, s in states.items()}, shape, in_dim, num_classes, model_cfg)
+                   for key in ("exp_avg", "exp_avg_sq")}
+        first = states[0]["optimizer"]
+        whole.update(moments, steps={names[int(i)]: st["step"] for i, st in first["state"].items()},
+                     param_groups=first["param_groups"], scheduler=states[0].get("scheduler"))
+    return whole

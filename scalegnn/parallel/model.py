@@ -54,7 +54,7 @@ from .layout import INPUT_LAYOUT, head_layout, interval_overlap, layer_layout
 from .products import csr_rows, gather_row_pieces, reshard, row_chunks, sharded_gemm, sharded_spmm
 from .tail import fused_layer_tail, layer_tail
 
-__all__ = ["ParallelScaleGNN", "ParamShard", "EVAL_CHUNK_BYTES"]
+__all__ = ["ParallelScaleGNN", "ParamShard", "param_shards", "full_shapes", "assemble_shards", "EVAL_CHUNK_BYTES"]
 
 # Bytes of one row chunk of a layer output in the full-graph evaluation: small beside a
 # block (N H / G), large enough that the chunks' collectives cost little per byte.
@@ -79,6 +79,72 @@ class ParamShard:
         return f"ParamShard(rows={self.rows}, cols={self.cols}, replicated={self.replicated})"
 
 
+def param_shards(in_dim: int, num_classes: int, config: ModelConfig, grid: ProcessGrid) -> dict[str, ParamShard]:
+    """Where each of this grid rank's parameter shards sits in the serial parameter of the
+    same name (``w_in``, ``w.<l>``, ``norm.<l>``, ``w_out``), in the serial model's
+    parameter order. A function of the grid's shape and the rank's coordinates only, so a
+    :meth:`ProcessGrid.virtual` grid places the shards of any rank of any grid (a
+    checkpoint's, to consolidate or reshard it)."""
+    h = config.hidden
+
+    def rng(n, ax):
+        return split_range(n, grid.axis_size(ax), grid.axis_index(ax))
+
+    _, c = INPUT_LAYOUT  # W_in on (z, y): rows F over z, cols H over y
+    shards = {"w_in": ParamShard(rng(in_dim, "z"), rng(h, c), "z", c)}
+    for layer in range(config.layers):
+        wr, wc = layer_layout(layer).w
+        shards[f"w.{layer}"] = ParamShard(rng(h, wr), rng(h, wc), wr, wc)
+    if config.norm:
+        for layer in range(config.layers):
+            oc = layer_layout(layer).out[1]
+            shards[f"norm.{layer}"] = ParamShard(None, rng(h, oc), None, oc)
+    br, bc = head_layout(config.layers).w
+    shards["w_out"] = ParamShard(rng(h, br), rng(num_classes, bc), br, bc)
+    return shards
+
+
+def full_shapes(in_dim: int, num_classes: int, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The serial model's parameter shapes by name, in the order of ``parameters()`` (and
+    so of an optimizer's state): a module's own parameters first (``w_in``, ``w_out``),
+    then its parameter lists (``w.<l>``, ``norm.<l>``)."""
+    h = config.hidden
+    shapes = {"w_in": (in_dim, h), "w_out": (h, num_classes), **{f"w.{layer}": (h, h) for layer in range(config.layers)}}
+    if config.norm:
+        shapes.update({f"norm.{layer}": (h,) for layer in range(config.layers)})
+    return shapes
+
+
+def assemble_shards(pieces: dict[int, dict[str, torch.Tensor]], shape: tuple[int, int, int, int], in_dim: int,
+                    num_classes: int, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Whole serial tensors from shards: ``pieces[rank][name]`` is rank ``rank``'s shard of
+    ``name`` on the grid ``shape`` (Gd, Gx, Gy, Gz), as :func:`param_shards` places it (a
+    parameter or anything shaped like one: AdamW's moments). Any set of ranks that covers
+    every element will do (one replica of each shard suffices); an element no piece
+    covers is a ``ValueError`` naming the parameter."""
+    shapes = full_shapes(in_dim, num_classes, config)
+    full: dict[str, torch.Tensor] = {}
+    covered: dict[str, torch.Tensor] = {}
+    for rank, named in sorted(pieces.items()):
+        places = param_shards(in_dim, num_classes, config, ProcessGrid.virtual(*shape, rank=rank))
+        for name, piece in named.items():
+            if name not in shapes:
+                raise ValueError(f"shard {name!r} of rank {rank} is no parameter of this model ({', '.join(shapes)})")
+            if name not in full:
+                full[name] = piece.new_zeros(shapes[name])
+                covered[name] = torch.zeros(shapes[name], dtype=torch.bool)
+            place = places[name]
+            if tuple(place.slice_of(full[name]).shape) != tuple(piece.shape):
+                raise ValueError(f"shard {name!r} of rank {rank} has shape {tuple(piece.shape)}; the grid "
+                                 f"{'x'.join(map(str, shape))} places {tuple(place.slice_of(full[name]).shape)} there")
+            place.slice_of(full[name]).copy_(piece)
+            place.slice_of(covered[name]).fill_(True)
+    for name in shapes:
+        if name not in covered or not bool(covered[name].all()):
+            raise ValueError(f"the shards given do not cover all of {name!r}: a rank's file is missing")
+    return full
+
+
 class ParallelScaleGNN(nn.Module):
     """This rank's shard of :class:`scalegnn.model.ScaleGNN`; same parameter names."""
 
@@ -88,34 +154,20 @@ class ParallelScaleGNN(nn.Module):
         self.config, self.grid = config, grid
         self.in_dim, self.num_classes = in_dim, num_classes
         ref = reference if reference is not None else ScaleGNN(in_dim, num_classes, config, seed=seed)
-        h = config.hidden
+        self.shards: dict[str, ParamShard] = param_shards(in_dim, num_classes, config, grid)
+        full = dict(ref.named_parameters())
 
-        def rng(n, ax):
-            return split_range(n, grid.axis_size(ax), grid.axis_index(ax))
+        def take(name):
+            return nn.Parameter(self.shards[name].slice_of(full[name].detach()).clone().contiguous())
 
-        self.shards: dict[str, ParamShard] = {}
-
-        def take(name, full, shard):
-            self.shards[name] = shard
-            return nn.Parameter(shard.slice_of(full.detach()).clone().contiguous())
-
-        r, c = INPUT_LAYOUT  # W_in on (z, y): rows F over z, cols H over y
-        self.w_in = take("w_in", ref.w_in, ParamShard(rng(in_dim, "z"), rng(h, c), "z", c))
-        ws, norms = [], []
-        for layer in range(config.layers):
-            lay = layer_layout(layer)
-            wr, wc = lay.w
-            ws.append(take(f"w.{layer}", ref.w[layer], ParamShard(rng(h, wr), rng(h, wc), wr, wc)))
-            if config.norm:
-                oc = lay.out[1]
-                norms.append(take(f"norm.{layer}", ref.norm[layer], ParamShard(None, rng(h, oc), None, oc)))
-        self.w = nn.ParameterList(ws)
-        self.norm = nn.ParameterList(norms) if config.norm else None
-        head = head_layout(config.layers)
-        self.head = head
-        br, bc = head.w
-        self.w_out = take("w_out", ref.w_out, ParamShard(rng(h, br), rng(num_classes, bc), br, bc))
-        self.class_range = rng(num_classes, head.class_axis)
+        self.w_in = take("w_in")
+        self.w = nn.ParameterList([take(f"w.{layer}") for layer in range(config.layers)])
+        self.norm = nn.ParameterList([take(f"norm.{layer}") for layer in range(config.layers)]) \
+            if config.norm else None
+        self.head = head_layout(config.layers)
+        self.w_out = take("w_out")
+        self.class_range = split_range(num_classes, grid.axis_size(self.head.class_axis),
+                                       grid.axis_index(self.head.class_axis))
 
     def defer_weight_grad_sync(self, pc: ParallelContext) -> None:
         """Paper V-D (``pc.overlap``) and buckets (``pc.bucket``): the GEMMs leave each weight

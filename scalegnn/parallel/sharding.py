@@ -18,8 +18,9 @@ A rank at (x, y, z) holds, for every data-parallel replica alike:
 with vertex ranges ``split_range(N, G_axis, index)``. Planes share storage where their
 ranges allow (:func:`share_planes`): one block for equal ranges, a row slice for rows
 inside another plane's over the same columns. :func:`save_shards` writes
-these once per (x, y, z) for ``scalegnn data shard``; :func:`load_shard` reads a
-rank's file back (``weights_only=True``, plain tensors only).
+these once per (x, y, z) for ``scalegnn data shard`` (:mod:`.staging` does it out of
+core), with every file's SHA-256 in the manifest; :func:`load_shard` reads a rank's file
+back (``weights_only=True``, plain tensors only) after checking its SHA-256.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from .layout import PLANES
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
            "share_planes", "row_slice", "adjacency_storage",
            "check_shard_manifest",
-           "load_shard", "shard_command", "shard_nnz_stats"]
+           "load_shard", "shard_command", "shard_nnz_stats", "file_sha256"]
 
 SHARD_FORMAT = 1
 
@@ -398,7 +399,7 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
         "format": SHARD_FORMAT, "grid_shape": list(shape), "name": graph.name, "num_nodes": graph.num_nodes,
         "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
         "multilabel": graph.multilabel, "files": [p.name for p in paths], "nnz_per_shard": nnz,
-        "permute": permute, "seed": int(seed), "split": list(split), "graph": graph.record_info(),
+        "sha256": {p.name: file_sha256(p) for p in paths}, "permute": permute, "seed": int(seed), "split": list(split), "graph": graph.record_info(),
         "host": socket.gethostname(),  # where it was staged (ranks on other nodes read it from shared storage)
     }
     mpath = out / "manifest.json"
@@ -406,8 +407,25 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
     return paths + [mpath]
 
 
+def file_sha256(path, block: int = 1 << 22) -> str:
+    """The SHA-256 of a file, read ``block`` bytes at a time (the manifest's checksums)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
-    """Read global ``rank``'s shard (rank order dp, x, y, z; replicas share files)."""
+    """Read global ``rank``'s shard (rank order dp, x, y, z; replicas share files).
+
+    A shard depends only on the 3D part (Gx, Gy, Gz) of the grid: its file is named by
+    the rank's (x, y, z) coordinate, and every data-parallel replica reads the same one.
+    So shards written for ``1xGxxGyxGz`` serve a run on ``GdxGxxGyxGz`` for any Gd: the
+    manifest's 3D part must equal ``grid_shape``'s, its Gd need not, and the shard comes
+    back with the run's ``grid_shape``."""
     out = Path(out_dir)
     mpath = out / "manifest.json"
     if not mpath.exists():
@@ -419,20 +437,28 @@ def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"shard manifest {mpath} is unreadable ({type(exc).__name__}: {str(exc)[:120]}); "
                          f"{redo}") from None
-    if grid_shape is not None and tuple(grid_shape) != shape:
-        raise ValueError(f"shards in {out} were written for grid {shape}, not {tuple(grid_shape)}; re-shard")
+    run_shape = shape if grid_shape is None else tuple(int(g) for g in grid_shape)
+    if run_shape[1:] != shape[1:]:
+        three_d = "x".join(map(str, shape[1:]))
+        raise ValueError(f"shards in {out} were written for the 3D grid {three_d} (Gx x Gy x Gz of grid {shape}), "
+                         f"not {'x'.join(map(str, run_shape[1:]))} of the run's grid {run_shape}; re-shard with "
+                         f"`scalegnn data shard DATASET --grid 1x{'x'.join(map(str, run_shape[1:]))} --out DIR`")
     mp = shape[1] * shape[2] * shape[3]
-    if not 0 <= rank < shape[0] * mp:
-        raise ValueError(f"rank {rank} is outside the grid {shape} ({shape[0] * mp} ranks)")
+    if not 0 <= rank < run_shape[0] * mp:
+        raise ValueError(f"rank {rank} is outside the grid {run_shape} ({run_shape[0] * mp} ranks)")
     path = out / _shard_name(_mp_coords(shape)[rank % mp])
     if not path.exists():
         raise FileNotFoundError(f"shard file {path} is missing (the manifest lists grid {shape}); {redo}")
+    want = (manifest.get("sha256") or {}).get(path.name)  # shards written before checksums have none
+    if want is not None and file_sha256(path) != want:
+        raise ValueError(f"shard file {path} does not match the SHA-256 its manifest lists (damaged, or written by "
+                         f"another staging); {redo}")
     try:  # a damaged or foreign file: one line naming it, never torch's advice to load it unsafely
         state = torch.load(path, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad file
         raise ValueError(f"shard file {path} is unreadable ({load_error(exc)}); {redo}") from None
     try:
-        return RankShard.from_state(state)
+        return dataclasses.replace(RankShard.from_state(state), grid_shape=run_shape)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"shard file {path} lacks {type(exc).__name__}: {str(exc)[:120]} (not a shard scalegnn "
                          f"wrote); {redo}") from None

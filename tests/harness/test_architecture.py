@@ -34,10 +34,11 @@ FLOORS = [
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.numerics", "scalegnn.perf", "scalegnn.optim",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     # The parallel application: the core put to work on the components' model and data.
-    ("parallel data", ["scalegnn.parallel.sharding", "scalegnn.parallel.dist_sampling"]),
+    ("parallel data", ["scalegnn.parallel.sharding", "scalegnn.parallel.staging", "scalegnn.parallel.dist_sampling"]),
     ("parallel model", ["scalegnn.parallel.model"]),
     ("parallel engine", ["scalegnn.parallel.engine"]),
-    ("trainers", ["scalegnn.config", "scalegnn.trainer", "scalegnn.session", "scalegnn.launch", "scalegnn.perfmodel",
+    ("trainers", ["scalegnn.config", "scalegnn.trained", "scalegnn.trainer", "scalegnn.session", "scalegnn.launch",
+                  "scalegnn.perfmodel",
                   "scalegnn.baselines.*"]),
     ("analysis", ["scalegnn.analysis.*"]),
     ("harness", ["scalegnn.sweeps.*", "scalegnn.benchmarks.*"]),

@@ -399,12 +399,13 @@ def test_sbatch_script_matches_the_reviewed_file(cluster):
 def test_cli_dry_run_prints_scripts_and_submits_nothing(tmp_path, capsys):
     assert main(["sweep", "fig8", "--cluster", "perlmutter", "--dry-run", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    # one staging job array (6 shard sets), then the 6 runs' jobs, each after its shard set
+    # one staging job array (1 shard set: the six grids share the 3D grid 4x4x2), then the 6 runs' jobs after it
     assert text.count("#!/bin/bash") == 7 and text.count("# ---- job") == 6 and text.count("# ---- staging") == 1
     assert text.count("#SBATCH --dependency='afterok:<staging job>'") == 6
     assert "--grid 32x4x4x2" in text and not (tmp_path / "runs").exists() and not (tmp_path / "shards").exists()
     shards = f"{tmp_path.resolve()}/shards/products-14m-"
-    assert text.count(f"--shard-dir {shards}") == 6 and text.count(f"--out {shards}") == 6  # runs read what staging writes
+    assert text.count(f"--shard-dir {shards}") == 6 and text.count(f"--out {shards}") == 1  # runs read what staging writes
+    assert text.count(f"--shard-dir {shards}1x4x4x2-") == 6 and "# ---- staging: 1 shard set(s)" in text
     assert "--quiet" not in text  # the jobs' .out files keep their per-epoch lines
 
 
@@ -432,8 +433,9 @@ def test_distdgl_runs_in_one_task_on_one_node_and_is_refused_across_nodes(tmp_pa
 
 
 def test_staging_covers_multi_rank_scalegnn_runs_once(tmp_path):
-    """Each (dataset, grid, permutation, seed) is sharded once; fullgraph-3d's implied
-    --permute double is seen; baselines and one-rank runs load the graph themselves."""
+    """Each (dataset, 3D grid, permutation, seed) is sharded once, whatever the
+    data-parallel size; fullgraph-3d's implied --permute double is seen; baselines and
+    one-rank runs load the graph themselves."""
     from scalegnn.sweeps.staging import stage_for, with_data
 
     root = str(tmp_path / "data")
@@ -441,7 +443,7 @@ def test_staging_covers_multi_rank_scalegnn_runs_once(tmp_path):
     staged = {r.system: st for r in out.todo if (st := out.stages.get(r.key))}
     assert set(staged) == {"scalegnn"} and len(out.stages) == 2  # grids 2x1x1x1 and 1x2x1x1; the rest have 1 rank
     [job] = out.stage_scripts  # both grids shard one graph: one staging job writes both
-    assert job.count("scalegnn data shard") == 2 and "--grid 2x1x1x1" in job and "--grid 1x2x1x1" in job
+    assert job.count("scalegnn data shard") == 2 and "--grid 1x1x1x1" in job and "--grid 1x2x1x1" in job
     def cfg(*argv):
         return parse_train_args(list(argv))[0]
 
@@ -453,6 +455,12 @@ def test_staging_covers_multi_rank_scalegnn_runs_once(tmp_path):
     same = stage_for(cfg("--dataset", "cora", "--grid", "1x2x1x1", "--seed", "3", "--system", "fullgraph-3d",
                          "--epochs", "9"), tmp_path, root)
     assert same == fg  # other options, same shards
+    replicas = [stage_for(cfg("--dataset", "cora", "--grid", f"{gd}x2x1x1", "--seed", "3", "--system",
+                              "fullgraph-3d"), tmp_path, root) for gd in (2, 4)]
+    assert replicas == [fg, fg]  # Gd replicas read the shards of their (x, y, z): one set
+    other = stage_for(cfg("--dataset", "cora", "--grid", "2x1x2x1", "--seed", "3", "--system", "fullgraph-3d"),
+                      tmp_path, root)
+    assert other.grid == (1, 1, 2, 1) and other.folder != fg.folder
     given = with_data(cfg("--dataset", "cora"), root, fg).data
     assert (given.data_root, given.shard_dir) == (root, fg.folder)
     assert with_data(cfg("--dataset", "cora", "--data-root", "/d"), root, None).data.data_root == "/d"  # the spec's

@@ -248,6 +248,7 @@ RARE = {  # every rare flag of ScaleGNN -> a command line that sets it, and make
     "--bucket-collectives": (["--no-bucket-collectives"], dict(bucket_collectives=False)),
     "--profile": (["--profile", "trace"], dict(profile="trace")),
     "--sampler": (["--sampler", "torch"], dict(sampler="torch")),
+    "--heartbeat": (["--heartbeat", "5"], dict(heartbeat_s=5.0)),
 }
 
 

@@ -1,4 +1,4 @@
-"""Stop signals (scalegnn/signals.py) in whole runs: SIGINT or SIGTERM to one process, or
+"""Stop signals (scalegnn/signals.py) in whole runs: SIGINT, SIGTERM, SIGHUP or SIGQUIT to one process, or
 to the ``--nproc`` launcher, leaves an ``interrupted`` record (one line on stderr, exit
 128 + the signal) that ``--resume`` finishes exactly; a stop while loading the data or
 inside a checkpoint save is still ``interrupted``, never ``failed``; SIGTERM to a
@@ -19,6 +19,7 @@ import torch
 
 from scalegnn import records
 from scalegnn.cli import main
+from scalegnn.signals import signal_text
 from tests.files import REPO
 from tests.processes import CliRun, TorchrunRun
 from tests.runs import TINY, epoch_rows
@@ -30,7 +31,7 @@ LAUNCHES = {"one process": [], "--nproc 2": ["--nproc", "2", "--grid", "1x2x1x1"
 def tiny_train(tmp_path: Path, launch: str, *extra: str, epochs: int = 8) -> list[str]:
     """``scalegnn train`` arguments of a run of a few seconds (4 steps per epoch)."""
     return ["train", "--dataset", TINY, "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
-            "--batch-size", "100", "--hidden", "16", "--layers", "2", "--epochs", str(epochs), "--quiet",
+            "--batch-size", "100", "--hidden", "16", "--layers", "2", "--epochs", str(epochs),
             *LAUNCHES[launch], *extra]
 
 
@@ -91,11 +92,15 @@ def uninterrupted(tmp_path_factory):
     return record
 
 
+STOPS = [(launch, sig) for launch in LAUNCHES for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)] \
+    + [("--nproc 2", signal.SIGQUIT)]
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("launch", list(LAUNCHES))
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("launch,sig", STOPS, ids=[f"{launch}-{signal.Signals(sig).name}" for launch, sig in STOPS])
 def test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly(tmp_path, uninterrupted, launch, sig):
-    """SIGINT or SIGTERM to one process, or to the ``--nproc`` launcher, after the first
+    """SIGINT, SIGTERM, SIGHUP (a closed terminal, a dropped ssh session) or SIGQUIT to
+    one process, or to the ``--nproc`` launcher, after the first
     epoch: the run exits within seconds with 128 + the signal's number and one line on
     stderr (no traceback), every rank is gone, and the record says ``interrupted``
     with the epochs done, the signal and the checkpoint to resume from; ``--resume``
@@ -118,7 +123,7 @@ def test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly(tmp_path
     rec = run.record()
     done = len(rec["epochs"])
     assert rec["status"] == "interrupted" and 1 <= done < 8, (rec["status"], done)
-    assert rec["error"].startswith(f"interrupted by {name}{' (Ctrl-C)' if name == 'SIGINT' else ''} after epoch "
+    assert rec["error"].startswith(f"interrupted by {signal_text(sig)} after epoch "
                                    f"{done} of 8; nothing was saved at the interruption, the newest checkpoint is "
                                    f"{tmp_path / 'ck'}/step-"), rec["error"]
     assert rec["error"].endswith(f"resume with --checkpoint-dir {tmp_path / 'ck'} --resume"), rec["error"]
@@ -129,6 +134,21 @@ def test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly(tmp_path
     resumed = run.record()
     assert resumed["status"] == "ok" and resumed["run_id"] == rec["run_id"] and resumed["resumed"]
     assert epoch_rows(resumed) == epoch_rows(uninterrupted(launch))  # float ==
+
+
+def test_sigusr1_shows_where_every_thread_is_and_the_run_goes_on(tmp_path):
+    """SIGUSR1 (a run that seems hung): every thread's Python stack on stderr, and the
+    run finishes ``ok`` as if nothing happened."""
+    run = SignalledRun(tmp_path, tiny_train(tmp_path, "one process", epochs=3))
+    try:
+        run.wait_for_line("epoch 1/3")
+        run.proc.send_signal(signal.SIGUSR1)
+        waited, err = run.finish(timeout_s=60)
+    finally:
+        run.kill_all()
+    assert run.proc.returncode == 0, err[-2000:]
+    assert "Current thread" in err and "File " in err, err[-2000:]
+    assert run.record()["status"] == "ok"
 
 
 def test_a_stop_while_loading_the_data_still_leaves_a_record(tmp_path, monkeypatch, capsys):

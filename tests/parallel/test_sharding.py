@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from scalegnn.cli import main
+from scalegnn.launch.job import spawn
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
 from scalegnn.parallel.layout import PLANES
@@ -44,8 +45,8 @@ def test_save_and_load_shards_round_trip(tmp_path):
         assert torch.equal(got.x, want.x)
         for ax in PMM_AXES:
             assert torch.equal(got.y[ax], want.y[ax]) and torch.equal(got.test_mask[ax], want.test_mask[ax])
-    with pytest.raises(ValueError, match="written for grid"):
-        load_shard(tmp_path / "shards", 0, grid_shape=(1, 2, 1, 2))
+    with pytest.raises(ValueError, match="written for the 3D grid 2x1x2 .* re-shard with .*--grid 1x1x2x2"):
+        load_shard(tmp_path / "shards", 0, grid_shape=(2, 1, 2, 2))
     with pytest.raises(FileNotFoundError, match="scalegnn data shard"):
         load_shard(tmp_path / "nothing", 0)
 
@@ -96,6 +97,61 @@ def test_coinciding_planes_are_one_block_stored_and_extracted_once(tmp_path):
         assert batch.adj[0] is batch.adj[1] is batch.adj[2]
         ref = UniformVertexSampler(graph, 15, seed=0).sample(3)
         assert torch.equal(batch.adj[0].adj.to_dense(), ref.adj.to_dense())
+
+
+def test_shards_of_a_3d_grid_serve_every_data_parallel_size(tmp_path):
+    """A shard is the data of one (x, y, z): files written for 1x2x2x2 are what every
+    rank of 2x2x2x2 (or 4x2x2x2) would cut for itself, replica by replica, and load with
+    the run's grid; a run whose 3D part differs, or a rank past the run's grid, is refused."""
+    graph = parallel_graph(n=37, m=160)
+    save_shards(graph, (1, 2, 2, 2), tmp_path)
+    for shape in ((2, 2, 2, 2), (4, 2, 2, 2)):
+        for rank in range(shape[0] * 8):
+            grid = ProcessGrid.virtual(*shape, rank)
+            got, want = load_shard(tmp_path, rank, shape), build_shard(graph, shape, grid.coords)
+            assert got.grid_shape == shape and got.coords == want.coords
+            assert all(_same_block(a, b) for a, b in zip(got.adj, want.adj)) and torch.equal(got.x, want.x)
+    with pytest.raises(ValueError, match="outside the grid"):
+        load_shard(tmp_path, 16, (2, 2, 2, 2))
+    with pytest.raises(ValueError, match="3D grid 2x2x2"):
+        load_shard(tmp_path, 0, (2, 2, 2, 1))
+
+
+RUN_DP = dict(hidden=8, layers=3, batch=13, steps=4)
+
+
+def _dp_from_shards_worker(rank, world, shape, folders):
+    from scalegnn.model import ModelConfig
+    from scalegnn.optim import OptimConfig
+    from scalegnn.parallel.engine import ParallelEngine
+
+    grid = ProcessGrid(*shape)
+    out = []
+    for folder in folders:
+        eng = ParallelEngine(None, ModelConfig(hidden=RUN_DP["hidden"], layers=RUN_DP["layers"], dropout=0.2),
+                             OptimConfig(lr=1e-2), RUN_DP["batch"], seed=3, epochs=2, grid=grid,
+                             shard=load_shard(folder, grid.rank, shape))
+        steps = [eng.train_step(step) for step in range(RUN_DP["steps"])]
+        out.append({"steps": [(r.loss, r.correct, r.count) for r in steps], "eval": eng.evaluate().as_dict(),
+                    "params": {k: v["value"] for k, v in eng.parameters_for_test().items()}})
+        eng.close()
+    return out
+
+
+@pytest.mark.distributed
+def test_a_data_parallel_run_trains_alike_from_the_shards_of_its_3d_grid(tmp_path):
+    """Gd = 2 on 2x1x1x2 from shards staged for 1x1x1x2 (what a sweep stages once for
+    every Gd) and from shards written for 2x1x1x2 itself: the same steps, evaluation and
+    parameters, bit for bit."""
+    graph = parallel_graph(n=41, m=170)
+    shape = (2, 1, 1, 2)
+    save_shards(graph, (1, 1, 1, 2), tmp_path / "3d")
+    save_shards(graph, shape, tmp_path / "4d")
+    results = spawn(_dp_from_shards_worker, 4, shape, [str(tmp_path / "3d"), str(tmp_path / "4d")], timeout_s=180)
+    for shared, own in results:
+        assert shared["steps"] == own["steps"] and shared["eval"] == own["eval"]
+        assert shared["params"].keys() == own["params"].keys()
+        assert all(torch.equal(shared["params"][k], own["params"][k]) for k in shared["params"])
 
 
 def test_shard_command_normalizes_a_raw_graph_and_sampler_checks_its_shard(tmp_path):

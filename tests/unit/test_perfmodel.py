@@ -33,7 +33,10 @@ def test_sampled_nnz_matches_induced_subgraphs():
 def test_placement_bandwidth_plexus_eq_4_6():
     intra, inter = PERLMUTTER.intra_Bps, PERLMUTTER.inter_Bps
     grid = (1, 4, 4, 4)  # z fastest: a z group is one node of 4 GPUs
-    assert axis_bandwidth(grid, "z", PERLMUTTER) == (intra, True)
+    # Perlmutter's 4 GPUs are fully connected (intra_links = "full"): a ring of 4 runs over 3 pair links
+    assert axis_bandwidth(grid, "z", PERLMUTTER) == (3 * intra, True)
+    ring = Machine(**{**PERLMUTTER.to_dict(), "intra_links": "ring"})
+    assert axis_bandwidth(grid, "z", ring) == (intra, True)
     assert axis_bandwidth(grid, "y", PERLMUTTER) == (inter / 4, False)  # 4 y groups leave each node
     assert axis_bandwidth(grid, "x", PERLMUTTER) == (inter / 4, False)
     assert axis_bandwidth((1, 2, 2, 16), "z", PERLMUTTER) == (inter, False)  # one z group per node: all NICs
@@ -129,3 +132,107 @@ def test_plan_command(capsys):
     assert len(lines) == 3 and "N=2,449,029" in out and "not fitted" in out
     ms = [float(ln.split()[2]) for ln in lines]
     assert ms == sorted(ms)
+
+
+# ---------------------------------------------------------------------------- the paper's scale (issue 30)
+from scalegnn.perfmodel import collective_cost, comm_time_by_kind, memory_breakdown  # noqa: E402
+
+
+def test_ring_vs_tree_all_reduce_closed_form():
+    """Ring 2(n-1)/n M/beta + 2(n-1) alpha; tree 2 M/beta + 2 ceil(log2 n) alpha: at 512 nodes a
+    small message takes the tree (18 latency steps instead of 1022); over 4 ranks a large one the ring."""
+    beta, alpha = 25e9, 10e-6
+    b, a, algo = collective_cost("all_reduce", 1e3, 512, beta, alpha, tree=True)
+    assert algo == "tree" and a == pytest.approx(2 * 9 * alpha) and b == pytest.approx(2 * 1e3 / beta)
+    b, a, algo = collective_cost("all_reduce", 1e9, 4, beta, alpha, tree=True)  # 2 (n-1)/n < 2: the ring
+    assert algo == "ring" and a == pytest.approx(2 * 3 * alpha) and b == pytest.approx(2 * 3 / 4 * 1e9 / beta)
+    assert collective_cost("all_reduce", 1e3, 512, beta, alpha, tree=False)[2] == "ring"
+    b, a, _ = collective_cost("all_gather", 1e6, 4, beta, alpha)
+    assert (b, a) == (pytest.approx(3e6 / beta), pytest.approx(3 * alpha))
+
+
+def test_nic_sharing_and_bf16_halving_in_time():
+    """Groups leaving a node share its NICs: 4 y-groups of 1x4x4x4 get a quarter of the node's 100 GB/s
+    each; BF16 halves exactly the bandwidth time of the 3D-PMM kinds."""
+    w = Workload.for_dataset("ogbn-papers100M", hidden=128, batch_ratio=0.05)
+    grid = (1, 4, 4, 4)
+    assert axis_bandwidth(grid, "y", PERLMUTTER)[0] == pytest.approx(100e9 / 4)
+    frontier = Machine.from_profile(load_profile("frontier"))  # 8 GCDs, 4 NICs: 8 z-groups of 1x2x2x16 share
+    assert axis_bandwidth((1, 2, 2, 16), "y", frontier)[0] == pytest.approx(100e9 / 8)
+    slow = Machine(**{**PERLMUTTER.to_dict(), "latency_s": 0.0, "tree": False})
+    full = comm_time_by_kind(w, grid, slow)
+    half = comm_time_by_kind(Workload(**{**w.__dict__, "pmm_bytes": 2}), grid, slow)
+    for kind in full:
+        assert half[kind] == pytest.approx(full[kind] / 2 if kind.startswith("pmm_") else full[kind])
+
+
+def test_overlap_and_prefetch_hide_only_what_fits():
+    w = Workload.for_dataset("ogbn-products", hidden=256, batch_ratio=0.05)
+    grid = (4, 2, 2, 2)
+    no_lat = Machine(**{**PERLMUTTER.to_dict(), "latency_s": 0.0})
+    base = step_times(w, grid, no_lat)
+    over = step_times(Workload(**{**w.__dict__, "comm_overlap": True}), grid, no_lat)
+    cols = step_collectives(w, grid)
+    assert sum(c.nbytes for c in cols if c.backward) > 0 and sum(c.nbytes for c in cols if c.feature_grad) > 0
+    assert over["bandwidth"] < base["bandwidth"] and over["compute"] == base["compute"]
+    # closed form: the input-gradient all-reduces hide behind the dW GEMMs, the gradient
+    # reductions behind what is left of the backward compute
+    from scalegnn.perfmodel import _device_terms
+    dev = _device_terms(w, grid, no_lat)
+    costs = {}
+    for flag in ("feature_grad", "backward"):
+        costs[flag] = sum(collective_cost(c.op, c.nbytes, dict(zip(("dp", "x", "y", "z"), grid))[c.axis],
+                                          axis_bandwidth(grid, c.axis, no_lat)[0], 0.0, no_lat.tree)[0]
+                          for c in cols if getattr(c, flag))
+    fg_hidden = min(costs["feature_grad"], dev["dw"])
+    grad_hidden = min(costs["backward"], dev["backward"] - fg_hidden)
+    assert base["bandwidth"] - over["bandwidth"] == pytest.approx(fg_hidden + grad_hidden, rel=1e-9)
+    p = predict(w, grid, PERLMUTTER)
+    q = predict(Workload(**{**w.__dict__, "prefetch": True}), grid, PERLMUTTER)
+    train = sum(v for k, v in p.parts.items() if k != "sampling")
+    assert q.parts["sampling"] == pytest.approx(max(0.0, p.parts["sampling"] - train))
+    assert q.epoch_s == pytest.approx(max(p.epoch_s - p.parts["sampling"], p.parts["sampling"]))
+
+
+def test_sampling_on_a_device_closed_form():
+    """Alg. 2 on a GPU: a sort of N keys (64 bytes per vertex) plus, per plane, B/G_rows * nnz/N
+    gathered entries of 12 bytes and ceil(log2 B) 32-byte probes each, over HBM bandwidth."""
+    w = Workload(num_nodes=1_000_000, nnz=11_000_000, num_features=100, num_classes=10, hidden=64,
+                 batch_size=50_000)
+    grid = (1, 2, 2, 1)
+    from scalegnn.parallel.layout import layer_layout
+    sizes = {"dp": 1, "x": 2, "y": 2, "z": 1}
+    touched = sum(50_000 / sizes[layer_layout(i).adj[0]] * 11.0 for i in range(3))
+    expect = (64 * 1_000_000 + touched * (12 + 16 * 32)) / PERLMUTTER.hbm_Bps
+    assert step_times(w, grid, PERLMUTTER)["sampling"] == pytest.approx(expect)
+
+
+def test_memory_breakdown_closed_form_and_misfits():
+    w = Workload(num_nodes=1000, nnz=11000, num_features=32, num_classes=4, hidden=64, batch_size=100)
+    m = memory_breakdown(w, (1, 1, 1, 1))
+    assert m["shard"] == pytest.approx(3 * (11000 * 12 + 1000 * 8) + 1000 * 32 * 4)
+    params = 32 * 64 + 3 * (64 * 64 + 64) + 64 * 4
+    assert m["optimizer"] == pytest.approx(16 * params)
+    assert m["evaluation"] == pytest.approx(3 * 4 * 1000 * 64)
+    assert m["peak"] == pytest.approx(m["shard"] + m["optimizer"] + max(m["block"] + m["activations"], m["evaluation"]))
+    pre = memory_breakdown(Workload(**{**w.__dict__, "prefetch": True}), (1, 1, 1, 1))
+    assert pre["block"] == pytest.approx(2 * m["block"])
+    big = Workload.for_dataset("ogbn-papers100M", hidden=128, batch_ratio=0.05)
+    assert not predict(big, (8, 2, 2, 2), PERLMUTTER).fits  # a 2x2x2 shard of papers100M is over 40 GB
+    assert predict(big, (1, 4, 4, 4), PERLMUTTER).fits
+
+
+def test_plan_grid_and_recommend(capsys):
+    from scalegnn.cli import main
+
+    assert main(["plan", "--dataset", "ogbn-papers100M", "--cluster", "perlmutter", "--grid", "1x4x4x4"]) == 0
+    out = capsys.readouterr().out
+    assert "1x4x4x4" in out and "memory per rank: shard" in out and "fits" in out
+    assert main(["plan", "--dataset", "ogbn-papers100M", "--cluster", "perlmutter", "--gpus", "64",
+                 "--recommend", "--top", "50"]) == 0  # H 256, B = 0.1 N: only the paper's 4x4x4 fits in 40 GB
+    out = capsys.readouterr().out
+    assert "exceeds device memory" not in out and "recommended: 1x4x4x4 (the only grid that fits)" in out
+    assert main(["plan", "--dataset", "ogbn-papers100M", "--cluster", "perlmutter", "--gpus", "64", "--hidden", "128",
+                 "--batch-ratio", "0.05", "--recommend", "--top", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "exceeds device memory" not in out and " wins over " in out and "inside a node" in out

@@ -72,7 +72,7 @@ def test_a_terminal_gets_the_bar_and_a_resumed_run_starts_where_it_was():
     assert log.bar.n == 4 and log.last_time_s == 2.5
     log.close()
     assert "scalegnn d" in tty.getvalue()
-    assert [mode_from_progress(p) for p in (None, False, True)] == ["auto", "lines", "bar"]
+    assert [mode_from_progress(p) for p in (None, False, True)] == ["auto", "off", "bar"]
     with pytest.raises(ValueError, match="progress mode"):
         EpochLogger("s", "d", 1, mode="loud")
 
@@ -131,7 +131,7 @@ def test_baseline_epoch_loop_logs_one_line_per_epoch(logged, tmp_path, monkeypat
     monkeypatch.setitem(registry._REGISTRY, "graphsage", fixed)
     tiny = "csbm:n=200,avg_degree=4,classes=2,feature_dim=4"
     cfg = make_config("graphsage", dataset=tiny, epochs=3,
-                      eval_every=2, progress=False, data_root=str(tmp_path), out_dir=str(tmp_path / "runs"))
+                      eval_every=2, data_root=str(tmp_path), out_dir=str(tmp_path / "runs"))
     record = launch(cfg)
     assert record["status"] == "ok"
     lines = logged.getvalue().strip().splitlines()
@@ -164,7 +164,7 @@ def test_the_first_minute_is_one_line_per_phase_before_the_first_epoch(logged, t
     import scalegnn
     from scalegnn.progress import Phases
 
-    scalegnn.train(dataset="csbm:n=200,avg_degree=4,classes=2,feature_dim=4", epochs=1, hidden=8, progress=False,
+    scalegnn.train(dataset="csbm:n=200,avg_degree=4,classes=2,feature_dim=4", epochs=1, hidden=8,
                    data_root=str(tmp_path), out_dir=str(tmp_path / "runs"))
     lines = logged.getvalue().strip().splitlines()
     assert re.search(r"loading the graph: csbm:n=200,.*, 200 vertices, [\d,]+ adjacency entries, 4 features "
@@ -175,3 +175,31 @@ def test_the_first_minute_is_one_line_per_phase_before_the_first_epoch(logged, t
     with Phases(rank=1)("quiet elsewhere") as said:
         said("not logged")
     assert "quiet elsewhere" not in logged.getvalue()
+
+
+def test_quiet_is_silent_and_a_heartbeat_speaks_inside_a_long_epoch(logged, tmp_path):
+    """``quiet=True`` (--quiet, progress=False): no phase, epoch or heartbeat line. A
+    batch log (lines) gets a heartbeat when the clock says one is due, with the step,
+    the rates and the ETAs; a bar or quiet gets none."""
+    import scalegnn
+    from scalegnn.progress import Heartbeat
+
+    scalegnn.train(dataset="csbm:n=200,avg_degree=4,classes=2,feature_dim=4", epochs=1, hidden=8, quiet=True,
+                   data_root=str(tmp_path), out_dir=str(tmp_path / "runs"), heartbeat_s=1e-9)
+    assert logged.getvalue() == ""
+    now = [100.0]
+    beat = Heartbeat("scalegnn", "d", 3, mode="lines", every_s=10, steps_per_epoch=100, batch_size=50,
+                     clock=lambda: now[0])
+    beat.begin_epoch(2, step_in_epoch=20)  # resumed at step 20 of epoch 2
+    now[0] = 105.0
+    assert beat.step(30) is None  # 5 s: not due
+    now[0] = 110.0
+    line = beat.step(40)  # 20 steps in 10 s
+    assert line == ("scalegnn d epoch 2/3: step 40/100, 2.00 steps/s, 100 vertices/s, epoch ETA 30s, "
+                    "run ETA 1m20s")  # 60 steps of this epoch + 100 of epoch 3 at 2 steps/s
+    assert line in logged.getvalue()
+    for mode, every in (("bar", 10), ("off", 10), ("lines", 0)):
+        quiet = Heartbeat("s", "d", 1, mode=mode, every_s=every, steps_per_epoch=4, clock=lambda: now[0])
+        quiet.begin_epoch(1)
+        now[0] += 100
+        assert quiet.step(2) is None, mode
