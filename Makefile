@@ -35,7 +35,7 @@ GPU_PYTHON ?= python3
 GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/unit/test_timing.py \
               tests/parallel/test_collectives.py tests/parallel/test_tail.py tests/parallel/test_model.py \
               tests/parallel/test_engine.py tests/parallel/test_device.py \
-              tests/baselines/test_cagnet.py tests/baselines/test_device.py
+              tests/baselines/test_cagnet.py tests/baselines/test_device.py tests/integration/test_gpu_surface.py
 
 # The documentation site (mkdocs.yml, docs/): `make docs` installs the `docs` extra of
 # pyproject.toml (MkDocs alone: not the package, not torch) into $(VENV) and builds the
@@ -43,7 +43,7 @@ GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/u
 DOCS_OUT   ?= build/docs
 DOCS_STAMP := $(VENV)/.docs-installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-slurm test-cluster test-gpu bench-gpu env bench clean-env dgl-env docs
+.PHONY: demo test test-vgpu test-slurm test-cluster test-gpu gpu-report bench-gpu env bench clean-env dgl-env docs
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -81,6 +81,13 @@ demo: $(STAMP)
 test: $(STAMP) $(DGL_STAMP)
 	$(PY) -m pytest -q
 
+# The virtual-device tier (CI; not part of `make test`): every system's whole run and the
+# engine in every configuration with --device cuda on a virtual GPU (tests/vgpu/virtual.py:
+# the CPU computes, torch.cuda is stubbed, an operator mixing devices, a host kernel given
+# device memory or a host read inside a prefetched step fails the test). A few minutes.
+test-vgpu: $(STAMP)
+	$(PY) -m pytest -q -m vgpu -p no:cacheprovider tests/vgpu
+
 # The real-scheduler tier (not part of `make test`): a one-node SLURM cluster with munge
 # started on this machine by tests/slurm/localslurm.sh (root; apt-get installs slurm-wlm
 # and munge when missing), the sweep tests run against it, the daemons stopped by pid.
@@ -97,6 +104,14 @@ test-cluster: $(STAMP)
 
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m gpu -p no:cacheprovider $(GPU_TESTS)
+
+# The one command for a GPU machine: the GPU tests and the GPU benchmark, and one report of
+# both (versions, device, every test's outcome, every number) in results/gpu/report.md (and
+# .json), which docs/gpu.md publishes. Without a GPU every test is skipped and so is the benchmark.
+GPU_REPORT ?= results/gpu/report.md
+gpu-report:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu_report --python $(GPU_PYTHON) \
+	    --tests "$(GPU_TESTS)" --out $(GPU_REPORT) --bench-out results/bench/gpu
 
 # ScaleGNN on one GPU against PyG on the same GPU (benchmarks/gpu.py), the machine's python.
 bench-gpu:

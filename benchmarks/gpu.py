@@ -157,7 +157,7 @@ def scalegnn_section(norm, info: dict, device: torch.device, target: float, max_
             "batch_size": rec["batch_size"], "epoch_s": statistics.median(deltas),
             "time_to_target_s": rec["time_to_target_s"], "best_test_acc": max((r["test_acc"] or 0) for r in rows),
             "eval_s": statistics.median(r["eval_time_s"] for r in rows if r["eval_time_s"] is not None),
-            "compile_s": rec["compile_time_s"], "breakdown_s": breakdown, "components_s": comps,
+            "compile_s": rec["compile_time_s"], "compile_fallback": rec.get("compile_fallback"), "breakdown_s": breakdown, "components_s": comps,
             "peak_device_bytes": (rec.get("peak_device_memory_bytes_per_rank") or [None])[0],
             "lr": lr, "curve": [(r["train_time_s"], r["test_acc"]) for r in rows]}
 
@@ -296,8 +296,13 @@ def _markdown(res: dict) -> str:
     lines = [f"# ScaleGNN vs PyG on one {res['device']['name']}", "",
              f"Command: `{res['command']}`; torch {res['machine']['torch']}, CUDA {res['device']['cuda_version']}, "
              f"host load {res['machine']['load_avg_1m']}.", ""]
+    failed = [(k, v) for k, v in res.items() if isinstance(v, dict) and v.get("status") in ("failed", "skipped")]
+    if failed:
+        lines += ["## Sections that did not run to the end", "",
+                  *[f"- {k}: {v['status']}: {(v.get('error') or v.get('reason') or '').splitlines()[0]}"
+                    for k, v in failed], ""]
     s = res.get("sampler")
-    if s:
+    if s and s.get("status") not in ("failed", "skipped"):
         verdict = {True: "met", False: "NOT met", None: "not this size"}[s["met"]]
         lines += [f"## Sampler step (Algorithm 2), N = {s['n']:,}, nnz = {s['nnz']:,}, B = {s['batch']:,}", "",
                   markdown_table(["", "ms (median)"], [
@@ -307,7 +312,7 @@ def _markdown(res: dict) -> str:
                   "", f"Identical blocks: {s['identical_blocks']}. Target (N = 10^6, nnz = 2x10^7, B = 10^5): "
                       f"step <= 1 ms: {verdict}.", ""]
     g = res.get("graph")
-    if g:
+    if g and g.get("status") not in ("failed", "skipped"):
         lines += [f"## Graph: {g['num_nodes']:,} vertices, {g['undirected_edges']:,} edges, {g['features']} features, "
                   f"{g['classes']} classes (generated in {g['generate_s']:.0f} s)", ""]
     head = ["system", "epoch (s)", "epochs", f"time to {100 * res['target']:.0f}% (s)", "best test acc",
@@ -318,6 +323,8 @@ def _markdown(res: dict) -> str:
         r = res.get(key)
         if not r:
             continue
+        if r.get("status") in ("failed", "skipped"):
+            continue  # listed above
         if r.get("status") == "unavailable":
             body.append([label, "-", "-", "-", "-", r["reason"]])
             continue
@@ -331,6 +338,8 @@ def _markdown(res: dict) -> str:
         lines += [f"ScaleGNN's time to target is {ratio:.2f} of PyG full-batch GCN's (target <= 0.33: "
                   f"{'met' if ratio <= 1 / 3 else 'NOT met'}).", ""]
     sg = res.get("scalegnn")
+    if sg and sg.get("compile_fallback"):
+        lines += [f"ScaleGNN ran its fused tail eager: {sg['compile_fallback']}.", ""]
     if sg and sg.get("breakdown_s"):
         b = sg["breakdown_s"]
         lines += ["## ScaleGNN epoch breakdown (Fig. 5 style, seconds per epoch, CUDA events)", "",
@@ -368,26 +377,62 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     res = {"command": "python3 -m scalegnn.benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": _machine(), "device": device_info(device), "target": args.target, "settings": vars(args)}
+    # Each section on its own: one that fails is recorded ({"status": "failed", "error": ...})
+    # and the next one runs; the files are rewritten after each, so a run cut short keeps
+    # what it measured.
     if "sampler" not in skip:
         n, nnz, b = (int(v) for v in args.sampler_size.split(","))
-        res["sampler"] = sampler_section(device, n, nnz, b)
-        _save(out, res)
-    raw, norm, res["graph"] = make_graph(args.nodes, args.avg_degree, args.features, args.classes)
-    _save(out, res)
+        _section(res, out, "sampler", sampler_section, device, n, nnz, b)
+    graph = _section(res, out, "graph", make_graph, args.nodes, args.avg_degree, args.features, args.classes)
+    raw, norm, res["graph"] = graph if graph is not None else (None, None, res["graph"])
+    needs_graph = {"status": "skipped", "reason": "the graph section failed"}
     if "scalegnn" not in skip:
-        res["scalegnn"] = scalegnn_section(norm, res["graph"], device, args.target, args.max_epochs, args.lr,
-                                           not args.no_compile)
-        _save(out, res)
+        if graph is None:
+            res["scalegnn"] = needs_graph
+        else:
+            _section(res, out, "scalegnn", scalegnn_section, norm, res["graph"], device, args.target,
+                     args.max_epochs, args.lr, not args.no_compile)
     if "pyg_gcn" not in skip:
-        res["pyg_gcn"] = pyg_gcn_section(norm, device, args.target, args.max_epochs * 20, args.max_seconds)
-        _save(out, res)
+        if graph is None:
+            res["pyg_gcn"] = needs_graph
+        else:
+            _section(res, out, "pyg_gcn", pyg_gcn_section, norm, device, args.target, args.max_epochs * 20,
+                     args.max_seconds)
     if "pyg_sage" not in skip:
-        res["pyg_sage"] = pyg_sage_section(raw, device, args.target, args.max_epochs, args.max_seconds)
+        if graph is None:
+            res["pyg_sage"] = needs_graph
+        else:
+            _section(res, out, "pyg_sage", pyg_sage_section, raw, device, args.target, args.max_epochs,
+                     args.max_seconds)
     a, b = (res.get(k, {}).get("time_to_target_s") for k in ("scalegnn", "pyg_gcn"))
     res["ratio_vs_pyg_gcn"] = a / b if a is not None and b else None
+    res["failed_sections"] = [k for k, v in res.items() if isinstance(v, dict) and v.get("status") == "failed"]
     _save(out, res)
     print(_markdown(res))
-    return 0
+    return 1 if res["failed_sections"] else 0
+
+
+def _section(res: dict, out: Path, key: str, fn, *args):
+    """``res[key] = fn(*args)`` and the files saved; a section that raises is recorded as
+    failed (its error and the last lines of its traceback) and None returned, so the
+    sections after it still run."""
+    import traceback
+
+    try:
+        value = fn(*args)
+    except Exception as exc:  # a section's own failure (a GPU error, a missing toolchain): the rest still runs
+        res[key] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}".strip()[:2000],
+                    "traceback": traceback.format_exc()[-4000:]}
+        print(f"gpu benchmark: section {key} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr)
+        _save(out, res)
+        return None
+    if key == "graph":  # make_graph -> (raw, norm, info): the record keeps the info
+        res[key] = value[2]
+    else:
+        res[key] = value
+    _save(out, res)
+    return value
 
 
 if __name__ == "__main__":

@@ -179,10 +179,11 @@ class CSRBlock:
         indices, values = graph.indices[lo:hi], graph.values[lo:hi]
         if (c0, c1) != (0, n):
             keep = (indices >= c0) & (indices < c1)
-            counts = torch.zeros(r1 - r0, dtype=torch.int64)
-            rows = torch.repeat_interleave(torch.arange(r1 - r0), indptr[1:] - indptr[:-1])
+            dev = indptr.device
+            counts = torch.zeros(r1 - r0, dtype=torch.int64, device=dev)
+            rows = torch.repeat_interleave(torch.arange(r1 - r0, device=dev), indptr[1:] - indptr[:-1])
             counts.index_add_(0, rows[keep], torch.ones_like(rows[keep]))
-            indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
+            indptr = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), torch.cumsum(counts, 0)])
             indices, values = indices[keep], values[keep]
         if n < 2**31:
             indices = indices.to(torch.int32)
@@ -453,7 +454,8 @@ class SampledBatch:
 
 
 def train_mask_of(graph: Graph) -> torch.Tensor:
-    mask = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    """The labeled training vertices as a bool mask, on the graph's device."""
+    mask = torch.zeros(graph.num_nodes, dtype=torch.bool, device=graph.y.device)
     mask[graph.train_idx] = True
     if not graph.multilabel:
         mask &= graph.y >= 0
@@ -464,7 +466,9 @@ class UniformVertexSampler:
     """Serial uniform vertex sampler over a GCN-normalized graph.
 
     ``sample(step)`` is deterministic in (seed, dp_index, step), so a resumed or a
-    distributed run sees exactly the batches of an uninterrupted serial one.
+    distributed run sees exactly the batches of an uninterrupted serial one. Its maps
+    and masks live on the graph's device (a graph on a GPU is sampled on the GPU; the
+    sample itself is drawn by the CPU generator, then moved, the same S everywhere).
     """
 
     def __init__(self, graph: Graph, batch_size: int, seed: int = 0, dp_index: int = 0, backend: str = "auto"):
@@ -475,7 +479,7 @@ class UniformVertexSampler:
         self.seed, self.dp_index = seed, dp_index
         self.scale = inclusion_probability(graph.num_nodes, self.batch_size)
         self.block = CSRBlock.from_graph(graph)
-        self.index_map = CompactIndexMap(graph.num_nodes)
+        self.index_map = CompactIndexMap(graph.num_nodes, device=graph.indptr.device)
         self.backend = backend
         self.train_mask = train_mask_of(graph)
         self.features = training_features(graph.x)

@@ -143,7 +143,8 @@ class ScaleGNNTrainer(Trainer):
 
     # ------------------------------------------------------------------ the record
     def record_fields(self) -> dict:
-        return {"compile_time_s": self.engine.compile_time_s}  # torch.compile warm-up (paper V-C), not training time
+        # torch.compile warm-up (paper V-C), not training time; why --compile ran eager, if it did
+        return {"compile_time_s": self.engine.compile_time_s, "compile_fallback": self.engine.compile_fallback}
 
     def begin(self, record: dict) -> LoopStart:
         self.record = record

@@ -37,7 +37,8 @@ from .. import threads as thread_policy
 
 __all__ = ["DistEnv", "detect_env", "run_mode", "RUN_MODES", "init_from_env", "init_process_group", "first_host",
            "single_env", "local_rank_env", "local_backend", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run",
-           "slurm_tasks_on_node", "launched_rank", "gather_placement", "check_socket_ifnames"]
+           "slurm_tasks_on_node", "launched_rank", "gather_placement", "check_socket_ifnames", "check_one_gpu_per_rank",
+           "check_torch", "MIN_TORCH"]
 
 log = logging.getLogger("scalegnn.launch")
 
@@ -115,6 +116,20 @@ def _flux_port(job_id: str | None) -> int:
     return _default_port(job_id)
 
 
+MIN_TORCH = (2, 6)  # pyproject.toml's floor: the oldest torch a cluster profile loads (Perlmutter's pytorch/2.6.0)
+
+
+def check_torch(version: str | None = None) -> None:
+    """Refuse a torch older than :data:`MIN_TORCH` in one line naming both versions and the
+    fix: a site module or a venv can bring an older one than pip's resolver would."""
+    text = version if version is not None else torch.__version__
+    found = tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:2])
+    if found < MIN_TORCH:
+        need = ".".join(map(str, MIN_TORCH))
+        raise RuntimeError(f"scalegnn needs torch >= {need}, this python has torch {text}; load a newer module "
+                           f"(e.g. `module load pytorch/{need}.0`) or `pip install 'torch>={need}'`")
+
+
 def detect_env() -> DistEnv:
     """Read rank, world size, local rank and the rendezvous address from the environment.
 
@@ -125,6 +140,7 @@ def detect_env() -> DistEnv:
     variables on to every task), SLURM (``SLURM_PROCID``/``SLURM_NTASKS``), else a
     single process.
     """
+    check_torch()  # the first thing every run does (launch, a joined rank, a sweep task)
     backend = "auto"  # the device decides (init_from_env): a visible GPU alone does not make a run use it
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -196,6 +212,7 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
     info = detect_env()
     dev = resolve_device(device or "auto", info.local_rank)
     info = dataclasses.replace(info, backend=resolve_backend(backend or "auto", dev), device=str(dev))
+    check_one_gpu_per_rank(str(device or "auto"), info.backend, info.local_world_size, info.source)
     if info.backend == "nccl" and info.local_rank >= torch.cuda.device_count():
         raise ValueError(f"local rank {info.local_rank} has no GPU of its own ({torch.cuda.device_count()} on this "
                          "node) and NCCL runs one rank per GPU: launch at most one rank per GPU per node, or use "
@@ -213,6 +230,17 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
                          "process listens there), so rank 0 cannot open the rendezvous: give the job a free port, "
                          "e.g. MASTER_PORT=$((20000 + RANDOM % 20000)), or torchrun --master-port") from None
     return info
+
+
+def check_one_gpu_per_rank(spec: str, backend: str, ranks_on_node: int, source: str) -> None:
+    """Refuse ``--device cuda:N`` when NCCL ranks share a node: every rank would bind GPU
+    N, and NCCL aborts with "Duplicate GPU detected" after the job has started. The
+    ``--nproc`` path refuses it the same way (:func:`local_backend`); ``--backend gloo``
+    (ranks sharing one GPU on purpose, for tests) is allowed."""
+    if backend == "nccl" and ranks_on_node > 1 and spec.strip().lower().startswith("cuda:"):
+        raise ValueError(f"--device {spec} with {ranks_on_node} ranks per node under {source}: NCCL runs one rank "
+                         "per GPU, and every rank would take this one; use --device cuda (or auto: each rank takes "
+                         "the GPU of its local rank), or --backend gloo to share one GPU")
 
 
 def init_process_group(backend: str, device: torch.device, **kwargs) -> None:

@@ -38,6 +38,8 @@ size reads happen on the prefetch stream when ``--prefetch`` is on.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections import defaultdict
 
@@ -63,7 +65,39 @@ from .model import ParallelScaleGNN, assemble_shards, full_shapes
 from .sharding import RankShard, build_rank_shard
 from .tail import norm_relu_dropout
 
-__all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS", "read_whole_state"]
+_log = logging.getLogger(__name__)
+
+
+def compile_preflight(device: torch.device | str, backend: str = "inductor") -> str | None:
+    """None when ``torch.compile(backend=...)`` can build kernels for ``device`` here, else
+    why not, in one line. Inductor builds its kernels at first use: on a GPU through
+    Triton, which compiles a launcher with the system C compiler against Python.h; on the
+    CPU with a C++ compiler. A bare GPU image may lack either (the other backends,
+    e.g. "aot_eager", build nothing)."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+
+    if backend != "inductor":
+        return None
+    if torch.device(device).type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "inductor on a GPU needs Triton, which this environment lacks (pip install triton)"
+        compilers = [os.environ.get("CC"), "cc", "gcc", "clang"]
+        header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+        if not header.is_file():
+            return f"Triton builds its launcher against Python.h, which is not at {header} (install python3-dev)"
+    else:
+        compilers = [os.environ.get("CXX"), "c++", "g++", "clang++"]
+    if not any(c and shutil.which(c) for c in compilers):
+        return f"no C{'' if torch.device(device).type == 'cuda' else '++'} compiler on PATH (tried " \
+               f"{', '.join(c for c in compilers if c)}) to build inductor's kernels"
+    return None
+
+
+__all__ = ["ParallelEngine", "COMPONENTS", "MP_KINDS", "compile_preflight", "read_whole_state"]
 
 # Components reported per epoch (cumulative seconds). They partition the step time:
 #   sampling     time the step waited for its batch (all of it without prefetch)
@@ -199,7 +233,9 @@ class ParallelEngine:
         self.comm_bytes: dict[str, int] = defaultdict(int)
         self.comm_calls: dict[str, int] = defaultdict(int)
         self.last_batch: ShardedBatch | None = None
-        self.compile_time_s = self._warm_up_compile() if perf.compile else 0.0
+        self.compile_time_s, self.compile_fallback = 0.0, None
+        if perf.compile:
+            self.compile_time_s, self.compile_fallback = self._compile_or_fall_back(perf.compile_backend)
         if self.device.type == "cpu" and not perf.compile:  # the CPU layer tail's numba kernels, out of step 1's time
             from .. import _elementwise
 
@@ -208,6 +244,21 @@ class ParallelEngine:
         self._profiler = StepProfiler(perf.profile, grid.rank)
 
     # ------------------------------------------------------------------ helpers
+    def _compile_or_fall_back(self, backend: str) -> tuple[float, str | None]:
+        """Compile the fused tail (:meth:`_warm_up_compile`), or, when this machine cannot
+        (:func:`compile_preflight`, or the first compilation fails), run it eager: the same
+        formula (perf module doc), one warning line, and the reason in the record
+        (``compile_fallback``) instead of a run lost in its constructor."""
+        reason = compile_preflight(self.device, backend)
+        if reason is None:
+            try:
+                return self._warm_up_compile(), None
+            except Exception as exc:  # a backend's build step (Triton's launcher, inductor's C++) failed
+                reason = f"the first compilation failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+        self.pc.fused = self._eval_pc.fused = None
+        _log.warning("--compile: %s; the fused tail runs eager (same results, unfused)", reason)
+        return 0.0, reason
+
     def _warm_up_compile(self) -> float:
         """Compile the fused element-wise function before training (V-C), for the
         shapes of training (with autograd, with/without dropout) and of evaluation,

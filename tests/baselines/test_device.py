@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from scalegnn.config import make_config
-from tests.devices import needs_gpu
+from tests.devices import DEVICES, needs_gpu
 
 TINY = "csbm:n=400,avg_degree=6,classes=3,feature_dim=12"
 
@@ -56,3 +56,23 @@ def test_baseline_on_the_gpu_trains_like_on_the_cpu(system, tmp_path):
     assert gpu["status"] == "ok" and gpu["env"]["device_type"] == "cuda"
     assert gpu["peak_device_memory_bytes_per_rank"][0] > 0
     assert [r["loss"] for r in gpu["epochs"]] == pytest.approx([r["loss"] for r in cpu["epochs"]], rel=1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_csr_times_dense_differentiates_on_the_device(device):
+    """Autograd through ``torch.sparse.mm(CSR, dense)`` (BNS-GCN's aggregation, the PyG GCN
+    of the GPU benchmark) on the run's device: the input gradient is A^T dY, equal to the
+    dense product's within float32 rounding (cuSPARSE transposes A inside the backward)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    dense_a = torch.rand(50, 40, generator=gen) * (torch.rand(50, 40, generator=gen) < 0.1)
+    x = torch.randn(40, 8, generator=gen)
+    dy = torch.randn(50, 8, generator=gen)
+    a = dense_a.to_sparse_csr().to(device)
+    xs = x.to(device).requires_grad_()
+    y = torch.sparse.mm(a, xs)
+    y.backward(dy.to(device))
+    assert xs.grad.device.type == torch.device(device).type
+    assert torch.allclose(y.detach().cpu(), dense_a @ x, atol=1e-5)
+    assert torch.allclose(xs.grad.cpu(), dense_a.t() @ dy, atol=1e-5)

@@ -72,6 +72,58 @@ def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path):
     assert "Time to target" in md and "PyG full-batch GCN" in md and "ScaleGNN epoch breakdown" in md
 
 
+def test_a_failed_gpu_benchmark_section_is_recorded_and_the_rest_runs(tmp_path, monkeypatch):
+    """One section raising (a GPU error, a toolchain missing) no longer loses the sections
+    after it: it is recorded as failed with its error, the PyG comparison still runs, the
+    Markdown lists it, and the exit status says a section failed."""
+    from scalegnn.benchmarks import gpu
+
+    def broken(*args):
+        raise RuntimeError("planted: the sampler section failed")
+
+    monkeypatch.setattr(gpu, "sampler_section", broken)
+    monkeypatch.setattr(gpu, "scalegnn_section", broken)
+    out = tmp_path / "gpu"
+    assert gpu.main(["--device", "cpu", "--nodes", "2000", "--avg-degree", "10", "--max-epochs", "1",
+                     "--max-seconds", "10", "--skip", "pyg_sage", "--target", "0.3", "--out", str(out)]) == 1
+    res = json.loads((out / "gpu.json").read_text())
+    assert res["sampler"]["status"] == res["scalegnn"]["status"] == "failed"
+    assert "planted" in res["sampler"]["error"] and "Traceback" in res["scalegnn"]["traceback"]
+    assert res["pyg_gcn"]["status"] == "ok" and res["failed_sections"] == ["sampler", "scalegnn"]
+    assert "- sampler: failed: RuntimeError: planted" in (out / "gpu.md").read_text()
+
+
+def test_the_gpu_report_without_a_gpu_reports_every_test_skipped(tmp_path):
+    """`make gpu-report` on a machine without a GPU: the versions, the device's absence,
+    every GPU test of the files as skipped with its reason, the benchmark skipped; exit 0."""
+    from scalegnn.benchmarks import gpu_report
+
+    out = tmp_path / "report.md"
+    assert gpu_report.main(["--tests", "tests/unit/test_timing.py", "--out", str(out)]) == 0
+    rep = json.loads(out.with_suffix(".json").read_text())
+    assert rep["device"]["type"] is None and rep["versions"]["torch"] == torch.__version__
+    cases = rep["tests"]["cases"]
+    assert cases and {c["outcome"] for c in cases} == {"skipped"} and rep["tests"]["counts"]["failed"] == 0
+    assert all("needs a CUDA or ROCm GPU" in c["message"] for c in cases)
+    assert rep["benchmark"]["status"] == "skipped"
+    md = out.read_text()
+    assert "### GPU tests: 0 passed, 0 failed" in md and cases[0]["id"] in md
+
+
+def test_the_gpu_report_reads_every_outcome(tmp_path):
+    from scalegnn.benchmarks.gpu_report import test_outcomes
+
+    junit = tmp_path / "j.xml"
+    junit.write_text('<testsuites><testsuite><testcase classname="a" name="ok" time="1.5"/>'
+                     '<testcase classname="a" name="bad"><failure message="assert 1 == 2">tb</failure></testcase>'
+                     '<testcase classname="a" name="off"><skipped message="needs a GPU"/></testcase>'
+                     '<testcase classname="a" name="boom"><error message="fixture broke"/></testcase>'
+                     '</testsuite></testsuites>')
+    assert [(c["id"], c["outcome"], c["message"]) for c in test_outcomes(junit)] == [
+        ("a::ok", "passed", ""), ("a::bad", "failed", "assert 1 == 2"), ("a::off", "skipped", "needs a GPU"),
+        ("a::boom", "error", "fixture broke")]
+
+
 def test_the_micro_benchmark_runs_at_toy_size(capsys):
     """benchmarks/elementwise.py end to end on a tiny shape (its timings are not checked)."""
     from scalegnn.benchmarks.elementwise import main

@@ -177,3 +177,23 @@ def test_a_rendezvous_port_in_use_is_one_line(tmp_path):
                            "process listens there), so rank 0 cannot open the rendezvous: give the job a free port, "
                            "e.g. MASTER_PORT=$((20000 + RANDOM % 20000)), or torchrun --master-port\n")
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*.json"))
+
+
+# ----------------------------------------------------------------------------- the torch it needs
+def test_an_older_torch_is_refused_at_start_and_the_floor_is_pyproject_s():
+    import re
+    import tomllib
+
+    from scalegnn.launch.environment import MIN_TORCH, check_torch
+    from tests.files import REPO
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    (spec,) = [d for d in deps if re.match(r"torch\b", d)]
+    assert spec == "torch>=" + ".".join(map(str, MIN_TORCH))
+    check_torch()  # this machine's
+    check_torch("2.6.0+cu124")
+    check_torch("2.10.0a0+git1234")
+    with pytest.raises(RuntimeError, match=r"needs torch >= 2.6, this python has torch 2.5.1\+rocm6.2; load"):
+        check_torch("2.5.1+rocm6.2")
+    with pytest.raises(RuntimeError, match="torch 1.13.1"):
+        check_torch("1.13.1")
