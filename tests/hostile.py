@@ -619,6 +619,7 @@ FLAG_CASES = [
     (("--resume",), ("--resume", "--checkpoint-dir")),
     (("--nproc", "0"), ("--nproc", ">= 1")), (("--nproc", "-2"), ("--nproc", ">= 1")),
     (("--device", "tpu"), ("--device",)), (("--backend", "nccl", "--device", "cpu"), ("--backend nccl",)),
+    (("--backend", "nccl"), ("--backend nccl", "--device cuda")),  # one process, the device auto: the CPU here
     (("--hidden", "2", "--grid", "1x4x1x1"), ("--hidden >= 4",)),
     (("--dataset", "facebok"), ("facebok", "did you mean")),
     (("--dataset", "csbm:n=abc"), ("csbm", "'abc'")),
@@ -703,10 +704,78 @@ case("meta.json record run_id a number", "checkpoint", _meta(_with("record", {"r
 case("meta.json format from the future", "checkpoint", _meta(_with("format", 99)), "meta.json", "newer")
 
 
+# ---------------------------------------------------------------- faults
+# What happens to a running job, as rows too: each names the test that does it to a real
+# run (its own suite, since a fault needs processes, signals, a small disk) and what that
+# test shows. tests/unit/test_hostile.py checks that every named test exists.
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    category: str  # signal, process, disk, folder, network
+    test: str  # "<file>::<test>" or "<file>::<test>[<param id>]"
+    shows: str
+    resumed_equal: bool = False  # the test resumes the run and compares epoch rows with ==
+
+
+SIGNALS = "tests/integration/test_signals.py::test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly"
+FAULTS = [
+    *[Fault(f"{sig} to {who}", "signal", f"{SIGNALS}[{who}-{sig}]",
+            "interrupted record, one line, exit 128 + signal; --resume gives the uninterrupted rows", True)
+      for who in ("one process", "--nproc 2") for sig in ("SIGHUP", "SIGTERM", "SIGINT")],
+    Fault("SIGQUIT to --nproc 2", "signal", f"{SIGNALS}[--nproc 2-SIGQUIT]",
+          "interrupted record, one line, exit 131; --resume gives the uninterrupted rows", True),
+    Fault("SIGUSR1 to a run", "signal",
+          "tests/integration/test_signals.py::test_sigusr1_shows_where_every_thread_is_and_the_run_goes_on",
+          "every thread's stack on stderr, the run ends ok"),
+    Fault("a stop while loading the data", "signal",
+          "tests/integration/test_signals.py::test_a_stop_while_loading_the_data_still_leaves_a_record",
+          "an interrupted record with no epochs"),
+    Fault("a stop inside a checkpoint write", "signal", "tests/integration/test_signals.py::"
+          "test_a_stop_inside_a_checkpoint_save_is_recorded_as_interrupted_not_failed",
+          "interrupted, the earlier checkpoint whole, --resume finishes the run", True),
+    Fault("SIGTERM to a torchrun job", "signal",
+          "tests/integration/test_signals.py::test_sigterm_to_a_torchrun_job_is_recorded_as_a_failure",
+          "a failed record naming the signal"),
+    Fault("SIGKILL of a rank at a random step", "process",
+          "tests/integration/test_resume.py::test_resumed_4d_parallel_run_equals_the_uninterrupted_one",
+          "a failed record naming the rank; --resume gives the uninterrupted losses", True),
+    Fault("SIGKILL of a rank mid-epoch", "process",
+          "tests/integration/test_launch_job.py::test_killing_one_rank_mid_epoch_fails_the_whole_run_within_60s",
+          "every rank gone within 60 s, a failed record naming the rank"),
+    Fault("SIGSTOP of a rank", "process", "tests/integration/test_launch_job.py::"
+          "test_a_rank_that_stops_answering_fails_the_run_after_the_collective_timeout",
+          "the run fails after the collective timeout, recorded"),
+    Fault("SIGKILL of the launcher", "process",
+          "tests/integration/test_launch_job.py::test_killing_the_launcher_leaves_no_orphan_workers",
+          "no orphan worker"),
+    Fault("SIGKILL of rank 0 under torchrun", "process",
+          "tests/integration/test_session.py::test_rank0_killed_under_torchrun_still_leaves_a_failed_record",
+          "a surviving rank writes the failed record"),
+    Fault("a preemption notice (SIGUSR2)", "signal",
+          "tests/integration/test_resume.py::test_preemption_request_saves_at_the_next_step_and_resumes_exactly",
+          "checkpoint at the next step; the resumed losses equal the uninterrupted ones", True),
+    Fault("the disk fills during the run", "disk",
+          "tests/integration/test_disk_full.py::test_a_disk_that_fills_during_the_run_keeps_its_record",
+          "the record is written in its own folder (the reserve given back)"),
+    Fault("the disk fills at a checkpoint", "disk", "tests/integration/test_disk_full.py::"
+          "test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_the_run_resumes",
+          "failed in one line naming the whole checkpoint; --resume gives the uninterrupted rows", True),
+    Fault("no room for the record anywhere in its folder", "disk", "tests/integration/test_disk_full.py::"
+          "test_a_record_with_no_room_anywhere_in_its_folder_goes_to_a_rescue_folder",
+          "the record in the rescue folder, one line saying where"),
+    Fault("a second run on a checkpoint folder", "folder",
+          "tests/integration/test_disk_full.py::test_one_run_per_checkpoint_folder",
+          "one line naming the holder's host and pid"),
+    Fault("a rendezvous port in use", "network",
+          "tests/integration/test_launch_environment.py::test_a_rendezvous_port_in_use_is_one_line",
+          "one line naming the port and the fix"),
+]
+
+
 def counts() -> dict[str, int]:
     """Bad inputs and faults by category (the summary line the suite prints)."""
     out: dict[str, int] = {}
-    for c in CASES:
-        key = f"{c.kind}:{c.category}"
+    for kind, category in [(c.kind, c.category) for c in CASES] + [("fault", f.category) for f in FAULTS]:
+        key = f"{kind}:{category}"
         out[key] = out.get(key, 0) + 1
     return out

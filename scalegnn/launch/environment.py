@@ -337,9 +337,11 @@ def _slurm_batch_script(env: DistEnv) -> bool:
 def single_env(parallel) -> DistEnv:
     """The :class:`DistEnv` of a run that is this one process: rank 0 of 1, on the run's
     device (``parallel``: its :class:`~scalegnn.parallel.grid.ParallelConfig`)."""
-    from ..device import resolve_device
+    from ..device import resolve_backend, resolve_device
 
-    return DistEnv(0, 1, 0, "none", "127.0.0.1", 0, "single", device=str(resolve_device(parallel.device)))
+    device = resolve_device(parallel.device)
+    resolve_backend(parallel.backend, device)  # one process runs no collective, but --backend nccl on a CPU is a mistake
+    return DistEnv(0, 1, 0, "none", "127.0.0.1", 0, "single", device=str(device))
 
 
 def local_rank_env(rank: int, world: int, parallel, backend: str) -> DistEnv:

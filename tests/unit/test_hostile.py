@@ -14,7 +14,7 @@ import pytest
 import scalegnn.launch.job
 from scalegnn.cli import main
 from scalegnn.fileio import MEMORY_BUDGET_ENV
-from tests.hostile import CANARY, CASES, counts
+from tests.hostile import CANARY, CASES, FAULTS, counts
 
 BAD_INPUTS = [c for c in CASES if c.kind == "input"]
 
@@ -22,11 +22,33 @@ BAD_INPUTS = [c for c in CASES if c.kind == "input"]
 def test_the_table_counts(capsys):
     by = counts()
     total = sum(v for k, v in by.items() if k.startswith("input:"))
+    faults = sum(v for k, v in by.items() if k.startswith("fault:"))
     with capsys.disabled():
-        print(f"\nhostile cases: {total} bad inputs, {sum(by.values()) - total} faults; by category: "
-              + ", ".join(f"{k.split(':')[1]} {v}" for k, v in sorted(by.items())))
-    assert total >= 200
+        print(f"\nhostile cases: {total} bad inputs, {faults} faults ({sum(f.resumed_equal for f in FAULTS)} "
+              "resumed to == epoch rows); by category: " + ", ".join(f"{k} {v}" for k, v in sorted(by.items())))
+    assert total >= 200 and faults >= 12
     assert len({c.name for c in CASES}) == len(CASES), "case names must be unique"
+    assert len({f.name for f in FAULTS}) == len(FAULTS), "fault names must be unique"
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
+def test_every_fault_row_names_a_test_that_exists(fault):
+    """A fault runs in its own suite (processes, signals, a small disk): its row names the
+    test, which must exist, with the parameter id the row gives."""
+    import ast
+
+    from tests.files import REPO
+
+    path, _, rest = fault.test.partition("::")
+    name, _, param = rest.partition("[")
+    tree = ast.parse((REPO / path).read_text())
+    functions = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    assert name in functions, f"{fault.name}: {fault.test} names no test"
+    if param:
+        from tests.integration import test_signals
+
+        ids = [f"{launch}-{sig.name}" for launch, sig in test_signals.STOPS]
+        assert param.rstrip("]") in ids, f"{fault.name}: {param} is not one of {ids}"
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c.name for c in BAD_INPUTS])
