@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -717,6 +718,10 @@ class Fault:
     resumed_equal: bool = False  # the test resumes the run and compares epoch rows with ==
 
 
+# (launch, signal) of the stop-signal runs of tests/integration/test_signals.py (its LAUNCHES' names)
+STOPS = [(launch, sig) for launch in ("one process", "--nproc 2") for sig in (signal.SIGINT, signal.SIGTERM,
+                                                                              signal.SIGHUP)] \
+    + [("--nproc 2", signal.SIGQUIT)]
 SIGNALS = "tests/integration/test_signals.py::test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly"
 FAULTS = [
     *[Fault(f"{sig} to {who}", "signal", f"{SIGNALS}[{who}-{sig}]",

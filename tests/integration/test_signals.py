@@ -21,6 +21,7 @@ from scalegnn import records
 from scalegnn.cli import main
 from scalegnn.signals import signal_text
 from tests.files import REPO
+from tests.hostile import STOPS
 from tests.processes import CliRun, TorchrunRun
 from tests.runs import TINY, epoch_rows
 
@@ -90,10 +91,6 @@ def uninterrupted(tmp_path_factory):
         return done[launch]
 
     return record
-
-
-STOPS = [(launch, sig) for launch in LAUNCHES for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)] \
-    + [("--nproc 2", signal.SIGQUIT)]
 
 
 @pytest.mark.distributed

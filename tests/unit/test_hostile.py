@@ -14,7 +14,7 @@ import pytest
 import scalegnn.launch.job
 from scalegnn.cli import main
 from scalegnn.fileio import MEMORY_BUDGET_ENV
-from tests.hostile import CANARY, CASES, FAULTS, counts
+from tests.hostile import CANARY, CASES, FAULTS, STOPS, counts
 
 BAD_INPUTS = [c for c in CASES if c.kind == "input"]
 
@@ -45,9 +45,7 @@ def test_every_fault_row_names_a_test_that_exists(fault):
     functions = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
     assert name in functions, f"{fault.name}: {fault.test} names no test"
     if param:
-        from tests.integration import test_signals
-
-        ids = [f"{launch}-{sig.name}" for launch, sig in test_signals.STOPS]
+        ids = [f"{launch}-{sig.name}" for launch, sig in STOPS]
         assert param.rstrip("]") in ids, f"{fault.name}: {param} is not one of {ids}"
 
 
