@@ -43,7 +43,7 @@ GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/u
 DOCS_OUT   ?= build/docs
 DOCS_STAMP := $(VENV)/.docs-installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-vgpu test-slurm test-cluster test-gpu gpu-report bench-gpu env bench clean-env dgl-env docs
+.PHONY: demo test test-vgpu test-slurm test-cluster test-gpu test-torch-floor gpu-report bench-gpu env bench clean-env dgl-env docs
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -104,6 +104,24 @@ test-cluster: $(STAMP)
 
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest -m gpu -p no:cacheprovider $(GPU_TESTS)
+
+# The oldest torch a cluster profile loads (pyproject's floor: Perlmutter's pytorch/2.6.0
+# module), in an environment of its own: the core (engine parity with the serial model,
+# the samplers, checkpoint and resume on the same and on another grid, the records and
+# ScaleGNN's pinned records). Not part of `make test` or CI: from PyPI, torch 2.6.0 is the
+# CUDA build (about 2.5 GB with its nvidia wheels; it runs on the CPU). No baseline:
+# torch-sparse has no wheel for it here.
+FLOOR_VENV  ?= .venv-torch-floor
+FLOOR_SPEC  ?= torch==2.6.0
+FLOOR_TESTS ?= tests/parallel/test_engine.py tests/unit/test_sampling.py tests/unit/test_checkpoint.py \
+               tests/unit/test_records.py tests/integration/test_resume.py tests/integration/test_trained.py \
+               tests/integration/test_record_pins.py
+test-torch-floor:
+	@test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet "$(FLOOR_SPEC)" numpy scipy pandas tqdm numba matplotlib \
+	    pytest hypothesis torch-geometric
+	PYTHONPATH=$(CURDIR) $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider -k "not graphsage and not graphsaint" \
+	    $(FLOOR_TESTS)
 
 # The one command for a GPU machine: the GPU tests and the GPU benchmark, and one report of
 # both (versions, device, every test's outcome, every number) in results/gpu/report.md (and
