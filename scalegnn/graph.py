@@ -17,6 +17,7 @@ so a normalized graph can be shared by samplers and evaluators without copies.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -26,6 +27,11 @@ import torch
 from .csr import csr_matrix, is_csr, select_rows
 
 __all__ = ["Graph", "GraphValidationError", "csr_from_edges", "as_graph"]
+
+
+# The tensors of the graph a derived one is made from (Graph.replace), already validated:
+# a derived graph does not scan them again.
+_CHECKED: contextvars.ContextVar[tuple] = contextvars.ContextVar("scalegnn_graph_checked", default=())
 
 
 class GraphValidationError(ValueError):
@@ -184,8 +190,9 @@ class Graph:
         if self.x.shape[1] == 0:
             raise GraphValidationError("features have 0 columns; give at least one feature per vertex (a column of "
                                        "ones when the graph has none)")
+        checked = _CHECKED.get()
         # (A CSR x was checked by csr_matrix when it was made: values finite, columns in range.)
-        if not is_csr(self.x) and not bool(torch.isfinite(self.x).all()):
+        if not is_csr(self.x) and not any(self.x is t for t in checked) and not bool(torch.isfinite(self.x).all()):
             bad = int((~torch.isfinite(self.x)).any(1).nonzero()[0, 0])
             raise GraphValidationError(
                 f"features contain NaN or inf (first at vertex {bad}); clean or impute them before training"
@@ -203,7 +210,7 @@ class Graph:
             if self.y.numel() and int(self.y.min()) < -1:
                 raise GraphValidationError(f"label {int(self.y.min())} is invalid; use -1 for unlabeled vertices")
         elif self.y.dim() == 2:
-            if not bool(torch.isfinite(self.y).all()):
+            if not any(self.y is t for t in checked) and not bool(torch.isfinite(self.y).all()):
                 raise GraphValidationError("the multi-label matrix holds NaN or inf; its entries must be 0 or 1")
             if self.y.shape[1] != self.num_classes:
                 raise GraphValidationError(
@@ -254,7 +261,14 @@ class Graph:
         )
 
     def replace(self, **changes) -> "Graph":
-        return dataclasses.replace(self, **changes)
+        """A graph with ``changes``; the features and labels it keeps from this graph, whose
+        validation they passed, are not scanned again (:meth:`validate` reads each array once
+        on the way from a file to a normalized graph)."""
+        token = _CHECKED.set(tuple(t for name, t in (("x", self.x), ("y", self.y)) if name not in changes))
+        try:
+            return dataclasses.replace(self, **changes)
+        finally:
+            _CHECKED.reset(token)
 
     def with_edges(self, src, dst, values=None) -> "Graph":
         indptr, indices, vals = csr_from_edges(src, dst, self.num_nodes, values)

@@ -263,3 +263,29 @@ def test_from_edge_index_and_from_scipy_build_the_graph_from_pyg_builds():
         Graph.from_edge_index(edge_index, x, y, train_mask=masks[0])
     with pytest.raises(GraphValidationError, match=r"square scipy sparse matrix, got shape \(30, 31\)"):
         Graph.from_scipy(sp.coo_matrix((30, 31)), x, y)
+
+
+def test_validation_reads_the_features_once_on_the_way_to_the_normalized_graph(monkeypatch):
+    """Loading, adding self loops and normalizing build three graphs; the features (and
+    multi-hot labels) are scanned for NaN once, by the first. A derived graph given new
+    features scans those."""
+    import torch
+
+    from tests.graphs import random_graph
+
+    g = random_graph(n=50, m=200, seed=2)
+    graph = Graph(g.indptr, g.indices, g.values, g.x.clone(), g.y, g.train_idx, g.val_idx, g.test_idx, g.num_classes)
+    scanned = []
+    real = torch.isfinite
+
+    def counting(t, *args, **kwargs):
+        scanned.append(t)
+        return real(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "isfinite", counting)
+    normalized = graph.gcn_normalize()
+    assert normalized.x is graph.x and not any(t is graph.x for t in scanned)
+    bad = graph.x.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(GraphValidationError, match="features contain NaN or inf"):
+        normalized.replace(x=bad)
