@@ -295,8 +295,8 @@ def _fig6_frame(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _panel_order(frame: pd.DataFrame) -> list[tuple[str, str]]:
     """(cluster, dataset label) panels: by cluster, the densest graph first (entries per vertex)."""
-    if "graph.num_edges" in frame and "graph.num_nodes" in frame:
-        density = (frame["graph.num_edges"] / frame["graph.num_nodes"]).groupby([frame["_cluster"], frame["_ds"]]).max()
+    if "graph.adjacency_nnz" in frame and "graph.num_nodes" in frame:
+        density = (frame["graph.adjacency_nnz"] / frame["graph.num_nodes"]).groupby([frame["_cluster"], frame["_ds"]]).max()
     else:
         density = pd.Series(dtype=float)
     return sorted(frame.groupby(["_cluster", "_ds"]).groups,

@@ -31,7 +31,7 @@ def workload_from_row(row) -> Workload:
     n = int(_get(row, "graph.num_nodes"))
     batch = _get(row, "batch_size")
     dtype = next((str(row[c]) for c in row.index if c.endswith("comm_dtype") and isinstance(row[c], str)), "")
-    return Workload(num_nodes=n, nnz=int(_get(row, "graph.num_edges")),
+    return Workload(num_nodes=n, nnz=int(_get(row, "graph.adjacency_nnz")),
                     num_features=int(_get(row, "graph.num_features")), num_classes=int(_get(row, "graph.num_classes")),
                     hidden=int(_get(row, "config.model.hidden", 256)), layers=int(_get(row, "config.model.layers", 3)),
                     batch_size=None if batch is None or int(batch) >= n else int(batch),

@@ -213,7 +213,7 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     # ------------------------------------------------------------------ datasets, provenance, failures
     add("\n## Datasets\n")
     if not runs.empty:
-        ds = runs.groupby("dataset").agg(nodes=("graph.num_nodes", "max"), entries=("graph.num_edges", "max"),
+        ds = runs.groupby("dataset").agg(nodes=("graph.num_nodes", "max"), entries=("graph.adjacency_nnz", "max"),
                                          features=("graph.num_features", "max"), classes=("graph.num_classes", "max"),
                                          runs=("run_id", "count")).reset_index()
         add(T.markdown(ds, {"nodes": ",.0f", "entries": ",.0f", "features": ".0f", "classes": ".0f"},

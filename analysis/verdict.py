@@ -145,15 +145,23 @@ def verdicts(runs: pd.DataFrame) -> list[Verdict]:
 
 
 def _avg_degree(sub: pd.DataFrame) -> float | None:
-    """Neighbors per vertex: stored entries / vertices of a compared system's record (the
-    adjacency A), else of ScaleGNN's less one (its records count A + I, a self loop each)."""
-    if "graph.num_nodes" not in sub or "graph.num_edges" not in sub:
+    """Neighbors per vertex: the graph's own stored entries / vertices (``graph.num_edges``,
+    schema 4); for records of schema 3 and older, whose graph's own count is unknown, the
+    trained matrix's entries (``graph.adjacency_nnz``) of a compared system's record (the
+    adjacency A), else of ScaleGNN's less one (it trained on A + I, a self loop each)."""
+    if "graph.num_nodes" not in sub:
+        return None
+    if "graph.num_edges" in sub:
+        rows = sub[sub["graph.num_nodes"].notna() & sub["graph.num_edges"].notna()]
+        if not rows.empty:
+            return float((rows["graph.num_edges"] / rows["graph.num_nodes"]).min())
+    if "graph.adjacency_nnz" not in sub:
         return None
     own = sub["system"].isin(registry.SCALEGNN_SYSTEMS)
     for rows, loops in ((sub[~own], 0.0), (sub[own], 1.0)):
-        rows = rows[rows["graph.num_nodes"].notna() & rows["graph.num_edges"].notna()]
+        rows = rows[rows["graph.num_nodes"].notna() & rows["graph.adjacency_nnz"].notna()]
         if not rows.empty:
-            return float((rows["graph.num_edges"] / rows["graph.num_nodes"]).min()) - loops
+            return float((rows["graph.adjacency_nnz"] / rows["graph.num_nodes"]).min()) - loops
     return None
 
 

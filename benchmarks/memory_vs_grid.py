@@ -60,7 +60,7 @@ def main(argv=None) -> int:
                         "--out", str(run_dir), "--quiet"], check=True)
         record = json.loads(max(run_dir.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
         per_rank = record["peak_memory_bytes_per_rank"]
-        rows.append((grid, world, record["graph"]["num_edges"], max(per_rank), sum(per_rank) / len(per_rank)))
+        rows.append((grid, world, record["graph"]["adjacency_nnz"], max(per_rank), sum(per_rank) / len(per_rank)))
     if args.phases:
         return 0
     print("| grid | ranks | stored edges | max peak RSS per rank (MiB) | mean peak RSS per rank (MiB) |")

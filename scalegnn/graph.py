@@ -423,7 +423,9 @@ class Graph:
         src = torch.cat([rows, missing])
         dst = torch.cat([self.indices, missing])
         vals = torch.cat([self.values, torch.ones(missing.numel())])
-        return self.with_edges(src, dst, vals)
+        indptr, indices, vals = csr_from_edges(src, dst, self.num_nodes, vals)
+        added = int(self.meta.get("self_loops_added", 0)) + missing.numel()
+        return self.replace(indptr=indptr, indices=indices, values=vals, meta={**self.meta, "self_loops_added": added})
 
     def gcn_normalize(self) -> "Graph":
         """The GCN adjacency D^-1/2 (A+I) D^-1/2 (Kipf & Welling, paper Eq. 3).
@@ -520,9 +522,13 @@ class Graph:
     def record_info(self) -> dict:
         """The run record's ``graph`` field: the sizes, whether the features are sparse
         (CSR end to end), and the provenance keys of ``meta`` that are set (the split
-        used, and a stand-in for features or labels the data did not have)."""
-        return {"num_nodes": self.num_nodes, "num_edges": self.num_edges, "num_features": self.num_features,
-                "num_classes": self.num_classes, "sparse_features": is_csr(self.x),
+        used, and a stand-in for features or labels the data did not have).
+        ``num_edges`` is the graph's as given (``scalegnn data info`` says the same),
+        ``adjacency_nnz`` the entries of the matrix trained on: with the self loops that
+        :meth:`add_self_loops` (the GCN normalization) added."""
+        added = int(self.meta.get("self_loops_added", 0))
+        return {"num_nodes": self.num_nodes, "num_edges": self.num_edges - added, "adjacency_nnz": self.num_edges,
+                "num_features": self.num_features, "num_classes": self.num_classes, "sparse_features": is_csr(self.x),
                 **{k: self.meta[k] for k in self.PROVENANCE if k in self.meta}}
 
 

@@ -125,7 +125,7 @@ class Workload:
         pmm_bytes = 2 if str(_find(cfg, "comm_dtype") or "").lower() in ("bf16", "bfloat16", "torch.bfloat16") else 4
         batch = rec.get("batch_size")
         bucket = _find(cfg, "bucket_collectives")  # absent: a record from before bucketing
-        return cls(num_nodes=g["num_nodes"], nnz=g["num_edges"], num_features=g["num_features"],
+        return cls(num_nodes=g["num_nodes"], nnz=g.get("adjacency_nnz", g["num_edges"]), num_features=g["num_features"],
                    num_classes=g["num_classes"], hidden=model.get("hidden", 256), layers=model.get("layers", 3),
                    batch_size=None if batch is None or batch >= g["num_nodes"] else batch,
                    norm=model.get("norm", True), residual=model.get("residual", True), pmm_bytes=pmm_bytes,

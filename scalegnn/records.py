@@ -47,7 +47,7 @@ __all__ = [
     "current_config",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # "cancelled": the scheduler stopped the job on request (scancel) before it finished;
 # "timeout": it reached its time limit with no requeue left (sweeps/task.py writes both);
 # "interrupted": SIGINT (Ctrl-C) or SIGTERM stopped a run that no scheduler owns
@@ -235,6 +235,8 @@ _V1_SECTIONS = {"data": ("dataset", "data_root", "shard_dir"), "sampling": ("bat
 _V1_OPTION_NAMES = {"salient": {"prefetch": "prefetch_batches"}}  # options renamed with schema 2
 # Version 3 splits version 2's perf section: the settings that change what is computed
 # move to their own section, numerics (scalegnn.numerics); perf keeps the speed-only ones.
+# Version 4 gives graph.num_edges one meaning, the graph's own (as `scalegnn data info`
+# counts it), and the trained matrix's entries their own field, graph.adjacency_nnz.
 _V2_NUMERICS = ("comm_dtype", "gemm_dtype", "permute")
 
 
@@ -244,7 +246,8 @@ def upgrade(record: dict) -> dict:
     nested as version 2's; version 2's ``perf.comm_dtype``, ``perf.gemm_dtype`` and
     ``perf.permute`` moved into version 3's ``numerics`` section (placed before
     ``perf``, as :class:`scalegnn.config.RunConfig` orders them; a setting a record
-    lacks stays absent). The configuration's dicts are new ones: the caller's are
+    lacks stays absent); version 3's ``graph.num_edges`` (the trained matrix's entries)
+    moved to version 4's ``graph.adjacency_nnz``, its ``num_edges`` unknown (None). The configuration's dicts are new ones: the caller's are
     left as they were."""
     if record.get("schema_version") == 1 and isinstance(record.get("config"), dict):
         old = record["config"]
@@ -269,6 +272,13 @@ def upgrade(record: dict) -> dict:
             config[key] = value
         record["config"] = config
         record["schema_version"] = 3
+    if record.get("schema_version") == 3:
+        graph = record.get("graph")
+        if isinstance(graph, dict) and "num_edges" in graph and "adjacency_nnz" not in graph:
+            # version 3's num_edges was the trained matrix's entries (self loops added by the
+            # system's preparation included); the graph's own count was not recorded
+            record["graph"] = {**graph, "adjacency_nnz": graph["num_edges"], "num_edges": None}
+        record["schema_version"] = 4
     return record
 
 

@@ -57,7 +57,8 @@ def prepare_graph(cfg: RunConfig, graph: Graph | None = None) -> Graph:
 
 def _sizes(info: dict) -> str:
     """A graph's sizes as the first-minute lines give them (:class:`scalegnn.progress.Phases`)."""
-    return f"{info['num_nodes']:,} vertices, {info['num_edges']:,} adjacency entries, {info['num_features']:,} features"
+    nnz = info.get("adjacency_nnz", info["num_edges"])  # shards staged before adjacency_nnz: num_edges held it
+    return f"{info['num_nodes']:,} vertices, {nnz:,} adjacency entries, {info['num_features']:,} features"
 
 
 def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None, device: torch.device | str = "cpu"):

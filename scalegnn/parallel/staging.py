@@ -290,7 +290,7 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
             done = list(pool.map(_write_rank, *zip(*args)))
     src = _source(str(folder), int(seed), permute)
     _SOURCE.clear()
-    info = {"num_nodes": src.n, "num_edges": src.nnz + src.n, "num_features": src.num_features,
+    info = {"num_nodes": src.n, "num_edges": src.nnz, "adjacency_nnz": src.nnz + src.n, "num_features": src.num_features,
             "num_classes": src.num_classes, "sparse_features": False, "split": src.split_note}
     manifest = {
         "format": SHARD_FORMAT, "grid_shape": list(shape), "name": name, "num_nodes": src.n,

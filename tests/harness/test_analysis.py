@@ -49,7 +49,7 @@ def make_record(system="scalegnn", dataset="reddit", grid=(1, 1, 1, 1), epoch_s=
         "grid": dict(zip(("dp", "x", "y", "z"), grid)), "world_size": world,
         "env": {"hostname": host, "device": "A100", "backend": "nccl", "torch": "2.6", "python": "3.11",
                 "git_commit": "abcdef1234567890", "libraries": {"torch": "2.6"}},
-        "graph": {"num_nodes": 1000, "num_edges": 5000, "num_features": 8, "num_classes": 4},
+        "graph": {"num_nodes": 1000, "num_edges": 5000, "adjacency_nnz": 6000, "num_features": 8, "num_classes": 4},
         "batch_size": 100, "steps_per_epoch": 10, "epochs": rows, "target_acc": target,
         "time_to_target_s": records.time_to_target(rows, target), "peak_memory_bytes": 1,
         "status": status, "error": None if status == "ok" else "RuntimeError: boom\ntraceback",
@@ -337,7 +337,7 @@ def test_report_from_records_on_disk(tmp_path):
 # ---------------------------------------------------------------------------- the result line
 def _graph_rec(rec, nodes=1000, entries=50_000, ratio=0.1):
     """Give a synthetic record a graph density (stored entries / vertices) and a batch ratio."""
-    rec["graph"].update(num_nodes=nodes, num_edges=entries)
+    rec["graph"].update(num_nodes=nodes, num_edges=entries, adjacency_nnz=entries + nodes)
     rec["config"]["sampling"] = {"batch_ratio": ratio}
     return rec
 

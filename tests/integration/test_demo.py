@@ -52,7 +52,8 @@ def _record(system, dataset, grid, epoch_s, test, entries, out):
         "grid": dict(zip(("dp", "x", "y", "z"), grid)), "world_size": world,
         "env": {"hostname": "vm", "device": "cpu (x86_64, 2 cores)", "device_type": "cpu", "backend": "gloo",
                 "torch": "2.6", "python": "3.11", "git_commit": "abcdef1234567890", "libraries": {}},
-        "graph": {"num_nodes": 1000, "num_edges": entries, "num_features": 8, "num_classes": 4},
+        "graph": {"num_nodes": 1000, "num_edges": entries, "adjacency_nnz": entries + 1000, "num_features": 8,
+                  "num_classes": 4},
         "epochs": rows, "target_acc": 0.95, "time_to_target_s": records.time_to_target(rows, 0.95),
         "peak_memory_bytes": 1, "status": "ok", "error": None})
     records.write_record(rec, out / "runs" / rec["run_id"])

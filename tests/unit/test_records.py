@@ -171,7 +171,7 @@ def test_a_schema_2_record_is_read_into_the_numerics_section(tmp_path):
     path = tmp_path / "old.json"
     path.write_text(json.dumps(minimal_record(schema_version=2, config=old)))
     rec = records.read_record(path)
-    assert rec["schema_version"] == records.SCHEMA_VERSION == 3
+    assert rec["schema_version"] == records.SCHEMA_VERSION == 4
     assert rec["config"] == now and list(rec["config"]) == list(now)  # numerics before perf, as RunConfig has it
     assert rec["config"]["numerics"] == {"comm_dtype": "bf16", "gemm_dtype": "bf16", "permute": "double"}
     assert RunConfig.from_dict(rec["config"]) == cfg
@@ -184,7 +184,7 @@ def test_a_schema_2_record_is_read_into_the_numerics_section(tmp_path):
     flat = {"system": "scalegnn", "seed": 0, "dataset": "cora", "epochs": 3, "grid": [1, 1, 1, 1],
             "perf": {"prefetch": False, "comm_dtype": "bf16", "permute": "single"}}
     v1 = records.upgrade(minimal_record(schema_version=1, config=flat))
-    assert v1["schema_version"] == 3 and v1["config"]["numerics"] == {"comm_dtype": "bf16", "permute": "single"}
+    assert v1["schema_version"] == 4 and v1["config"]["numerics"] == {"comm_dtype": "bf16", "permute": "single"}
     assert v1["config"]["perf"] == {"prefetch": False} and v1["config"]["loop"] == {"epochs": 3}
     numerics = RunConfig.from_dict(v1["config"]).numerics
     assert (numerics.comm_dtype, numerics.gemm_dtype, numerics.permute) == ("bf16", "fp32", "single")
@@ -281,3 +281,22 @@ def test_run_ids_are_unique_across_concurrent_processes():
     with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("fork")) as pool:
         ids = [i for chunk in pool.map(_ids, [5000] * 8) for i in chunk]
     assert len(set(ids)) == len(ids) == 40000
+
+
+def test_a_schema_3_record_reads_its_edge_count_as_the_trained_matrixs():
+    """Schema 3's graph.num_edges counted the trained matrix (ScaleGNN's with the self
+    loops it added), unlike ``scalegnn data info``; schema 4 keeps that number as
+    adjacency_nnz and num_edges for the graph's own, unknown (None) in an upgraded record.
+    A run today records both: Cora's own 10,556 entries and 13,264 with its self loops."""
+    from scalegnn.graph import Graph
+    from tests.graphs import random_graph
+
+    old = records.upgrade(minimal_record(schema_version=3, graph={"num_nodes": 10, "num_edges": 40,
+                                                                  "num_features": 2, "num_classes": 2}))
+    assert old["schema_version"] == 4 and old["graph"]["adjacency_nnz"] == 40 and old["graph"]["num_edges"] is None
+    g = random_graph(n=30, m=90, seed=1)
+    raw = Graph(g.indptr, g.indices, g.values, g.x, g.y, g.train_idx, g.val_idx, g.test_idx, g.num_classes)
+    info = raw.gcn_normalize().record_info()
+    loops = int((raw.row_ids() == raw.indices).sum())
+    assert info["num_edges"] == raw.num_edges == raw.stats()["num_edges"]
+    assert info["adjacency_nnz"] == raw.num_edges + raw.num_nodes - loops == raw.gcn_normalize().num_edges
