@@ -39,6 +39,7 @@ from scalegnn.model import ModelConfig
 from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.perf import PerfConfig
+from scalegnn.records import SCHEMA_VERSION
 from tests.files import REPO, RunsCode, schema_2_config
 from tests.runs import SMALL, epoch_rows, one_line_error
 
@@ -140,7 +141,7 @@ def test_a_run_checkpointed_before_the_numerics_section_resumes_exactly(tmp_path
     log.losses, log.crash_at = [], None
     second = launch(config(tmp_path, epochs=2, permute="single", checkpoint=ckpt))
     assert second["status"] == "ok" and second["run_id"] == first["run_id"] and second["resumed"]
-    assert second["schema_version"] == 3 and second["config"]["numerics"]["permute"] == "single"
+    assert second["schema_version"] == SCHEMA_VERSION and second["config"]["numerics"]["permute"] == "single"
     done.update(dict(log.losses))
     assert [done[s] for s in range(len(ref_losses))] == ref_losses  # float ==
     assert epoch_rows(second) == epoch_rows(ref)
