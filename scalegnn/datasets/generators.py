@@ -47,6 +47,20 @@ def _check(cond: bool, name: str, msg: str):
         raise DatasetError(f"{name}: {msg}")
 
 
+def csbm_class_means(frng: np.random.Generator, feature_dim: int, classes: int, signal: float) -> np.ndarray:
+    """The (classes, feature_dim) class means of :func:`csbm`, drawn from ``frng`` (the
+    features' stream, which goes on to draw the noise): orthonormal directions when
+    there are at least as many features as classes, unit random ones otherwise, scaled
+    so that two classes' means lie ``signal`` apart."""
+    if feature_dim >= classes:
+        q, _ = np.linalg.qr(frng.standard_normal((feature_dim, classes)))
+        means = q.T
+    else:
+        means = frng.standard_normal((classes, feature_dim))
+        means /= np.linalg.norm(means, axis=1, keepdims=True)
+    return (means * (signal / math.sqrt(2))).astype(np.float32)
+
+
 def csbm(name: str, seed: int, n, avg_degree, classes, homophily, feature_dim, signal):
     _check(n >= 2, name, f"n={n} must be >= 2")
     _check(2 <= classes <= n, name, f"classes={classes} must be in [2, n={n}]")
@@ -77,13 +91,7 @@ def csbm(name: str, seed: int, n, avg_degree, classes, homophily, feature_dim, s
     indptr, indices, values, counts = undirected_csr(u, v, n)
 
     frng = rng_for(seed, "features")
-    if feature_dim >= classes:
-        q, _ = np.linalg.qr(frng.standard_normal((feature_dim, classes)))
-        means = q.T
-    else:
-        means = frng.standard_normal((classes, feature_dim))
-        means /= np.linalg.norm(means, axis=1, keepdims=True)
-    means = (means * (signal / math.sqrt(2))).astype(np.float32)
+    means = csbm_class_means(frng, feature_dim, classes, signal)
     x = frng.standard_normal((n, feature_dim), dtype=np.float32)
     x += means[y]
     train, val, test = random_split(n, SPLIT_FRACTIONS, seed=seed)

@@ -386,13 +386,6 @@ def _write_json(path: Path, obj) -> None:
 def _csbm_means(p: dict, seed: int) -> np.ndarray:
     """The class means of :func:`.generators.csbm` (the same stream and construction)."""
     from ._core import rng_for
+    from .generators import csbm_class_means
 
-    frng = rng_for(seed, "features")
-    f, c = p["feature_dim"], p["classes"]
-    if f >= c:
-        q, _ = np.linalg.qr(frng.standard_normal((f, c)))
-        means = q.T
-    else:
-        means = frng.standard_normal((c, f))
-        means /= np.linalg.norm(means, axis=1, keepdims=True)
-    return (means * (p["signal"] / math.sqrt(2))).astype(np.float32)
+    return csbm_class_means(rng_for(seed, "features"), p["feature_dim"], p["classes"], p["signal"])
