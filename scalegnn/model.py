@@ -20,6 +20,7 @@ bit.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,13 @@ class ModelConfig:
                          help="RMSNorm after every layer's convolution (--no-norm: off)")
     residual: bool = setting(True, scope="scalegnn", rare=True, help="residual connections (--no-residual: off)")
     norm_eps: float = 1e-6
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        """The configuration saved as ``data`` (a checkpoint's, a model file's); a key of
+        another version of this class is left out, a setting it lacks keeps its default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def __post_init__(self):
         if self.hidden < 1:

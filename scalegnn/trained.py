@@ -86,9 +86,7 @@ def load_model(path: str | os.PathLike) -> ScaleGNN:
     if not isinstance(payload.get("format"), int) or payload["format"] > MODEL_FORMAT:
         raise ModelFileError(f"{path}: model format {payload.get('format')!r} is newer than this scalegnn reads "
                              f"({MODEL_FORMAT}); upgrade scalegnn")
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    cfg = ModelConfig(**{k: v for k, v in payload["model"].items() if k in known})
-    model = ScaleGNN(payload["in_dim"], payload["num_classes"], cfg)
+    model = ScaleGNN(payload["in_dim"], payload["num_classes"], ModelConfig.from_dict(payload["model"]))
     try:
         model.load_state_dict(payload["state"])
     except RuntimeError as exc:

@@ -571,8 +571,6 @@ def read_whole_state(ckpt, meta: dict, parts=("model", "optimizer")) -> dict:
     the LR schedule, each tensor assembled from the rank files of data-parallel group 0
     (the groups are replicas). Also ``grid``, ``in_dim``, ``num_classes``, ``model_cfg``.
     Reads Gx*Gy*Gz rank files (each a few parameter shards: small beside a graph shard)."""
-    import dataclasses
-
     from .. import checkpoint as ckpt_mod
     from ..records import current_config
 
@@ -582,8 +580,7 @@ def read_whole_state(ckpt, meta: dict, parts=("model", "optimizer")) -> dict:
     if "num_features" not in graph or "num_classes" not in graph:
         raise ckpt_mod.CheckpointError(f"{ckpt}/meta.json: its record names no graph sizes (num_features, "
                                        "num_classes); this checkpoint cannot be consolidated")
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    model_cfg = ModelConfig(**{k: v for k, v in config["model"].items() if k in known})
+    model_cfg = ModelConfig.from_dict(config["model"])
     in_dim, num_classes = int(graph["num_features"]), int(graph["num_classes"])
     names = list(full_shapes(in_dim, num_classes, model_cfg))
     states = {r: ckpt_mod.load_rank_state(ckpt, r)["engine"] for r in range(shape[1] * shape[2] * shape[3])}
