@@ -96,14 +96,20 @@ def npz(**changes):
     return build
 
 
+def _npy_folder(tmp: Path, changes: dict) -> Path:
+    """``tmp/g``: the valid graph with ``changes`` (:func:`_arrays`) as a ``dir:`` folder,
+    one ``<key>.npy`` per key."""
+    d = tmp / "g"
+    d.mkdir()
+    for key, value in _arrays(changes).items():
+        np.save(d / f"{key}.npy", value)
+    return d
+
+
 def folder(**changes):
     """Build: the same as ``dir:``, one ``<key>.npy`` per key."""
     def build(tmp: Path) -> list[str]:
-        d = tmp / "g"
-        d.mkdir()
-        for key, value in _arrays(changes).items():
-            np.save(d / f"{key}.npy", value)
-        return info(tmp, f"dir:{d}")
+        return info(tmp, f"dir:{_npy_folder(tmp, changes)}")
     return build
 
 
@@ -346,10 +352,7 @@ def _npz_bomb(tmp: Path) -> list[str]:
 
 
 def _npy_bomb(tmp: Path) -> list[str]:
-    d = tmp / "g"
-    d.mkdir()
-    for key, value in base_graph().items():
-        np.save(d / f"{key}.npy", value)
+    d = _npy_folder(tmp, {})
     (d / "x.npy").write_bytes(_npy_header((10**12, 4)) + b"\0" * 64)
     return info(tmp, f"dir:{d}")
 
@@ -378,10 +381,7 @@ def _zip_bomb(tmp: Path) -> list[str]:
 
 
 def _dir_pickle(tmp: Path) -> list[str]:
-    d = tmp / "g"
-    d.mkdir()
-    for key, value in base_graph().items():
-        np.save(d / f"{key}.npy", value)
+    d = _npy_folder(tmp, {})
     np.save(d / "x.npy", np.array([_Payload(tmp)], dtype=object), allow_pickle=True)
     return info(tmp, f"dir:{d}")
 
@@ -393,11 +393,7 @@ def _dir_sparse_x(**members):
         import io
         import zipfile
 
-        d = tmp / "g"
-        d.mkdir()
-        for key, value in base_graph().items():
-            if key != "x":
-                np.save(d / f"{key}.npy", value)
+        d = _npy_folder(tmp, {"x": _DROP})
         parts = {"format": np.array(b"csr"), "shape": np.array([N, 4]), "indptr": np.arange(N + 1),
                  "indices": np.arange(N) % 4, "data": np.ones(N, np.float32)}
         parts.update(members)

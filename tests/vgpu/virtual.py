@@ -79,8 +79,8 @@ def _parts(t: torch.Tensor) -> list[torch.Tensor]:
     return [t]
 
 
-def _storage(t: torch.Tensor):
-    """The storage that carries ``t``'s mark (a sparse tensor's first non-empty part), or None."""
+def _live_storages(t: torch.Tensor):
+    """The non-empty storages of ``t``'s parts (a sparse tensor's values and indices)."""
     with torch._C.DisableTorchFunction():
         for part in _parts(t):
             try:
@@ -88,8 +88,12 @@ def _storage(t: torch.Tensor):
             except (RuntimeError, NotImplementedError):
                 continue
             if storage.data_ptr():
-                return storage
-    return None
+                yield storage
+
+
+def _storage(t: torch.Tensor):
+    """The storage that carries ``t``'s mark (a sparse tensor's first non-empty part), or None."""
+    return next(_live_storages(t), None)
 
 
 def device_of(t: torch.Tensor) -> str:
@@ -106,19 +110,12 @@ def _mark(t: torch.Tensor, device: str, fresh: bool = False) -> None:
     live storage; the mark holds a weak reference to it), so memory freed and reused by
     a tensor no operator made (a C++ extension's own allocation) is the host's, whatever
     thread freed it and whenever."""
-    with torch._C.DisableTorchFunction():
-        for part in _parts(t):
-            try:
-                storage = part.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-            ptr = storage.data_ptr()
-            if not ptr:
-                continue
-            old = _marks.get(ptr)
-            if old is not None and old[1]() is storage and (old[0] == device or not fresh):
-                continue
-            _marks[ptr] = (device, weakref.ref(storage))
+    for storage in _live_storages(t):
+        ptr = storage.data_ptr()
+        old = _marks.get(ptr)
+        if old is not None and old[1]() is storage and (old[0] == device or not fresh):
+            continue
+        _marks[ptr] = (device, weakref.ref(storage))
 
 
 def _asks_for(device) -> str | None:
