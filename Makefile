@@ -127,9 +127,10 @@ test-torch-floor:
 # both (versions, device, every test's outcome, every number) in results/gpu/report.md (and
 # .json), which docs/gpu.md publishes. Without a GPU every test is skipped and so is the benchmark.
 GPU_REPORT ?= results/gpu/report.md
+GPU_BENCH_ARGS ?=
 gpu-report:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu_report --python $(GPU_PYTHON) \
-	    --tests "$(GPU_TESTS)" --out $(GPU_REPORT) --bench-out results/bench/gpu
+	    --tests "$(GPU_TESTS)" --out $(GPU_REPORT) --bench-out results/bench/gpu --bench-args "$(GPU_BENCH_ARGS)"
 
 # ScaleGNN on one GPU against PyG on the same GPU (benchmarks/gpu.py), the machine's python.
 bench-gpu:

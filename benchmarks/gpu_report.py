@@ -58,6 +58,7 @@ def versions() -> dict:
                                 timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
+    commit = commit or os.environ.get("SCALEGNN_COMMIT")  # a copied tree without .git: the sender says which
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "hip": getattr(torch.version, "hip", None), "nccl": nccl, "triton": _version("triton"),
             "torch_geometric": _version("torch_geometric"), "torch_sparse": _version("torch_sparse"),
@@ -92,18 +93,28 @@ def test_outcomes(junit: Path) -> list[dict]:
     return out
 
 
-def run_tests(files: list[str], python: str, junit: Path, timeout_s: float) -> dict:
-    cmd = [python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", *files]
+def run_tests(files: list[str], python: str, junit: Path, timeout_s: float, log: Path | None = None) -> dict:
+    """``pytest -m gpu`` on ``files``; its whole output goes to ``log`` (the report keeps
+    each test's first line), also when the run is cut off at ``timeout_s``."""
+    cmd = [python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rfE", f"--junitxml={junit}", *files]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"command": " ".join(cmd), "status": "timed out", "seconds": timeout_s, "cases": []}
+        text, status = proc.stdout + proc.stderr, None
+    except subprocess.TimeoutExpired as exc:
+        text = "".join(b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                       for b in (exc.stdout, exc.stderr))
+        status = "timed out"
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(text)
+    if status:
+        return {"command": " ".join(cmd), "status": status, "seconds": timeout_s, "cases": [], "tail": text[-3000:]}
     cases = test_outcomes(junit) if junit.is_file() else []
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped", "error")}
     return {"command": " ".join(cmd), "exit_code": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
-            "counts": counts, "cases": cases, "tail": (proc.stdout + proc.stderr)[-3000:]}
+            "counts": counts, "cases": cases, "tail": text[-3000:]}
 
 
 def run_benchmark(python: str, out: Path, args: list[str], timeout_s: float) -> dict:
@@ -162,7 +173,8 @@ def _write(out: Path, report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scalegnn.benchmarks.gpu_report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tests", required=True, help="the GPU test files (the Makefile's GPU_TESTS), space-separated")
-    ap.add_argument("--out", default="results/gpu/report.md", help="the report (its .json beside it)")
+    ap.add_argument("--out", default="results/gpu/report.md",
+                    help="the report (its .json and the tests' whole output, .tests.log, beside it)")
     ap.add_argument("--bench-out", default="results/bench/gpu", help="the benchmark's own folder")
     ap.add_argument("--bench-args", default="", help="more arguments for the benchmark (e.g. '--nodes 200000')")
     ap.add_argument("--python", default=sys.executable)
@@ -174,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
               "device": device()}
     _write(out, report)
     with tempfile.TemporaryDirectory() as tmp:
-        report["tests"] = run_tests(args.tests.split(), args.python, Path(tmp) / "junit.xml", args.tests_timeout)
+        report["tests"] = run_tests(args.tests.split(), args.python, Path(tmp) / "junit.xml", args.tests_timeout,
+                                    log=out.with_suffix(".tests.log"))
     _write(out, report)
     if report["device"]["type"] is None:
         report["benchmark"] = {"status": "skipped", "reason": "No GPU is visible: the benchmark needs one "

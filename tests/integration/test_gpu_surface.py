@@ -142,12 +142,19 @@ def test_nccl_over_two_gpus(tmp_path):
 @gpu
 @needs_gpu
 def test_running_out_of_gpu_memory_is_reported_as_such(tmp_path):
-    """A hidden size no GPU holds: the run fails with the out-of-memory message that names
-    the rank, the stage and the fix, not a bare CUDA error."""
-    total = torch.cuda.get_device_properties(0).total_memory
-    hidden = int((2 * total / 4) ** 0.5)  # one hidden x hidden float32 weight is twice the GPU
+    """The GPU already nearly full (this process holds all but 256 MiB of it) and a model
+    whose 16384 x 16384 float32 weight (1 GiB) cannot move there: the run fails with the
+    out-of-memory message that names the rank, the stage and the fix, not a bare CUDA
+    error. The weight fits the host, so the GPU's allocator is the one that refuses."""
+    torch.cuda.init()
+    free, _ = torch.cuda.mem_get_info()
+    hog = torch.empty(max(free - (256 << 20), 0), dtype=torch.uint8, device="cuda")
     try:  # out of memory while setting up raises (no record); while training, the record says it
-        message = launch(cfg_for(tmp_path, "cuda", hidden=hidden, layers=2, epochs=1))["error"]
+        message = launch(cfg_for(tmp_path, "cuda", hidden=16384, layers=2, epochs=1))["error"]
     except Exception as exc:
         message = str(exc)
+    finally:
+        del hog
+        torch.cuda.empty_cache()
     assert "ran out of memory during" in message and "--hidden" in message, message
+    assert "can't allocate memory" not in message, message  # the GPU's allocator, not the host's
