@@ -127,10 +127,14 @@ test-torch-floor:
 # both (versions, device, every test's outcome, every number) in results/gpu/report.md (and
 # .json), which docs/gpu.md publishes. Without a GPU every test is skipped and so is the benchmark.
 GPU_REPORT ?= results/gpu/report.md
+# GPU_BENCH_ARGS: more arguments for the benchmark; GPU_BENCH_FROM=results/bench/gpu reports
+# that folder's earlier benchmark instead of running it (a re-run of the tests after a fix).
 GPU_BENCH_ARGS ?=
+GPU_BENCH_FROM ?=
 gpu-report:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu_report --python $(GPU_PYTHON) \
-	    --tests "$(GPU_TESTS)" --out $(GPU_REPORT) --bench-out results/bench/gpu --bench-args "$(GPU_BENCH_ARGS)"
+	    --tests "$(GPU_TESTS)" --out $(GPU_REPORT) --bench-out results/bench/gpu --bench-args "$(GPU_BENCH_ARGS)" \
+	    --bench-from "$(GPU_BENCH_FROM)"
 
 # ScaleGNN on one GPU against PyG on the same GPU (benchmarks/gpu.py), the machine's python.
 bench-gpu:

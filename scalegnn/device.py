@@ -24,8 +24,8 @@ import resource
 
 import torch
 
-__all__ = ["DEVICES", "BACKENDS", "resolve_device", "resolve_backend", "device_info", "synchronize",
-           "peak_memory_bytes", "peak_rss_bytes", "peak_device_memory_bytes", "reset_peak_memory",
+__all__ = ["DEVICES", "BACKENDS", "resolve_device", "resolve_backend", "indexed_device", "device_info",
+           "synchronize", "peak_memory_bytes", "peak_rss_bytes", "peak_device_memory_bytes", "reset_peak_memory",
            "to_device", "check_device_spec"]
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -72,6 +72,15 @@ def resolve_device(spec: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device("cuda", index)
 
 
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with its index: a bare "cuda" is the current GPU, as torch reads it for
+    a tensor; ``torch.cuda.set_device`` and the caching allocator's calls need the number."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def resolve_backend(spec: str, device: torch.device) -> str:
     """The torch.distributed backend for ``device``: "auto" follows the device."""
     spec = str(spec).strip().lower()
@@ -114,6 +123,9 @@ def reset_peak_memory(device: torch.device | str) -> None:
     """Start the device allocator's peak count afresh (GPU; no-op on CPU)."""
     device = torch.device(device)
     if device.type == "cuda":
+        # The caching allocator exists only once CUDA is initialized; a worker whose first
+        # CUDA call this is (a gloo rank sharing the GPU) would get "Invalid device argument".
+        torch.cuda.init()
         torch.cuda.reset_peak_memory_stats(device)
 
 

@@ -344,11 +344,20 @@ def all_gather_uneven(
 
 def broadcast(t: torch.Tensor, grid: ProcessGrid, axis: str, src_index: int, stats: CommStats | None,
               kind: str) -> torch.Tensor:
-    """In-place broadcast of ``t`` from the rank with ``axis`` index ``src_index``."""
+    """In-place broadcast of ``t`` from the rank with ``axis`` index ``src_index``; the
+    source's ``t`` is left as it is (autograd may hold it for a backward)."""
     if grid.axis_size(axis) == 1 or t.numel() == 0:
         return t
+    src, group = grid.group_ranks(axis)[src_index], _group(grid, axis)
+    sent = t
+    if t.is_cuda and dist.get_rank() == src and dist.get_backend(group) == "gloo":
+        # gloo stages a GPU tensor through the host and copies the result back into every
+        # rank's tensor, the source's too: an in-place write that bumps the version of a
+        # tensor saved for backward (a layer's ReLU output), which the backward then
+        # refuses. The source sends a copy and keeps its own tensor untouched.
+        sent = t.clone()
     with _span(stats, kind):
-        dist.broadcast(t, src=grid.group_ranks(axis)[src_index], group=_group(grid, axis))
+        dist.broadcast(sent, src=src, group=group)
     if stats is not None:
         stats.record(kind, t.numel() * t.element_size())
     return t

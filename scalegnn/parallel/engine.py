@@ -46,7 +46,7 @@ from collections import defaultdict
 import torch
 
 from ..csr import is_csr
-from ..device import synchronize
+from ..device import indexed_device, synchronize
 from ..graph import Graph
 from ..loop import EvalResult, StepResult
 from ..model import ModelConfig
@@ -173,7 +173,7 @@ class ParallelEngine:
         grid = grid if grid is not None else ProcessGrid.single()
         perf = perf if perf is not None else PerfConfig()
         numerics = numerics if numerics is not None else NumericsConfig()
-        device = torch.device(device)
+        device = indexed_device(device)
         if numerics.permute == "double" and model_cfg.residual:  # whether the shards are built here or loaded
             raise ValueError("--permute double needs --no-residual: the residual add would need an "
                              "all-to-all row permutation per layer (Plexus' model has no residual)")

@@ -138,3 +138,40 @@ def test_torch_is_restored_when_the_device_closes():
     assert torch.version.hip is None
     with pytest.raises(ValueError, match="flavor"):
         VirtualGpu("metal")
+
+
+def test_the_runtime_rules_a_cpu_build_lacks():
+    """As on a GPU: ``set_device`` refuses a device without an index, and the caching
+    allocator's peak count cannot be reset before CUDA is initialized. The project's
+    calls hold to both: :func:`indexed_device` numbers a bare "cuda", and
+    :func:`reset_peak_memory` initializes CUDA first (a gloo rank's first CUDA call)."""
+    from scalegnn.device import indexed_device, reset_peak_memory
+
+    with VirtualGpu():
+        with pytest.raises(ValueError, match="specified index"):
+            torch.cuda.set_device(torch.device("cuda"))
+        with pytest.raises(RuntimeError, match="Invalid device argument"):
+            torch.cuda.reset_peak_memory_stats(torch.device("cuda", 0))
+        assert torch.cuda.max_memory_allocated() == 0
+        reset_peak_memory("cuda")
+        assert torch.cuda.is_initialized() and torch.cuda.max_memory_allocated() > 0
+        assert indexed_device("cuda") == torch.device("cuda", 0)
+    with VirtualGpu():
+        torch.ones(1, device="cuda")  # a first device tensor initializes CUDA
+        torch.cuda.reset_peak_memory_stats(torch.device("cuda", 0))
+
+
+def test_an_engine_given_a_bare_cuda_device_runs():
+    """``ParallelEngine(device=torch.device("cuda"))``, as a public-API user writes it."""
+    from scalegnn.model import ModelConfig
+    from scalegnn.optim import OptimConfig
+    from scalegnn.parallel.engine import ParallelEngine
+    from tests.graphs import parallel_graph
+
+    with VirtualGpu() as gpu:
+        eng = ParallelEngine(parallel_graph(n=60, m=300, seed=1), ModelConfig(hidden=12, layers=2),
+                             OptimConfig(lr=1e-2), 17, seed=3, epochs=1, device=torch.device("cuda"))
+        assert eng.device == torch.device("cuda", 0)
+        eng.train_step(0)
+        eng.close()
+    assert gpu.violations == []

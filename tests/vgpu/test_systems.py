@@ -63,9 +63,10 @@ def test_every_system_runs_whole_on_the_virtual_gpu(system, tmp_path):
     ("scalegnn", 2, dict(grid=(1, 2, 1, 1))),
     ("scalegnn", 2, dict(grid=(2, 1, 1, 1), prefetch=True, comm_overlap=True)),
     ("cagnet-1.5d", 2, dict(c=2)),
+    ("cagnet-1d", 2, {}),  # H blocks broadcast along the process column
     ("bns-gcn", 2, {}),
     ("graphsage", 2, {}),
-], ids=["scalegnn-x2", "scalegnn-dp2", "cagnet-1.5d", "bns-gcn", "graphsage"])
+], ids=["scalegnn-x2", "scalegnn-dp2", "cagnet-1.5d", "cagnet-1d", "bns-gcn", "graphsage"])
 def test_multi_rank_runs_on_virtual_gpus(system, nproc, over, tmp_path):
     cfg = config(system, tmp_path, "cuda", nproc=nproc, backend="gloo", **over)
     gpu = on_virtual_gpu(cfg)
@@ -110,3 +111,44 @@ def test_a_rocm_build_runs_and_its_record_says_hip_and_rccl(tmp_path):
 
     with VirtualGpu("rocm"):
         assert torch.version.hip and resolve_backend("auto", torch.device("cuda", 0)) == "nccl"
+
+
+
+def _broadcast_a_saved_activation(rank, world, raw):
+    """One rank: y = relu(x W) on its virtual GPU, broadcast from rank 0 along the grid's x
+    axis (the project's collective, or ``raw``: torch's own call), then a backward that
+    needs y as the ReLU saved it."""
+    import torch.distributed as dist
+
+    from scalegnn.parallel.collectives import broadcast
+    from scalegnn.parallel.grid import ProcessGrid
+
+    grid = ProcessGrid(1, world, 1, 1)
+    with VirtualGpu() as gpu:
+        w = torch.full((3, 4), 0.5, device="cuda", requires_grad=True)
+        y = torch.relu(torch.ones(2, 3, device="cuda") @ w)
+        buf = y if rank == 0 else torch.empty_like(y)  # the source sends its own, the others receive
+        if raw:
+            dist.broadcast(buf, src=0)
+        else:
+            broadcast(buf, grid, "x", 0, None, "test")
+        (y * buf).sum().backward()
+    assert gpu.report() == "", gpu.report()
+    assert torch.equal(buf, y)
+    return w.grad.sum().item()
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["scalegnn-broadcast", "planted-raw-broadcast"])
+def test_a_broadcast_leaves_the_sources_saved_tensor_alone(raw):
+    """gloo writes a GPU broadcast's result back into the source's tensor too (the
+    virtual GPU does as well): the project's broadcast sends a copy from the source, so
+    the backward through the ReLU that saved it runs (CAGNET broadcasts activations);
+    torch's own call, planted, makes the backward fail as on a real GPU."""
+    from scalegnn.launch.job import WorkerError, spawn
+
+    if raw:
+        with pytest.raises(WorkerError, match="modified by an inplace operation"):
+            spawn(_broadcast_a_saved_activation, 2, raw, timeout_s=120)
+    else:
+        # y = 1.5 everywhere; d/dW of sum(y * y) is 2 * 2 * 1.5 per entry (12 entries), of sum(y * y_0) 2 * 1.5
+        assert spawn(_broadcast_a_saved_activation, 2, raw, timeout_s=120) == [72.0, 36.0]

@@ -24,6 +24,14 @@ raised as the ``RuntimeError`` / ``TypeError`` CUDA raises, so a caller that cat
 errors cannot hide it: ``VirtualGpu.violations`` keeps it. Host reads of device values
 inside a step are the business of ``tests/host_sync.py``, used beside this.
 
+Three behaviours of the real runtime that CPU torch lacks are kept too:
+``torch.cuda.set_device`` refuses a device without an index; the caching allocator
+exists only once CUDA is initialized (``set_device``, ``init``, or a first device
+tensor), so ``reset_peak_memory_stats`` before that raises "Invalid device argument"
+as it does on a GPU; and gloo's broadcast of a device tensor writes the result back
+into the source's tensor as well (it stages GPU tensors through the host), bumping
+the version autograd checks.
+
 ``VirtualGpu(flavor="rocm")`` looks like a ROCm build: ``torch.version.hip`` set,
 ``torch.version.cuda`` None, RCCL's version from ``torch.cuda.nccl.version``.
 
@@ -66,6 +74,7 @@ class Violation:
 
 # ----------------------------------------------------------------------------- storage marks
 _marks: dict[int, tuple[str, weakref.ref]] = {}  # storage address -> ("cuda" | "cpu", the storage)
+_runtime = {"initialized": False}  # CUDA (and its caching allocator) initialized in this process
 _local = threading.local()  # .device: the device a call asked for; .context: "cuda" inside a call on device tensors
 
 
@@ -110,6 +119,8 @@ def _mark(t: torch.Tensor, device: str, fresh: bool = False) -> None:
     live storage; the mark holds a weak reference to it), so memory freed and reused by
     a tensor no operator made (a C++ extension's own allocation) is the host's, whatever
     thread freed it and whenever."""
+    if device == "cuda":
+        _runtime["initialized"] = True  # a device allocation initializes CUDA and its caching allocator
     for storage in _live_storages(t):
         ptr = storage.data_ptr()
         old = _marks.get(ptr)
@@ -304,6 +315,46 @@ class _Stream:
         return False
 
 
+def _initialize() -> None:
+    _runtime["initialized"] = True
+
+
+def _set_device(device) -> None:
+    """torch's own check (a device without an index is refused, also by a CPU build), then
+    CUDA initialized on it."""
+    from torch.cuda._utils import _get_device_index
+
+    _get_device_index(device)
+    _initialize()
+
+
+def _reset_peak_memory_stats(device=None) -> None:
+    if not _runtime["initialized"]:  # no caching allocator yet: what torch.cuda raises on a GPU
+        raise RuntimeError("Invalid device argument 0: did you call init?")
+
+
+def _memory_allocated(device=None) -> int:
+    return 1 << 20 if _runtime["initialized"] else 0  # torch.cuda's counters read 0 before initialization
+
+
+def _gloo_broadcast(broadcast):
+    """``dist.broadcast`` as gloo runs it for a GPU tensor: staged through the host and
+    copied back into every rank's tensor, the source's too (an in-place write: the
+    tensor's version goes up, as autograd sees it on a GPU)."""
+    import torch.distributed as dist
+
+    def run(tensor, src=None, group=None, async_op=False, **kwargs):
+        work = broadcast(tensor, src=src, group=group, async_op=async_op, **kwargs)
+        if device_of(tensor) == "cuda" and dist.get_backend(group) == "gloo":
+            if work is not None:
+                work.wait()
+            with torch.no_grad():  # below autograd, as c10d's own copy; the version still goes up
+                tensor.copy_(tensor.detach().clone())
+        return work
+
+    return run
+
+
 class _Properties:
     name, major, minor, total_memory, multi_processor_count = "Virtual GPU", 9, 0, 80 * 2**30, 132
 
@@ -333,16 +384,18 @@ class VirtualGpu:
 
     def __enter__(self):
         _marks.clear()
+        _runtime["initialized"] = False
         cuda, version = torch.cuda, torch.version
-        stubs = dict(is_available=lambda: True, device_count=lambda: 1, set_device=lambda d: None,
+        stubs = dict(is_available=lambda: True, device_count=lambda: 1, set_device=_set_device, init=_initialize,
                      current_device=lambda: 0, Stream=_Stream, Event=_Event, current_stream=lambda *a, **k: _Stream(),
                      default_stream=lambda *a, **k: _Stream(), set_stream=lambda s: None,
                      stream=lambda s: s if s is not None else _Stream(),
-                     synchronize=lambda *a, **k: None, reset_peak_memory_stats=lambda *a, **k: None,
-                     max_memory_allocated=lambda *a, **k: 1 << 20, memory_allocated=lambda *a, **k: 1 << 20,
+                     synchronize=lambda *a, **k: None, reset_peak_memory_stats=_reset_peak_memory_stats,
+                     max_memory_allocated=_memory_allocated, memory_allocated=_memory_allocated,
                      empty_cache=lambda: None, get_device_properties=lambda *a, **k: _Properties(),
                      get_device_name=lambda *a, **k: _Properties.name, get_device_capability=lambda *a, **k: (9, 0),
-                     is_bf16_supported=lambda *a, **k: True, _lazy_init=lambda: None, is_initialized=lambda: True,
+                     is_bf16_supported=lambda *a, **k: True, _lazy_init=_initialize,
+                     is_initialized=lambda: _runtime["initialized"],
                      get_rng_state_all=lambda: [], set_rng_state_all=lambda states: None,
                      manual_seed=lambda seed: None, manual_seed_all=lambda seed: None)
         for attr, value in stubs.items():
@@ -371,6 +424,9 @@ class VirtualGpu:
 
         for attr in ("__init__", "forward"):
             self._set(DDP, attr, _on_parameters_device(getattr(DDP, attr)))
+        import torch.distributed as dist
+
+        self._set(dist, "broadcast", _gloo_broadcast(dist.broadcast))
         self._modes = [_Functions(self), _Operators(self)]
         for mode in self._modes:
             mode.__enter__()
