@@ -79,3 +79,37 @@ def test_csr_times_dense_differentiates_on_the_device(device):
     assert xs.grad.device.type == torch.device(device).type
     assert torch.allclose(y.detach().cpu(), dense_a @ x, atol=1e-5)
     assert torch.allclose(xs.grad.cpu(), dense_a.t() @ dy, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["sage", "gcn", "graphconv"])
+def test_csr_aggregation_gives_the_convolutions_output(kind, device):
+    """The pure-torch samplers' evaluation matrix (``baselines/torch_sampling.py``'s
+    ``adjacency_t``, a CSR A^T): a PyG convolution over it equals the same over
+    ``edge_index`` (and over torch-sparse's ``SparseTensor`` where it exists) to 1e-6 on
+    the device, with dense and with CSR input features (the models' first layer), edge
+    weights for GraphConv (GraphSAINT's)."""
+    import torch
+
+    pytest.importorskip("torch_geometric")
+    from scalegnn.baselines.models import InputConv
+    from scalegnn.baselines.torch_sampling import adjacency_t, pyg_samplers_available
+
+    n = 60
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, n - 2, (2, 300), generator=gen)  # two isolated vertices
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    ei = ei[:, ei[0] != ei[1]].unique(dim=1)
+    ei = ei[:, torch.randperm(ei.size(1), generator=gen)]
+    x = torch.randn(n, 8, generator=gen) * (torch.rand(n, 8, generator=gen) < 0.3)
+    w = torch.rand(ei.size(1), generator=gen) if kind == "graphconv" else None
+    torch.manual_seed(0)
+    conv = InputConv(kind, 8, 5).to(device)
+    impls = ["torch", "pyg"] if pyg_samplers_available() else ["torch"]
+    with torch.no_grad():
+        for feats in (x, x.to_sparse_csr()):
+            feats = feats.to(device)
+            ref = conv(feats, ei.to(device), None if w is None else w.to(device))
+            for impl in impls:
+                out = conv(feats, adjacency_t(ei, n, impl, w).to(device), None)
+                assert torch.allclose(out, ref, rtol=1e-6, atol=1e-6), (impl, (out - ref).abs().max())

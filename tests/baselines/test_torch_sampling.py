@@ -1,6 +1,6 @@
 """The pure-torch samplers (baselines/torch_sampling.py) that stand in for torch-sparse and
 pyg-lib: the invariants and the law of layer-wise neighbor sampling, GraphSAINT's node
-distribution and induced subgraphs, the CSR aggregation matrix against torch-sparse's,
+distribution and induced subgraphs, the CSR aggregation matrix (its convolutions on every device: test_device.py),
 the ``--sampler-impl`` choice, and graphsage / graphsaint / salient trained with them.
 
 Statistical tests run on fixed seeds, so they are deterministic; the false-failure rate
@@ -28,7 +28,6 @@ import scalegnn  # noqa: E402
 from scalegnn.baselines.torch_sampling import (LayerwiseSampler, SaintNodeSampler, SaintSubgraphs,  # noqa: E402
                                                TopologyCSC, adjacency_t, generator_draw, hop_entries,
                                                pyg_samplers_available, resolve_sampler_impl)
-from tests.devices import DEVICES  # noqa: E402
 
 needs_torch_sparse = pytest.mark.skipif(not pyg_samplers_available(), reason="torch-sparse is not installed")
 ALPHA = 1e-4  # the false-failure rate of each statistical check below
@@ -259,33 +258,10 @@ def test_saint_loader_slices_node_and_edge_attributes_and_estimates_the_norms():
 
 
 # ----------------------------------------------------------------------------- the aggregation matrix
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["sage", "gcn", "graphconv"])
-def test_csr_aggregation_gives_the_convolutions_output(kind, device):
-    """A PyG convolution over the CSR A^T equals the same over ``edge_index`` (and over
-    torch-sparse's ``SparseTensor`` where it exists) to 1e-6, with dense and with CSR input
-    features (the models' first layer), edge weights for GraphConv (GraphSAINT's)."""
-    from scalegnn.baselines.models import InputConv
-
-    ei, n = random_graph()
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 8, generator=gen) * (torch.rand(n, 8, generator=gen) < 0.3)
-    w = torch.rand(ei.size(1), generator=gen) if kind == "graphconv" else None
-    torch.manual_seed(0)
-    conv = InputConv(kind, 8, 5).to(device)
-    impls = ["torch", "pyg"] if pyg_samplers_available() else ["torch"]
-    with torch.no_grad():
-        for feats in (x, x.to_sparse_csr()):
-            feats = feats.to(device)
-            ref = conv(feats, ei.to(device), None if w is None else w.to(device))
-            for impl in impls:
-                adj = adjacency_t(ei, n, impl, w).to(device)
-                out = conv(feats, adj, None)
-                assert torch.allclose(out, ref, rtol=1e-6, atol=1e-6), (impl, (out - ref).abs().max())
-
-
 def test_csr_aggregation_is_a_t():
-    """Row v of the matrix lists the sources of v's in-edges with their values."""
+    """Row v of the matrix lists the sources of v's in-edges with their values. (That every
+    convolution gives the same output over it as over ``edge_index`` and torch-sparse's
+    ``SparseTensor``, on every device: ``tests/baselines/test_device.py``.)"""
     ei, n = random_graph()
     w = torch.rand(ei.size(1))
     dense = adjacency_t(ei, n, "torch", w).to_dense()
