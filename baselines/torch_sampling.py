@@ -293,11 +293,12 @@ class SaintNodeSampler:
         start = self.rowptr[nodes]
         deg = self.rowptr[nodes + 1] - start
         entries = torch.repeat_interleave(start, deg) + segment_arange(deg)
-        col = self.col[entries]
-        pos = torch.searchsorted(nodes, col).clamp(max=max(nodes.numel() - 1, 0))
-        keep = nodes[pos] == col if nodes.numel() else torch.zeros_like(col, dtype=torch.bool)
+        assoc = torch.full((self.num_nodes,), -1, dtype=torch.int64)  # as torch-sparse's saint_subgraph
+        assoc[nodes] = torch.arange(nodes.numel())
+        col = assoc[self.col[entries]]
+        keep = col >= 0
         row_local = torch.repeat_interleave(torch.arange(nodes.numel()), deg)
-        return torch.stack([row_local[keep], pos[keep]]), self.e_id[entries[keep]]
+        return torch.stack([row_local[keep], col[keep]]), self.e_id[entries[keep]]
 
     def coverage_norms(self, num_steps: int, coverage: int, generator: torch.Generator):
         """PyG's sampled normalization (``GraphSAINTSampler._compute_norm``): whole epochs of
