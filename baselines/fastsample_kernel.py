@@ -38,7 +38,10 @@ kernel (one compiled call for all L levels: per level Algorithm 1's two loops, t
 draws written straight into each vertex's CSC slots, then the relabel; the first loop
 optionally over threads, as the paper parallelizes it; ``nogil`` so a prefetch thread
 may run it) and a plain torch path (vectorized over the vertices of a
-level: Floyd's k steps as k vector steps; the relabel as unique + first occurrence).
+level: Floyd's k steps as k vector steps; the relabel as unique + first occurrence),
+built from the pieces it shares with the pure-torch PyG samplers of
+:mod:`scalegnn.baselines.torch_sampling` (the CSC topology, one hop's vectorized Floyd
+draws given a draw function, the relabel): only the draw, the hash above, is its own.
 Without numba the torch path runs.
 """
 
@@ -56,6 +59,8 @@ M32 = 0xFFFFFFFF
 _C1, _C2 = 0x21F0AAAD, 0x735A2D97  # lowbias32 multipliers (< 2^31: products of 32-bit values fit an int64)
 
 from scalegnn._numba import available, numba  # numba, optional: None without it (the torch path runs)
+
+from .torch_sampling import TopologyCSC, hop_entries, relabel  # the topology, one hop's Floyd, the relabel
 
 _HAVE_NUMBA = available()
 
@@ -80,29 +85,6 @@ def hop_keys(key: int, hops: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class TopologyCSC:
-    """The replicated topology: ``indptr (N+1,)``, ``indices (E,)`` int64 sources per target."""
-
-    indptr: torch.Tensor
-    indices: torch.Tensor
-
-    @property
-    def num_nodes(self) -> int:
-        return self.indptr.numel() - 1
-
-    @staticmethod
-    def from_edge_index(edge_index: torch.Tensor, num_nodes: int) -> "TopologyCSC":
-        """From PyG's ``[src; dst]``: stable-sorted by target, sources in their given order."""
-        if num_nodes >= 2**32:
-            raise ValueError(f"the fused sampler hashes 32-bit vertex ids; this graph has {num_nodes} vertices")
-        src, dst = edge_index
-        order = torch.argsort(dst, stable=True)
-        indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
-        indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
-        return TopologyCSC(indptr, src[order].to(torch.int64).contiguous())
-
-
 @dataclass
 class Block:
     """The bipartite graph G_l = (V^{l-1}, V^l; E^{l-1}) of one layer, in CSC: the sources
@@ -234,64 +216,20 @@ if _HAVE_NUMBA:
 
 
 # --------------------------------------------------------------------------- torch path
-def _torch_hop(topo: TopologyCSC, dst: torch.Tensor, k: int, hk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ptr (n_dst+1,), sampled global sources (e,) in CSC order) of one hop."""
-    start = topo.indptr[dst]
-    deg = topo.indptr[dst + 1] - start
-    take_all = deg <= k if k >= 0 else torch.ones_like(deg, dtype=torch.bool)
-    cnt = torch.where(take_all, deg, torch.full_like(deg, max(k, 0)))
-    ptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
-    ptr[1:] = torch.cumsum(cnt, 0)
-    pos = torch.empty(int(ptr[-1]), dtype=torch.int64)  # adjacency position of every kept entry
-    # vertices that keep everything: positions 0..deg-1
-    alls = take_all.nonzero().flatten()
-    if alls.numel():
-        rank_in = torch.arange(int(deg[alls].sum())) - torch.repeat_interleave(torch.cumsum(deg[alls], 0) - deg[alls],
-                                                                                 deg[alls])
-        pos[torch.repeat_interleave(ptr[alls], deg[alls]) + rank_in] = rank_in
-    some = (~take_all).nonzero().flatten()
-    if some.numel():
-        d = deg[some]
-        a = mix32((hk ^ (dst[some] & M32)))
-        chosen = torch.empty(some.numel(), k, dtype=torch.int64)
-        for j in range(k):  # Floyd, one vector step per draw
-            m = d - k + j
-            t = (mix32(a ^ j) * (m + 1)) >> 32
-            if j:
-                hit = (chosen[:, :j] == t[:, None]).any(1)
-                t = torch.where(hit, m, t)
-            chosen[:, j] = t
-        slots = ptr[some][:, None] + torch.arange(k)
-        pos[slots.flatten()] = chosen.flatten()
-    owner = torch.repeat_interleave(torch.arange(dst.numel()), cnt)
-    src = topo.indices[start[owner] + pos]
-    return ptr, src
-
-
-def _torch_relabel(n_id: torch.Tensor, src: torch.Tensor, slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Local ids of ``src`` and the grown ``n_id``: new vertices appended in order of first occurrence."""
-    known = slot[src]
-    new = src[known < 0]
-    if new.numel():
-        uniq, inv = torch.unique(new, return_inverse=True)
-        first = torch.full((uniq.numel(),), new.numel(), dtype=torch.int64)
-        first.scatter_reduce_(0, inv, torch.arange(new.numel()), reduce="amin")
-        order = torch.argsort(first)
-        add = uniq[order]
-        slot[add] = torch.arange(n_id.numel(), n_id.numel() + add.numel())
-        n_id = torch.cat([n_id, add])
-    return slot[src], n_id
+def _hash_draw(hk: int):
+    """Floyd's draws of one hop from the counter-based hash (the module docstring)."""
+    def draw(j: int, m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return (mix32(mix32(hk ^ (v & M32)) ^ j) * (m + 1)) >> 32
+    return draw
 
 
 def _torch_sample(topo: TopologyCSC, seeds: torch.Tensor, fanouts, keys) -> SampledBlocks:
-    slot = torch.full((topo.num_nodes,), -1, dtype=torch.int64)
     n_id = seeds.clone()
-    slot[n_id] = torch.arange(n_id.numel())
     hops = []
     for h, k in enumerate(fanouts):
         n_dst = n_id.numel()
-        ptr, src = _torch_hop(topo, n_id, int(k), keys[h])
-        local, n_id = _torch_relabel(n_id, src, slot)
+        ptr, entries = hop_entries(topo, n_id, int(k), _hash_draw(keys[h]))
+        local, n_id = relabel(n_id, topo.indices[entries])
         hops.append((ptr, local, n_dst))
     return _assemble(n_id, hops)
 
@@ -332,6 +270,8 @@ def sample_blocks(topo: TopologyCSC, seeds: torch.Tensor, fanouts, key: int, bac
     """
     if backend not in ("auto", "numba", "torch"):
         raise ValueError(f"backend must be auto, numba or torch, got {backend!r}")
+    if topo.num_nodes >= 2**32:
+        raise ValueError(f"the fused sampler hashes 32-bit vertex ids; this graph has {topo.num_nodes} vertices")
     seeds = seeds.to(torch.int64).contiguous()
     if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= topo.num_nodes):
         raise ValueError(f"seeds must be vertex ids in [0, {topo.num_nodes}), got {int(seeds.min())}.."

@@ -10,6 +10,10 @@ Evaluation (as GraphSAGE and SALIENT++ do): neighbor-sampled inference with
 fanouts 20,20,20 over every labeled vertex, the vertices split across ranks.
 ``--eval-mode layerwise`` runs exact full-graph layer-wise inference instead
 (all neighbors, one layer at a time over all vertices, on rank 0).
+
+``--sampler-impl``: PyG's ``NeighborLoader`` and a ``SparseTensor`` (pyg), or the
+pure-torch sampler and CSR matrix of :mod:`scalegnn.baselines.torch_sampling` (torch, the
+same law), auto taking pyg where torch-sparse imports; the record says which ran.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from scalegnn.settings import int_tuple, setting
 from .common import (BaselineData, DataParallelTrainer, EpochStats, backward_and_step, baseline_data,
                      broadcast_floats, ddp, split_accuracies)
 from .models import SAGENet
+from .torch_sampling import (LayerwiseSampler, NeighborBatches, adjacency_t, check_sampler_impl,
+                             resolve_sampler_impl, sampler_impl_setting)
 
 __all__ = ["GraphSAGEOptions", "GraphSAGETrainer", "make_trainer", "neighbor_loader"]
 
@@ -60,8 +66,10 @@ class GraphSAGEOptions:
     eval_fanouts: tuple | None = setting(None, type=int_tuple, metavar="F1,F2,...",
                                          help="fanouts of sampled evaluation (default 20,20,20)")
     eval_batch_size: int = setting(4096, help="seeds per batch of sampled evaluation")
+    sampler_impl: str = sampler_impl_setting()
 
     def __post_init__(self):
+        check_sampler_impl(self.sampler_impl)
         if self.conv not in ("sage", "gcn"):
             raise ValueError(f"--conv must be sage or gcn, got {self.conv!r}")
         if self.eval_mode not in ("sampled", "layerwise"):
@@ -79,9 +87,15 @@ def pyg_data(data: BaselineData):
 
 
 def neighbor_loader(data: BaselineData, seeds: torch.Tensor, fanouts, batch_size: int, shuffle: bool, seed: int,
-                    pyg=None):
-    """PyG's ``NeighborLoader`` over ``seeds``: each batch is the sampled subgraph with
-    the seeds first (``batch.n_id[:batch.batch_size]`` are the seeds, in order)."""
+                    pyg=None, impl: str = "pyg", sampler: LayerwiseSampler | None = None):
+    """PyG's ``NeighborLoader`` over ``seeds`` (``impl="pyg"``), or its pure-torch
+    counterpart (``"torch"``; ``sampler`` reused when given): each batch is the sampled
+    subgraph with the seeds first (``batch.n_id[:batch.batch_size]`` are the seeds, in
+    order), its ``edge_index`` local ``[source; target]`` and ``y`` the labels of ``n_id``."""
+    if impl == "torch":
+        sampler = sampler or LayerwiseSampler(data.edge_index, data.num_nodes)
+        return NeighborBatches(sampler, seeds, fanouts, batch_size, shuffle, torch.Generator().manual_seed(seed),
+                               y=data.graph.y)
     from torch_geometric.loader import NeighborLoader
 
     import warnings
@@ -102,7 +116,9 @@ class GraphSAGETrainer(DataParallelTrainer):
         opts.fanouts = fanouts_for(cfg.model.layers, opts.fanouts, DEFAULT_FANOUTS)
         opts.eval_fanouts = fanouts_for(cfg.model.layers, opts.eval_fanouts, DEFAULT_EVAL_FANOUTS)
         self.batch_size = opts.batch_size
-        self.pyg = pyg_data(data)
+        self.sampler_impl = resolve_sampler_impl(opts.sampler_impl)
+        self.pyg = pyg_data(data) if self.sampler_impl == "pyg" else None
+        self.sampler = LayerwiseSampler(data.edge_index, data.num_nodes) if self.sampler_impl == "torch" else None
         train = g.train_idx if g.multilabel else g.train_idx[g.y[g.train_idx] >= 0]
         self.train_idx = train
         share = -(-train.numel() // self.world)
@@ -123,7 +139,8 @@ class GraphSAGETrainer(DataParallelTrainer):
 
     def train_loader(self, epoch: int):
         return neighbor_loader(self.data, self._rank_seeds(epoch), self.opts.fanouts, self.opts.batch_size,
-                               shuffle=False, seed=self.cfg.seed * 7919 + epoch * 131 + self.rank, pyg=self.pyg)
+                               shuffle=False, seed=self.cfg.seed * 7919 + epoch * 131 + self.rank, pyg=self.pyg,
+                               impl=self.sampler_impl, sampler=self.sampler)
 
     def train_epoch(self, epoch: int) -> EpochStats:
         st = EpochStats()
@@ -166,7 +183,8 @@ class GraphSAGETrainer(DataParallelTrainer):
         mine = nodes.tensor_split(self.world)[self.rank]
         outs, ids = [], []
         loader = neighbor_loader(self.data, mine, self.opts.eval_fanouts, self.opts.eval_batch_size, shuffle=False,
-                                 seed=self.cfg.seed + 99991 + self.rank, pyg=self.pyg)
+                                 seed=self.cfg.seed + 99991 + self.rank, pyg=self.pyg, impl=self.sampler_impl,
+                                 sampler=self.sampler)
         for batch in loader:
             x, edge_index = to_device((select_rows(self.data.features, batch.n_id), batch.edge_index), self.device)
             outs.append(self.model(x, edge_index)[: batch.batch_size].cpu())
@@ -178,19 +196,16 @@ class GraphSAGETrainer(DataParallelTrainer):
     @torch.no_grad()
     def layerwise_inference(self, chunk: int = 8192) -> torch.Tensor:
         """Exact inference: layer l for all vertices (all neighbors) before layer l+1."""
-        from torch_sparse import SparseTensor
-
         n = self.data.num_nodes
         h = to_device(self.data.features, self.device)
-        src, dst = self.data.edge_index
-        ei = SparseTensor(row=dst, col=src, sparse_sizes=(n, n)).to(self.device)  # adj_t: one SpMM per layer
+        ei = adjacency_t(self.data.edge_index, n, self.sampler_impl).to(self.device)  # one SpMM per layer
         for i in range(self.model.num_layers):
             h = self.model.layer(i, h, ei)
         assert h.shape[0] == n
         return h.cpu()
 
     def record_extra(self) -> dict:
-        return {}
+        return {"sampler_impl": self.sampler_impl}
 
 
 def split_accuracies_local(logits, graph):

@@ -24,6 +24,11 @@ As GraphSAINT (Zeng et al., ICLR 2020) and PyG's ``examples/graph_saint.py``:
 An epoch is ``ceil(N / node_budget)`` subgraphs in all (GraphSAINT's definition:
 about N sampled vertices), split over the ranks; each rank samples its own
 subgraphs (its own seed) and DDP averages gradients.
+
+``--sampler-impl``: PyG's sampler and a ``SparseTensor`` for evaluation (pyg), or the
+pure-torch sampler (the same law and the same induced subgraphs) and a CSR matrix of
+:mod:`scalegnn.baselines.torch_sampling` (torch), auto taking pyg where torch-sparse
+imports; the record says which ran.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from .common import (BaselineData, DataParallelTrainer, EpochStats, backward_and
                      broadcast_floats, ddp)
 from .graphsage import split_accuracies_local
 from .models import SAINTNet
+from .torch_sampling import (SaintSubgraphs, adjacency_t, check_sampler_impl, resolve_sampler_impl,
+                             sampler_impl_setting)
 
 __all__ = ["GraphSAINTOptions", "GraphSAINTTrainer", "make_trainer", "saint_sampler"]
 
@@ -62,8 +69,10 @@ class GraphSAINTOptions:
     normalization: str = setting("exact", choices=("exact", "sampled", "none"),
                                  help="normalization probabilities in closed form (exact), estimated from "
                                  "pre-sampled subgraphs as PyG does (sampled), or none")
+    sampler_impl: str = sampler_impl_setting()
 
     def __post_init__(self):
+        check_sampler_impl(self.sampler_impl)
         if self.normalization not in ("exact", "sampled", "none"):
             raise ValueError(f"--normalization must be exact, sampled or none, got {self.normalization!r}")
         if self.node_budget is not None and self.node_budget < 1:
@@ -115,7 +124,13 @@ def node_sampler_norms(edge_index: torch.Tensor, num_nodes: int, budget: int):
     return edge_norm, node_norm.to(torch.float32)
 
 
-def saint_sampler(pyg, node_budget: int, num_steps: int, sample_coverage: int):
+def saint_sampler(pyg, node_budget: int, num_steps: int, sample_coverage: int, impl: str = "pyg",
+                  generator: torch.Generator | None = None, stats_generator: torch.Generator | None = None):
+    """PyG's ``GraphSAINTNodeSampler`` (``impl="pyg"``: draws from torch's global generator),
+    or its pure-torch counterpart (``"torch"``: draws from ``generator``, the statistics of
+    ``sample_coverage`` from ``stats_generator``): iterating yields ``num_steps`` subgraphs."""
+    if impl == "torch":
+        return SaintSubgraphs(pyg, node_budget, num_steps, sample_coverage, generator, stats_generator)
     from torch_geometric.loader import GraphSAINTNodeSampler
 
     return GraphSAINTNodeSampler(pyg, batch_size=node_budget, num_steps=num_steps,
@@ -134,6 +149,8 @@ class GraphSAINTTrainer(DataParallelTrainer):
         total = opts.steps_per_epoch or -(-n // self.batch_size)
         self.steps_per_epoch = max(1, -(-total // self.world))
         self.pyg = saint_data(data)
+        self.sampler_impl = resolve_sampler_impl(opts.sampler_impl)
+        self.gen_seed = cfg.seed * 1_000_003 + 17 * self.rank + 1  # each rank its own subgraphs
         t0 = time.perf_counter()
         self.norm = opts.normalization
         if self.norm == "exact":  # sliced with the subgraph like any node / edge attribute
@@ -141,14 +158,15 @@ class GraphSAINTTrainer(DataParallelTrainer):
                 self.pyg.edge_index, n, self.batch_size)
         torch.manual_seed(cfg.seed)  # the same statistics on every rank
         self.sampler = saint_sampler(self.pyg, self.batch_size, self.steps_per_epoch,
-                                     opts.sample_coverage if self.norm == "sampled" else 0)
+                                     opts.sample_coverage if self.norm == "sampled" else 0, self.sampler_impl,
+                                     torch.Generator().manual_seed(self.gen_seed),
+                                     torch.Generator().manual_seed(cfg.seed))
         self.preprocess_s = time.perf_counter() - t0
         torch.manual_seed(cfg.seed)
         self.model = SAINTNet(g.num_features, cfg.model.hidden, g.num_classes, cfg.model.layers, cfg.model.dropout).to(self.device)
         self.ddp = ddp(self.model, self.world, self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self._adj_t = None
-        self.gen_seed = cfg.seed * 1_000_003 + 17 * self.rank + 1  # each rank its own subgraphs
         torch.manual_seed(self.gen_seed)
 
     def train_epoch(self, epoch: int) -> EpochStats:
@@ -190,12 +208,8 @@ class GraphSAINTTrainer(DataParallelTrainer):
         """Full-graph forward: every neighbor, mean aggregation (weights 1/deg_in)."""
         self.model.eval()
         if self._adj_t is None:  # the same weights as a sparse matrix: PyG then aggregates with one SpMM
-            from torch_sparse import SparseTensor
-
-            src, dst = self.pyg.edge_index
-            n = self.data.num_nodes
-            self._adj_t = SparseTensor(row=dst, col=src, value=self.pyg.edge_weight,
-                                       sparse_sizes=(n, n)).to(self.device)
+            self._adj_t = adjacency_t(self.pyg.edge_index, self.data.num_nodes, self.sampler_impl,
+                                      self.pyg.edge_weight).to(self.device)
         return self.model(to_device(self.data.features, self.device), self._adj_t, None).cpu()
 
     def evaluate(self):
@@ -203,7 +217,7 @@ class GraphSAINTTrainer(DataParallelTrainer):
         return tuple(broadcast_floats(accs, 3))
 
     def record_extra(self) -> dict:
-        return {"preprocess_s": self.preprocess_s}
+        return {"preprocess_s": self.preprocess_s, "sampler_impl": self.sampler_impl}
 
 
 def make_trainer(cfg: RunConfig, graph, env) -> GraphSAINTTrainer:

@@ -66,7 +66,8 @@ class InputConv(nn.Module):
         if self.kind == "gcn":
             from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-            ei, w = gcn_norm(edge_index, edge_weight, x.shape[0], False, True, "source_to_target", x.dtype)
+            normed = gcn_norm(edge_index, edge_weight, x.shape[0], False, True, "source_to_target", x.dtype)
+            ei, w = normed if isinstance(normed, tuple) else (normed, None)  # a SparseTensor comes back alone
             xw = _sparse_mm(x, conv.lin.weight)
             out = conv.propagate(ei, x=xw, edge_weight=w, size=None)
             return out + conv.bias if conv.bias is not None else out

@@ -8,7 +8,9 @@ Shape legend: N vertices, F features, k ranks, B seeds per batch, n sampled vert
   seeds are the training vertices it owns (padded by wrap-around so every rank
   runs the same number of steps, as ``DistributedSampler`` pads).
 * **Fast multi-threaded neighbor sampling, pipelined.** ``sampler_threads``
-  threads run torch-sparse's C++ neighbor sampler ahead of training; a fetch
+  threads run torch-sparse's C++ neighbor sampler (or, with ``--sampler-impl torch`` or
+  without torch-sparse, the pure-torch sampler of the same law,
+  :mod:`scalegnn.baselines.torch_sampling`; the record's ``sampler_impl`` says which) ahead of training; a fetch
   thread takes the sampled batches *in order*, gathers their features (local rows,
   cached rows, and the rest from their owners with one ``all_to_all`` on a process
   group of its own) and queues up to ``prefetch`` ready batches while the model step
@@ -47,6 +49,7 @@ from .common import (BaselineData, DataParallelTrainer, EpochStats, all_reduce_s
 from .graphsage import DEFAULT_EVAL_FANOUTS, DEFAULT_FANOUTS, fanouts_for
 from .models import SAGENet
 from .partition import PARTITION_METHODS, partition_vertices
+from .torch_sampling import LayerwiseSampler, check_sampler_impl, resolve_sampler_impl, sampler_impl_setting
 
 __all__ = ["SalientOptions", "SalientTrainer", "FeatureStore", "NeighborSampler", "make_trainer", "SampledBatch"]
 
@@ -64,9 +67,11 @@ class SalientOptions:
     cache_warmup_epochs: int = setting(1, help="epochs of simulated sampling that rank the remote vertices")
     sampler_threads: int = setting(2, help="neighbor-sampling threads")
     prefetch_batches: int = setting(4, help="prepared batches queued ahead of the model step")
+    sampler_impl: str = sampler_impl_setting()
     record_batches: bool = False        # keep every batch's vertex ids (tests)
 
     def __post_init__(self):
+        check_sampler_impl(self.sampler_impl)
         if self.partition not in PARTITION_METHODS:
             raise ValueError(f"--partition must be one of {PARTITION_METHODS}, got {self.partition!r}")
         if not 0.0 <= self.cache_budget <= 1.0:
@@ -90,9 +95,16 @@ class SampledBatch:
 
 
 class NeighborSampler:
-    """torch-sparse's C++ neighbor sampler over a CSC copy of the replicated topology."""
+    """torch-sparse's C++ neighbor sampler over a CSC copy of the replicated topology
+    (``impl="pyg"``, drawing from torch's global generator), or the pure-torch sampler of
+    the same law (``"torch"``, drawing from its own generator seeded with ``seed``)."""
 
-    def __init__(self, data: BaselineData):
+    def __init__(self, data: BaselineData, impl: str = "pyg", seed: int = 0):
+        self.impl = impl
+        if impl == "torch":
+            self.layerwise = LayerwiseSampler(data.edge_index, data.num_nodes)
+            self.generator = torch.Generator().manual_seed(seed)
+            return
         from torch_sparse import SparseTensor
 
         src, dst = data.edge_index
@@ -101,6 +113,9 @@ class NeighborSampler:
         self.colptr, self.row, _ = adj.csr()
 
     def sample(self, seeds: torch.Tensor, fanouts) -> SampledBatch:
+        if self.impl == "torch":
+            s = self.layerwise.sample(seeds, fanouts, self.generator)
+            return SampledBatch(n_id=s.n_id, edge_index=s.edge_index, num_seeds=seeds.numel())
         node, row, col, _ = torch.ops.torch_sparse.neighbor_sample(
             self.colptr, self.row, seeds, list(fanouts), False, True)
         return SampledBatch(n_id=node, edge_index=torch.stack([row, col]), num_seeds=seeds.numel())
@@ -271,7 +286,8 @@ class SalientTrainer(DataParallelTrainer):
         self.partition_s = time.perf_counter() - t0
         group = dist.new_group(backend="gloo") if self.world > 1 else None  # the fetch thread's own group
         self.store = FeatureStore(data.features, self.part, self.rank, self.world, group)
-        self.sampler = NeighborSampler(data)
+        self.sampler_impl = resolve_sampler_impl(opts.sampler_impl)
+        self.sampler = NeighborSampler(data, self.sampler_impl, seed=cfg.seed * 1_000_003 + 31 * self.rank + 7)
         train = g.train_idx if g.multilabel else g.train_idx[g.y[g.train_idx] >= 0]
         self.my_train = train[self.part[train] == self.rank]
         counts = all_reduce_sum([0.0] * self.rank + [float(self.my_train.numel())] + [0.0] * (self.world - self.rank - 1))
@@ -381,7 +397,7 @@ class SalientTrainer(DataParallelTrainer):
         t = self.totals
         remote = t["hits"] + t["misses"]
         return {"partition_s": self.partition_s, "cache_build_s": self.cache_build_s,
-                "cache_size_per_rank": int(self.store.cache_ids.numel()),
+                "sampler_impl": self.sampler_impl, "cache_size_per_rank": int(self.store.cache_ids.numel()),
                 "cache_hit_rate": t["hits"] / remote if remote else None,
                 "cache_totals": dict(t)}
 

@@ -1,7 +1,8 @@
 """The compared systems on the run's device: a system that cannot use a GPU says so
 before any work, and every adapter that can trains on a GPU to the CPU run's losses
-(``gpu`` marker; the neighbor-sampling systems also need PyG's samplers, which a
-GPU machine may lack: then they are skipped, as they would be on the CPU).
+(``gpu`` marker). The sampling systems run PyG's samplers where torch-sparse imports
+and the pure-torch ones of ``baselines/torch_sampling.py`` where it does not (a GPU
+machine often lacks it): the CPU and GPU runs use the same, so their batches are the same.
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ def test_baseline_on_the_gpu_trains_like_on_the_cpu(system, tmp_path):
     """The same run on cuda and on cpu: a record on the GPU, losses within float32
     reordering of the CPU's (dropout off; each system draws its samples on the host
     from the same seeds, so the batches are the same)."""
-    if system != "bns-gcn":
-        pytest.importorskip("torch_sparse", reason="PyG's neighbor / SAINT samplers need torch-sparse or pyg-lib")
+    from scalegnn.baselines.torch_sampling import resolve_sampler_impl
+
     cpu = _run(system, tmp_path, "cpu")
     gpu = _run(system, tmp_path, "cuda")
-    assert gpu["status"] == "ok" and gpu["env"]["device_type"] == "cuda"
+    assert gpu["status"] == "ok" and gpu["env"]["device_type"] == "cuda", gpu.get("error")
+    if system != "bns-gcn":  # auto: pyg with torch-sparse, torch without; both runs the same
+        assert gpu["sampler_impl"] == cpu["sampler_impl"] == resolve_sampler_impl("auto")
     assert gpu["peak_device_memory_bytes_per_rank"][0] > 0
     assert [r["loss"] for r in gpu["epochs"]] == pytest.approx([r["loss"] for r in cpu["epochs"]], rel=1e-3)
 
@@ -76,3 +79,37 @@ def test_csr_times_dense_differentiates_on_the_device(device):
     assert xs.grad.device.type == torch.device(device).type
     assert torch.allclose(y.detach().cpu(), dense_a @ x, atol=1e-5)
     assert torch.allclose(xs.grad.cpu(), dense_a.t() @ dy, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["sage", "gcn", "graphconv"])
+def test_csr_aggregation_gives_the_convolutions_output(kind, device):
+    """The pure-torch samplers' evaluation matrix (``baselines/torch_sampling.py``'s
+    ``adjacency_t``, a CSR A^T): a PyG convolution over it equals the same over
+    ``edge_index`` (and over torch-sparse's ``SparseTensor`` where it exists) to 1e-6 on
+    the device, with dense and with CSR input features (the models' first layer), edge
+    weights for GraphConv (GraphSAINT's)."""
+    import torch
+
+    pytest.importorskip("torch_geometric")
+    from scalegnn.baselines.models import InputConv
+    from scalegnn.baselines.torch_sampling import adjacency_t, pyg_samplers_available
+
+    n = 60
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, n - 2, (2, 300), generator=gen)  # two isolated vertices
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    ei = ei[:, ei[0] != ei[1]].unique(dim=1)
+    ei = ei[:, torch.randperm(ei.size(1), generator=gen)]
+    x = torch.randn(n, 8, generator=gen) * (torch.rand(n, 8, generator=gen) < 0.3)
+    w = torch.rand(ei.size(1), generator=gen) if kind == "graphconv" else None
+    torch.manual_seed(0)
+    conv = InputConv(kind, 8, 5).to(device)
+    impls = ["torch", "pyg"] if pyg_samplers_available() else ["torch"]
+    with torch.no_grad():
+        for feats in (x, x.to_sparse_csr()):
+            feats = feats.to(device)
+            ref = conv(feats, ei.to(device), None if w is None else w.to(device))
+            for impl in impls:
+                out = conv(feats, adjacency_t(ei, n, impl, w).to(device), None)
+                assert torch.allclose(out, ref, rtol=1e-6, atol=1e-6), (impl, (out - ref).abs().max())

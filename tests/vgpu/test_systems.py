@@ -59,6 +59,18 @@ def test_every_system_runs_whole_on_the_virtual_gpu(system, tmp_path):
     assert gpu["peak_device_memory_bytes_per_rank"][0] > 0 and gpu["env"]["accelerator"]["name"] == "Virtual GPU"
 
 
+@pytest.mark.parametrize("system", ["graphsage", "graphsaint", "salient"])
+def test_the_pure_torch_samplers_run_whole_on_the_virtual_gpu(system, tmp_path):
+    """``--sampler-impl torch`` (what a GPU machine without torch-sparse runs): sampling on
+    the host, batches and the CSR evaluation matrix moved to the device, the CPU run's
+    losses (graphsage with exact layer-wise evaluation, the CSR matrix's SpMM on the device)."""
+    over = dict(sampler_impl="torch", **(dict(eval_mode="layerwise") if system == "graphsage" else {}))
+    gpu = on_virtual_gpu(config(system, tmp_path, "cuda", **over))
+    cpu = launch(config(system, tmp_path, "cpu", **over))
+    assert gpu["sampler_impl"] == cpu["sampler_impl"] == "torch"
+    assert losses(gpu) == pytest.approx(losses(cpu), rel=TOLERANCE.get(system, 1e-5))
+
+
 @pytest.mark.parametrize("system, nproc, over", [
     ("scalegnn", 2, dict(grid=(1, 2, 1, 1))),
     ("scalegnn", 2, dict(grid=(2, 1, 1, 1), prefetch=True, comm_overlap=True)),
