@@ -58,7 +58,8 @@ def versions() -> dict:
                                 timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    commit = commit or os.environ.get("SCALEGNN_COMMIT")  # a copied tree without .git: the sender says which
+    # A tree copied to a GPU machine may carry no .git, or a stale one: the sender says which commit it is.
+    commit = os.environ.get("SCALEGNN_COMMIT") or commit
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "hip": getattr(torch.version, "hip", None), "nccl": nccl, "triton": _version("triton"),
             "torch_geometric": _version("torch_geometric"), "torch_sparse": _version("torch_sparse"),
