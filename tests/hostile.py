@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,11 @@ import numpy as np
 from tests.runs import TINY
 
 CANARY = "CANARY-code-ran"
+
+
+def _junk(n: int, seed: int) -> bytes:
+    """``n`` random bytes, the same every run: a case that fails does so again."""
+    return random.Random(seed).randbytes(n)
 
 
 @dataclass(frozen=True)
@@ -308,7 +314,7 @@ case("npz with an object array under a known key", "pickle",
      lambda tmp: _npz_of({**base_graph(), "y": np.array([_Payload(tmp)], dtype=object)})(tmp), "'y'", "pickled",
      canary=True)
 case("empty npz", "layout", _npz_of({}), "expected keys")
-case("npz of random bytes", "layout", write("g.npz", os.urandom(256), "npz:{path}"), "g.npz")
+case("npz of random bytes", "layout", write("g.npz", _junk(256, 1), "npz:{path}"), "g.npz")
 case("npz truncated", "layout", lambda tmp: _truncated_npz(tmp), "g.npz")
 case("npz with an npy header claiming 1e12 rows", "size", lambda tmp: _npz_bomb(tmp), "'x'", "declares")
 case("dir: .npy header claiming 1e12 rows", "size", lambda tmp: _npy_bomb(tmp), "x.npy", "declares")
@@ -434,7 +440,7 @@ def _drop_member(tmp: Path) -> list[str]:
 
 def _random_x_npz(tmp: Path) -> list[str]:
     argv = _dir_sparse_x()(tmp)
-    (tmp / "g" / "x.npz").write_bytes(os.urandom(200))
+    (tmp / "g" / "x.npz").write_bytes(_junk(200, 2))
     return argv
 
 
@@ -491,7 +497,7 @@ case("mtx entry 0 (1-based)", "value", write("g.mtx", MTX + "3 3 1\n0 1\n", "mtx
 case("mtx fractional index", "value", write("g.mtx", MTX + "3 3 1\n1.5 2\n", "mtx:{path}"), "g.mtx")
 case("mtx too few entries", "layout", write("g.mtx", MTX + "3 3 3\n1 2\n", "mtx:{path}"), "g.mtx")
 case("mtx empty file", "layout", write("g.mtx", "", "mtx:{path}"), "g.mtx")
-case("mtx binary junk", "layout", write("g.mtx", os.urandom(300), "mtx:{path}"), "g.mtx")
+case("mtx binary junk", "layout", write("g.mtx", _junk(300, 3), "mtx:{path}"), "g.mtx")
 case("mtx header of words", "layout", write("g.mtx", MTX + "three three one\n1 2\n", "mtx:{path}"), "g.mtx")
 case("edge list of words", "text", write("g.txt", "a b\nc d\ne f\n", "edgelist:{path}"), "g.txt", "line")
 case("edge list negative id", "value", write("g.txt", "0 1\n-4 2\n", "edgelist:{path}"), "g.txt", "negative")
@@ -562,7 +568,10 @@ case("Planetoid ally of strings", "type", _planetoid(ally=np.array([["a"]] * 4))
      "not in the expected format")
 case("Planetoid truncated pickle", "layout", _planetoid(tx=pickle.dumps(np.ones(3))[:10]), "ind.cora.tx")
 case("Planetoid ty rows mismatch", "value", _planetoid(ty=np.eye(3, dtype=np.float32)), "ind.cora.ty", "rows")
-case("Planetoid random bytes", "layout", _planetoid(graph=os.urandom(64)), "ind.cora.graph")
+case("Planetoid random bytes", "layout", _planetoid(graph=_junk(64, 4)), "ind.cora.graph")
+# a pickle whose BINBYTES8 length says 1 TiB: reading it asks for the memory (a MemoryError)
+case("Planetoid pickle claiming 1 TiB", "layout",
+     _planetoid(graph=b"\x80\x04\x8e" + (1 << 40).to_bytes(8, "little") + b"x" * 8), "ind.cora.graph")
 case("Planetoid graph negative id", "value", _planetoid(graph={0: [-5], 1: [0]}), "cora")
 
 

@@ -93,8 +93,13 @@ class _Restricted(pickle.Unpickler):
 def _run(path, file, admitted, what, fix, **kwargs):
     try:
         return _Restricted(file, admitted, path, what, fix, **kwargs).load()
-    except (DatasetError, _HoldsTensors, MemoryError):
+    except (DatasetError, _HoldsTensors):
         raise
+    except MemoryError:  # a length field no real file of this kind holds (random bytes do this), or a huge file
+        raise DatasetError(
+            f"could not read {path}: it asks for more memory than this machine has while unpickling; the file is "
+            f"corrupt, truncated or not {what}, or too large for this machine; {fix}"
+        ) from None
     except Exception as e:  # noqa: BLE001 - any parse error means a bad file
         raise DatasetError(
             f"could not read {path}: {load_error(e)}. The file is corrupt, truncated or not {what}; {fix}"
