@@ -1,5 +1,6 @@
-"""CSR matrices as torch tensors: row gathers, row selection, blocks, transposes, and
-the one constructor of sparse node-feature matrices.
+"""CSR matrices as torch tensors: row gathers, row selection, blocks, transposes, the
+one constructor of sparse node-feature matrices, and the one rule for when node
+features are held as CSR.
 
 Shape legend:
     R  rows of a matrix     K  its columns     nnz  its stored entries
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SPARSE_FEATURE_DENSITY", "sparse_enough", "feature_layout", "is_csr", "csr_matrix", "csr_block", "select_rows", "gather_csr_rows", "csr_transpose"]
+__all__ = ["SPARSE_FEATURE_DENSITY", "sparse_enough", "feature_layout", "is_csr", "csr_matrix", "csr_block",
+           "select_rows", "gather_csr_rows", "csr_transpose"]
 
 
 # The one layout rule for node features. A feature matrix with fewer than

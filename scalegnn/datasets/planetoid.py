@@ -85,7 +85,7 @@ def _feature_rows(path: Path, m, name: str) -> sp.csr_matrix:
 
 
 def _matrix(path: Path, m, name: str) -> np.ndarray:
-    """A feature (CSR or dense) or one-hot label matrix of one file, as dense float32."""
+    """A one-hot label matrix (CSR or dense) of one file, as dense float32 (features: :func:`_feature_rows`)."""
     with reading(path, _fix(name)):
         if isinstance(m, sp.csr_matrix):
             m.check_format(full_check=True)  # its arrays came from the file: validate before use
