@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .csr import _csr, _row_runs, _transpose_csr, select_rows
+from .csr import _csr, _row_runs, _transpose_csr, select_rows, sparse_enough
 from .graph import Graph
 from .settings import fraction, setting
 
@@ -266,15 +266,11 @@ class CompactIndexMap:
         return raw >= 0, raw.long()
 
 
-# Input features sparser than this are kept as CSR: multi-hot bag-of-words features
-# (Facebook 0.3 %, Planetoid ~1 %) make the input projection 10-20x cheaper that way.
-SPARSE_FEATURE_DENSITY = 0.05
-
-
 def training_features(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as CSR when it is sparse enough to profit, else unchanged: a dense ``x``
-    stays dense, a CSR ``x`` (sparse features kept sparse from the file on) stays CSR."""
-    if x.layout == torch.strided and x.numel() and torch.count_nonzero(x).item() < SPARSE_FEATURE_DENSITY * x.numel():
+    """``x`` as CSR when it is sparse enough to profit (the one feature layout rule,
+    :data:`scalegnn.csr.SPARSE_FEATURE_DENSITY`), else unchanged: a dense ``x`` stays
+    dense, a CSR ``x`` (sparse features kept sparse from the file on) stays CSR."""
+    if x.layout == torch.strided and x.dim() == 2 and sparse_enough(int(torch.count_nonzero(x)), *x.shape):
         return x.to_sparse_csr()
     return x
 

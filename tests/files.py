@@ -49,11 +49,19 @@ def schema_2_config(config: dict) -> dict:
     return old
 
 
-def assert_same_graph(a, b) -> None:
-    """Two loaded graphs are the same graph: name, classes, every array."""
+def assert_same_graph(a, b, same_layout: bool = True) -> None:
+    """Two loaded graphs are the same graph: name, classes, every array, the features'
+    layout (CSR or dense) and their stored arrays; with ``same_layout=False`` only the
+    features' values (a dense PyG Cora and the loader's CSR one)."""
     assert a.name == b.name and a.num_classes == b.num_classes
-    for f in ("indptr", "indices", "values", "x", "y", "train_idx", "val_idx", "test_idx"):
+    for f in ("indptr", "indices", "values", "y", "train_idx", "val_idx", "test_idx"):
         assert torch.equal(getattr(a, f), getattr(b, f)), f
+    if not same_layout:
+        assert torch.equal(a.x.to_dense(), b.x.to_dense()), "x"
+        return
+    assert a.x.layout == b.x.layout, (a.x.layout, b.x.layout)
+    parts = (lambda x: (x.crow_indices(), x.col_indices(), x.values())) if a.x.is_sparse_csr else (lambda x: (x,))
+    assert all(torch.equal(p, q) for p, q in zip(parts(a.x), parts(b.x), strict=True)), "x"
 
 
 def csv_gz(path, arr) -> None:

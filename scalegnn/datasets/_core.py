@@ -1,5 +1,5 @@
 """Shared pieces of the dataset layer: the error type, file lookup, edge-list to CSR,
-and the featureless-graph protocol (random features, degree classes, random split).
+multi-hot features as CSR, and the featureless-graph protocol (random features, degree classes, random split).
 
 Shape legend:
     N   vertices    E   input edge pairs    nnz   stored adjacency entries
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scalegnn.csr import csr_matrix, feature_layout
 from scalegnn.graph import Graph, GraphValidationError, random_split
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "featureless_graph",
     "find_dir",
     "make_graph",
+    "multihot_features",
     "missing_files_error",
     "reading",
     "rng_for",
@@ -230,6 +232,34 @@ def undirected_csr(src, dst, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     torch.cumsum(torch.bincount(rows, minlength=n), 0, out=indptr[1:])
     counts = {"input_edge_pairs": int(loop.numel()), "self_loops_dropped": n_loops}
     return indptr, cols, torch.ones(cols.numel(), dtype=torch.float32), counts
+
+
+# ---------------------------------------------------------------- features
+def multihot_features(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], what: str) -> torch.Tensor:
+    """(N, F) float32 features with a 1 at every (rows[k], cols[k]), a pair listed twice
+    still 1 (Twitch lists some feature ids twice), in the layout of the one feature rule
+    (:func:`scalegnn.csr.sparse_enough`): CSR when under 5 % ones, as every built-in
+    multi-hot dataset is, else dense.
+
+    Built as CSR from the pairs: one sort of the nnz keys ``row * F + col``, so memory
+    follows the nonzeros (about 40 bytes each while building, 12 kept) and the dense
+    N x F matrix is never made unless the rule asks for it. ``what`` names the file
+    in errors (an id outside the shape).
+    """
+    n, width = (int(s) for s in shape)
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    for name, ids, size in (("vertex", rows, n), ("feature", cols, width)):
+        if ids.size and (ids.min() < 0 or ids.max() >= size):
+            bad = int(ids.max()) if ids.max() >= size else int(ids.min())
+            raise DatasetError(f"{what}: {name} id {bad} is outside [0, {size}); the files do not belong together, "
+                               "re-copy them")
+    key = np.unique(rows * max(width, 1) + cols)  # sorted by (row, col), repeats once
+    rows_k = key // max(width, 1)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows_k, minlength=n), out=indptr[1:])
+    x = csr_matrix(torch.from_numpy(indptr), torch.from_numpy(key - rows_k * max(width, 1)),
+                   torch.ones(key.size, dtype=torch.float32), (n, width), what)
+    return feature_layout(x)
 
 
 def make_graph(what: str, **fields) -> Graph:

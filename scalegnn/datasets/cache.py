@@ -7,12 +7,13 @@ root), else ``~/.cache/scalegnn/data/.scalegnn-cache``, else no cache. The seed 
 the name only for datasets whose content depends on it.
 
 Content: ``torch.save`` of a dict of plain tensors, ints and strings (no pickled
-objects), loaded with ``torch.load(weights_only=True, mmap=True)``. A graph whose
-features are CSR (a sparse feature file) is stored as CSR and loaded as CSR, never
-densified; dense features that are mostly zeros (multi-hot, bag of words) are stored
-as CSR too, to save disk, and densified on load, so the graph comes back as it was
-built. The
-``source`` entry records (path, size, mtime) of every input file; an entry whose
+objects), loaded with ``torch.load(weights_only=True, mmap=True)``. Features come
+back in the layout they were built in, so a run trains on the same matrix whether its
+graph was parsed or cached: CSR features (the built-in loaders' multi-hot features, a
+sparse feature file) are stored and loaded as CSR, never densified; dense features
+that the layout rule (:func:`scalegnn.csr.sparse_enough`) would hold as CSR (a user's
+dense bag-of-words array) are stored as CSR too, to save disk, and densified on load.
+The ``source`` entry records (path, size, mtime) of every input file; an entry whose
 sources changed is rebuilt. Writes go to a temp file then ``os.replace``, so a
 reader never sees a partial file, and concurrent writers (ranks) are harmless. A
 file that cannot be read or does not form a valid graph is reported with a warning
@@ -30,14 +31,16 @@ from pathlib import Path
 
 import torch
 
-from scalegnn.csr import csr_matrix, is_csr
+from scalegnn.csr import csr_matrix, is_csr, sparse_enough
 from scalegnn.fileio import atomic_write
 from scalegnn.graph import Graph
 
 __all__ = ["CACHE_FORMAT_VERSION", "cache_dir", "cache_path", "load_cached", "save_cached", "source_signature"]
 
-CACHE_FORMAT_VERSION = 2  # 2: CSR features kept CSR; graph meta names the split and any stand-in
-_SPARSE_X_MAX_DENSITY = 0.1
+# 2: CSR features kept CSR; graph meta names the split and any stand-in.
+# 3: the built-in loaders build sparse features as CSR (one rule, scalegnn.csr.sparse_enough):
+#    a version-2 file holds them as dense and would hand back another layout than a parse.
+CACHE_FORMAT_VERSION = 3
 
 
 def _writable(d: Path) -> bool:
@@ -105,7 +108,7 @@ def save_cached(path: Path, graph: Graph, source: list) -> None:
     if is_csr(x):
         blob.update(x_crow=x.crow_indices(), x_col=x.col_indices(), x_val=x.values(), x_shape=list(x.shape),
                     x_layout="csr")
-    elif x.numel() and int(torch.count_nonzero(x)) <= _SPARSE_X_MAX_DENSITY * x.numel():
+    elif x.dim() == 2 and sparse_enough(int(torch.count_nonzero(x)), *x.shape):
         xs = x.to_sparse_csr()
         blob.update(x_crow=xs.crow_indices(), x_col=xs.col_indices(), x_val=xs.values(), x_shape=list(x.shape))
     else:
