@@ -36,6 +36,13 @@ def tiny_train(tmp_path: Path, launch: str, *extra: str, epochs: int = 8) -> lis
             *LAUNCHES[launch], *extra]
 
 
+
+def _default_signals() -> None:
+    import signal
+
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
 class SignalledRun(CliRun):
     """``python -m scalegnn <argv>`` in a subprocess of its own (tagged for /proc), its
     output read as it comes, so that it can be signalled at a given line."""
@@ -45,8 +52,10 @@ class SignalledRun(CliRun):
 
         self.tmp, self.tag, self.ck = tmp_path, uuid.uuid4().hex, tmp_path / "ck"
         env = {**os.environ, "SCALEGNN_TEST_TAG": self.tag, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        # The run starts with the stop signals at their defaults, whatever this suite inherited
+        # (under nohup SIGHUP is ignored, and scalegnn rightly keeps an ignored signal ignored).
         self.proc = subprocess.Popen([sys.executable, "-m", "scalegnn", *argv], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+                                     stderr=subprocess.PIPE, text=True, cwd=str(REPO), preexec_fn=_default_signals)
         self.out: list[str] = []
         self.err: list[str] = []
         self.readers = [threading.Thread(target=lambda f=f, to=to: to.extend(f), daemon=True)
