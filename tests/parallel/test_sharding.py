@@ -216,7 +216,12 @@ def test_shards_remember_their_split(isolated_data, capsys):
     assert main(base) == 2
     assert "written with --split random:0.6,0.2,0.2 but the run has no --split" in capsys.readouterr().err
     assert main(base + ["--split", "random:0.6,0.2,0.2"]) == 0
-    assert only_record(isolated_data / "runs")["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
+    rec = only_record(isolated_data / "runs")
+    assert rec["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
+    # what reading the shard cost this rank, and its time from process start to the end of step 1
+    (load_s,), (first_s,), (rss,) = (rec[f"{k}_per_rank"] for k in ("load_s", "time_to_first_step_s",
+                                                                     "rss_after_load_bytes"))
+    assert 0 < load_s < first_s and 0 < rss <= rec["peak_rss_bytes_per_rank"][0]
     # --split-seed defaults to --seed (0): saying it is the same split, another seed is not
     assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "0"]) == 0
     assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "1"]) == 2
