@@ -48,7 +48,7 @@ from .grid import PMM_AXES, ProcessGrid
 from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
-           "share_planes", "row_slice", "adjacency_storage",
+           "share_planes", "plane_sharing", "row_slice", "adjacency_storage",
            "check_shard_manifest",
            "load_shard", "verify_shard_file", "shard_command", "shard_nnz_stats", "file_sha256"]
 
@@ -285,15 +285,25 @@ def _range_key(b: CSRBlock) -> tuple:
     return (b.row_start, b.row_end), (b.col_start, b.col_end)
 
 
-def _shared(keys, make) -> dict:
-    """{((r0, r1), (c0, c1)): block} for the distinct keys, widest row range first: a key
-    whose rows lie inside an already made block's over the same columns is that block's
-    :func:`row_slice` (no copy), any other ``make(key)``."""
-    made: dict = {}
+def plane_sharing(keys) -> dict:
+    """{((r0, r1), (c0, c1)): the key it is cut from, or None when it is stored whole} for
+    the distinct keys, widest row range first: a key whose rows lie inside an already
+    stored block's over the same columns is a row slice of it. The rule of
+    :func:`share_planes`, on ranges alone (:func:`scalegnn.perfmodel.shard_bytes` counts with it)."""
+    plan: dict = {}
     for key in sorted(set(keys), key=lambda k: (k[0][0] - k[0][1], k)):
         (r0, r1), cols = key
-        container = next((b for (rows, c), b in made.items() if c == cols and rows[0] <= r0 and r1 <= rows[1]), None)
-        made[key] = row_slice(container, r0, r1) if container is not None else make(key)
+        plan[key] = next((k for k, src in plan.items() if src is None and k[1] == cols and k[0][0] <= r0
+                          and r1 <= k[0][1]), None)
+    return plan
+
+
+def _shared(keys, make) -> dict:
+    """{((r0, r1), (c0, c1)): block} for the distinct keys (:func:`plane_sharing`): a key
+    cut from another is that block's :func:`row_slice` (no copy), any other ``make(key)``."""
+    made: dict = {}
+    for key, src in plane_sharing(keys).items():
+        made[key] = make(key) if src is None else row_slice(made[src], *key[0])
     return made
 
 
