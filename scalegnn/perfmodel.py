@@ -68,8 +68,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["Workload", "Machine", "Collective", "step_collectives", "axis_bandwidth", "step_times", "predict",
            "Coefficients", "fit", "rank_grids", "memory_per_rank", "KNOWN_DATASETS", "TERMS", "epoch_time_from_rows",
-           "predicted_bytes_per_step", "predicted_calls_per_step", "oversubscription", "memory_breakdown", "shard_bytes",
-           "collective_cost", "comm_time_by_kind"]
+           "predicted_bytes_per_step", "predicted_calls_per_step", "oversubscription", "memory_breakdown",
+           "shard_bytes", "collective_cost", "comm_time_by_kind"]
 
 TERMS = ("bandwidth", "latency", "compute", "sampling", "overhead")
 KAPPA = 1e-6  # Plexus: 7.8e-10 / 7.8e-4

@@ -21,7 +21,7 @@ inside another plane's over the same columns. :func:`save_shards` writes
 these once per (x, y, z) for ``scalegnn data shard`` (:mod:`.staging` does it out of
 core), with every file's SHA-256 in the manifest; :func:`load_shard` maps a rank's file
 into memory (``mmap=True``, ``weights_only=True``: plain tensors only) after checking its
-SHA-256 once per staging (:func:`verify_shard_file`). Mapped, a rank's arrays are pages
+SHA-256 the first time the file is loaded (:func:`verify_shard_file`). Mapped, a rank's arrays are pages
 of the file that the kernel reads when they are first touched and may drop again (they
 are clean): its resident memory is what it uses, and ranks of one node that read the
 same file (data-parallel replicas) share those pages. ``RankShard.to`` on the CPU and
