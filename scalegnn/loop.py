@@ -235,6 +235,13 @@ class Trainer:
         checkpoint summary)."""
         return {}
 
+    def rank_fields(self) -> dict:
+        """This rank's own measurements ``{name: value}``, gathered over the ranks when the
+        run ends into the record's ``{name}_per_rank`` lists in rank order
+        (:func:`scalegnn.records.per_rank_fields`; ScaleGNN's load time, RSS after
+        loading and time to the first step)."""
+        return {}
+
     def end(self, record: dict) -> None:
         """The epochs are done (the loop returned, on every rank): keep what the run made
         (ScaleGNN's consolidated model with ``--save-model``), before the record is closed."""

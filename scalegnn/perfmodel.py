@@ -46,7 +46,9 @@ SpMM, element-wise work and Algorithm 2's sampling are priced in bytes over devi
 bandwidth, each GEMM by the roofline of its FLOPs and bytes; an all-reduce costs the cheaper
 of ring and double binary tree (``tree``); a fully connected node (``intra_links="full"``)
 gives a ring of n devices n-1 pair links. ``Workload.prefetch``/``comm_overlap``/``fused``
-model the paper's Section V switches; :func:`memory_breakdown` the bytes per rank.
+model the paper's Section V switches; :func:`memory_breakdown` the bytes per rank, of which
+:func:`shard_bytes` the rank's shard, array for array (checked against shard files:
+``tests/parallel/test_shard_memory.py``, ``benchmarks/shard_memory.py``).
 
 **Unified model and fit.** Per step, five times in seconds from the cluster
 profile's constants: bandwidth, latency, compute, sampling and a fixed overhead.
@@ -67,7 +69,7 @@ from dataclasses import dataclass, field
 __all__ = ["Workload", "Machine", "Collective", "step_collectives", "axis_bandwidth", "step_times", "predict",
            "Coefficients", "fit", "rank_grids", "memory_per_rank", "KNOWN_DATASETS", "TERMS", "epoch_time_from_rows",
            "predicted_bytes_per_step", "predicted_calls_per_step", "oversubscription", "memory_breakdown",
-           "collective_cost", "comm_time_by_kind"]
+           "shard_bytes", "collective_cost", "comm_time_by_kind"]
 
 TERMS = ("bandwidth", "latency", "compute", "sampling", "overhead")
 KAPPA = 1e-6  # Plexus: 7.8e-10 / 7.8e-4
@@ -575,11 +577,59 @@ class Prediction:
 SAVED_PER_LAYER = 7.0
 
 
+def shard_bytes(w: Workload, grid, coords: dict | None = None, *, multilabel: bool = False) -> dict:
+    """Bytes of one rank's shard as this implementation holds it (what
+    :meth:`scalegnn.parallel.sharding.RankShard.nbytes` counts, and what a rank maps from
+    its shard file), for the rank at ``coords`` ({"x", "y", "z"}), or the largest of the
+    ranks whose axis indices are 0, 1 or 2 (index 0 has the longest range, and every way
+    planes share storage occurs among them) when None:
+
+    adjacency  the three planes, rows R x columns C of A + I for vertex ranges
+               ``split_range(N, G_axis, index)``; a plane with another's ranges is that
+               block, one whose rows lie inside another's over the same columns a row
+               slice of it (:func:`scalegnn.parallel.sharding.plane_sharing`: only its
+               ``|R| + 1`` row pointers are its own); a block stored whole holds
+               ``(|R| + 1)`` int64 row pointers and ``E`` columns (int32 while N < 2^31,
+               else int64) and FP32 values, with ``E = (nnz - N) |R| |C| / N^2 + |R & C|``:
+               the off-diagonal entries spread evenly, the N self loops on the diagonal
+    features   (|R_x|, |F_z|) FP32 (dense features)
+    labels     per axis, y (int64; (|R|, C) FP32 when ``multilabel``) and the three split masks
+    total      their sum
+
+    Not modeled: sparse (CSR) features and the double permutation's second labeling."""
+    from .parallel.layout import PLANES
+    from .parallel.sharding import plane_sharing
+    from .ranges import split_range
+
+    g = _sizes(grid)
+    n, nnz = w.num_nodes, w.nnz
+    if coords is None:
+        candidates = [{"x": i, "y": j, "z": k} for i in range(min(3, g["x"])) for j in range(min(3, g["y"]))
+                      for k in range(min(3, g["z"]))]
+        return max((shard_bytes(w, grid, c, multilabel=multilabel) for c in candidates), key=lambda b: b["total"])
+    vr = {a: split_range(n, g[a], coords[a]) for a in ("x", "y", "z")}
+    index_bytes = 4 if n < 2**31 else 8
+    off_diagonal = max(0, nnz - n) / max(1, n) ** 2
+    adjacency = 0.0
+    for (rows, cols), src in plane_sharing((vr[r], vr[c]) for r, c in PLANES).items():
+        adjacency += 8 * (rows[1] - rows[0] + 1)
+        if src is None:
+            size = lambda rng: rng[1] - rng[0]  # noqa: E731
+            diagonal = max(0, min(rows[1], cols[1]) - max(rows[0], cols[0]))
+            adjacency += (off_diagonal * size(rows) * size(cols) + diagonal) * (index_bytes + 4)
+    f0, f1 = split_range(w.num_features, g["z"], coords["z"])
+    y_bytes = 4 * w.num_classes if multilabel else 8
+    out = {"adjacency": adjacency, "features": 4.0 * (vr["x"][1] - vr["x"][0]) * (f1 - f0),
+           "labels": float(sum((r[1] - r[0]) * (y_bytes + 3) for r in vr.values()))}
+    out["total"] = sum(out.values())
+    return out
+
+
 def memory_breakdown(w: Workload, grid) -> dict:
     """Peak bytes per rank, by what holds them:
 
-    shard        adjacency planes (CSR: int64 columns + FP32 values, int64 row pointers) on
-                 min(3, L) planes, and the input-feature shard
+    shard        the largest rank's shard (:func:`shard_bytes`): its adjacency planes
+                 (CSR, planes that coincide stored once), input features, labels and masks
     optimizer    weights, gradients and AdamW's two moments of this rank's weight shards
     block        the sampled blocks (CSR on each plane) and Algorithm 2's scratch (the gathered
                  columns and their positions, 16 bytes per touched entry); twice with --prefetch
@@ -591,14 +641,11 @@ def memory_breakdown(w: Workload, grid) -> dict:
 
     g = _sizes(grid)
     N, B, H, F, C = w.num_nodes, w.batch, w.hidden, w.num_features, w.num_classes
-    shard = feats = 0.0
     block = 0.0
     planes = [layer_layout(i).adj for i in range(min(3, w.layers))]
     for rows, cols in planes:
-        shard += w.nnz / (g[rows] * g[cols]) * 12 + N / g[rows] * 8
         block += w.sampled_nnz / (g[rows] * g[cols]) * 12 + B / g[rows] * 8
         block += B / g[rows] * w.nnz / w.num_nodes / g[cols] * 16
-    feats = N / g["x"] * F / g["z"] * 4
     if w.prefetch:
         block *= 2
     params = F / g["z"] * H / g["y"]
@@ -613,7 +660,7 @@ def memory_breakdown(w: Workload, grid) -> dict:
     a, b = head.feat
     params += H / g[b] * C / g[head.class_axis]
     act += 4 * B / g["x"] * F / g["z"] + 2 * 4 * B / g[a] * C / g[head.class_axis]
-    out = {"shard": shard + feats, "optimizer": 4 * 4 * params, "block": block, "activations": act,
+    out = {"shard": shard_bytes(w, grid)["total"], "optimizer": 4 * 4 * params, "block": block, "activations": act,
            "evaluation": eval_act}
     out["peak"] = out["shard"] + out["optimizer"] + max(block + act, eval_act)
     return out

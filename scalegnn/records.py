@@ -34,6 +34,7 @@ __all__ = [
     "environment_info",
     "placement_of",
     "memory_fields",
+    "per_rank_fields",
     "atomic_write_json",
     "validate_record",
     "write_record",
@@ -224,6 +225,14 @@ def memory_fields(per_rank: list[tuple]) -> dict:
             "peak_memory_bytes": max(p[0] for p in per_rank),
             "peak_rss_bytes_per_rank": [p[1] for p in per_rank],
             "peak_device_memory_bytes_per_rank": None if all(d is None for d in device) else device}
+
+
+def per_rank_fields(per_rank: list[dict]) -> dict:
+    """``{name}_per_rank`` lists, in rank order, from every rank's own measurements
+    ``{name: value}`` (a trainer's :meth:`~scalegnn.loop.Trainer.rank_fields`; a rank
+    without the name gives None); nothing when no rank measured anything."""
+    names = list(dict.fromkeys(k for own in per_rank for k in own))
+    return {f"{name}_per_rank": [own.get(name) for own in per_rank] for name in names}
 
 
 # Version 1 kept the configuration flat (dataset, batch_ratio, epochs, grid, ... beside

@@ -2,8 +2,8 @@
 
 :class:`RunSession` owns one rank's record from creation (:meth:`RunSession.open`,
 from the trainer) to the atomic write (:meth:`RunSession.running` closes it: the
-trainer's extra fields, the memory peaks of every rank, the time to target, the
-summary). What ended the run maps to the record's status in one place,
+trainer's extra fields, the memory peaks and the trainer's own measurements of every
+rank, the time to target, the summary). What ended the run maps to the record's status in one place,
 :func:`status_of`:
 
     the loop returned                        ok
@@ -213,10 +213,13 @@ class RunSession:
             record.update(trainer.record_extra())
         if self.peaks is None:
             peaks = (peak_memory_bytes(self.device), peak_rss_bytes(), peak_device_memory_bytes(self.device))
+            own = trainer.rank_fields() if trainer is not None else {}
             # After a failure or a stop the peers may be gone: no collective, this rank's own.
             stopped = record["status"] in ("interrupted",) + FAILED_STATUSES
             distributed = self.world_size > 1 and dist.is_available() and dist.is_initialized()
-            self.peaks = _gather(peaks, self.world_size) if distributed and not stopped else [peaks]
+            every = _gather((peaks, own), self.world_size) if distributed and not stopped else [(peaks, own)]
+            self.peaks = [p for p, _ in every]
+            record.update(records.per_rank_fields([o for _, o in every]))
         record.update(records.memory_fields(self.peaks) if self.peaks else
                       {"peak_memory_bytes_per_rank": [], "peak_memory_bytes": None})
         record["time_to_target_s"] = records.time_to_target(record["epochs"], self.cfg.loop.target_acc)

@@ -2,6 +2,7 @@
 
     SpanTimer   ``with timer("spmm"): ...`` adds the span's seconds under its name:
                 the host clock on CPU, a pair of CUDA events on GPU
+    process_age_s  seconds since this process started (a run's time to its first step)
 
 The collectives' accounting (:class:`scalegnn.parallel.collectives.CommStats`), the
 sharded operators' compute spans and the engine's phases all time with it.
@@ -15,7 +16,24 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["SpanTimer"]
+__all__ = ["SpanTimer", "process_age_s"]
+
+_IMPORTED = time.monotonic()  # the origin where the kernel does not say when the process started
+
+
+def process_age_s() -> float:
+    """Seconds since this process started: on Linux the kernel's start time of the process
+    (``/proc/self/stat`` field 22, clock ticks since boot: 10 ms resolution) against
+    ``CLOCK_BOOTTIME``, the same clock, so the interpreter's start and every import are
+    counted; elsewhere since this module was imported (after the interpreter and torch)."""
+    import os
+
+    try:
+        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()  # the name may hold spaces
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22; fields[0] is field 3
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic() - _IMPORTED
 
 
 class SpanTimer:

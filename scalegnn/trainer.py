@@ -3,7 +3,9 @@
 Reads top to bottom:
   1. the graph: the dataset (or the graph given) in GCN-normalized form,
      A = D^-1/2 (A+I) D^-1/2 (Eq. 3), relabeled first when ``--permute`` asks; or
-     this rank's shard file when ``--shard-dir`` names one (Plexus 5.4)
+     this rank's shard file, mapped, when ``--shard-dir`` names one (Plexus 5.4); the
+     time it took and the peak RSS after it go into the record per rank, with the time
+     from the process's start to the end of its first training step
   2. the engine on this rank's grid and device (one engine: a single process is
      the 1x1x1x1 grid; more ranks run under torch.distributed)
   3. :meth:`ScaleGNNTrainer.begin`: resume from the newest checkpoint (``--resume``),
@@ -33,7 +35,9 @@ from .config import RunConfig
 from .graph import Graph
 from .loop import Callback, DivergedError, EpochStats, EpochSums, LoopStart, Trainer, reached_target
 from .progress import Heartbeat, Phases, mode_from_progress
+from .device import peak_rss_bytes
 from .sampling import resolve_batch_size
+from .timing import process_age_s
 
 __all__ = ["ScaleGNNTrainer", "make_trainer", "prepare_graph", "make_engine"]
 
@@ -70,10 +74,10 @@ def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None, device
                           device=device, perf=cfg.perf, numerics=cfg.numerics)
 
 
-def _engine_from_shards(cfg: RunConfig, grid, device):
-    """The engine built from this rank's shard file: big graphs are never loaded whole
-    on every rank (Plexus 5.4). Returns (the graph's record info, the engine)."""
-    from .parallel.engine import ParallelEngine
+def _read_shard(cfg: RunConfig, grid):
+    """This rank's shard file, mapped (:func:`scalegnn.parallel.sharding.load_shard`):
+    big graphs are never loaded whole on every rank (Plexus 5.4). Returns (the graph's
+    record info, the shard)."""
     from .parallel.sharding import check_shard_manifest, load_shard
 
     shard_dir = cfg.data.shard_dir
@@ -82,10 +86,21 @@ def _engine_from_shards(cfg: RunConfig, grid, device):
     check_shard_manifest(manifest, cfg.numerics.permute, cfg.seed, shard_dir, (cfg.data.split, cfg.data.split_seed))
     # The graph's record_info as written with the shards (older shards: the sizes alone).
     info = manifest.get("graph") or {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}
+    return info, shard
+
+
+def _engine_from_shard(cfg: RunConfig, shard, grid, device):
+    """The engine on this rank's shard."""
+    from .parallel.engine import ParallelEngine
+
     batch_size = resolve_batch_size(shard.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
-    engine = ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.loop.epochs, grid=grid,
-                            shard=shard, device=device, perf=cfg.perf, numerics=cfg.numerics)
-    return info, engine
+    return ParallelEngine(None, cfg.model, cfg.optim, batch_size, seed=cfg.seed, epochs=cfg.loop.epochs, grid=grid,
+                          shard=shard, device=device, perf=cfg.perf, numerics=cfg.numerics)
+
+
+def _loaded(t0: float) -> dict:
+    """What reading this rank's data cost: seconds since ``t0`` and the process's peak RSS."""
+    return {"load_s": time.perf_counter() - t0, "rss_after_load_bytes": peak_rss_bytes()}
 
 
 class ScaleGNNTrainer(Trainer):
@@ -112,14 +127,20 @@ class ScaleGNNTrainer(Trainer):
             else None
         try:
             phases = Phases(env.rank, quiet=cfg.loop.progress is False)
+            # This rank's data read: how long it took and the peak RSS then (the record's
+            # load_s_per_rank, rss_after_load_bytes_per_rank); time_to_first_step_s at step 1.
+            t_load = time.perf_counter()
             if cfg.data.shard_dir is not None:
                 with phases("reading this rank's shard and building the engine") as said:
-                    self.graph_info, self.engine = _engine_from_shards(cfg, self.grid, self.device)
+                    self.graph_info, shard = _read_shard(cfg, self.grid)
+                    self.loaded = _loaded(t_load)
+                    self.engine = _engine_from_shard(cfg, shard, self.grid, self.device)
                     said(_sizes(self.graph_info))
             else:
                 with phases("loading the graph") as said:
                     graph = prepare_graph(cfg, graph)
                     self.graph_info = graph.record_info()
+                    self.loaded = _loaded(t_load)
                     said(f"{graph.name}, {_sizes(self.graph_info)}")
                 with phases("building the engine") as said:
                     batch_size = resolve_batch_size(graph.num_nodes, cfg.sampling.batch_size, cfg.sampling.batch_ratio)
@@ -141,11 +162,15 @@ class ScaleGNNTrainer(Trainer):
         self.train_time = 0.0  # before the current epoch (checkpoint saves excluded)
         self.start: dict | None = None  # the checkpoint's loop position, when resumed
         self.stage = "setup"
+        self.time_to_first_step_s: float | None = None  # set by this process's first step
 
     # ------------------------------------------------------------------ the record
     def record_fields(self) -> dict:
         # torch.compile warm-up (paper V-C), not training time; why --compile ran eager, if it did
         return {"compile_time_s": self.engine.compile_time_s, "compile_fallback": self.engine.compile_fallback}
+
+    def rank_fields(self) -> dict:
+        return {**self.loaded, "time_to_first_step_s": self.time_to_first_step_s}
 
     def begin(self, record: dict) -> LoopStart:
         self.record = record
@@ -206,6 +231,9 @@ class ScaleGNNTrainer(Trainer):
             self.stage = f"training step {self.step} (epoch {epoch})"
             sums.add(engine.train_step(self.step), self.step)
             self.step += 1
+            if self.time_to_first_step_s is None:  # the step's device work done: one wait per process
+                engine.synchronize()
+                self.time_to_first_step_s = process_age_s()
             self.heartbeat.step(self.step - (epoch - 1) * spe)
             if self.ckpt is not None and self.step < end and self.ckpt.due(self.step):  # mid-epoch save
                 engine.synchronize()

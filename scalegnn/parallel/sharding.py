@@ -19,8 +19,14 @@ with vertex ranges ``split_range(N, G_axis, index)``. Planes share storage where
 ranges allow (:func:`share_planes`): one block for equal ranges, a row slice for rows
 inside another plane's over the same columns. :func:`save_shards` writes
 these once per (x, y, z) for ``scalegnn data shard`` (:mod:`.staging` does it out of
-core), with every file's SHA-256 in the manifest; :func:`load_shard` reads a rank's file
-back (``weights_only=True``, plain tensors only) after checking its SHA-256.
+core), with every file's SHA-256 in the manifest; :func:`load_shard` maps a rank's file
+into memory (``mmap=True``, ``weights_only=True``: plain tensors only) after checking its
+SHA-256 the first time the file is loaded (:func:`verify_shard_file`). Mapped, a rank's arrays are pages
+of the file that the kernel reads when they are first touched and may drop again (they
+are clean): its resident memory is what it uses, and ranks of one node that read the
+same file (data-parallel replicas) share those pages. ``RankShard.to`` on the CPU and
+``from_state`` copy nothing (a row slice's ``indptr`` is new, ``r1 - r0 + 1`` int64);
+on a GPU ``to`` copies each array over once and the mapping is dropped with the state.
 """
 
 from __future__ import annotations
@@ -42,9 +48,9 @@ from .grid import PMM_AXES, ProcessGrid
 from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
-           "share_planes", "row_slice", "adjacency_storage",
+           "share_planes", "plane_sharing", "row_slice", "adjacency_storage",
            "check_shard_manifest",
-           "load_shard", "shard_command", "shard_nnz_stats", "file_sha256"]
+           "load_shard", "verify_shard_file", "shard_command", "shard_nnz_stats", "file_sha256"]
 
 SHARD_FORMAT = 1
 
@@ -129,6 +135,22 @@ class RankShard:
         """{"blocks", "storages", "bytes"}: distinct CSR blocks among :meth:`planes`, and
         the distinct arrays they hold with their bytes, shared ones counted once."""
         return adjacency_storage(self.planes())
+
+    def nbytes(self) -> dict:
+        """Bytes of the arrays this shard holds, each storage once (a shared plane, a row
+        slice's columns and values): ``adjacency`` (:meth:`adjacency_storage`),
+        ``features`` (x: dense, or CSR's three arrays), ``labels`` (y and the three
+        masks of every axis, and the second labeling's sigma and its inverse) and
+        ``total``: what :func:`scalegnn.perfmodel.shard_bytes` predicts."""
+        feats = [self.x.crow_indices(), self.x.col_indices(), self.x.values()] if is_csr(self.x) else [self.x]
+        labels = [t for key in ("y", "train_mask", "val_mask", "test_mask") for t in getattr(self, key).values()]
+        if self.alt is not None:
+            labels += [self.alt.sigma, self.alt.sigma_inv] + [
+                t for key in ("y", "train_mask", "val_mask", "test_mask") for t in getattr(self.alt, key).values()]
+        out = {"adjacency": self.adjacency_storage()["bytes"], "features": _storage_bytes(feats),
+               "labels": _storage_bytes(labels)}
+        out["total"] = sum(out.values())
+        return out
 
     # -------------------------------------------------------------- (de)serialize
     def to_state(self) -> dict:
@@ -263,15 +285,25 @@ def _range_key(b: CSRBlock) -> tuple:
     return (b.row_start, b.row_end), (b.col_start, b.col_end)
 
 
-def _shared(keys, make) -> dict:
-    """{((r0, r1), (c0, c1)): block} for the distinct keys, widest row range first: a key
-    whose rows lie inside an already made block's over the same columns is that block's
-    :func:`row_slice` (no copy), any other ``make(key)``."""
-    made: dict = {}
+def plane_sharing(keys) -> dict:
+    """{((r0, r1), (c0, c1)): the key it is cut from, or None when it is stored whole} for
+    the distinct keys, widest row range first: a key whose rows lie inside an already
+    stored block's over the same columns is a row slice of it. The rule of
+    :func:`share_planes`, on ranges alone (:func:`scalegnn.perfmodel.shard_bytes` counts with it)."""
+    plan: dict = {}
     for key in sorted(set(keys), key=lambda k: (k[0][0] - k[0][1], k)):
         (r0, r1), cols = key
-        container = next((b for (rows, c), b in made.items() if c == cols and rows[0] <= r0 and r1 <= rows[1]), None)
-        made[key] = row_slice(container, r0, r1) if container is not None else make(key)
+        plan[key] = next((k for k, src in plan.items() if src is None and k[1] == cols and k[0][0] <= r0
+                          and r1 <= k[0][1]), None)
+    return plan
+
+
+def _shared(keys, make) -> dict:
+    """{((r0, r1), (c0, c1)): block} for the distinct keys (:func:`plane_sharing`): a key
+    cut from another is that block's :func:`row_slice` (no copy), any other ``make(key)``."""
+    made: dict = {}
+    for key, src in plane_sharing(keys).items():
+        made[key] = make(key) if src is None else row_slice(made[src], *key[0])
     return made
 
 
@@ -301,6 +333,15 @@ def adjacency_storage(blocks) -> dict:
             storages[(t.device, st.data_ptr())] = st.nbytes()
     return {"blocks": len({b.storage_key() for b in blocks}), "storages": len(storages),
             "bytes": sum(storages.values())}
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages under ``tensors`` (views of one storage count once)."""
+    seen = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[(t.device, st.data_ptr())] = st.nbytes()
+    return sum(seen.values())
 
 
 def _feature_block(x: torch.Tensor, rows: tuple, cols: tuple) -> torch.Tensor:
@@ -418,14 +459,57 @@ def file_sha256(path, block: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
-    """Read global ``rank``'s shard (rank order dp, x, y, z; replicas share files).
+def _file_identity(path: Path) -> list:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def verify_shard_file(path, sha256: str, *, always: bool = False) -> bool:
+    """Whether the shard file ``path`` has the SHA-256 ``sha256`` (its manifest's).
+
+    Hashing reads the whole file, an extra read for a rank that maps it and touches only
+    what it uses, paid again by every data-parallel replica and every run. So once a file
+    has matched, a marker beside it (``<file>.verified``) records the checksum with the
+    file's identity (size, modification and change times in ns, inode, device); a later
+    call whose file still has that identity trusts it and reads nothing. What the
+    checksum guards against -- a partial write, a truncated copy, a file of another
+    staging (every write of ``scalegnn data shard`` is a new file renamed into place), a
+    change in place -- each changes that identity (the change time cannot be set back by
+    a user), so the file is hashed again and refused if it no longer matches. Bit rot
+    under an unchanged identity is the filesystem's to catch. Where the folder is read
+    only, no marker is written and each call hashes. ``always``: hash regardless."""
+    path = Path(path)
+    marker = path.with_name(path.name + ".verified")
+    identity = _file_identity(path)
+    if not always:
+        try:
+            seen = json.loads(marker.read_text())
+            if seen.get("sha256") == sha256 and seen.get("identity") == identity:
+                return True
+        except (OSError, ValueError, AttributeError):  # none yet, or unreadable: hash
+            pass
+    if file_sha256(path) != sha256:
+        return False
+    try:  # two ranks may race here: each writes the same marker, atomically
+        atomic_write(marker, lambda f: json.dump({"sha256": sha256, "identity": identity}, f), text=True)
+    except OSError:  # a read-only shard folder: every load hashes
+        pass
+    return True
+
+
+def load_shard(out_dir, rank: int, grid_shape=None, *, verify: str = "once") -> RankShard:
+    """Map global ``rank``'s shard into memory (rank order dp, x, y, z; replicas share files).
+
+    ``verify``: ``once`` checks the file's SHA-256 against the manifest unless this very
+    file was checked before (:func:`verify_shard_file`), ``always`` reads it through each time.
 
     A shard depends only on the 3D part (Gx, Gy, Gz) of the grid: its file is named by
     the rank's (x, y, z) coordinate, and every data-parallel replica reads the same one.
     So shards written for ``1xGxxGyxGz`` serve a run on ``GdxGxxGyxGz`` for any Gd: the
     manifest's 3D part must equal ``grid_shape``'s, its Gd need not, and the shard comes
     back with the run's ``grid_shape``."""
+    if verify not in ("once", "always"):
+        raise ValueError(f"verify must be once or always, got {verify!r}")
     out = Path(out_dir)
     mpath = out / "manifest.json"
     if not mpath.exists():
@@ -450,11 +534,11 @@ def load_shard(out_dir, rank: int, grid_shape=None) -> RankShard:
     if not path.exists():
         raise FileNotFoundError(f"shard file {path} is missing (the manifest lists grid {shape}); {redo}")
     want = (manifest.get("sha256") or {}).get(path.name)  # shards written before checksums have none
-    if want is not None and file_sha256(path) != want:
+    if want is not None and not verify_shard_file(path, want, always=verify == "always"):
         raise ValueError(f"shard file {path} does not match the SHA-256 its manifest lists (damaged, or written by "
                          f"another staging); {redo}")
     try:  # a damaged or foreign file: one line naming it, never torch's advice to load it unsafely
-        state = torch.load(path, weights_only=True)
+        state = torch.load(path, weights_only=True, mmap=True)  # pages read when touched (module doc)
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad file
         raise ValueError(f"shard file {path} is unreadable ({load_error(exc)}); {redo}") from None
     try:

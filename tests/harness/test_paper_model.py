@@ -30,7 +30,7 @@ def test_plan_paper_prints_the_table_and_the_held_out_error(capsys):
     assert sum(" held out " in ln for ln in rows) == 20 and sum(" fit " in ln for ln in rows) == 9
     first = next(ln for ln in rows if "epoch ms at 64" in ln and "perlmutter" in ln)
     assert first.split()[8:11] == ["4,095", "3,934", "-4%"]
-    assert "3.29 GB peak per rank predicted, official ~3.15 GB (+4 %)" in out
+    assert "2.95 GB peak per rank predicted, official ~3.15 GB (-6 %)" in out
 
 
 def test_report_draws_the_model_against_fig7(tmp_path):

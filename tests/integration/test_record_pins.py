@@ -14,7 +14,7 @@ Left out of the comparison, because they measure the machine rather than the run
 times (every ``*_s`` field outside the configuration: epoch, evaluation, compile and
 preprocessing seconds, time to target; of a ``*components`` breakdown only the names
 are kept), memory
-peaks (their presence and type are still compared), the run id and path, and ``env``
+peaks and every other ``*_per_rank`` measurement (their presence and type are still compared), the run id and path, and ``env``
 beyond its backend, device type and placement less the host names (host name,
 library versions, git commit, CPU model, threads). Everything else is compared: the configuration, grid, world size,
 steps per epoch, every epoch's loss and accuracies, collective bytes and calls per
@@ -68,7 +68,7 @@ def _unmeasured(fields: dict) -> dict:
     """``fields`` with its times reduced to their shape and its breakdowns to their names."""
     out = {}
     for key, value in fields.items():
-        if key.endswith("_s") or key in PEAKS:
+        if key.endswith("_s") or key in PEAKS or key.endswith("_per_rank"):  # every rank's measurement
             value = _shape(value)
         elif key.endswith("components") and isinstance(value, dict):
             value = sorted(value)

@@ -3,7 +3,9 @@ a damaged one is one line naming the file and the fix, the shard command, and ro
 planes that share storage (one block for equal ranges, a row slice for rows inside
 another plane's over the same columns): the same numbers as separate copies, with less
 memory; shard files keep the sharing, and files whose planes are separate copies still
-load (and are shared once loaded)."""
+load (and are shared once loaded). Loading maps the file (nothing is read until
+touched) and hashes it once: a file checked before is trusted while it is the same
+file, and one damaged since is hashed again and refused."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from scalegnn.launch.job import spawn
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
 from scalegnn.parallel.layout import PLANES
+from scalegnn.parallel import sharding
 from scalegnn.parallel.sharding import (RankShard, build_shard, load_shard, row_slice, save_shards, shard_command,
                                         share_planes)
 from scalegnn.sampling import CSRBlock, UniformVertexSampler
@@ -213,7 +216,12 @@ def test_shards_remember_their_split(isolated_data, capsys):
     assert main(base) == 2
     assert "written with --split random:0.6,0.2,0.2 but the run has no --split" in capsys.readouterr().err
     assert main(base + ["--split", "random:0.6,0.2,0.2"]) == 0
-    assert only_record(isolated_data / "runs")["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
+    rec = only_record(isolated_data / "runs")
+    assert rec["graph"]["split"].startswith("random 60/20/20 seed 0 (--split")
+    # what reading the shard cost this rank, and its time from process start to the end of step 1
+    (load_s,), (first_s,), (rss,) = (rec[f"{k}_per_rank"] for k in ("load_s", "time_to_first_step_s",
+                                                                     "rss_after_load_bytes"))
+    assert 0 < load_s < first_s and 0 < rss <= rec["peak_rss_bytes_per_rank"][0]
     # --split-seed defaults to --seed (0): saying it is the same split, another seed is not
     assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "0"]) == 0
     assert main(base + ["--split", "random:0.6,0.2,0.2", "--split-seed", "1"]) == 2
@@ -303,3 +311,41 @@ def test_share_planes_keeps_separate_blocks_separate():
     a2 = CSRBlock.from_graph(graph, (0, 18), (0, 37))
     got = share_planes((a, a2, c))
     assert got[0] is got[1] and (got[0] is a or got[0] is a2) and got[2] is c
+
+
+def test_a_shard_is_mapped_and_hashed_once_while_it_is_the_same_file(tmp_path, monkeypatch):
+    """load_shard maps the file (it is in the process's memory maps while the shard
+    lives) and equals a shard built in memory; the SHA-256 is computed by the first load
+    only (a marker beside the file records it with the file's identity), ``verify=
+    "always"`` hashes again, and a file damaged in place after it was checked (same
+    size) is hashed again and refused in one line."""
+    import os
+    import time
+
+    graph = parallel_graph(n=37, m=160)
+    paths = save_shards(graph, (1, 1, 2, 1), tmp_path)
+    hashed = []
+    real = sharding.file_sha256
+    monkeypatch.setattr(sharding, "file_sha256", lambda path, *a: hashed.append(path) or real(path, *a))
+    first = load_shard(tmp_path, 1)
+    want = build_shard(graph, (1, 1, 2, 1), {"x": 0, "y": 1, "z": 0})
+    assert all(torch.equal(getattr(a, k), getattr(b, k)) for a, b in zip(first.adj, want.adj)
+               for k in ("indptr", "indices", "values")) and torch.equal(first.x, want.x)
+    assert first.nbytes() == want.nbytes() and first.nbytes()["total"] > 0
+    if os.path.exists("/proc/self/maps"):
+        assert str(paths[1]) in open("/proc/self/maps").read()  # mapped, not read into memory
+    assert hashed == [paths[1]] and (tmp_path / (paths[1].name + ".verified")).is_file()
+    load_shard(tmp_path, 1)
+    load_shard(tmp_path, 3, (2, 1, 2, 1))  # a replica of rank 1: the same file, checked already
+    assert hashed == [paths[1]]
+    load_shard(tmp_path, 1, verify="always")
+    assert hashed == [paths[1]] * 2
+    time.sleep(0.05)  # damage comes later than the check (file times have a clock tick's resolution)
+    data = bytearray(paths[1].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    paths[1].write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match the SHA-256 its manifest lists") as err:
+        load_shard(tmp_path, 1)
+    assert "\n" not in str(err.value) and str(paths[1]) in str(err.value)
+    with pytest.raises(ValueError, match="verify must be once or always"):
+        load_shard(tmp_path, 0, verify="never")
