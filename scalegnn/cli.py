@@ -91,8 +91,8 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     shard.add_argument("--stand-in-labels", action="store_true", help=helps["stand_in_labels"])
     shard.add_argument("--memory-budget", default=None, metavar="SIZE",
                        help="stage out of core within about SIZE (e.g. 512M): the graph is read by memory map in "
-                       "chunks, never whole (a dir: folder written by `scalegnn data generate`; "
-                       "scalegnn/parallel/staging.py)")
+                       "chunks, never whole (a dir: folder of CSR indptr.npy, indices.npy, dense x.npy, y.npy, "
+                       "or one written by `scalegnn data generate`; scalegnn/parallel/staging.py)")
     shard.add_argument("--workers", type=int, default=1, help="with --memory-budget: processes writing rank files")
     return parser
 
@@ -177,8 +177,9 @@ def _cmd_data(args) -> int:
 
             kind, _, folder = args.name.partition(":")
             if kind.strip().lower() != "dir" or not folder.strip():
-                raise ValueError(f"--memory-budget stages a dir: folder written by `scalegnn data generate`, not "
-                                 f"{args.name!r}; pass dir:FOLDER, or drop --memory-budget to stage in memory")
+                raise ValueError(f"--memory-budget stages a dir: folder (CSR indptr.npy, indices.npy; or written by "
+                                 f"`scalegnn data generate`), not {args.name!r}; save it as one (an npz: file's "
+                                 "arrays, one .npy per key), or drop --memory-budget to stage in memory")
             paths = stage_out_of_core(folder.strip(), args.grid, args.out, seed=args.seed,
                                       memory_budget=parse_size(args.memory_budget), workers=args.workers,
                                       permute=args.permute, split=(args.split, args.split_seed))

@@ -66,41 +66,185 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
 
 
+def _load(path: Path):
+    """A stored-entries-sized array (indices, x), memory-mapped: read a block at a time,
+    never whole (a test swaps this for a guard that refuses reading it whole)."""
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def check_folder(folder: Path) -> str:
+    """What out-of-core staging reads in ``folder``: ``"generated"`` (``scalegnn data
+    generate``'s) or ``"csr"`` (a user's ``dir:`` folder of CSR ``indptr.npy`` and
+    ``indices.npy``, dense ``x.npy`` or ``features.json``, ``y.npy``, split files);
+    any other input is refused in one line naming the in-memory path, before any work."""
+    memory = "stage it without --memory-budget (in memory)"
+    if not folder.is_dir():
+        raise ValueError(f"dir: folder not found: {folder}; pass dir:<folder holding indptr.npy, indices.npy, "
+                         "x.npy, y.npy>")
+    has = lambda name: (folder / name).is_file()  # noqa: E731
+    if has("graph.json"):
+        return "generated"
+    if has("edge_index.npy"):
+        raise ValueError(f"out-of-core staging reads a graph's CSR form (indptr.npy, indices.npy), not {folder}/"
+                         f"edge_index.npy: {memory}, or save the CSR arrays (scipy: m = m.tocsr(); indptr.npy = "
+                         "m.indptr, indices.npy = m.indices) in its place")
+    missing = [k for k in ("indptr.npy", "indices.npy", "y.npy") if not has(k)]
+    if not has("x.npy") and not has("features.json"):
+        missing.append("x.npy")
+    sparse = [k for k in ("x.npz", "x_indptr.npy", "x_indices.npy", "x_data.npy", "x_shape.npy") if has(k)]
+    if sparse:
+        raise ValueError(f"out-of-core staging reads dense features (x.npy); {folder} holds sparse ones "
+                         f"({sparse[0]}): {memory}")
+    if missing:
+        raise ValueError(f"out-of-core staging reads a dir: folder of {', '.join(missing)} (CSR indptr.npy, indices.npy; "
+                         f"x.npy; y.npy) and {folder} has no {missing[0]}; {memory}")
+    if has("undirected.npy"):
+        from ..datasets.files import byo_undirected, read_npy
+
+        if not byo_undirected(f"{folder}/<key>.npy", read_npy(folder / "undirected.npy")):
+            raise ValueError(f"out-of-core staging symmetrizes the graph (undirected, unit weights); {folder}/"
+                             f"undirected.npy says directed and weighted: {memory}")
+    if np.load(folder / "y.npy", mmap_mode="r", allow_pickle=False).ndim != 1:
+        raise ValueError(f"out-of-core staging reads class ids (y.npy of shape (N,)); {folder}/y.npy is multi-hot: "
+                         f"{memory}")
+    return "csr"
+
+
+def _row_chunks(row_end: np.ndarray, r0: int, r1: int, chunk: int):
+    """Rows [a, b) of [r0, r1) holding about ``chunk`` entries (at least one row) each."""
+    a = r0
+    while a < r1:
+        b = min(r1, max(a + 1, int(np.searchsorted(row_end, row_end[a] + chunk, side="right")) - 1))
+        yield a, b
+        a = b
+
+
+def symmetrize(folder: Path, out: Path, chunk: int) -> None:
+    """A user's CSR (``folder``'s indptr.npy, indices.npy) as the in-memory reader makes
+    it (:func:`scalegnn.datasets._core.undirected_csr`: A + A^T, self loops dropped,
+    duplicates merged, columns sorted), written to ``out`` (indptr.npy, indices.npy)
+    ``chunk`` stored entries at a time: A^T is first written to ``out`` by counting sort
+    (one N-sized cursor), then each block of rows merges its rows of A and A^T. Memory:
+    O(N) int64 vectors and one chunk; disk: A^T and the result."""
+    where = f"{folder}/<key>.npy"
+    indptr = np.load(folder / "indptr.npy", mmap_mode="r", allow_pickle=False)
+    indices = _load(folder / "indices.npy")
+    if indptr.ndim != 1 or indptr.dtype.kind not in "iu" or indices.ndim != 1 or indices.dtype.kind not in "iu":
+        raise ValueError(f"{where}: 'indptr' and 'indices' must be 1-D int arrays, got {indptr.dtype} {indptr.shape} "
+                         f"and {indices.dtype} {indices.shape}")
+    ip = np.asarray(indptr, dtype=np.int64)
+    n = ip.size - 1
+    if ip[0] != 0 or (np.diff(ip) < 0).any() or ip[-1] != indices.shape[0]:
+        raise ValueError(f"{where}: 'indptr' must start at 0, be non-decreasing and end at len(indices) = "
+                         f"{indices.shape[0]} (CSR row pointers); got first {ip[0]}, last {ip[-1]}")
+    dtype = np.int32 if n < 2**31 else np.int64
+    t_count = np.zeros(n, dtype=np.int64)
+    for a, b in _row_chunks(ip, 0, n, chunk):  # pass 1: the columns' counts (A^T's row lengths), ids checked
+        c = np.asarray(indices[ip[a]:ip[b]], dtype=np.int64)
+        if c.size and (c.min() < 0 or c.max() >= n):
+            raise ValueError(f"{where}: edge endpoints must be in [0, {n}) (N = rows of x), 'indices' holds "
+                             f"{int(c.min()) if c.min() < 0 else int(c.max())}")
+        u, k = np.unique(c, return_counts=True)
+        t_count[u] += k
+    t_ip = np.concatenate([[0], np.cumsum(t_count)])
+    del t_count
+    a_t = np.lib.format.open_memmap(out / "transposed.npy", mode="w+", dtype=dtype, shape=(int(ip[-1]),))
+    cursor = t_ip[:-1].copy()
+    for a, b in _row_chunks(ip, 0, n, chunk):  # pass 2: row r of A puts r in rows indices[.] of A^T, in order
+        c = np.asarray(indices[ip[a]:ip[b]], dtype=np.int64)
+        r = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(ip[a:b + 1]))
+        order = np.argsort(c, kind="stable")
+        c, r = c[order], r[order]
+        u, first, k = np.unique(c, return_index=True, return_counts=True)
+        a_t[cursor[c] + np.arange(c.size) - np.repeat(first, k)] = r
+        cursor[u] += k
+        del c, r, order, u, first, k
+    a_t.flush()
+    del cursor, a_t
+    a_t = _load(out / "transposed.npy")
+    both = ip + t_ip  # entries of A and A^T before each row
+
+    def merged(a: int, b: int) -> np.ndarray:  # rows [a, b)'s keys local * n + column, unique and sorted
+        lens = np.concatenate([np.diff(ip[a:b + 1]), np.diff(t_ip[a:b + 1])])
+        local = np.repeat(np.concatenate([np.arange(b - a, dtype=np.int64)] * 2), lens)
+        c = np.concatenate([np.asarray(indices[ip[a]:ip[b]], dtype=np.int64),
+                            np.asarray(a_t[t_ip[a]:t_ip[b]], dtype=np.int64)])
+        keep = c != local + a  # self loops dropped (the trainer adds I)
+        return np.unique(local[keep] * n + c[keep])
+
+    deg = np.zeros(n, dtype=np.int64)
+    for a, b in _row_chunks(both, 0, n, chunk):  # pass 3: the symmetric rows' lengths
+        deg[a:b] = np.bincount(merged(a, b) // n, minlength=b - a)
+    s_ip = np.concatenate([[0], np.cumsum(deg)])
+    del deg
+    s_ix = np.lib.format.open_memmap(out / "indices.npy", mode="w+", dtype=dtype, shape=(int(s_ip[-1]),))
+    for a, b in _row_chunks(both, 0, n, chunk):  # pass 4: write them
+        s_ix[s_ip[a]:s_ip[b]] = merged(a, b) % n
+    s_ix.flush()
+    del s_ix, a_t
+    (out / "transposed.npy").unlink()
+    np.save(out / "indptr.npy", s_ip)
+
+
 class _Source:
     """A generated folder's arrays, memory-mapped, and what every rank needs of them."""
 
-    def __init__(self, folder: Path, seed: int, permute: str = "none"):
-        from ..datasets._core import SPLIT_FRACTIONS
+    def __init__(self, folder: Path, seed: int, permute: str = "none", split: tuple = (None, None),
+                 topology: Path | None = None):
+        from ..datasets._core import SPLIT_FRACTIONS, DatasetError, _split_fractions
+        from ..datasets.files import _SPLIT_KEYS, _byo_split, byo_labels, read_npy
         from ..datasets.streaming import seeded_features
         from ..graph import random_split
 
         self.folder = folder
-        load = lambda name: np.load(folder / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
-        self.indptr, self.indices = load("indptr.npy"), load("indices.npy")
-        self.n = self.indptr.shape[0] - 1
-        y = np.asarray(load("y.npy"), dtype=np.int64)
-        if y.shape != (self.n,):
-            raise ValueError(f"{folder}/y.npy has shape {y.shape}, not ({self.n},); write the folder again with "
-                             "`scalegnn data generate`")
-        self.y = torch.from_numpy(y)
-        self.num_classes = int(y.max()) + 1
-        self.nnz = int(self.indptr[-1])
-        if (folder / "features.json").is_file():
+        topology = folder if topology is None else Path(topology)  # a user's folder: its symmetric CSR, staged
+        self.indptr, self.indices = np.load(topology / "indptr.npy", mmap_mode="r"), _load(topology / "indices.npy")
+        where = f"{folder}/<key>.npy"  # as the in-memory reader (datasets.files.load_byo) names the folder
+        if (folder / "x.npy").is_file():
+            self.features, self.x = None, _load(folder / "x.npy")
+            self.n, self.num_features = self.x.shape
+        else:
+            self.x = None
             self.features = seeded_features(json.loads((folder / "features.json").read_text()),
                                             str(folder / "features.json"))
-            self.x, self.num_features = None, self.features.dim
-        else:
-            self.features, self.x = None, load("x.npy")
-            self.num_features = self.x.shape[1]
+            self.n, self.num_features = int(np.load(folder / "y.npy", mmap_mode="r").shape[0]), self.features.dim
+        if self.indptr.shape != (self.n + 1,):
+            raise ValueError(f"{folder}: indptr.npy must be ({self.n + 1},) for N={self.n} rows of x, got shape "
+                             f"{self.indptr.shape}")
+        classes = read_npy(folder / "num_classes.npy") if (folder / "num_classes.npy").is_file() else None
+        y, self.num_classes = byo_labels(np.load(folder / "y.npy", allow_pickle=False), where, "'y'", self.n, classes)
+        self.y = torch.from_numpy(y)
+        self.nnz = int(self.indptr[-1])
         labeled = np.flatnonzero(y >= 0)
-        train, val, test = random_split(self.n, SPLIT_FRACTIONS, seed=seed, labeled=labeled)
+        own = {k: read_npy(folder / f"{k}.npy") for keys in _SPLIT_KEYS.values() for k in keys
+               if (folder / f"{k}.npy").is_file()}
+        if own:  # the folder's own split, read as load_byo reads it
+            parts = [_byo_split(own, where, self.n, name, keys) for name, keys in _SPLIT_KEYS.items()]
+            self.split_note = "the file's own"
+            for key, idx in zip(("train_idx", "val_idx", "test_idx"), parts):  # as the Graph checks them
+                if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= self.n:
+                    raise DatasetError(f"{folder}: {key} is empty or holds vertex ids outside [0, {self.n})")
+            if (self.y[parts[0]] < 0).any():
+                raise DatasetError(f"{folder}: train_idx contains unlabeled vertices (label -1)")
+        else:
+            parts = random_split(self.n, SPLIT_FRACTIONS, seed=seed, labeled=labeled)
+            self.split_note = f"random 50/25/25 seed {seed} (the file has no split)"
+        if split[0] is not None:  # --split in place of it, drawn as datasets._core.apply_split draws it
+            fractions = _split_fractions(split[0])
+            split_seed = seed if split[1] is None else int(split[1])
+            parts = random_split(self.n, fractions, seed=split_seed, labeled=labeled)
+            if any(p.numel() == 0 for p in parts):
+                raise DatasetError(f"--split {split[0]} leaves a split empty on dir:{folder} "
+                                   f"({'/'.join(str(p.numel()) for p in parts)} of {labeled.size} labeled vertices); "
+                                   "give larger fractions")
+            shown = "/".join(f"{100 * f:g}" for f in fractions)
+            self.split_note = f"random {shown} seed {split_seed} (--split {split[0]}; replaces: {self.split_note})"
         self.masks = {}
-        for key, idx in (("train_mask", train), ("val_mask", val), ("test_mask", test)):
+        for key, idx in zip(("train_mask", "val_mask", "test_mask"), parts):
             m = torch.zeros(self.n, dtype=torch.bool)
             m[idx] = True
             self.masks[key] = m
         self.masks["train_mask"] &= self.y >= 0
-        self.split_note = f"random 50/25/25 seed {seed} (the file has no split)"
         deg = np.diff(self.indptr)
         self.perm = self.new_id = self.sigma = self.sigma_inv = None
         if permute in ("single", "double"):  # the seed's relabeling P_c (Graph.permute: old vertex perm[i] is i)
@@ -198,6 +342,9 @@ class _Source:
                 block = self.features.rows(ids, None, None if self.features.means is None else self.y[a:b].numpy())
             else:
                 block = np.asarray(self.x[ids], dtype=np.float32)
+                if not np.isfinite(block).all():  # as the in-memory reader refuses them
+                    raise ValueError(f"{self.folder}/x.npy holds NaN or inf (rows {a}..{b - 1}); clean or impute the "
+                                     "features first")
             out[a - x0:b - x0] = torch.from_numpy(np.ascontiguousarray(block[:, f0:f1]))
         return out
 
@@ -205,16 +352,17 @@ class _Source:
 _SOURCE: dict = {}
 
 
-def _source(folder: str, seed: int, permute: str = "none") -> _Source:
-    key = (folder, seed, permute)
+def _source(folder: str, seed: int, permute: str = "none", split: tuple = (None, None),
+            topology: str | None = None) -> _Source:
+    key = (folder, seed, permute, tuple(split), topology)
     if key not in _SOURCE:
         _SOURCE.clear()
-        _SOURCE[key] = _Source(Path(folder), seed, permute)
+        _SOURCE[key] = _Source(Path(folder), seed, permute, split, topology)
     return _SOURCE[key]
 
 
 def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str, name: str, chunk: int,
-                permute: str = "none") -> dict:
+                permute: str = "none", split: tuple = (None, None), topology: str | None = None) -> dict:
     """One (x, y, z)'s shard file (kept when its ``.sha256`` sidecar matches it): its name,
     checksum and nonzeros per plane."""
     path = Path(out_dir) / _shard_name(coords)
@@ -223,7 +371,7 @@ def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str
         digest, nnz = side.read_text().split()[0], json.loads(side.read_text().split(maxsplit=1)[1])
         if file_sha256(path) == digest:
             return {"file": path.name, "sha256": digest, "nnz": nnz, "resumed": True}
-    src = _source(folder, seed, permute)
+    src = _source(folder, seed, permute, split, topology)
     sizes = dict(zip(("dp", "x", "y", "z"), shape))
     vr = {ax: split_range(src.n, sizes[ax], coords[ax]) for ax in PMM_AXES}
     f0, f1 = split_range(src.num_features, sizes["z"], coords["z"])
@@ -259,36 +407,43 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
                       workers: int = 1, permute: str = "none", split: tuple = (None, None),
                       chunk_entries: int | None = None) -> list[Path]:
     """``scalegnn data shard dir:FOLDER --memory-budget SIZE``: the shard files and
-    manifest of :func:`.sharding.save_shards` for the generated graph in ``folder``,
-    written rank file by rank file from memory-mapped arrays (see the module docstring).
-    Returns the written paths, the manifest last. ``chunk_entries`` overrides the stored
-    entries read at a time (default: from the budget; tests make it small)."""
+    manifest of :func:`.sharding.save_shards` for the graph in ``folder`` (generated, or a
+    user's CSR folder: :func:`check_folder`), written rank file by rank file from
+    memory-mapped arrays (see the module docstring). Returns the written paths, the
+    manifest last. ``chunk_entries`` overrides the stored entries read at a time
+    (default: from the budget; tests make it small)."""
     folder = Path(folder).expanduser().resolve()
-    if not (folder / "graph.json").is_file():
-        raise ValueError(f"out-of-core staging reads folders written by `scalegnn data generate` ({folder} has no "
-                         "graph.json); stage this graph without --memory-budget (in memory)")
     if permute not in ("none", "single", "double"):
         raise ValueError(f"permute must be none, single or double, got {permute!r}")
-    if split[0] is not None:
-        raise ValueError("out-of-core staging does not apply --split yet; stage without --memory-budget (in memory) "
-                         "for it")
     if memory_budget < 1 << 20:
         raise ValueError(f"--memory-budget {memory_budget} bytes is below 1M; give at least 1M, e.g. 512M")
     if workers < 1:
         raise ValueError(f"--workers {workers} must be >= 1")
+    kind = check_folder(folder)
+    if split[0] is not None:
+        from ..datasets._core import split_flag
+
+        split = (split_flag(split[0]), split[1])  # canonical, as the CLI's --split parses it
     shape = _check_shape(grid_shape)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = f"dir:{folder}"
     chunk = chunk_entries or max(1024, memory_budget // (BYTES_PER_ENTRY * workers))
+    topology = None
+    if kind == "csr":  # the user's CSR made symmetric (as the in-memory reader does), on disk beside the shards
+        topology = out / ".symmetric-csr"
+        topology.mkdir(exist_ok=True)
+        symmetrize(folder, topology, chunk_entries or max(1024, memory_budget // BYTES_PER_ENTRY))
+        topology = str(topology)
+    src = _source(str(folder), int(seed), permute, split, topology)  # checks labels and split before the ranks
     coords = _mp_coords(shape)
-    args = [(str(folder), int(seed), shape, c, str(out), name, chunk, permute) for c in coords]
+    args = [(str(folder), int(seed), shape, c, str(out), name, chunk, permute, split, topology) for c in coords]
     if workers == 1 or len(coords) == 1:
         done = [_write_rank(*a) for a in args]
     else:
+        _SOURCE.clear()
         with ProcessPoolExecutor(max_workers=min(workers, len(coords)), mp_context=get_context("spawn")) as pool:
             done = list(pool.map(_write_rank, *zip(*args)))
-    src = _source(str(folder), int(seed), permute)
     _SOURCE.clear()
     info = {"num_nodes": src.n, "num_edges": src.nnz, "adjacency_nnz": src.nnz + src.n, "num_features": src.num_features,
             "num_classes": src.num_classes, "sparse_features": False, "split": src.split_note}
@@ -305,4 +460,8 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
     for d in done:
         (out / (d["file"] + ".sha256")).unlink(missing_ok=True)
+    if topology is not None:
+        for f in Path(topology).iterdir():
+            f.unlink()
+        Path(topology).rmdir()
     return [out / d["file"] for d in done] + [mpath]

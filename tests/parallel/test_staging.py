@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from scalegnn.cli import main
@@ -87,12 +89,154 @@ def test_the_cli_stages_out_of_core_and_names_bad_input(generated, tmp_path, cap
                  "--seed", "3", "--memory-budget", "64M"]) == 0
     assert "out of core" in capsys.readouterr().out
     assert _manifest(tmp_path / "s")["staged"]["memory_budget"] == 64 << 20
+    assert main(["data", "shard", f"dir:{generated / 'csbm'}", "--grid", "1x1x2x1", "--out", str(tmp_path / "t"),
+                 "--seed", "3", "--memory-budget", "64M", "--split", "random:0.6,0.2,0.2", "--split-seed", "4"]) == 0
+    assert _manifest(tmp_path / "t")["split"] == ["random:0.6,0.2,0.2", 4] and "out of core" in capsys.readouterr().out
     assert parse_size("512M") == 512 << 20 and parse_size("1.5GiB") == 3 << 29 and parse_size("4096") == 4096
     for argv, message in (
-            (["cora", "--memory-budget", "1G"], "stages a dir: folder written by `scalegnn data generate`"),
-            ([f"dir:{tmp_path / 's'}", "--memory-budget", "1G"], "has no graph.json); stage this graph without"),
+            (["cora", "--memory-budget", "1G"], "stages a dir: folder (CSR indptr.npy, indices.npy; or written by"),
+            ([f"npz:{tmp_path / 'g.npz'}", "--memory-budget", "1G"], "an npz: file's arrays, one .npy per key"),
+            ([f"dir:{tmp_path / 's'}", "--memory-budget", "1G"], "has no indptr.npy; stage it without --memory-budget"),
             ([f"dir:{generated / 'csbm'}", "--memory-budget", "12Q"], "is not a size; give e.g. 512M"),
-            ([f"dir:{generated / 'csbm'}", "--memory-budget", "1G", "--split", "random"], "does not apply --split")):
+            ([f"dir:{generated / 'csbm'}", "--memory-budget", "1G", "--split", "random:0.0001,0.5,0.4"], "leaves a split empty")):
         assert main(["data", "shard", *argv, "--grid", "1x1x2x1", "--out", str(tmp_path / "bad")]) != 0
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err, err
+
+
+# ---------------------------------------------------------------- a user's CSR folder
+def _user_folder(path, n, edges, seed, *, symmetric, loops, own_split=False, features="float"):
+    """A dir: folder of CSR indptr.npy / indices.npy, x.npy, y.npy (a tenth unlabeled):
+    symmetric and simple, or as users hand them in (one direction of most edges, both of
+    some, duplicates, self loops, columns unsorted within rows)."""
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, edges), rng.integers(0, n, edges)
+    if symmetric:
+        keep = src != dst
+        key = np.unique(np.concatenate([src[keep] * n + dst[keep], dst[keep] * n + src[keep]]))
+        src, dst = key // n, key % n
+    else:
+        src, dst = np.concatenate([src, dst[:50], src[:30]]), np.concatenate([dst, src[:50], dst[:30]])  # both ways, twice
+        if loops:
+            src, dst = np.concatenate([src, np.arange(0, n, 7)]), np.concatenate([dst, np.arange(0, n, 7)])
+        shuffle = rng.permutation(src.size)
+        src, dst = src[shuffle], dst[shuffle]
+    order = np.argsort(src, kind="stable")
+    path.mkdir(parents=True)
+    np.save(path / "indptr.npy", np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]))
+    np.save(path / "indices.npy", dst[order].astype(np.int32))
+    x = rng.normal(size=(n, 9))
+    np.save(path / "x.npy", x if features == "float" else (x > 0).astype(np.int8))
+    y = rng.integers(0, 5, n)
+    y[rng.random(n) < 0.1] = -1
+    np.save(path / "y.npy", y)
+    if own_split:
+        ids = rng.permutation(np.flatnonzero(y >= 0))
+        for name, part in (("train_idx", ids[:300]), ("val_idx", ids[300:450]), ("test_idx", ids[450:])):
+            np.save(path / f"{name}.npy", part)
+    return path
+
+
+USERS = {"symmetric": dict(symmetric=True, loops=False),
+         "one-way+loops": dict(symmetric=False, loops=True, features="int"),
+         "one-way+own-split": dict(symmetric=False, loops=False, own_split=True)}
+
+
+@pytest.fixture(scope="module")
+def users(tmp_path_factory):
+    root = tmp_path_factory.mktemp("users")
+    for i, (name, how) in enumerate(USERS.items()):
+        _user_folder(root / name, 900, 3000, i, **how)
+    return root
+
+
+@pytest.mark.parametrize("user", list(USERS))
+@pytest.mark.parametrize("permute, shape, split", [
+    ("none", (1, 2, 2, 2), (None, None)), ("single", (1, 3, 1, 2), (None, None)), ("double", (1, 2, 1, 2), (None, None)),
+    ("none", (1, 1, 2, 1), ("random:0.6,0.2,0.2", None)), ("double", (1, 2, 2, 1), ("random:0.3,0.1,0.1", 11))],
+    ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)) if isinstance(v[0], int) else str(v[0]))
+def test_a_users_csr_folder_stages_out_of_core_as_in_memory(users, tmp_path, user, permute, shape, split):
+    """Symmetrized (A + A^T), self loops dropped, duplicates merged, exactly as
+    load_byo does; the folder's own split or the seeded one; --split in place of it."""
+    folder = users / user
+    graph = load_dataset(f"dir:{folder}", seed=3, cache=False, split=split[0], split_seed=split[1])
+    shard_command(graph, shape, tmp_path / "mem", seed=3, permute=permute, split=split)
+    want = _manifest(tmp_path / "mem")
+    stage_out_of_core(folder, shape, tmp_path / "ooc", seed=3, chunk_entries=400, permute=permute, split=split)
+    got = _manifest(tmp_path / "ooc")
+    assert got["sha256"] == want["sha256"] and got["nnz_per_shard"] == want["nnz_per_shard"]
+    for key in ("grid_shape", "name", "num_nodes", "num_edges", "num_features", "num_classes", "graph", "seed",
+                "split", "permute"):
+        assert got[key] == want[key], key
+    assert sorted(p.name for p in (tmp_path / "ooc").iterdir()) == sorted(p.name for p in (tmp_path / "mem").iterdir())
+
+
+def test_split_on_a_generated_folder_is_the_in_memory_one(generated, tmp_path):
+    split = ("random:0.5,0.3,0.2", 7)
+    graph = load_dataset(f"dir:{generated / 'csbm'}", seed=3, cache=False, split=split[0], split_seed=split[1])
+    shard_command(graph, (1, 2, 1, 1), tmp_path / "mem", seed=3, permute="single", split=split)
+    stage_out_of_core(generated / "csbm", (1, 2, 1, 1), tmp_path / "ooc", seed=3, permute="single", split=split)
+    got, want = _manifest(tmp_path / "ooc"), _manifest(tmp_path / "mem")
+    assert got["sha256"] == want["sha256"] and got["graph"] == want["graph"] and got["split"] == want["split"]
+
+
+class _Guard:
+    """A memory-mapped stored-entries array that refuses to be read whole, or in a slice
+    longer than ``limit``: a planted full materialization (np.asarray(indices)) fails."""
+
+    def __init__(self, a, limit):
+        self.a, self.limit, self.shape, self.dtype, self.ndim = a, limit, a.shape, a.dtype, a.ndim
+
+    def __len__(self):
+        return len(self.a)
+
+    def __array__(self, *args, **kwargs):
+        raise AssertionError(f"read whole: {self.shape}")
+
+    def __getitem__(self, key):
+        out = self.a[key]
+        assert np.size(out) <= self.limit, f"read {np.size(out)} entries at once"
+        return out
+
+
+def test_memory_stays_bounded_a_full_read_is_caught(users, tmp_path, monkeypatch):
+    import scalegnn.parallel.staging as staging
+
+    load = staging._load
+    monkeypatch.setattr(staging, "_load", lambda path: _Guard(load(path), 2 * 9 * 400))
+    folder = users / "one-way+loops"
+    stage_out_of_core(folder, (1, 2, 1, 2), tmp_path / "ok", seed=3, chunk_entries=400, permute="double")
+    source = staging._Source.__init__
+
+    def planted(self, *args, **kwargs):  # a regression that reads the whole column array
+        source(self, *args, **kwargs)
+        np.asarray(self.indices)
+
+    monkeypatch.setattr(staging._Source, "__init__", planted)
+    with pytest.raises(AssertionError, match="read whole"):
+        stage_out_of_core(folder, (1, 2, 1, 2), tmp_path / "bad", seed=3, chunk_entries=400)
+
+
+def test_inputs_it_cannot_stage_are_named_in_one_line_before_any_work(users, tmp_path):
+    def folder(name, **arrays):
+        path = tmp_path / name
+        path.mkdir()
+        for key, value in arrays.items():
+            np.save(path / f"{key}.npy", value)
+        return path
+
+    base = {k: np.load(users / "symmetric" / f"{k}.npy") for k in ("indptr", "indices", "x", "y")}
+    cases = [
+        (folder("edges", edge_index=np.zeros((2, 3), dtype=np.int64), x=base["x"], y=base["y"]),
+         "not {}/edge_index.npy: stage it without --memory-budget"),
+        (folder("sparse", indptr=base["indptr"], indices=base["indices"], x_indptr=base["indptr"], y=base["y"]),
+         "holds sparse ones (x_indptr.npy): stage it without --memory-budget"),
+        (folder("directed", **base, undirected=np.bool_(False)), "says directed and weighted: stage it without"),
+        (folder("multihot", **{**base, "y": np.eye(5)[base["y"].clip(0)]}), "y.npy is multi-hot: stage it without"),
+        (folder("nox", indptr=base["indptr"], indices=base["indices"], y=base["y"]), "has no x.npy; stage it without"),
+        (tmp_path / "absent", "dir: folder not found")]
+    for path, message in cases:
+        with pytest.raises(ValueError) as err:
+            stage_out_of_core(path, (1, 1, 2, 1), tmp_path / "out", seed=3)
+        assert message.format(path) in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert not (tmp_path / "out").exists()  # refused before any work
