@@ -3,10 +3,9 @@ per-rank shard files of :mod:`.sharding` without holding the graph in memory.
 
 The in-memory path (:func:`.sharding.shard_command`) loads the whole ``Graph``, adds the
 self loops, normalizes and cuts every (x, y, z)'s planes from it: ogbn-papers100M
-(3.2 G stored nonzeros) does not fit a node that way. Here the CSR arrays of a folder
-written by ``scalegnn data generate`` (:mod:`scalegnn.datasets.streaming`) are read by
-memory map, a block of rows at a time, and each plane of each rank is built from the
-rows it needs:
+(3.2 G stored nonzeros) does not fit a node that way. Here the CSR arrays of a ``dir:``
+folder are read by memory map, a block of rows at a time, and each plane of each rank is
+built from the rows it needs:
 
     A_hat[r, c] = d_r^-1/2 d_c^-1/2  for c in row r of A + I,  d = deg(A) + 1   (paper Eq. 3)
 
@@ -14,10 +13,24 @@ computed exactly as ``Graph.gcn_normalize`` does (float64 ``rsqrt`` of the degre
 product rounded once to float32), so the shard files are byte for byte those of the
 in-memory path on a graph that fits (``tests/parallel/test_staging.py`` compares their
 checksums). Features come from ``features.json`` (a seed per vertex: only the rank's
-rows are computed) or a memory-mapped ``x.npy``.
+rows are computed) or a memory-mapped dense ``x.npy``.
+
+Two kinds of folder (:func:`check_folder`): one written by ``scalegnn data generate``
+(:mod:`scalegnn.datasets.streaming`; its CSR is already simple and symmetric, read as
+is), and a user's ``dir:`` folder of CSR ``indptr.npy`` and ``indices.npy``, ``x.npy``,
+``y.npy`` (class ids, -1 unlabeled; ``num_classes.npy`` optional) and optionally its own
+split (``train_idx.npy`` / ``train_mask.npy`` ...; :mod:`scalegnn.datasets.files`). A
+user's CSR is first made what the in-memory reader makes of it (``undirected_csr``:
+A + A^T, self loops dropped, duplicates merged, columns sorted) by :func:`symmetrize`, on
+disk in ``OUT/.symmetric-csr`` (A^T by counting sort, then rows of A and A^T merged a
+block at a time; deleted when the manifest is written; a resumed staging makes it
+again). ``--split`` / ``--split-seed`` draw the project's random split of the labeled
+vertices (``random_split``, O(N)) in place of the folder's own or seeded one, as
+``apply_split`` does, and the manifest records them (``check_shard_manifest``).
 
 Memory: O(N) small vectors (the degrees' ``d^-1/2`` in float64, labels, split masks:
-about 12 bytes per vertex), the rank's own shard (what it writes), and rows read in
+about 12 bytes per vertex; for a user's folder, four int64 row-pointer vectors while it
+is made symmetric), the rank's own shard (what it writes), and rows read in
 chunks of ``memory_budget / 40`` stored entries (the int64 keys, their sort and the
 values of a chunk). Work is split over ``workers`` processes, one (x, y, z) file at a
 time each (each holds its own N-sized vectors; the budget's chunk is divided among them). A killed staging resumes: a shard file whose ``.sha256`` sidecar matches it
@@ -29,9 +42,12 @@ is kept, and the manifest (written last) lists every file's SHA-256, which
 adds sigma's two relabelings of the normalized matrix (rows by sigma for even layers,
 columns for odd ones: :class:`.sharding.AltOrdering`), read the same way.
 
-Not yet (issue 26 item 2): ``--split``, folders other than
-``scalegnn data generate``'s (the npz form, a user's CSR folder, OGB's papers100M files as
-OGB ships them); those go through the in-memory path.
+Not yet (issue 26 item 2), each refused in one line before any work, naming the
+in-memory path: a folder of ``edge_index.npy`` (or save its CSR), sparse features
+(``x.npz`` or ``x_*.npy``), a directed weighted folder (``undirected.npy`` false),
+multi-hot ``y``; and inputs that are not a ``dir:`` folder (the npz form: save its arrays
+as one ``.npy`` per key; edge lists, Matrix Market, OGB's papers100M files as OGB ships
+them).
 """
 
 from __future__ import annotations
@@ -53,7 +69,7 @@ from .grid import PMM_AXES
 from .layout import PLANES
 from .sharding import SHARD_FORMAT, AltOrdering, RankShard, _check_shape, _mp_coords, _own_arrays, _shard_name, _shared, file_sha256
 
-__all__ = ["parse_size", "stage_out_of_core", "file_sha256"]
+__all__ = ["check_folder", "file_sha256", "parse_size", "stage_out_of_core", "symmetrize"]
 
 BYTES_PER_ENTRY = 40  # a chunk's int64 key, its sort, the int64 column and two float64 factors
 
@@ -104,6 +120,11 @@ def check_folder(folder: Path) -> str:
         if not byo_undirected(f"{folder}/<key>.npy", read_npy(folder / "undirected.npy")):
             raise ValueError(f"out-of-core staging symmetrizes the graph (undirected, unit weights); {folder}/"
                              f"undirected.npy says directed and weighted: {memory}")
+    if has("x.npy"):
+        x = np.load(folder / "x.npy", mmap_mode="r", allow_pickle=False)
+        if x.ndim != 2 or x.dtype.kind not in "iufb" or not x.shape[1]:
+            raise ValueError(f"{folder}/x.npy must be an (N, F) array of numbers with F >= 1, got {x.dtype} of shape "
+                             f"{x.shape}")
     if np.load(folder / "y.npy", mmap_mode="r", allow_pickle=False).ndim != 1:
         raise ValueError(f"out-of-core staging reads class ids (y.npy of shape (N,)); {folder}/y.npy is multi-hot: "
                          f"{memory}")
