@@ -125,9 +125,17 @@ def check_folder(folder: Path) -> str:
         if x.ndim != 2 or x.dtype.kind not in "iufb" or not x.shape[1]:
             raise ValueError(f"{folder}/x.npy must be an (N, F) array of numbers with F >= 1, got {x.dtype} of shape "
                              f"{x.shape}")
-    if np.load(folder / "y.npy", mmap_mode="r", allow_pickle=False).ndim != 1:
+    y = np.load(folder / "y.npy", mmap_mode="r", allow_pickle=False)
+    if y.ndim != 1:
         raise ValueError(f"out-of-core staging reads class ids (y.npy of shape (N,)); {folder}/y.npy is multi-hot: "
                          f"{memory}")
+    n = x.shape[0] if has("x.npy") else y.shape[0]
+    rows = np.load(folder / "indptr.npy", mmap_mode="r", allow_pickle=False).shape
+    if rows != (n + 1,):
+        raise ValueError(f"{folder}/<key>.npy: 'indptr' must be ({n + 1},) for N={n} rows of x, got shape {rows}")
+    from ..datasets.files import byo_labels
+
+    byo_labels(np.asarray(y), f"{folder}/<key>.npy", "'y'", n)  # bad labels found now, not after the CSR pass
     return "csr"
 
 

@@ -15,7 +15,7 @@ from scalegnn.cli import main
 from scalegnn.datasets import load_dataset
 from scalegnn.datasets.streaming import generate
 from scalegnn.parallel.sharding import _mp_coords, load_shard, shard_command
-from scalegnn.parallel.staging import _write_rank, file_sha256, parse_size, stage_out_of_core
+from scalegnn.parallel.staging import _write_rank, file_sha256, parse_size, stage_out_of_core, symmetrize
 
 KINDS = {"powerlaw": "powerlaw:n=2500,avg_degree=10,exponent=2.3",
          "csbm": "csbm:n=1800,avg_degree=8,classes=4,feature_dim=12"}
@@ -234,9 +234,29 @@ def test_inputs_it_cannot_stage_are_named_in_one_line_before_any_work(users, tmp
         (folder("directed", **base, undirected=np.bool_(False)), "says directed and weighted: stage it without"),
         (folder("multihot", **{**base, "y": np.eye(5)[base["y"].clip(0)]}), "y.npy is multi-hot: stage it without"),
         (folder("nox", indptr=base["indptr"], indices=base["indices"], y=base["y"]), "has no x.npy; stage it without"),
+        (folder("short", **{**base, "x": base["x"][:-1]}), "'indptr' must be (900,) for N=899 rows of x"),
+        (folder("labels", **{**base, "y": base["y"] - 3}), "holds class id -4; class ids are 0..C-1"),
         (tmp_path / "absent", "dir: folder not found")]
     for path, message in cases:
         with pytest.raises(ValueError) as err:
             stage_out_of_core(path, (1, 1, 2, 1), tmp_path / "out", seed=3)
         assert message.format(path) in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_a_users_folder_with_several_processes_and_resumed(users, tmp_path):
+    shape, folder = (1, 2, 1, 2), users / "one-way+loops"
+    shard_command(load_dataset(f"dir:{folder}", seed=3, cache=False), shape, tmp_path / "mem", seed=3)
+    want = _manifest(tmp_path / "mem")["sha256"]
+    stage_out_of_core(folder, shape, tmp_path / "par", seed=3, workers=2, chunk_entries=500)
+    assert _manifest(tmp_path / "par")["sha256"] == want
+    out = tmp_path / "killed"  # killed after two rank files, one of them then damaged
+    (out / ".symmetric-csr").mkdir(parents=True)
+    symmetrize(folder.resolve(), out / ".symmetric-csr", 500)
+    first, second = (_write_rank(str(folder.resolve()), 3, shape, c, str(out), f"dir:{folder.resolve()}", 500,
+                                 topology=str(out / ".symmetric-csr")) for c in _mp_coords(shape)[:2])
+    (out / second["file"]).write_bytes(b"half a file")
+    stage_out_of_core(folder, shape, out, seed=3, chunk_entries=500)
+    got = _manifest(out)
+    assert got["sha256"] == want and got["staged"]["resumed"] == 1  # the intact one kept, the damaged one rewritten
+    assert not (out / ".symmetric-csr").exists() and not list(out.glob("*.sha256"))
