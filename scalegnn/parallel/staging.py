@@ -112,8 +112,8 @@ def check_folder(folder: Path) -> str:
         raise ValueError(f"out-of-core staging reads dense features (x.npy); {folder} holds sparse ones "
                          f"({sparse[0]}): {memory}")
     if missing:
-        raise ValueError(f"out-of-core staging reads a dir: folder of {', '.join(missing)} (CSR indptr.npy, indices.npy; "
-                         f"x.npy; y.npy) and {folder} has no {missing[0]}; {memory}")
+        raise ValueError(f"out-of-core staging reads a dir: folder of CSR indptr.npy and indices.npy, x.npy (or "
+                         f"features.json) and y.npy; {folder} has no {', '.join(missing)}: {memory}")
     if has("undirected.npy"):
         from ..datasets.files import byo_undirected, read_npy
 
@@ -210,7 +210,8 @@ def symmetrize(folder: Path, out: Path, chunk: int) -> None:
     for a, b in _row_chunks(both, 0, n, chunk):  # pass 4: write them
         s_ix[s_ip[a]:s_ip[b]] = merged(a, b) % n
     s_ix.flush()
-    del s_ix, a_t
+    del s_ix
+    a_t = None  # its map closed before the file goes
     (out / "transposed.npy").unlink()
     np.save(out / "indptr.npy", s_ip)
 

@@ -96,9 +96,11 @@ def test_the_cli_stages_out_of_core_and_names_bad_input(generated, tmp_path, cap
     for argv, message in (
             (["cora", "--memory-budget", "1G"], "stages a dir: folder (CSR indptr.npy, indices.npy; or written by"),
             ([f"npz:{tmp_path / 'g.npz'}", "--memory-budget", "1G"], "an npz: file's arrays, one .npy per key"),
-            ([f"dir:{tmp_path / 's'}", "--memory-budget", "1G"], "has no indptr.npy; stage it without --memory-budget"),
+            ([f"dir:{tmp_path / 's'}", "--memory-budget", "1G"],
+             "has no indptr.npy, indices.npy, y.npy, x.npy: stage it without"),
             ([f"dir:{generated / 'csbm'}", "--memory-budget", "12Q"], "is not a size; give e.g. 512M"),
-            ([f"dir:{generated / 'csbm'}", "--memory-budget", "1G", "--split", "random:0.0001,0.5,0.4"], "leaves a split empty")):
+            ([f"dir:{generated / 'csbm'}", "--memory-budget", "1G", "--split", "random:0.0001,0.5,0.4"],
+             "leaves a split empty")):
         assert main(["data", "shard", *argv, "--grid", "1x1x2x1", "--out", str(tmp_path / "bad")]) != 0
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err, err
@@ -116,7 +118,8 @@ def _user_folder(path, n, edges, seed, *, symmetric, loops, own_split=False, fea
         key = np.unique(np.concatenate([src[keep] * n + dst[keep], dst[keep] * n + src[keep]]))
         src, dst = key // n, key % n
     else:
-        src, dst = np.concatenate([src, dst[:50], src[:30]]), np.concatenate([dst, src[:50], dst[:30]])  # both ways, twice
+        # some edges both ways, some twice
+        src, dst = np.concatenate([src, dst[:50], src[:30]]), np.concatenate([dst, src[:50], dst[:30]])
         if loops:
             src, dst = np.concatenate([src, np.arange(0, n, 7)]), np.concatenate([dst, np.arange(0, n, 7)])
         shuffle = rng.permutation(src.size)
@@ -152,7 +155,8 @@ def users(tmp_path_factory):
 
 @pytest.mark.parametrize("user", list(USERS))
 @pytest.mark.parametrize("permute, shape, split", [
-    ("none", (1, 2, 2, 2), (None, None)), ("single", (1, 3, 1, 2), (None, None)), ("double", (1, 2, 1, 2), (None, None)),
+    ("none", (1, 2, 2, 2), (None, None)), ("single", (1, 3, 1, 2), (None, None)),
+    ("double", (1, 2, 1, 2), (None, None)),
     ("none", (1, 1, 2, 1), ("random:0.6,0.2,0.2", None)), ("double", (1, 2, 2, 1), ("random:0.3,0.1,0.1", 11))],
     ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)) if isinstance(v[0], int) else str(v[0]))
 def test_a_users_csr_folder_stages_out_of_core_as_in_memory(users, tmp_path, user, permute, shape, split):
@@ -233,7 +237,7 @@ def test_inputs_it_cannot_stage_are_named_in_one_line_before_any_work(users, tmp
          "holds sparse ones (x_indptr.npy): stage it without --memory-budget"),
         (folder("directed", **base, undirected=np.bool_(False)), "says directed and weighted: stage it without"),
         (folder("multihot", **{**base, "y": np.eye(5)[base["y"].clip(0)]}), "y.npy is multi-hot: stage it without"),
-        (folder("nox", indptr=base["indptr"], indices=base["indices"], y=base["y"]), "has no x.npy; stage it without"),
+        (folder("nox", indptr=base["indptr"], indices=base["indices"], y=base["y"]), "has no x.npy: stage it without"),
         (folder("short", **{**base, "x": base["x"][:-1]}), "'indptr' must be (900,) for N=899 rows of x"),
         (folder("labels", **{**base, "y": base["y"] - 3}), "holds class id -4; class ids are 0..C-1"),
         (tmp_path / "absent", "dir: folder not found")]
