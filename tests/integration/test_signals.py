@@ -145,9 +145,12 @@ def test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly(tmp_path
 def test_sigusr1_shows_where_every_thread_is_and_the_run_goes_on(tmp_path):
     """SIGUSR1 (a run that seems hung): every thread's Python stack on stderr, and the
     run finishes ``ok`` as if nothing happened."""
-    run = SignalledRun(tmp_path, tiny_train(tmp_path, "one process", epochs=3))
+    # 30 epochs (a few seconds): the signal, sent when epoch 1's line is read, reaches the run
+    # while it trains even on a loaded machine (with 3 it could land after the run ended, when
+    # the dump handler is gone and SIGUSR1's default ends the process).
+    run = SignalledRun(tmp_path, tiny_train(tmp_path, "one process", epochs=30))
     try:
-        run.wait_for_line("epoch 1/3")
+        run.wait_for_line("epoch 1/30")
         run.proc.send_signal(signal.SIGUSR1)
         waited, err = run.finish(timeout_s=60)
     finally:
