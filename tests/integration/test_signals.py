@@ -37,6 +37,19 @@ def tiny_train(tmp_path: Path, launch: str, *extra: str, epochs: int = 8) -> lis
 
 
 
+
+@pytest.fixture(autouse=True)
+def _stop_signals_at_their_defaults():
+    """The in-process runs here start with the stop signals as a terminal gives them,
+    whatever this suite inherited: a shell's background job has SIGINT and SIGQUIT
+    ignored, and scalegnn rightly keeps an ignored signal ignored."""
+    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+              signal.SIGHUP: signal.SIG_DFL, signal.SIGQUIT: signal.SIG_DFL}
+    before = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
 def _default_signals() -> None:
     import signal
 
