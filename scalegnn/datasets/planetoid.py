@@ -69,32 +69,33 @@ def _unpickle(path: Path, name: str):
     return load_pickle(path, PLANETOID_TYPES, "a Planetoid ind.* file", _fix(name), encoding="latin1")
 
 
+def _checked_matrix(path: Path, m, name: str):
+    """``m``, one file's matrix, as the file holds it (a scipy CSR or a dense array),
+    checked before use (inside the file's ``reading`` context): a CSR's arrays are
+    validated and its shape must pass a memory budget as a dense matrix (the real files
+    are megabytes); anything else must be a 2-D numeric array."""
+    if isinstance(m, sp.csr_matrix):
+        m.check_format(full_check=True)  # its arrays came from the file: validate before use
+        check_declared_size(str(path), f"its CSR matrix's shape {m.shape} (dense rows x columns)",
+                            m.shape[0] * m.shape[1], 4, fix=_fix(name), error=DatasetError)
+        return m
+    if not isinstance(m, np.ndarray) or m.ndim != 2 or m.dtype.hasobject:
+        raise ValueError(f"expected a 2-D numeric matrix, got {type(m).__name__} {getattr(m, 'shape', '')}")
+    return m
+
+
 def _feature_rows(path: Path, m, name: str) -> sp.csr_matrix:
     """A feature matrix of one file (CSR or dense) as a float32 scipy CSR matrix, never densified."""
     with reading(path, _fix(name)):
-        if isinstance(m, sp.csr_matrix):
-            m.check_format(full_check=True)  # its arrays came from the file: validate before use
-            # A shape whose dense size passes no memory budget is no Planetoid file (the
-            # real ones are megabytes): refused as the dense loader refused it.
-            check_declared_size(str(path), f"its CSR matrix's shape {m.shape} (dense rows x columns)",
-                                m.shape[0] * m.shape[1], 4, fix=_fix(name), error=DatasetError)
-            return m.astype(np.float32)
-        if not isinstance(m, np.ndarray) or m.ndim != 2 or m.dtype.hasobject:
-            raise ValueError(f"expected a 2-D numeric matrix, got {type(m).__name__} {getattr(m, 'shape', '')}")
-        return sp.csr_matrix(np.asarray(m, dtype=np.float32))
+        m = _checked_matrix(path, m, name)
+        return m.astype(np.float32) if isinstance(m, sp.csr_matrix) else sp.csr_matrix(np.asarray(m, np.float32))
 
 
 def _matrix(path: Path, m, name: str) -> np.ndarray:
     """A one-hot label matrix (CSR or dense) of one file, as dense float32 (features: :func:`_feature_rows`)."""
     with reading(path, _fix(name)):
-        if isinstance(m, sp.csr_matrix):
-            m.check_format(full_check=True)  # its arrays came from the file: validate before use
-            check_declared_size(str(path), f"its CSR matrix's shape {m.shape} (dense rows x columns)",
-                                m.shape[0] * m.shape[1], 4, fix=_fix(name), error=DatasetError)
-            m = m.toarray()
-        if not isinstance(m, np.ndarray) or m.ndim != 2 or m.dtype.hasobject:
-            raise ValueError(f"expected a 2-D numeric matrix, got {type(m).__name__} {getattr(m, 'shape', '')}")
-        return np.asarray(m, dtype=np.float32)
+        m = _checked_matrix(path, m, name)
+        return np.asarray(m.toarray() if isinstance(m, sp.csr_matrix) else m, dtype=np.float32)
 
 
 def _adjacency_lists(path: Path, graph, name: str) -> tuple[np.ndarray, np.ndarray]:
