@@ -26,7 +26,7 @@ import torch
 
 from .csr import csr_matrix, is_csr, select_rows
 
-__all__ = ["Graph", "GraphValidationError", "csr_from_edges", "as_graph"]
+__all__ = ["Graph", "GraphValidationError", "csr_from_edges", "check_split", "as_graph"]
 
 
 # The tensors of the graph a derived one is made from (Graph.replace), already validated:
@@ -66,6 +66,19 @@ def _as_features(x) -> torch.Tensor:
         return csr_matrix(*parts, what="sparse features x")
     except ValueError as exc:
         raise GraphValidationError(str(exc)) from None
+
+
+def check_split(n: int, y: torch.Tensor, train_idx, val_idx, test_idx) -> None:
+    """The split's rules for ``n`` vertices labeled ``y``: each part non-empty, ids in
+    [0, n), no unlabeled (-1) vertex in train_idx (class ids; a multi-hot ``y`` has no
+    -1). :meth:`Graph.validate` applies them, and out-of-core staging to a folder's own split."""
+    for split, idx in (("train_idx", train_idx), ("val_idx", val_idx), ("test_idx", test_idx)):
+        if idx.numel() == 0:
+            raise GraphValidationError(f"{split} is empty; every split needs at least one vertex")
+        if int(idx.min()) < 0 or int(idx.max()) >= n:
+            raise GraphValidationError(f"{split} holds vertex ids outside [0, {n})")
+    if y.dim() == 1 and bool((y[train_idx] < 0).any()):
+        raise GraphValidationError("train_idx contains unlabeled vertices (label -1)")
 
 
 def csr_from_edges(
@@ -218,14 +231,7 @@ class Graph:
                 )
         else:
             raise GraphValidationError(f"labels must be (N,) or (N, C), got shape {tuple(self.y.shape)}")
-        for split in ("train_idx", "val_idx", "test_idx"):
-            idx = getattr(self, split)
-            if idx.numel() == 0:
-                raise GraphValidationError(f"{split} is empty; every split needs at least one vertex")
-            if int(idx.min()) < 0 or int(idx.max()) >= n:
-                raise GraphValidationError(f"{split} holds vertex ids outside [0, {n})")
-        if self.y.dim() == 1 and bool((self.y[self.train_idx] < 0).any()):
-            raise GraphValidationError("train_idx contains unlabeled vertices (label -1)")
+        check_split(n, self.y, self.train_idx, self.val_idx, self.test_idx)
 
     def __repr__(self) -> str:
         """One line, as PyG's ``Data``: sizes, not tensors."""

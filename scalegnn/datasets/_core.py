@@ -34,6 +34,7 @@ __all__ = [
     "undirected_csr",
     "split_flag",
     "apply_split",
+    "draw_split",
 ]
 
 # The papers' protocol for graphs without node data (ScaleGNN VII-A, Plexus Table 2).
@@ -175,18 +176,26 @@ def apply_split(graph: Graph, split: str, seed: int) -> Graph:
     """``graph`` with the ``--split`` random split of its labeled vertices (seeded by
     ``seed``) in place of its own; ``meta["split"]`` says so and names the split it
     replaced. Raises a DatasetError when a split would come out empty."""
-    fractions = _split_fractions(split)
     labeled = None if graph.multilabel else (graph.y >= 0).nonzero().flatten().numpy()
-    parts = random_split(graph.num_nodes, fractions, seed=seed, labeled=labeled)
+    before = graph.meta.get("split", "the dataset's own")
+    parts, note = draw_split(split, seed, graph.num_nodes, labeled, graph.name, before)
+    return graph.replace(train_idx=parts[0], val_idx=parts[1], test_idx=parts[2], meta={**graph.meta, "split": note})
+
+
+def draw_split(split: str, seed: int, num_nodes: int, labeled, name: str, before: str) -> tuple[list, str]:
+    """The ``--split`` random split of ``labeled`` (ids; None: every vertex) seeded by
+    ``seed``: its three index tensors and the provenance note that says it replaces
+    ``before``. A split that would come out empty is a DatasetError naming ``name``. What
+    :func:`apply_split` gives a graph, and out-of-core staging its shards."""
+    fractions = _split_fractions(split)
+    parts = random_split(num_nodes, fractions, seed=seed, labeled=labeled)
     if any(p.numel() == 0 for p in parts):
         sizes = "/".join(str(p.numel()) for p in parts)
-        raise DatasetError(f"--split {split} leaves a split empty on {graph.name} ({sizes} of "
-                           f"{graph.num_nodes if labeled is None else labeled.size} labeled vertices); "
+        raise DatasetError(f"--split {split} leaves a split empty on {name} ({sizes} of "
+                           f"{num_nodes if labeled is None else labeled.size} labeled vertices); "
                            "give larger fractions")
     shown = "/".join(f"{100 * f:g}" for f in fractions)
-    before = graph.meta.get("split", "the dataset's own")
-    note = f"random {shown} seed {seed} (--split {split}; replaces: {before})"
-    return graph.replace(train_idx=parts[0], val_idx=parts[1], test_idx=parts[2], meta={**graph.meta, "split": note})
+    return parts, f"random {shown} seed {seed} (--split {split}; replaces: {before})"
 
 
 # ---------------------------------------------------------------- edges to CSR

@@ -221,10 +221,10 @@ class _Source:
 
     def __init__(self, folder: Path, seed: int, permute: str = "none", split: tuple = (None, None),
                  topology: Path | None = None):
-        from ..datasets._core import SPLIT_FRACTIONS, DatasetError, _split_fractions
+        from ..datasets._core import SPLIT_FRACTIONS, DatasetError, draw_split
         from ..datasets.files import _SPLIT_KEYS, _byo_split, byo_labels, read_npy
         from ..datasets.streaming import seeded_features
-        from ..graph import random_split
+        from ..graph import GraphValidationError, check_split, random_split
 
         self.folder = folder
         topology = folder if topology is None else Path(topology)  # a user's folder: its symmetric CSR, staged
@@ -251,24 +251,17 @@ class _Source:
         if own:  # the folder's own split, read as load_byo reads it
             parts = [_byo_split(own, where, self.n, name, keys) for name, keys in _SPLIT_KEYS.items()]
             self.split_note = "the file's own"
-            for key, idx in zip(("train_idx", "val_idx", "test_idx"), parts):  # as the Graph checks them
-                if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= self.n:
-                    raise DatasetError(f"{folder}: {key} is empty or holds vertex ids outside [0, {self.n})")
-            if (self.y[parts[0]] < 0).any():
-                raise DatasetError(f"{folder}: train_idx contains unlabeled vertices (label -1)")
+            try:  # as the Graph checks them
+                check_split(self.n, self.y, *parts)
+            except GraphValidationError as exc:
+                raise DatasetError(f"{folder}: {exc}") from None
         else:
             parts = random_split(self.n, SPLIT_FRACTIONS, seed=seed, labeled=labeled)
             self.split_note = f"random 50/25/25 seed {seed} (the file has no split)"
         if split[0] is not None:  # --split in place of it, drawn as datasets._core.apply_split draws it
-            fractions = _split_fractions(split[0])
             split_seed = seed if split[1] is None else int(split[1])
-            parts = random_split(self.n, fractions, seed=split_seed, labeled=labeled)
-            if any(p.numel() == 0 for p in parts):
-                raise DatasetError(f"--split {split[0]} leaves a split empty on dir:{folder} "
-                                   f"({'/'.join(str(p.numel()) for p in parts)} of {labeled.size} labeled vertices); "
-                                   "give larger fractions")
-            shown = "/".join(f"{100 * f:g}" for f in fractions)
-            self.split_note = f"random {shown} seed {split_seed} (--split {split[0]}; replaces: {self.split_note})"
+            parts, self.split_note = draw_split(split[0], split_seed, self.n, labeled, f"dir:{folder}",
+                                                self.split_note)
         self.masks = {}
         for key, idx in zip(("train_mask", "val_mask", "test_mask"), parts):
             m = torch.zeros(self.n, dtype=torch.bool)
