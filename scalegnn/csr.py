@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SPARSE_FEATURE_DENSITY", "sparse_enough", "feature_layout", "is_csr", "csr_matrix", "csr_block",
+__all__ = ["SPARSE_FEATURE_DENSITY", "sparse_enough", "sparse_if_enough", "feature_layout", "is_csr", "csr_matrix", "csr_block",
            "select_rows", "gather_csr_rows", "csr_transpose"]
 
 
@@ -36,16 +36,22 @@ def sparse_enough(nnz: int, rows: int, cols: int) -> bool:
     return rows * cols > 0 and nnz < SPARSE_FEATURE_DENSITY * rows * cols
 
 
-def feature_layout(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in the layout the rule gives it: a CSR ``x`` dense enough to fail the rule
-    becomes dense, a dense one sparse enough becomes CSR (``to_sparse_csr``: drops exact
-    zeros, so the values are equal); otherwise ``x`` itself. Reads every entry of a dense
-    ``x`` once (``count_nonzero``)."""
-    if is_csr(x):
-        return x if sparse_enough(x.values().numel(), *x.shape) else x.to_dense()
-    if x.dim() == 2 and sparse_enough(int(torch.count_nonzero(x)), *x.shape):
+def sparse_if_enough(x: torch.Tensor) -> torch.Tensor:
+    """A dense ``x`` that the rule holds as CSR, as CSR (``to_sparse_csr``: drops exact
+    zeros, so the values are equal); any other ``x`` (a CSR one included) itself. Reads
+    every entry of a dense ``x`` once (``count_nonzero``)."""
+    if x.layout == torch.strided and x.dim() == 2 and sparse_enough(int(torch.count_nonzero(x)), *x.shape):
         return x.to_sparse_csr()
     return x
+
+
+def feature_layout(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the layout the rule gives it: a CSR ``x`` dense enough to fail the rule
+    becomes dense, a dense one sparse enough becomes CSR (:func:`sparse_if_enough`);
+    otherwise ``x`` itself."""
+    if is_csr(x):
+        return x if sparse_enough(x.values().numel(), *x.shape) else x.to_dense()
+    return sparse_if_enough(x)
 
 
 def is_csr(x) -> bool:

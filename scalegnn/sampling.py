@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .csr import _csr, _row_runs, _transpose_csr, select_rows, sparse_enough
+from .csr import _csr, _row_runs, _transpose_csr, select_rows, sparse_if_enough
 from .graph import Graph
 from .settings import fraction, setting
 
@@ -270,9 +270,7 @@ def training_features(x: torch.Tensor) -> torch.Tensor:
     """``x`` as CSR when it is sparse enough to profit (the one feature layout rule,
     :data:`scalegnn.csr.SPARSE_FEATURE_DENSITY`), else unchanged: a dense ``x`` stays
     dense, a CSR ``x`` (sparse features kept sparse from the file on) stays CSR."""
-    if x.layout == torch.strided and x.dim() == 2 and sparse_enough(int(torch.count_nonzero(x)), *x.shape):
-        return x.to_sparse_csr()
-    return x
+    return sparse_if_enough(x)
 
 
 # Sampler kernel: "auto" takes the compiled CPU kernel (numba, optional) for CPU

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from scalegnn.csr import csr_matrix, is_csr, sparse_enough
+from scalegnn.csr import csr_matrix, is_csr, sparse_if_enough
 from scalegnn.fileio import atomic_write
 from scalegnn.graph import Graph
 
@@ -105,12 +105,10 @@ def save_cached(path: Path, graph: Graph, source: list) -> None:
         "val_idx": graph.val_idx,
         "test_idx": graph.test_idx,
     }
-    if is_csr(x):
-        blob.update(x_crow=x.crow_indices(), x_col=x.col_indices(), x_val=x.values(), x_shape=list(x.shape),
-                    x_layout="csr")
-    elif x.dim() == 2 and sparse_enough(int(torch.count_nonzero(x)), *x.shape):
-        xs = x.to_sparse_csr()
-        blob.update(x_crow=xs.crow_indices(), x_col=xs.col_indices(), x_val=xs.values(), x_shape=list(x.shape))
+    stored = sparse_if_enough(x)  # CSR on disk; a dense x comes back dense (no x_layout)
+    if is_csr(stored):
+        blob.update(x_crow=stored.crow_indices(), x_col=stored.col_indices(), x_val=stored.values(),
+                    x_shape=list(x.shape), **({"x_layout": "csr"} if is_csr(x) else {}))
     else:
         blob["x"] = x
     try:
