@@ -50,8 +50,8 @@ import torch
 from scalegnn.settings import setting
 
 __all__ = ["SAMPLER_IMPLS", "sampler_impl_setting", "check_sampler_impl", "pyg_samplers_available",
-           "resolve_sampler_impl", "TopologyCSC", "segment_arange", "hop_entries", "generator_draw", "relabel",
-           "NeighborSample", "LayerwiseSampler", "NeighborBatches", "SaintNodeSampler", "SaintSubgraphs",
+           "resolve_sampler_impl", "TopologyCSC", "grouped", "segment_arange", "hop_entries", "generator_draw",
+           "relabel", "NeighborSample", "LayerwiseSampler", "NeighborBatches", "SaintNodeSampler", "SaintSubgraphs",
            "adjacency_t"]
 
 SAMPLER_IMPLS = ("auto", "pyg", "torch")
@@ -111,10 +111,23 @@ class TopologyCSC:
     def from_edge_index(edge_index: torch.Tensor, num_nodes: int) -> "TopologyCSC":
         """From PyG's ``[src; dst]``: stable-sorted by target, sources in their given order."""
         src, dst = edge_index
-        order = torch.argsort(dst, stable=True)
-        indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
-        indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
+        order, indptr = grouped(dst, num_nodes)
         return TopologyCSC(indptr, src[order].to(torch.int64).contiguous(), order)
+
+
+def grouped(key: torch.Tensor, n: int, then: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries ``(E,)`` grouped by ``key`` in [0, n): ``order (E,)`` sorting them by key,
+    then by ``then`` (else keeping their order), and ``ptr (n+1,)``: the entries of key v
+    are ``order[ptr[v]:ptr[v+1]]``. The sorted layouts of this module (CSC by target,
+    SparseTensor's by (source, target) and by (target, source)) are all this."""
+    if then is None:
+        order = torch.argsort(key, stable=True)
+    else:
+        by_then = torch.argsort(then, stable=True)
+        order = by_then[torch.argsort(key[by_then], stable=True)]
+    ptr = torch.zeros(n + 1, dtype=torch.int64)
+    ptr[1:] = torch.cumsum(torch.bincount(key, minlength=n), 0)
+    return order, ptr
 
 
 def segment_arange(counts: torch.Tensor) -> torch.Tensor:
@@ -272,13 +285,10 @@ class SaintNodeSampler:
 
     def __init__(self, edge_index: torch.Tensor, num_nodes: int, budget: int):
         src, dst = edge_index
-        by_dst = torch.argsort(dst, stable=True)
-        order = by_dst[torch.argsort(src[by_dst], stable=True)]  # (src, dst) lexicographic
+        order, self.rowptr = grouped(src, num_nodes, then=dst)  # (src, dst) lexicographic
         self.num_nodes, self.num_edges, self.budget = num_nodes, int(src.numel()), budget
         self.row, self.col, self.e_id = src[order], dst[order], order
         self.src = src
-        self.rowptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
-        self.rowptr[1:] = torch.cumsum(torch.bincount(src, minlength=num_nodes), 0)
 
     def sample_nodes(self, generator: torch.Generator) -> torch.Tensor:
         """``(n,)`` sorted unique sources of ``budget`` edges drawn uniformly with replacement."""
@@ -376,9 +386,6 @@ def adjacency_t(edge_index: torch.Tensor, num_nodes: int, impl: str, value: torc
         from torch_sparse import SparseTensor
 
         return SparseTensor(row=dst, col=src, value=value, sparse_sizes=(n, n))
-    by_src = torch.argsort(src, stable=True)
-    order = by_src[torch.argsort(dst[by_src], stable=True)]  # (dst, src) lexicographic, as SparseTensor sorts
-    crow = torch.zeros(n + 1, dtype=torch.int64)
-    crow[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+    order, crow = grouped(dst, n, then=src)  # (dst, src) lexicographic, as SparseTensor sorts
     values = value[order] if value is not None else torch.ones(order.numel())
     return torch.sparse_csr_tensor(crow, src[order], values, (n, n))
