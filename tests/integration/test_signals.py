@@ -19,7 +19,7 @@ import torch
 
 from scalegnn import records
 from scalegnn.cli import main
-from scalegnn.signals import signal_text
+from scalegnn.signals import STOP_SIGNALS, signal_text
 from tests.files import REPO
 from tests.hostile import STOPS
 from tests.processes import CliRun, TorchrunRun
@@ -36,6 +36,10 @@ def tiny_train(tmp_path: Path, launch: str, *extra: str, epochs: int = 8) -> lis
             *LAUNCHES[launch], *extra]
 
 
+def _at_default(sig: int):
+    """What a process started from a terminal has for the stop signal ``sig``: Python's
+    KeyboardInterrupt handler for SIGINT, the default action for the others."""
+    return signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
 
 
 @pytest.fixture(autouse=True)
@@ -43,18 +47,17 @@ def _stop_signals_at_their_defaults():
     """The in-process runs here start with the stop signals as a terminal gives them,
     whatever this suite inherited: a shell's background job has SIGINT and SIGQUIT
     ignored, and scalegnn rightly keeps an ignored signal ignored."""
-    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
-              signal.SIGHUP: signal.SIG_DFL, signal.SIGQUIT: signal.SIG_DFL}
-    before = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+    before = {sig: signal.signal(sig, _at_default(sig)) for sig in STOP_SIGNALS}
     yield
     for sig, handler in before.items():
         signal.signal(sig, handler)
 
-def _default_signals() -> None:
-    import signal
 
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+def _default_signals() -> None:
+    """The same for a subprocess, before it runs python (which installs SIGINT's handler itself)."""
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+
 
 class SignalledRun(CliRun):
     """``python -m scalegnn <argv>`` in a subprocess of its own (tagged for /proc), its
