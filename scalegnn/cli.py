@@ -93,7 +93,12 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
                        help="stage out of core within about SIZE (e.g. 512M): the graph is read by memory map in "
                        "chunks, never whole (a dir: folder of CSR indptr.npy, indices.npy, dense x.npy, y.npy, "
                        "or one written by `scalegnn data generate`; scalegnn/parallel/staging.py)")
-    shard.add_argument("--workers", type=int, default=1, help="with --memory-budget: processes writing rank files")
+    shard.add_argument("--workers", type=int, default=1, help="with --memory-budget: processes writing rank files "
+                       "(--layout files) or row ranges of blocks (--layout blocks)")
+    shard.add_argument("--layout", choices=("files", "blocks"), default="files",
+                       help="with --memory-budget: a file per rank (files), or each distinct block of the graph "
+                       "once, read by the ranks that need it (blocks: a 4x4x4 grid stores 1/12 of the files' "
+                       "adjacency bytes; --permute none or single)")
     return parser
 
 
@@ -182,9 +187,12 @@ def _cmd_data(args) -> int:
                                  "arrays, one .npy per key), or drop --memory-budget to stage in memory")
             paths = stage_out_of_core(folder.strip(), args.grid, args.out, seed=args.seed,
                                       memory_budget=parse_size(args.memory_budget), workers=args.workers,
-                                      permute=args.permute, split=(args.split, args.split_seed))
+                                      permute=args.permute, split=(args.split, args.split_seed),
+                                      layout=args.layout)
             print(f"wrote {len(paths)} shard files to {args.out} (out of core)")
             return 0
+    if args.data_command == "shard" and args.layout != "files":
+        raise ValueError("--layout blocks is written by out-of-core staging; add --memory-budget SIZE (e.g. 2G)")
     if args.data_command == "info":
         graph = datasets.load_dataset(args.name, data_root=args.data_root, seed=args.seed)
     else:  # shard: the graph a run with these --dataset/--seed/--split settings trains on

@@ -18,7 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write", "load_error", "check_output_folder", "memory_budget", "check_declared_size",
+__all__ = ["atomic_write", "NpyAppender", "load_error", "check_output_folder", "memory_budget", "check_declared_size",
            "human_bytes", "MEMORY_BUDGET_ENV"]
 
 MEMORY_BUDGET_ENV = "SCALEGNN_MEMORY_BUDGET"
@@ -182,3 +182,58 @@ def check_declared_size(where: str, field: str, count, itemsize: int = 1, *, fix
         raise error(f"{where}: {field} declares {count:,} entries ({human_bytes(need)}), more than the memory "
                     f"budget of {human_bytes(budget)} (this machine's memory; ${MEMORY_BUDGET_ENV} sets another); "
                     f"{fix}")
+
+
+def npy_header(dtype, shape: tuple) -> bytes:
+    """An .npy (v1.0) header whose first dimension is printed at a fixed width, so the
+    header of a file written by appending rows can be rewritten in place once the length
+    is known (``np.load`` reads the shape with ``ast.literal_eval``; the padding keeps the
+    data 64-byte aligned)."""
+    import numpy as np
+
+    dims = "%20d," % shape[0] + "".join(" %d," % d for d in shape[1:])
+    d = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (np.dtype(dtype).str, dims.rstrip(",")
+                                                                        if len(shape) > 1 else dims)
+    pad = 64 - (10 + len(d) + 1) % 64
+    text = (d + " " * pad + "\n").encode("latin1")
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
+
+
+class NpyAppender:
+    """An .npy file of ``dtype`` rows (trailing dimensions ``row_shape``) written by
+    appending chunks, in bounded memory: under a temporary name beside ``path`` until
+    :meth:`close` rewrites the header's row count, fsyncs and renames it into place (an
+    interrupted write leaves no ``path``). Data go out through ``write``, never through a
+    writable memory map, whose dirty pages would count against the writer's memory."""
+
+    def __init__(self, path, dtype, row_shape: tuple = ()):
+        import numpy as np
+
+        self.path, self.dtype, self.row_shape, self.rows = Path(path), np.dtype(dtype), tuple(row_shape), 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.name}.part")
+        self.f = open(self.tmp, "wb")
+        self.f.write(npy_header(self.dtype, (0,) + self.row_shape))
+
+    def add(self, chunk) -> None:
+        import numpy as np
+
+        chunk = np.ascontiguousarray(chunk, dtype=self.dtype)
+        if chunk.shape[1:] != self.row_shape:
+            raise ValueError(f"{self.path}: rows of shape {chunk.shape[1:]}, not {self.row_shape}")
+        self.f.write(memoryview(chunk).cast("B"))
+        self.rows += chunk.shape[0] if chunk.ndim else 1
+
+    def close(self) -> Path:
+        self.f.seek(0)
+        self.f.write(npy_header(self.dtype, (self.rows,) + self.row_shape))
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+        _fsync_dir(self.path.parent)
+        return self.path
+
+    def abort(self) -> None:
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)

@@ -68,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..fileio import npy_header
 from ._core import DatasetError
 
 __all__ = ["GENERATE_KINDS", "hash_uniform", "seeded_normal", "SeededFeatures", "seeded_features",
@@ -105,12 +106,14 @@ def hash_uniform(seed: int, stream: str, counter: np.ndarray) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
-def seeded_normal(seed: int, rows, dim: int, stream: str = "features") -> np.ndarray:
+def seeded_normal(seed: int, rows, dim: int, stream: str = "features", cols: tuple | None = None) -> np.ndarray:
     """Rows ``rows`` ((v0, v1), or an array of vertex ids) of an (N, dim) N(0, 1) float32
     matrix, entry (v, j) by Box-Muller from the uniforms of counters ``2 (v dim + j)`` and
-    ``2 (v dim + j) + 1``: any rows equal the same rows of the whole matrix."""
+    ``2 (v dim + j) + 1``: any rows equal the same rows of the whole matrix, and
+    ``cols`` ((j0, j1); None: all) the same columns of them."""
     ids = np.arange(rows[0], rows[1], dtype=np.uint64) if isinstance(rows, tuple) else np.asarray(rows, np.uint64)
-    c = (ids[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)) * np.uint64(2)
+    j0, j1 = (0, dim) if cols is None else cols
+    c = (ids[:, None] * np.uint64(dim) + np.arange(j0, j1, dtype=np.uint64)) * np.uint64(2)
     u1 = 1.0 - hash_uniform(seed, stream, c)  # (0, 1]
     u2 = hash_uniform(seed, stream, c + np.uint64(1))
     return (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)).astype(np.float32)
@@ -125,12 +128,15 @@ class SeededFeatures:
     seed: int
     means: np.ndarray | None = None  # (C, dim) float32
 
-    def rows(self, v0: int, v1: int | None = None, y_rows: np.ndarray | None = None) -> np.ndarray:
+    def rows(self, v0: int, v1: int | None = None, y_rows: np.ndarray | None = None,
+             cols: tuple | None = None) -> np.ndarray:
         """Feature rows [v0, v1) (float32), or the rows of the ids ``v0`` (an array, ``v1``
-        None); ``y_rows``: those rows' classes (needed with means)."""
-        x = seeded_normal(self.seed, v0 if v1 is None else (v0, v1), self.dim)
+        None); ``y_rows``: those rows' classes (needed with means); ``cols``: only the
+        feature columns [j0, j1) (None: all)."""
+        x = seeded_normal(self.seed, v0 if v1 is None else (v0, v1), self.dim, cols=cols)
         if self.means is not None:
-            x += self.means[np.asarray(y_rows, dtype=np.int64)]
+            j0, j1 = (0, self.dim) if cols is None else cols
+            x += self.means[np.asarray(y_rows, dtype=np.int64)][:, j0:j1]
         return x
 
     def matrix(self, y: np.ndarray, block: int = 1 << 14) -> np.ndarray:
@@ -258,15 +264,6 @@ def _powerlaw_draws(p: dict, seed: int, e0: int, e1: int, perm) -> tuple[np.ndar
 
 
 # ------------------------------------------------------------------------------- writing
-def _npy_header(dtype, length: int) -> bytes:
-    """An .npy (v1.0) header for a 1-D array whose length is rewritten in place once known
-    (the shape is padded to a fixed width: ``np.load`` reads it with ast.literal_eval)."""
-    d = "{'descr': '%s', 'fortran_order': False, 'shape': (%20d,), }" % (np.dtype(dtype).str, length)
-    pad = 64 - (10 + len(d) + 1) % 64
-    text = (d + " " * pad + "\n").encode("latin1")
-    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
-
-
 def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progress=None) -> dict:
     """Write the graph ``text`` (``KIND:params``) to folder ``out`` in chunks of at most
     ``chunk_edges`` edge draws; returns ``graph.json``'s content. ``out`` must be absent
@@ -319,7 +316,7 @@ def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progr
     nnz = 0
     max_deg = 0
     with open(out / "indices.npy", "wb") as f:
-        f.write(_npy_header(idx_dtype, 0))
+        f.write(npy_header(idx_dtype, (0,)))
         for i in range(buckets):
             r0, r1 = i * rows_per, min(n, (i + 1) * rows_per)
             path = tmp / f"{i}.bin"
@@ -335,7 +332,7 @@ def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progr
             if path.exists():
                 path.unlink()
         f.seek(0)
-        f.write(_npy_header(idx_dtype, nnz))
+        f.write(npy_header(idx_dtype, (nnz,)))
     indptr.flush()
     shutil.rmtree(tmp, ignore_errors=True)
     say(f"wrote {nnz:,} stored entries")

@@ -49,10 +49,12 @@ from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
            "share_planes", "plane_sharing", "row_slice", "adjacency_storage",
-           "check_shard_manifest",
+           "check_shard_manifest", "stored_blocks", "feature_blocks", "adjacency_file", "feature_file", "node_file",
            "load_shard", "verify_shard_file", "shard_command", "shard_nnz_stats", "file_sha256"]
 
 SHARD_FORMAT = 1
+BLOCKS_DIR = "blocks"  # the blocks layout's arrays (manifest "layout": "blocks")
+NODE_ARRAYS = ("y", "train_mask", "val_mask", "test_mask")
 
 
 @dataclass
@@ -448,6 +450,99 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
     return paths + [mpath]
 
 
+# ------------------------------------------------------------------ blocks layout
+# Per-rank files repeat every block of A in each rank that holds it: a 4x4x4 grid keeps
+# its 16 distinct blocks of A 12 times over (three planes on 64 ranks), 417 GB for
+# ogbn-papers100M's 3.2 G entries against 27 GB once. The blocks layout
+# (:mod:`.staging`, ``--layout blocks``) stores each distinct block of A + I, feature
+# block and the whole-graph label and mask vectors once, as plain .npy arrays, and
+# :func:`load_shard` builds a rank's RankShard from the ones it needs, equal tensor for
+# tensor to the per-rank file's.
+
+def _rank_keys(shape: tuple, n: int, coords: dict) -> list:
+    sizes = dict(zip(("dp", "x", "y", "z"), shape))
+    vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
+    return [(vr[rows], vr[cols]) for rows, cols in PLANES]
+
+
+def stored_blocks(grid_shape, n: int) -> list:
+    """The blocks of A + I ((rows, cols) vertex ranges) the blocks layout stores: every
+    block some rank keeps whole (:func:`plane_sharing` of its three planes), once."""
+    shape = _check_shape(grid_shape)
+    keys = {k for c in _mp_coords(shape) for k, src in plane_sharing(_rank_keys(shape, n, c)).items() if src is None}
+    return sorted(keys)
+
+
+def feature_blocks(grid_shape, n: int, num_features: int) -> list:
+    """The (rows, feature columns) blocks of X the ranks of ``grid_shape`` hold, once."""
+    _, gx, _, gz = _check_shape(grid_shape)
+    return sorted({(split_range(n, gx, i), split_range(num_features, gz, k)) for i in range(gx) for k in range(gz)})
+
+
+def adjacency_file(key: tuple, part: str) -> str:
+    """Relative path of array ``part`` (indptr, indices, values) of block ``key``."""
+    (r0, r1), (c0, c1) = key
+    return f"{BLOCKS_DIR}/A_r{r0}-{r1}_c{c0}-{c1}.{part}.npy"
+
+
+def feature_file(key: tuple) -> str:
+    (r0, r1), (f0, f1) = key
+    return f"{BLOCKS_DIR}/X_r{r0}-{r1}_f{f0}-{f1}.npy"
+
+
+def node_file(key: str) -> str:
+    return f"{BLOCKS_DIR}/{key}.npy"
+
+
+def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, verify: str, redo: str) -> RankShard:
+    """The RankShard of the rank at ``coords`` from a blocks-layout folder: its stored
+    blocks mapped (copy-on-write: pages read when touched, never written back), row slices
+    cut from them as :func:`share_planes` cuts them, its label and mask ranges copied out
+    of the whole-graph vectors, its feature block mapped or, for seeded features, computed
+    from the seed (:class:`scalegnn.datasets.streaming.SeededFeatures`)."""
+    import numpy as np
+
+    shape = tuple(int(g) for g in manifest["grid_shape"])
+    n, num_features = int(manifest["num_nodes"]), int(manifest["num_features"])
+    sums = manifest.get("sha256") or {}
+
+    def array(rel: str) -> torch.Tensor:
+        path = out / rel
+        if not path.exists():
+            raise FileNotFoundError(f"shard array {path} is missing (the manifest lists it); {redo}")
+        if rel in sums and not verify_shard_file(path, sums[rel], always=verify == "always"):
+            raise ValueError(f"shard array {path} does not match the SHA-256 its manifest lists (damaged, or "
+                             f"written by another staging); {redo}")
+        try:
+            return torch.from_numpy(np.load(path, mmap_mode="c", allow_pickle=False))
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"shard array {path} is unreadable ({load_error(exc)}); {redo}") from None
+
+    sizes = dict(zip(("dp", "x", "y", "z"), shape))
+    vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
+    keys = _rank_keys(shape, n, coords)
+    adj = _shared(keys, lambda key: CSRBlock(*(array(adjacency_file(key, p)) for p in ("indptr", "indices", "values")),
+                                              *key[0], *key[1]))
+    f0, f1 = split_range(num_features, sizes["z"], coords["z"])
+    nodes = {key: array(node_file(key)) for key in NODE_ARRAYS}
+    sl = lambda t: {ax: t[vr[ax][0]: vr[ax][1]].clone() for ax in PMM_AXES}  # noqa: E731
+    x0, x1 = vr["x"]
+    if manifest.get("features", {}).get("kind") == "seeded":
+        from ..datasets.streaming import seeded_features
+
+        feats = seeded_features(manifest["features"]["protocol"], f"{out}/manifest.json")
+        ids = np.arange(x0, x1) if "ids" not in manifest["features"] else array(node_file("ids"))[x0:x1].numpy()
+        y_rows = None if feats.means is None else nodes["y"][x0:x1].numpy()
+        x = torch.from_numpy(feats.rows(ids, None, y_rows, cols=(f0, f1)))
+    else:
+        x = array(feature_file(((x0, x1), (f0, f1))))
+    return RankShard(
+        grid_shape=run_shape, coords={ax: int(coords[ax]) for ax in PMM_AXES}, num_nodes=n,
+        num_features=num_features, num_classes=int(manifest["num_classes"]), multilabel=bool(manifest["multilabel"]),
+        adj=tuple(adj[k] for k in keys), x=x, feature_range=(f0, f1), vertex_ranges=vr,
+        name=manifest["name"], **{key: sl(nodes[key]) for key in NODE_ARRAYS})
+
+
 def file_sha256(path, block: int = 1 << 22) -> str:
     """The SHA-256 of a file, read ``block`` bytes at a time (the manifest's checksums)."""
     import hashlib
@@ -530,6 +625,8 @@ def load_shard(out_dir, rank: int, grid_shape=None, *, verify: str = "once") -> 
     mp = shape[1] * shape[2] * shape[3]
     if not 0 <= rank < run_shape[0] * mp:
         raise ValueError(f"rank {rank} is outside the grid {run_shape} ({run_shape[0] * mp} ranks)")
+    if manifest.get("layout") == "blocks":
+        return _load_blocks(out, manifest, _mp_coords(shape)[rank % mp], run_shape, verify, redo)
     path = out / _shard_name(_mp_coords(shape)[rank % mp])
     if not path.exists():
         raise FileNotFoundError(f"shard file {path} is missing (the manifest lists grid {shape}); {redo}")

@@ -53,6 +53,8 @@ them).
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import re
 import socket
 from concurrent.futures import ProcessPoolExecutor
@@ -62,12 +64,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..fileio import atomic_write
+from ..fileio import NpyAppender, atomic_write
 from ..sampling import CSRBlock
 from ..ranges import split_range
 from .grid import PMM_AXES
 from .layout import PLANES
-from .sharding import SHARD_FORMAT, AltOrdering, RankShard, _check_shape, _mp_coords, _own_arrays, _shard_name, _shared, file_sha256
+from .sharding import (BLOCKS_DIR, SHARD_FORMAT, AltOrdering, RankShard, _check_shape, _mp_coords, _own_arrays,
+                       _rank_keys, _shard_name, _shared, adjacency_file, feature_blocks, feature_file, file_sha256,
+                       node_file, stored_blocks)
 
 __all__ = ["check_folder", "file_sha256", "parse_size", "stage_out_of_core", "symmetrize"]
 
@@ -86,6 +90,17 @@ def _load(path: Path):
     """A stored-entries-sized array (indices, x), memory-mapped: read a block at a time,
     never whole (a test swaps this for a guard that refuses reading it whole)."""
     return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def _drop_pages(*arrays) -> None:
+    """Take the pages of memory-mapped ``arrays`` out of this process's resident set
+    (``madvise(MADV_DONTNEED)``; a file's clean pages stay in the page cache): a pass over
+    a file larger than memory would otherwise count every page it has read against the
+    process's peak, though the kernel could drop them at will."""
+    for a in arrays:
+        m = getattr(a, "_mmap", None)
+        if m is not None and hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            m.madvise(mmap.MADV_DONTNEED)
 
 
 def check_folder(folder: Path) -> str:
@@ -303,72 +318,83 @@ class _Source:
                 self._row_end[view] = np.concatenate([[0], np.cumsum(deg)])
         return self._row_end[view]
 
+    def entries(self, a: int, b: int, view: str = "A") -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+        """Rows [a, b) of the normalized A + I in the run's labeling (``view`` as in
+        :meth:`block`): (row - a, column, FP32 value) of every stored entry, rows in order
+        and columns sorted within a row."""
+        n = self.n
+        row_map = self._rows_of(view)
+        col_map = self.sigma.numpy() if view == "cols" else None
+        g_rows = np.arange(a, b, dtype=np.int64) if row_map is None else row_map[a:b]  # rows of A
+        if self.perm is None and row_map is None:
+            lo, hi = int(self.indptr[a]), int(self.indptr[b])
+            lens = np.diff(self.indptr[a:b + 1])
+            c = np.asarray(self.indices[lo:hi], dtype=np.int64)
+        else:  # rows of A are the folder's rows perm[.], their columns relabeled
+            old = g_rows if self.perm is None else self.perm[g_rows]
+            starts = np.asarray(self.indptr[old], dtype=np.int64)
+            lens = np.asarray(self.indptr[old + 1], dtype=np.int64) - starts
+            flat = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()), dtype=np.int64)
+            c = np.asarray(self.indices[flat], dtype=np.int64)
+            if self.new_id is not None:
+                c = self.new_id[c]
+            del old, starts, flat
+        _drop_pages(self.indptr, self.indices)  # read pages leave the resident set (they stay in the page cache)
+        local = np.concatenate([np.repeat(np.arange(b - a, dtype=np.int64), lens), np.arange(b - a, dtype=np.int64)])
+        c = np.concatenate([c, g_rows])  # A + I: the self loop (row, row) of A
+        w = torch.from_numpy(self.inv_sqrt.numpy()[g_rows][local]) * torch.ones(local.size, dtype=torch.float64)
+        vals = (w * self.inv_sqrt[torch.from_numpy(c)]).float()  # Eq. 3, rounded once as gcn_normalize does
+        out_c = c if col_map is None else col_map[c]
+        order = np.argsort(local * n + out_c, kind="stable")  # rows in order, columns sorted
+        return local[order], out_c[order], vals[torch.from_numpy(order)]
+
+    def chunks(self, r0: int, r1: int, chunk: int, view: str = "A"):
+        """Rows [a, b) of [r0, r1) of ``view`` holding about ``chunk`` stored entries (at least one row) each."""
+        return _row_chunks(self.row_end(view), r0, r1, chunk)
+
     def block(self, rows: tuple, cols: tuple, chunk: int, view: str = "A") -> CSRBlock:
         """Rows ``rows`` x columns ``cols`` of the normalized A + I in the run's labeling --
         or, for the double permutation, of it with rows (``view="rows"``) or columns
         (``view="cols"``) relabeled by sigma (:func:`.sharding.double_permuted`) -- read
         ``chunk`` stored entries at a time; arrays as ``CSRBlock.from_graph`` makes them."""
         (r0, r1), (c0, c1) = rows, cols
-        n = self.n
-        row_map = self._rows_of(view)
-        col_map = self.sigma.numpy() if view == "cols" else None
-        row_end = self.row_end(view)
         counts, cols_out, vals_out = [], [], []
-        a = r0
-        while a < r1:  # rows [a, b) hold about `chunk` entries (at least one row)
-            b = int(np.searchsorted(row_end, row_end[a] + chunk, side="right")) - 1
-            b = min(r1, max(a + 1, b))
-            g_rows = np.arange(a, b, dtype=np.int64) if row_map is None else row_map[a:b]  # rows of A
-            if self.perm is None and row_map is None:
-                lo, hi = int(self.indptr[a]), int(self.indptr[b])
-                lens = np.diff(self.indptr[a:b + 1])
-                c = np.asarray(self.indices[lo:hi], dtype=np.int64)
-            else:  # rows of A are the folder's rows perm[.], their columns relabeled
-                old = g_rows if self.perm is None else self.perm[g_rows]
-                starts = np.asarray(self.indptr[old], dtype=np.int64)
-                lens = np.asarray(self.indptr[old + 1], dtype=np.int64) - starts
-                flat = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()), dtype=np.int64)
-                c = np.asarray(self.indices[flat], dtype=np.int64)
-                if self.new_id is not None:
-                    c = self.new_id[c]
-                del old, starts, flat
-            local = np.concatenate([np.repeat(np.arange(b - a, dtype=np.int64), lens), np.arange(b - a, dtype=np.int64)])
-            c = np.concatenate([c, g_rows])  # A + I: the self loop (row, row) of A
-            w = torch.from_numpy(self.inv_sqrt.numpy()[g_rows][local]) * torch.ones(local.size, dtype=torch.float64)
-            vals_all = (w * self.inv_sqrt[torch.from_numpy(c)]).float()  # Eq. 3, rounded once as gcn_normalize does
-            out_c = c if col_map is None else col_map[c]
-            order = np.argsort(local * n + out_c, kind="stable")  # rows in order, columns sorted
-            r_l, c_g, vals_all = local[order], out_c[order], vals_all[torch.from_numpy(order)]
-            del local, c, out_c, order, w
+        for a, b in self.chunks(r0, r1, chunk, view):
+            r_l, c_g, vals_all = self.entries(a, b, view)
             keep = (c_g >= c0) & (c_g < c1)
             counts.append(np.bincount(r_l[keep], minlength=b - a))
             cols_out.append(torch.from_numpy(c_g[keep]))
             vals_out.append(vals_all[torch.from_numpy(keep)])
             del r_l, c_g, keep, vals_all
-            a = b
         indptr = torch.zeros(r1 - r0 + 1, dtype=torch.int64)
         if counts:
             indptr[1:] = torch.from_numpy(np.cumsum(np.concatenate(counts)))
         indices = torch.cat(cols_out) if cols_out else torch.zeros(0, dtype=torch.int64)
         values = torch.cat(vals_out) if vals_out else torch.zeros(0, dtype=torch.float32)
-        if n < 2**31:
+        if self.n < 2**31:
             indices = indices.to(torch.int32)
         return CSRBlock(indptr.contiguous(), indices.contiguous(), values.contiguous(), r0, r1, c0, c1)
+
+    def feature_rows(self, a: int, b: int, cols: tuple) -> np.ndarray:
+        """Rows [a, b) x feature columns ``cols`` of X in the run's labeling, float32."""
+        f0, f1 = cols
+        ids = np.arange(a, b) if self.perm is None else self.perm[a:b]  # the rows' ids in the folder
+        if self.features is not None:
+            return self.features.rows(ids, None, None if self.features.means is None else self.y[a:b].numpy(),
+                                      cols=(f0, f1))
+        block = np.asarray(self.x[ids], dtype=np.float32)
+        _drop_pages(self.x)
+        if not np.isfinite(block).all():  # as the in-memory reader refuses them
+            raise ValueError(f"{self.folder}/x.npy holds NaN or inf (rows {a}..{b - 1}); clean or impute the "
+                             "features first")
+        return np.ascontiguousarray(block[:, f0:f1])
 
     def feature_block(self, rows: tuple, cols: tuple, chunk_rows: int) -> torch.Tensor:
         (x0, x1), (f0, f1) = rows, cols
         out = torch.empty((x1 - x0, f1 - f0), dtype=torch.float32)
         for a in range(x0, x1, max(1, chunk_rows)):
             b = min(x1, a + max(1, chunk_rows))
-            ids = np.arange(a, b) if self.perm is None else self.perm[a:b]  # the rows' ids in the folder
-            if self.features is not None:
-                block = self.features.rows(ids, None, None if self.features.means is None else self.y[a:b].numpy())
-            else:
-                block = np.asarray(self.x[ids], dtype=np.float32)
-                if not np.isfinite(block).all():  # as the in-memory reader refuses them
-                    raise ValueError(f"{self.folder}/x.npy holds NaN or inf (rows {a}..{b - 1}); clean or impute the "
-                                     "features first")
-            out[a - x0:b - x0] = torch.from_numpy(np.ascontiguousarray(block[:, f0:f1]))
+            out[a - x0:b - x0] = torch.from_numpy(self.feature_rows(a, b, cols))
         return out
 
 
@@ -426,15 +452,136 @@ def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str
     return {"file": path.name, "sha256": digest, "nnz": nnz, "resumed": False}
 
 
+# ------------------------------------------------------------------ blocks layout
+def _checked(out: Path, record: Path) -> dict | None:
+    """A finished group's record ({file: sha256}) when every file it lists still has that
+    checksum (a resumed staging keeps it), else None."""
+    try:
+        done = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = all((out / f).is_file() and file_sha256(out / f) == h for f, h in done["sha256"].items())
+    return done if ok else None
+
+
+def _write_rows(folder: str, seed: int, permute: str, split: tuple, topology: str | None, out_dir: str,
+                rows: tuple, col_ranges: list, chunk: int) -> dict:
+    """The stored blocks of A + I over vertex rows ``rows`` (one per column range of
+    ``col_ranges``), from one pass over those rows, ``chunk`` entries at a time: each
+    block's indptr, indices and values appended to its .npy files. Returns
+    {"sha256": {file: checksum}, "nnz": {file of indices: entries}, "resumed": bool}."""
+    out = Path(out_dir)
+    r0, r1 = rows
+    record = out / BLOCKS_DIR / f".rows-{r0}-{r1}.json"
+    done = _checked(out, record)
+    if done is not None:
+        return {**done, "resumed": True}
+    src = _source(folder, seed, permute, split, topology)
+    idx_dtype = np.int32 if src.n < 2**31 else np.int64
+    keys = [(rows, cols) for cols in col_ranges]
+    parts = {k: {p: NpyAppender(out / adjacency_file(k, p), dt) for p, dt in
+                 (("indptr", np.int64), ("indices", idx_dtype), ("values", np.float32))} for k in keys}
+    total = dict.fromkeys(keys, 0)
+    try:
+        for k in keys:
+            parts[k]["indptr"].add(np.zeros(1, dtype=np.int64))
+        for a, b in src.chunks(r0, r1, chunk):
+            r_l, c_g, vals = src.entries(a, b)
+            vals = vals.numpy()
+            for k in keys:
+                (c0, c1) = k[1]
+                keep = (c_g >= c0) & (c_g < c1) if (c0, c1) != (0, src.n) else slice(None)
+                counts = np.bincount(r_l[keep], minlength=b - a)
+                parts[k]["indptr"].add(total[k] + np.cumsum(counts))
+                parts[k]["indices"].add(c_g[keep])
+                parts[k]["values"].add(vals[keep])
+                total[k] += int(counts.sum())
+            del r_l, c_g, vals
+        paths = [w.close() for k in keys for w in parts[k].values()]
+    except BaseException:
+        for k in keys:
+            for w in parts[k].values():
+                if not w.f.closed:
+                    w.abort()
+        raise
+    done = {"sha256": {str(p.relative_to(out)): file_sha256(p) for p in paths},
+            "nnz": {adjacency_file(k, "indices"): total[k] for k in keys}}
+    atomic_write(record, lambda f: json.dump(done, f), text=True)
+    return {**done, "resumed": False}
+
+
+def _write_features(src: _Source, out: Path, keys: list, chunk_rows: int) -> dict:
+    """The dense feature blocks ``keys`` ((rows, feature columns)), ``chunk_rows`` rows at a time."""
+    sums = {}
+    for key in keys:
+        (x0, x1), cols = key
+        w = NpyAppender(out / feature_file(key), np.float32, (cols[1] - cols[0],))
+        try:
+            for a in range(x0, x1, chunk_rows):
+                w.add(src.feature_rows(a, min(x1, a + chunk_rows), cols))
+        except BaseException:
+            w.abort()
+            raise
+        sums[feature_file(key)] = file_sha256(w.close())
+    return sums
+
+
+def _stage_blocks(src: _Source, args: tuple, shape: tuple, out: Path, chunk: int, workers: int) -> dict:
+    """The blocks layout (:func:`.sharding.stored_blocks`): what the manifest says of it."""
+    folder, seed, permute, split, topology = args
+    stored = stored_blocks(shape, src.n)
+    by_rows: dict = {}
+    for rows, cols in stored:
+        by_rows.setdefault(rows, []).append(cols)
+    jobs = [(folder, seed, permute, split, topology, str(out), rows, cols, chunk) for rows, cols in by_rows.items()]
+    if workers == 1 or len(jobs) == 1:
+        done = [_write_rows(*j) for j in jobs]
+    else:
+        _SOURCE.clear()
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+            done = list(pool.map(_write_rows, *zip(*jobs)))
+    sums = {f: h for d in done for f, h in d["sha256"].items()}
+    nnz = {f: k for d in done for f, k in d["nnz"].items()}
+    nodes = {"y": src.y.numpy(), **{k: src.masks[k].numpy() for k in ("train_mask", "val_mask", "test_mask")}}
+    features: dict = {"kind": "dense"}
+    if src.features is not None:  # computed from the seed where the rank loads: nothing stored
+        features = {"kind": "seeded", "protocol": src.features.to_json()}
+        if src.perm is not None:
+            nodes["ids"] = src.perm  # the folder's id of each row, the features' counter
+            features["ids"] = True
+    for key, arr in nodes.items():
+        w = NpyAppender(out / node_file(key), arr.dtype, arr.shape[1:])
+        w.add(arr)
+        sums[node_file(key)] = file_sha256(w.close())
+    if features["kind"] == "dense":
+        sums.update(_write_features(src, out, feature_blocks(shape, src.n, src.num_features),
+                                    max(1, chunk // max(1, 2 * src.num_features))))
+
+    def plane_nnz(key: tuple) -> int:  # a row slice: the entries of its rows in the block it is cut from
+        block = next(k for k in stored if k[1] == key[1] and k[0][0] <= key[0][0] and key[0][1] <= k[0][1])
+        if block == key:
+            return nnz[adjacency_file(key, "indices")]
+        ip = np.load(out / adjacency_file(block, "indptr"), mmap_mode="r")
+        return int(ip[key[0][1] - block[0][0]] - ip[key[0][0] - block[0][0]])
+
+    per_rank = [[plane_nnz(k) for k in _rank_keys(shape, src.n, c)] for c in _mp_coords(shape)]
+    for d in by_rows:
+        (out / BLOCKS_DIR / f".rows-{d[0]}-{d[1]}.json").unlink(missing_ok=True)
+    return {"layout": "blocks", "files": sorted(sums), "sha256": sums, "nnz_per_shard": per_rank,
+            "features": features, "resumed": sum(d["resumed"] for d in done)}
+
+
 def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budget: int = 512 << 20,
                       workers: int = 1, permute: str = "none", split: tuple = (None, None),
-                      chunk_entries: int | None = None) -> list[Path]:
+                      chunk_entries: int | None = None, layout: str = "files") -> list[Path]:
     """``scalegnn data shard dir:FOLDER --memory-budget SIZE``: the shard files and
     manifest of :func:`.sharding.save_shards` for the graph in ``folder`` (generated, or a
     user's CSR folder: :func:`check_folder`), written rank file by rank file from
     memory-mapped arrays (see the module docstring). Returns the written paths, the
     manifest last. ``chunk_entries`` overrides the stored entries read at a time
-    (default: from the budget; tests make it small)."""
+    (default: from the budget; tests make it small). ``layout``: ``files`` (a file per
+    (x, y, z)) or ``blocks`` (each distinct block once, :func:`.sharding.stored_blocks`;
+    one pass over the graph; single or no permutation)."""
     folder = Path(folder).expanduser().resolve()
     if permute not in ("none", "single", "double"):
         raise ValueError(f"permute must be none, single or double, got {permute!r}")
@@ -442,6 +589,11 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
         raise ValueError(f"--memory-budget {memory_budget} bytes is below 1M; give at least 1M, e.g. 512M")
     if workers < 1:
         raise ValueError(f"--workers {workers} must be >= 1")
+    if layout not in ("files", "blocks"):
+        raise ValueError(f"--layout must be files or blocks, got {layout!r}")
+    if layout == "blocks" and permute == "double":
+        raise ValueError("--layout blocks stores the run's one labeling; --permute double needs two: stage it with "
+                         "--layout files, or use --permute single")
     kind = check_folder(folder)
     if split[0] is not None:
         from ..datasets._core import split_flag
@@ -459,32 +611,40 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
         symmetrize(folder, topology, chunk_entries or max(1024, memory_budget // BYTES_PER_ENTRY))
         topology = str(topology)
     src = _source(str(folder), int(seed), permute, split, topology)  # checks labels and split before the ranks
-    coords = _mp_coords(shape)
-    args = [(str(folder), int(seed), shape, c, str(out), name, chunk, permute, split, topology) for c in coords]
-    if workers == 1 or len(coords) == 1:
-        done = [_write_rank(*a) for a in args]
-    else:
+    if layout == "blocks":
+        staged = _stage_blocks(src, (str(folder), int(seed), permute, split, topology), shape, out, chunk, workers)
         _SOURCE.clear()
-        with ProcessPoolExecutor(max_workers=min(workers, len(coords)), mp_context=get_context("spawn")) as pool:
-            done = list(pool.map(_write_rank, *zip(*args)))
-    _SOURCE.clear()
+        files, sums, per_rank, resumed = staged["files"], staged["sha256"], staged["nnz_per_shard"], staged["resumed"]
+    else:
+        coords = _mp_coords(shape)
+        args = [(str(folder), int(seed), shape, c, str(out), name, chunk, permute, split, topology) for c in coords]
+        if workers == 1 or len(coords) == 1:
+            done = [_write_rank(*a) for a in args]
+        else:
+            _SOURCE.clear()
+            with ProcessPoolExecutor(max_workers=min(workers, len(coords)), mp_context=get_context("spawn")) as pool:
+                done = list(pool.map(_write_rank, *zip(*args)))
+        _SOURCE.clear()
+        files, per_rank, resumed = [d["file"] for d in done], [d["nnz"] for d in done], sum(d["resumed"] for d in done)
+        sums = {d["file"]: d["sha256"] for d in done}
     info = {"num_nodes": src.n, "num_edges": src.nnz, "adjacency_nnz": src.nnz + src.n, "num_features": src.num_features,
             "num_classes": src.num_classes, "sparse_features": False, "split": src.split_note}
     manifest = {
         "format": SHARD_FORMAT, "grid_shape": list(shape), "name": name, "num_nodes": src.n,
         "num_edges": src.nnz + src.n, "num_features": src.num_features, "num_classes": src.num_classes,
-        "multilabel": False, "files": [d["file"] for d in done], "nnz_per_shard": [d["nnz"] for d in done],
-        "sha256": {d["file"]: d["sha256"] for d in done}, "permute": permute, "seed": int(seed),
-        "split": list(split), "graph": info, "host": socket.gethostname(),
+        "multilabel": False, "files": files, "nnz_per_shard": per_rank, "sha256": sums, "permute": permute,
+        "seed": int(seed), "split": list(split), "graph": info, "host": socket.gethostname(),
         "staged": {"out_of_core": True, "memory_budget": int(memory_budget), "workers": int(workers),
-                   "resumed": sum(d["resumed"] for d in done)},
+                   "resumed": resumed},
     }
+    if layout == "blocks":
+        manifest.update(layout="blocks", features=staged["features"])
     mpath = out / "manifest.json"
     atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
-    for d in done:
-        (out / (d["file"] + ".sha256")).unlink(missing_ok=True)
+    for f in files:
+        (out / (f + ".sha256")).unlink(missing_ok=True)
     if topology is not None:
         for f in Path(topology).iterdir():
             f.unlink()
         Path(topology).rmdir()
-    return [out / d["file"] for d in done] + [mpath]
+    return [out / f for f in files] + [mpath]

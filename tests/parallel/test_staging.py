@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 
 import pytest
 
@@ -92,8 +93,14 @@ def test_the_cli_stages_out_of_core_and_names_bad_input(generated, tmp_path, cap
     assert main(["data", "shard", f"dir:{generated / 'csbm'}", "--grid", "1x1x2x1", "--out", str(tmp_path / "t"),
                  "--seed", "3", "--memory-budget", "64M", "--split", "random:0.6,0.2,0.2", "--split-seed", "4"]) == 0
     assert _manifest(tmp_path / "t")["split"] == ["random:0.6,0.2,0.2", 4] and "out of core" in capsys.readouterr().out
+    assert main(["data", "shard", f"dir:{generated / 'csbm'}", "--grid", "1x1x2x1", "--out", str(tmp_path / "b"),
+                 "--seed", "3", "--memory-budget", "64M", "--layout", "blocks"]) == 0
+    assert _manifest(tmp_path / "b")["layout"] == "blocks" and "out of core" in capsys.readouterr().out
     assert parse_size("512M") == 512 << 20 and parse_size("1.5GiB") == 3 << 29 and parse_size("4096") == 4096
     for argv, message in (
+            (["cora", "--layout", "blocks"], "--layout blocks is written by out-of-core staging; add --memory-budget"),
+            ([f"dir:{generated / 'csbm'}", "--memory-budget", "1G", "--layout", "blocks", "--permute", "double"],
+             "--permute double needs two"),
             (["cora", "--memory-budget", "1G"], "stages a dir: folder (CSR indptr.npy, indices.npy; or written by"),
             ([f"npz:{tmp_path / 'g.npz'}", "--memory-budget", "1G"], "an npz: file's arrays, one .npy per key"),
             ([f"dir:{tmp_path / 's'}", "--memory-budget", "1G"],
@@ -264,3 +271,133 @@ def test_a_users_folder_with_several_processes_and_resumed(users, tmp_path):
     got = _manifest(out)
     assert got["sha256"] == want and got["staged"]["resumed"] == 1  # the intact one kept, the damaged one rewritten
     assert not (out / ".symmetric-csr").exists() and not list(out.glob("*.sha256"))
+
+
+# ------------------------------------------------------------------ blocks layout
+def _same_shard(got, want):
+    """Two RankShards equal tensor for tensor (dtypes too), and holding the same bytes."""
+    for p, (a, b) in enumerate(zip(got.adj, want.adj)):
+        assert (a.row_start, a.row_end, a.col_start, a.col_end) == (b.row_start, b.row_end, b.col_start, b.col_end), p
+        for t in ("indptr", "indices", "values"):
+            ta, tb = getattr(a, t), getattr(b, t)
+            assert ta.dtype == tb.dtype and torch.equal(ta, tb), (p, t)
+    assert got.x.dtype == want.x.dtype and torch.equal(got.x, want.x)
+    for key in ("y", "train_mask", "val_mask", "test_mask"):
+        assert getattr(got, key).keys() == getattr(want, key).keys()
+        for ax, t in getattr(got, key).items():
+            assert t.dtype == getattr(want, key)[ax].dtype and torch.equal(t, getattr(want, key)[ax]), (key, ax)
+    for f in ("grid_shape", "coords", "num_nodes", "num_features", "num_classes", "multilabel", "feature_range",
+              "vertex_ranges", "name"):
+        assert getattr(got, f) == getattr(want, f), f
+    assert got.nbytes() == want.nbytes()
+
+
+def _ranks(shape):
+    return range(shape[1] * shape[2] * shape[3])
+
+
+@pytest.mark.parametrize("kind, permute", [(k, p) for k in KINDS for p in ("none", "single")])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 3, 1, 2), (1, 1, 1, 1), (1, 2, 4, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_the_blocks_layout_loads_every_ranks_shard_of_the_files_layout(generated, tmp_path, kind, permute, shape):
+    """Seeded features (computed at load from the seed, with the relabeling's ids),
+    shared planes and row slices (1x2x4x1: the (x, y) plane is rows of a stored block)."""
+    want = _in_memory(generated / kind, shape, tmp_path / "mem", permute)
+    stage_out_of_core(generated / kind, shape, tmp_path / "blk", seed=3, chunk_entries=300, permute=permute,
+                      layout="blocks")
+    got = _manifest(tmp_path / "blk")
+    assert got["layout"] == "blocks" and got["features"]["kind"] == "seeded"
+    assert got["nnz_per_shard"] == want["nnz_per_shard"]
+    for key in ("grid_shape", "name", "num_nodes", "num_edges", "num_features", "num_classes", "graph", "seed",
+                "permute", "split"):
+        assert got[key] == want[key], key
+    for rank in _ranks(shape):
+        _same_shard(load_shard(tmp_path / "blk", rank), load_shard(tmp_path / "mem", rank))
+    assert not [p for p in (tmp_path / "blk").rglob("*") if p.name.endswith((".part", ".tmp", ".json"))
+                and p.name != "manifest.json"]
+
+
+@pytest.mark.parametrize("user, permute, shape, split", [
+    ("one-way+own-split", "none", (1, 2, 2, 2), (None, None)), ("symmetric", "single", (1, 3, 1, 2), (None, None)),
+    ("one-way+loops", "none", (1, 2, 1, 2), ("random:0.6,0.2,0.2", 5))], ids=lambda v: v if isinstance(v, str) else None)
+def test_the_blocks_layout_of_a_users_folder_holds_its_dense_features(users, tmp_path, user, permute, shape, split):
+    folder = users / user
+    graph = load_dataset(f"dir:{folder}", seed=3, cache=False, split=split[0], split_seed=split[1])
+    shard_command(graph, shape, tmp_path / "mem", seed=3, permute=permute, split=split)
+    stage_out_of_core(folder, shape, tmp_path / "blk", seed=3, chunk_entries=400, permute=permute, split=split,
+                      layout="blocks")
+    got = _manifest(tmp_path / "blk")
+    assert got["features"] == {"kind": "dense"} and got["split"] == _manifest(tmp_path / "mem")["split"]
+    for rank in _ranks(shape):
+        _same_shard(load_shard(tmp_path / "blk", rank), load_shard(tmp_path / "mem", rank))
+
+
+def test_the_blocks_layout_stores_each_block_once(generated, tmp_path):
+    """A 2x2x2 grid: 4 distinct blocks of A + I on disk, each rank's three planes cut from
+    them; the per-rank files hold 8 ranks' planes (2 of them on the diagonal stored once)."""
+    shape = (1, 2, 2, 2)
+    stage_out_of_core(generated / "powerlaw", shape, tmp_path / "blk", seed=3, layout="blocks")
+    stage_out_of_core(generated / "powerlaw", shape, tmp_path / "files", seed=3)
+    got = _manifest(tmp_path / "blk")
+    assert len([f for f in got["files"] if f.endswith(".indices.npy")]) == 4
+    stored = sum(np.load(tmp_path / "blk" / f, mmap_mode="r").shape[0] for f in got["files"]
+                 if f.endswith(".indices.npy"))
+    assert stored == got["graph"]["adjacency_nnz"]  # every entry of A + I once
+    per_rank = sum((tmp_path / "files" / f).stat().st_size for f in _manifest(tmp_path / "files")["files"])
+    blocks = sum((tmp_path / "blk" / f).stat().st_size for f in got["files"])
+    assert blocks < per_rank / 2
+
+
+def test_a_killed_blocks_staging_resumes_and_a_damaged_block_is_refused(generated, tmp_path, monkeypatch):
+    import scalegnn.parallel.staging as staging
+
+    shape, out = (1, 2, 1, 2), tmp_path / "blk"
+    real, calls = staging._Source.entries, []
+
+    def dies_in_the_second_row_range(self, a, b, view="A"):
+        calls.append(a)
+        if a >= self.n // 2:
+            raise KeyboardInterrupt("killed")
+        return real(self, a, b, view)
+
+    monkeypatch.setattr(staging._Source, "entries", dies_in_the_second_row_range)
+    with pytest.raises(KeyboardInterrupt):
+        stage_out_of_core(generated / "powerlaw", shape, out, seed=3, chunk_entries=300, layout="blocks")
+    assert not (out / "manifest.json").exists() and not list(out.rglob("*.part"))
+    monkeypatch.setattr(staging._Source, "entries", real)
+    stage_out_of_core(generated / "powerlaw", shape, out, seed=3, chunk_entries=300, layout="blocks")
+    assert _manifest(out)["staged"]["resumed"] == 1  # the first row range's blocks were kept
+    stage_out_of_core(generated / "powerlaw", shape, tmp_path / "whole", seed=3, layout="blocks")
+    assert _manifest(out)["sha256"] == _manifest(tmp_path / "whole")["sha256"]
+    victim = out / next(f for f in _manifest(out)["files"] if f.endswith(".values.npy"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match the SHA-256 its manifest lists"):
+        for rank in _ranks(shape):
+            load_shard(out, rank)
+
+
+def test_the_blocks_layout_refuses_the_double_permutation_in_one_line(generated, tmp_path):
+    with pytest.raises(ValueError, match="--layout blocks stores the run's one labeling; --permute double"):
+        stage_out_of_core(generated / "csbm", (1, 2, 1, 1), tmp_path / "x", seed=3, permute="double", layout="blocks")
+    assert not (tmp_path / "x" / "manifest.json").exists()
+
+
+@pytest.mark.distributed
+def test_a_run_on_the_blocks_layout_trains_as_on_the_rank_files(generated, tmp_path):
+    """Four gloo ranks (1x2x1x2, the seed's relabeling): the same epoch losses and
+    accuracies, bit for bit, whichever layout the ranks read their shards from."""
+    from scalegnn.config import make_config
+    from scalegnn.launch import launch
+
+    folder, shape = generated / "csbm", (1, 2, 1, 2)
+    for layout in ("files", "blocks"):
+        stage_out_of_core(folder, shape, tmp_path / layout, seed=3, permute="single", layout=layout)
+    recs = [launch(make_config(dataset=f"dir:{folder}", shard_dir=str(tmp_path / layout), grid=shape, nproc=4,
+                               epochs=2, eval_every=1, hidden=8, batch_ratio=0.3, seed=3, permute="single",
+                               progress=False, out_dir=str(tmp_path / "runs" / layout)), timeout_s=240)
+            for layout in ("files", "blocks")]
+    assert [r["status"] for r in recs] == ["ok", "ok"], [r.get("error") for r in recs]
+    rows = [[(e["loss"], e["train_acc"], e["val_acc"], e["test_acc"]) for e in r["epochs"]] for r in recs]
+    assert rows[0] == rows[1] and len(rows[0]) == 2
