@@ -28,14 +28,23 @@ again). ``--split`` / ``--split-seed`` draw the project's random split of the la
 vertices (``random_split``, O(N)) in place of the folder's own or seeded one, as
 ``apply_split`` does, and the manifest records them (``check_shard_manifest``).
 
-Memory: O(N) small vectors (the degrees' ``d^-1/2`` in float64, labels, split masks:
-about 12 bytes per vertex; for a user's folder, four int64 row-pointer vectors while it
-is made symmetric), the rank's own shard (what it writes), and rows read in
-chunks of ``memory_budget / 40`` stored entries (the int64 keys, their sort and the
-values of a chunk). Work is split over ``workers`` processes, one (x, y, z) file at a
-time each (each holds its own N-sized vectors; the budget's chunk is divided among them). A killed staging resumes: a shard file whose ``.sha256`` sidecar matches it
-is kept, and the manifest (written last) lists every file's SHA-256, which
-:func:`.sharding.load_shard` verifies.
+Memory (:func:`memory_plan`; ``--memory-budget`` bounds the peak above the interpreter
+with its imports, about 230 MB, and staging refuses a budget too small before any work):
+N-sized vectors (the degrees' ``d^-1/2`` in float64, labels, split masks, and with a
+relabeling the permutation, its inverse and the permuted row offsets: VERTEX_BYTES per
+vertex at their peak; a user's folder: four int64 row-pointer vectors while it is made
+symmetric), with ``--layout files`` the rank's own shard (what it writes, twice while its
+planes are joined), and rows read in chunks of stored entries (BYTES_PER_ENTRY each:
+their int64 rows, columns, sort keys and order, float64 factors), as many as the rest of
+the budget holds and at least the longest row. Pages read from the memory-mapped
+inputs are dropped from the resident set after each chunk (:func:`_drop_pages`); outputs
+are appended through ``write`` (:class:`scalegnn.fileio.NpyAppender`), never through a
+writable map. Work is split over ``workers`` processes, one (x, y, z) file (files) or
+one row range of blocks (blocks) at a time each; each holds its own interpreter and
+vectors, and the budget's chunks are divided among them. A killed staging resumes: a
+shard file whose ``.sha256`` sidecar matches it (files), or a row range whose record
+lists the checksums its blocks still have (blocks), is kept, and the manifest (written
+last) lists every file's SHA-256, which :func:`.sharding.load_shard` verifies.
 
 ``--permute single`` relabels by the seed's P_c on the fly (new row i is old row
 ``perm[i]``, its columns mapped by ``perm^-1``: one N-sized int64 array each); ``double``
@@ -53,6 +62,7 @@ them).
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import re
@@ -73,9 +83,17 @@ from .sharding import (BLOCKS_DIR, SHARD_FORMAT, AltOrdering, RankShard, _check_
                        _rank_keys, _shard_name, _shared, adjacency_file, feature_blocks, feature_file, file_sha256,
                        node_file, stored_blocks)
 
-__all__ = ["check_folder", "file_sha256", "parse_size", "stage_out_of_core", "symmetrize"]
+__all__ = ["check_folder", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "symmetrize"]
 
-BYTES_PER_ENTRY = 40  # a chunk's int64 key, its sort, the int64 column and two float64 factors
+# The memory model of staging (module docstring), from counting the arrays live at each
+# peak and measured on generated graphs of 0.3 M and 1.2 M vertices (peak RSS above the
+# imported interpreter; tests/parallel/test_staging.py::test_the_memory_budget_bounds_the_peak
+# checks the bound in fresh processes):
+BYTES_PER_ENTRY = 64  # a chunk: int64 rows, columns, sort keys and order, the float64 factors (measured 47-55)
+VERTEX_BYTES = {"none": 40, "single": 80, "double": 104}  # measured 33 and 73 (none, single)
+SYMMETRIZE_VERTEX_BYTES = 48  # a user's CSR: A's and A^T's row pointers, their sum, the cursor and the degrees
+BASE_BYTES = 64 << 20  # modules imported on first use, allocator slack (measured 42-51 MB)
+INTERPRETER_BYTES = 256 << 20  # a spawned worker's python + torch + scalegnn (measured 230 MB)
 
 
 def parse_size(text: str) -> int:
@@ -84,6 +102,37 @@ def parse_size(text: str) -> int:
     if not m:
         raise ValueError(f"--memory-budget {text!r} is not a size; give e.g. 512M, 2G or 1048576 (bytes)")
     return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
+
+
+def memory_plan(budget: int, *, n: int, nnz: int, num_features: int, num_classes: int, shape: tuple, permute: str,
+                layout: str, workers: int, user_csr: bool) -> dict:
+    """What staging holds (module docstring) within ``budget`` bytes above the
+    interpreter: {"fixed": bytes that do not depend on the chunk, "chunk": stored entries
+    per worker's chunk, "need": the smallest budget that leaves chunks of 1024 entries}.
+    Raises a one-line ValueError naming the smallest budget when ``budget`` is below it."""
+    from ..perfmodel import Workload, shard_bytes
+
+    copies = 1 if workers == 1 else workers + 1  # the parent keeps its vectors while the workers run
+    vectors = max(VERTEX_BYTES[permute], SYMMETRIZE_VERTEX_BYTES if user_csr else 0) * n
+    shard = 0
+    if layout == "files":  # the rank's shard, built whole before it is written (twice while planes are joined)
+        sb = shard_bytes(Workload(n, nnz + n, max(1, num_features), max(1, num_classes)), shape)
+        shard = 2 * sb["total"] + (2 * sb["adjacency"] if permute == "double" else 0)
+    fixed = BASE_BYTES + copies * vectors + workers * int(shard) + (workers * INTERPRETER_BYTES if workers > 1 else 0)
+    need = fixed + workers * 1024 * BYTES_PER_ENTRY
+    if budget < need:
+        raise ValueError(f"--memory-budget {human_size(budget)} is below what staging this graph needs: "
+                         f"{human_size(fixed)} for {n:,} vertices' vectors" + (" and each rank's shard" if shard else "")
+                         + (f" in {workers} workers" if workers > 1 else "") + f"; give at least {human_size(need)}")
+    return {"fixed": fixed, "chunk": int((budget - fixed) // (workers * BYTES_PER_ENTRY)), "need": need}
+
+
+def human_size(b: float) -> str:
+    """Bytes as --memory-budget takes them (1024-based), rounded up: 5.2G, 640M."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if b >= scale:
+            return f"{math.ceil(b / scale * 10) / 10:g}{unit}"
+    return f"{int(b)}"
 
 
 def _load(path: Path):
@@ -152,6 +201,31 @@ def check_folder(folder: Path) -> str:
 
     byo_labels(np.asarray(y), f"{folder}/<key>.npy", "'y'", n)  # bad labels found now, not after the CSR pass
     return "csr"
+
+
+def _sizes(folder: Path, kind: str) -> dict:
+    """What :func:`memory_plan` needs of a checked folder, read from headers and json only."""
+    shape = lambda name: np.load(folder / name, mmap_mode="r", allow_pickle=False).shape  # noqa: E731
+    n = shape("y.npy")[0]
+    nnz = int(np.load(folder / "indptr.npy", mmap_mode="r")[-1]) * (2 if kind == "csr" else 1)  # A + A^T at most
+    if (folder / "x.npy").is_file():
+        f = shape("x.npy")[1]
+    else:
+        f = int(json.loads((folder / "features.json").read_text()).get("dim", 1))
+    return {"n": n, "nnz": nnz, "num_features": f, "num_classes": 32}
+
+
+def _longest_row(folder: Path) -> int:
+    """The most stored entries of one row of the CSR in ``folder`` (graph.json's
+    max_degree when generated; else one chunked pass over the row pointers)."""
+    if (folder / "graph.json").is_file():
+        return int(json.loads((folder / "graph.json").read_text())["max_degree"])
+    indptr = np.load(folder / "indptr.npy", mmap_mode="r")
+    longest = 0
+    for a in range(0, indptr.shape[0] - 1, 1 << 22):
+        longest = max(longest, int(np.diff(indptr[a:a + (1 << 22) + 1]).max(initial=0)))
+    _drop_pages(indptr)
+    return longest
 
 
 def _row_chunks(row_end: np.ndarray, r0: int, r1: int, chunk: int):
@@ -282,6 +356,7 @@ class _Source:
             m = torch.zeros(self.n, dtype=torch.bool)
             m[idx] = True
             self.masks[key] = m
+        del parts, labeled, own  # N-sized: gone before the degrees'
         self.masks["train_mask"] &= self.y >= 0
         deg = np.diff(self.indptr)
         self.perm = self.new_id = self.sigma = self.sigma_inv = None
@@ -296,11 +371,13 @@ class _Source:
             if permute == "double":  # and the second labeling sigma (sharding.double_permuted)
                 self.sigma = double_sigma(self.n, seed)
                 self.sigma_inv = inverse_permutation(self.sigma)
-        self.deg = deg  # of A in the run's labeling (P_c applied), self loops not counted
+        _drop_pages(self.indptr)
         self._row_end: dict = {}
-        deg_t = torch.from_numpy(deg.astype(np.float64)) + 1.0  # A + I: one self loop per row
-        self.inv_sqrt = torch.where(deg_t > 0, deg_t.rsqrt(), torch.zeros_like(deg_t))
-        del deg, deg_t
+        # d^-1/2 of A + I (one self loop per row, so d >= 1), float64 as Graph.gcn_normalize computes it
+        self.inv_sqrt = np.add(deg, 1.0, dtype=np.float64)
+        torch.from_numpy(self.inv_sqrt).rsqrt_()
+        self.deg = deg if self.perm is not None else None  # of A in the run's labeling, for permuted rows' offsets
+        del deg
 
     def _rows_of(self, view: str):
         """Row r of ``view`` is row ``map[r]`` of A (None: row r): "rows" is the double
@@ -342,11 +419,13 @@ class _Source:
         _drop_pages(self.indptr, self.indices)  # read pages leave the resident set (they stay in the page cache)
         local = np.concatenate([np.repeat(np.arange(b - a, dtype=np.int64), lens), np.arange(b - a, dtype=np.int64)])
         c = np.concatenate([c, g_rows])  # A + I: the self loop (row, row) of A
-        w = torch.from_numpy(self.inv_sqrt.numpy()[g_rows][local]) * torch.ones(local.size, dtype=torch.float64)
-        vals = (w * self.inv_sqrt[torch.from_numpy(c)]).float()  # Eq. 3, rounded once as gcn_normalize does
-        out_c = c if col_map is None else col_map[c]
-        order = np.argsort(local * n + out_c, kind="stable")  # rows in order, columns sorted
-        return local[order], out_c[order], vals[torch.from_numpy(order)]
+        vals = self.inv_sqrt[g_rows][local]
+        vals *= self.inv_sqrt[c]
+        vals = vals.astype(np.float32)  # Eq. 3 in float64, rounded once as gcn_normalize does
+        if col_map is not None:
+            c = col_map[c]
+        order = np.argsort(local * n + c, kind="stable")  # rows in order, columns sorted
+        return local[order], c[order], torch.from_numpy(vals[order])
 
     def chunks(self, r0: int, r1: int, chunk: int, view: str = "A"):
         """Rows [a, b) of [r0, r1) of ``view`` holding about ``chunk`` stored entries (at least one row) each."""
@@ -603,13 +682,20 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = f"dir:{folder}"
-    chunk = chunk_entries or max(1024, memory_budget // (BYTES_PER_ENTRY * workers))
+    plan = memory_plan(memory_budget, **_sizes(folder, kind), shape=shape, permute=permute, layout=layout,
+                       workers=workers, user_csr=kind == "csr")
+    chunk = chunk_entries or plan["chunk"]
     topology = None
     if kind == "csr":  # the user's CSR made symmetric (as the in-memory reader does), on disk beside the shards
         topology = out / ".symmetric-csr"
         topology.mkdir(exist_ok=True)
-        symmetrize(folder, topology, chunk_entries or max(1024, memory_budget // BYTES_PER_ENTRY))
+        symmetrize(folder, topology, chunk_entries or plan["chunk"] * workers)
         topology = str(topology)
+    longest = _longest_row(Path(topology or folder))
+    if chunk_entries is None and longest + 1 > chunk:  # a chunk holds at least one row (and its self loop)
+        raise ValueError(f"--memory-budget {human_size(memory_budget)} leaves chunks of {chunk:,} entries, below "
+                         f"this graph's longest row ({longest:,} entries); give at least "
+                         f"{human_size(plan['fixed'] + workers * (longest + 1) * BYTES_PER_ENTRY)}")
     src = _source(str(folder), int(seed), permute, split, topology)  # checks labels and split before the ranks
     if layout == "blocks":
         staged = _stage_blocks(src, (str(folder), int(seed), permute, split, topology), shape, out, chunk, workers)

@@ -58,7 +58,8 @@ def test_out_of_core_shards_are_the_in_memory_ones(generated, tmp_path, kind, pe
 def test_several_processes_write_the_same_files_and_a_killed_staging_resumes(generated, tmp_path):
     shape = (1, 2, 1, 2)
     want = _in_memory(generated / "powerlaw", shape, tmp_path / "mem")["sha256"]
-    stage_out_of_core(generated / "powerlaw", shape, tmp_path / "par", seed=3, workers=2, chunk_entries=500)
+    stage_out_of_core(generated / "powerlaw", shape, tmp_path / "par", seed=3, workers=2, chunk_entries=500,
+                      memory_budget=1 << 30)
     assert _manifest(tmp_path / "par")["sha256"] == want
     out = tmp_path / "killed"  # a staging killed after two rank files, one of them then damaged
     out.mkdir()
@@ -87,14 +88,14 @@ def test_a_shard_that_does_not_match_its_checksum_is_refused(generated, tmp_path
 
 def test_the_cli_stages_out_of_core_and_names_bad_input(generated, tmp_path, capsys):
     assert main(["data", "shard", f"dir:{generated / 'csbm'}", "--grid", "1x1x2x1", "--out", str(tmp_path / "s"),
-                 "--seed", "3", "--memory-budget", "64M"]) == 0
+                 "--seed", "3", "--memory-budget", "128M"]) == 0
     assert "out of core" in capsys.readouterr().out
-    assert _manifest(tmp_path / "s")["staged"]["memory_budget"] == 64 << 20
+    assert _manifest(tmp_path / "s")["staged"]["memory_budget"] == 128 << 20
     assert main(["data", "shard", f"dir:{generated / 'csbm'}", "--grid", "1x1x2x1", "--out", str(tmp_path / "t"),
-                 "--seed", "3", "--memory-budget", "64M", "--split", "random:0.6,0.2,0.2", "--split-seed", "4"]) == 0
+                 "--seed", "3", "--memory-budget", "128M", "--split", "random:0.6,0.2,0.2", "--split-seed", "4"]) == 0
     assert _manifest(tmp_path / "t")["split"] == ["random:0.6,0.2,0.2", 4] and "out of core" in capsys.readouterr().out
     assert main(["data", "shard", f"dir:{generated / 'csbm'}", "--grid", "1x1x2x1", "--out", str(tmp_path / "b"),
-                 "--seed", "3", "--memory-budget", "64M", "--layout", "blocks"]) == 0
+                 "--seed", "3", "--memory-budget", "128M", "--layout", "blocks"]) == 0
     assert _manifest(tmp_path / "b")["layout"] == "blocks" and "out of core" in capsys.readouterr().out
     assert parse_size("512M") == 512 << 20 and parse_size("1.5GiB") == 3 << 29 and parse_size("4096") == 4096
     for argv, message in (
@@ -259,7 +260,8 @@ def test_a_users_folder_with_several_processes_and_resumed(users, tmp_path):
     shape, folder = (1, 2, 1, 2), users / "one-way+loops"
     shard_command(load_dataset(f"dir:{folder}", seed=3, cache=False), shape, tmp_path / "mem", seed=3)
     want = _manifest(tmp_path / "mem")["sha256"]
-    stage_out_of_core(folder, shape, tmp_path / "par", seed=3, workers=2, chunk_entries=500)
+    stage_out_of_core(folder, shape, tmp_path / "par", seed=3, workers=2, chunk_entries=500,
+                      memory_budget=1 << 30)
     assert _manifest(tmp_path / "par")["sha256"] == want
     out = tmp_path / "killed"  # killed after two rank files, one of them then damaged
     (out / ".symmetric-csr").mkdir(parents=True)
@@ -401,3 +403,62 @@ def test_a_run_on_the_blocks_layout_trains_as_on_the_rank_files(generated, tmp_p
     assert [r["status"] for r in recs] == ["ok", "ok"], [r.get("error") for r in recs]
     rows = [[(e["loss"], e["train_acc"], e["val_acc"], e["test_acc"]) for e in r["epochs"]] for r in recs]
     assert rows[0] == rows[1] and len(rows[0]) == 2
+
+
+_PEAK = r"""
+import json, sys
+from scalegnn.parallel.staging import stage_out_of_core
+def status(key):  # kB in /proc/self/status
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))
+with open("/proc/self/clear_refs", "w") as f:  # the peak so far (importing torch's) set back to the current RSS
+    f.write("5")
+base = status("VmRSS")
+folder, out, layout, permute, budget = sys.argv[1:6]
+stage_out_of_core(folder, (1, 2, 2, 2), out, seed=3, memory_budget=int(budget), layout=layout, permute=permute)
+print(json.dumps({"above": status("VmHWM") - base}))
+"""
+
+
+@pytest.fixture(scope="module")
+def bigger(tmp_path_factory):
+    """200,000 vertices, ~1.9 M stored entries: the N-sized vectors and the chunks both matter."""
+    root = tmp_path_factory.mktemp("bigger")
+    generate("powerlaw:n=200000,avg_degree=10,exponent=2.5", root / "g", seed=3)
+    return root / "g"
+
+
+@pytest.mark.parametrize("layout, permute, budget", [("blocks", "none", 128 << 20), ("blocks", "single", 160 << 20),
+                                                     ("files", "none", 320 << 20), ("files", "double", 400 << 20)])
+def test_the_memory_budget_bounds_the_peak(bigger, tmp_path, layout, permute, budget):
+    """A fresh process's peak RSS above the imported interpreter stays within
+    --memory-budget, with chunks as large as the budget leaves (not a few entries)."""
+    import subprocess
+    import sys
+
+    from scalegnn.parallel.staging import BYTES_PER_ENTRY, memory_plan
+
+    info = json.loads((bigger / "graph.json").read_text())
+    plan = memory_plan(budget, n=info["num_nodes"], nnz=info["stored_entries"], num_features=128, num_classes=32,
+                       shape=(1, 2, 2, 2), permute=permute, layout=layout, workers=1, user_csr=False)
+    assert plan["chunk"] * BYTES_PER_ENTRY >= budget // 8  # the chunks are a real share of the budget
+    done = subprocess.run([sys.executable, "-c", _PEAK, str(bigger), str(tmp_path / "s"), layout, permute,
+                           str(budget)], capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    above = json.loads(done.stdout.strip().splitlines()[-1])["above"]
+    assert above <= budget, f"peak {above / 2**20:.0f} MiB above the interpreter, budget {budget / 2**20:.0f} MiB"
+
+
+def test_a_budget_too_small_is_refused_before_any_work(bigger, tmp_path, capsys):
+    out = tmp_path / "s"
+    assert main(["data", "shard", f"dir:{bigger}", "--grid", "1x2x2x2", "--out", str(out), "--memory-budget", "50M",
+                 "--layout", "blocks"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "--memory-budget 50M is below what staging this graph needs" in err and "give at least" in err
+    assert "\n" not in err and not (out / "manifest.json").exists() and not list(out.rglob("*.npy"))
+    longest = json.loads((bigger / "graph.json").read_text())["max_degree"]
+    from scalegnn.parallel.staging import BASE_BYTES, BYTES_PER_ENTRY, VERTEX_BYTES
+
+    tight = BASE_BYTES + VERTEX_BYTES["none"] * 200000 + (longest // 2) * BYTES_PER_ENTRY  # chunks under a row
+    with pytest.raises(ValueError, match=f"below this graph's longest row \\({longest:,} entries\\)"):
+        stage_out_of_core(bigger, (1, 2, 2, 2), out, memory_budget=tight, layout="blocks")
