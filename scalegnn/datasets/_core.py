@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scalegnn.csr import csr_matrix, feature_layout
+from scalegnn.csr import csr_matrix, feature_layout, unique_keys
 from scalegnn.graph import Graph, GraphValidationError, random_split
 
 __all__ = [
@@ -262,7 +262,7 @@ def multihot_features(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]
             bad = int(ids.max()) if ids.max() >= size else int(ids.min())
             raise DatasetError(f"{what}: {name} id {bad} is outside [0, {size}); the files do not belong together, "
                                "re-copy them")
-    key = np.unique(rows * max(width, 1) + cols)  # sorted by (row, col), repeats once
+    key = unique_keys(rows * max(width, 1) + cols)  # sorted by (row, col), repeats once
     rows_k = key // max(width, 1)
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows_k, minlength=n), out=indptr[1:])

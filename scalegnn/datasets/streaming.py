@@ -68,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..csr import unique_keys
 from ..fileio import npy_header
 from ._core import DatasetError
 
@@ -320,7 +321,7 @@ def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progr
         for i in range(buckets):
             r0, r1 = i * rows_per, min(n, (i + 1) * rows_per)
             path = tmp / f"{i}.bin"
-            keys = np.unique(np.fromfile(path, dtype=np.int64)) if path.exists() else np.zeros(0, np.int64)
+            keys = unique_keys(np.fromfile(path, dtype=np.int64)) if path.exists() else np.zeros(0, np.int64)
             rows, cols = np.divmod(keys, n)
             del keys
             cols.astype(idx_dtype).tofile(f)

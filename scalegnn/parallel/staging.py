@@ -74,6 +74,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..csr import unique_keys
 from ..fileio import NpyAppender, atomic_write
 from ..sampling import CSRBlock
 from ..ranges import split_range
@@ -288,7 +289,7 @@ def symmetrize(folder: Path, out: Path, chunk: int) -> None:
         c = np.concatenate([np.asarray(indices[ip[a]:ip[b]], dtype=np.int64),
                             np.asarray(a_t[t_ip[a]:t_ip[b]], dtype=np.int64)])
         keep = c != local + a  # self loops dropped (the trainer adds I)
-        return np.unique(local[keep] * n + c[keep])
+        return unique_keys(local[keep] * n + c[keep])
 
     deg = np.zeros(n, dtype=np.int64)
     for a, b in _row_chunks(both, 0, n, chunk):  # pass 3: the symmetric rows' lengths
