@@ -55,6 +55,7 @@ __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_
 SHARD_FORMAT = 1
 BLOCKS_DIR = "blocks"  # the blocks layout's arrays (manifest "layout": "blocks")
 NODE_ARRAYS = ("y", "train_mask", "val_mask", "test_mask")
+SEEDED_ROWS_ENTRIES = 1 << 22  # seeded features computed at load this many entries at a time (~40 B of temporaries each)
 
 
 @dataclass
@@ -531,9 +532,14 @@ def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, veri
         from ..datasets.streaming import seeded_features
 
         feats = seeded_features(manifest["features"]["protocol"], f"{out}/manifest.json")
-        ids = np.arange(x0, x1) if "ids" not in manifest["features"] else array(node_file("ids"))[x0:x1].numpy()
-        y_rows = None if feats.means is None else nodes["y"][x0:x1].numpy()
-        x = torch.from_numpy(feats.rows(ids, None, y_rows, cols=(f0, f1)))
+        ids = array(node_file("ids")).numpy() if manifest["features"].get("ids") else None
+        x = torch.empty((x1 - x0, f1 - f0), dtype=torch.float32)
+        step = max(1, SEEDED_ROWS_ENTRIES // max(1, f1 - f0))  # bounded temporaries, whatever the rank's rows
+        for a in range(x0, x1, step):
+            b = min(x1, a + step)
+            y_rows = None if feats.means is None else nodes["y"][a:b].numpy()
+            x[a - x0:b - x0] = torch.from_numpy(feats.rows(np.arange(a, b) if ids is None else ids[a:b], None, y_rows,
+                                                           cols=(f0, f1)))
     else:
         x = array(feature_file(((x0, x1), (f0, f1))))
     return RankShard(

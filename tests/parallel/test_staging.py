@@ -301,9 +301,14 @@ def _ranks(shape):
 @pytest.mark.parametrize("kind, permute", [(k, p) for k in KINDS for p in ("none", "single")])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 2), (1, 3, 1, 2), (1, 1, 1, 1), (1, 2, 4, 1)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_the_blocks_layout_loads_every_ranks_shard_of_the_files_layout(generated, tmp_path, kind, permute, shape):
-    """Seeded features (computed at load from the seed, with the relabeling's ids),
-    shared planes and row slices (1x2x4x1: the (x, y) plane is rows of a stored block)."""
+def test_the_blocks_layout_loads_every_ranks_shard_of_the_files_layout(generated, tmp_path, monkeypatch, kind,
+                                                                        permute, shape):
+    """Seeded features (computed at load from the seed, with the relabeling's ids, a few
+    rows at a time), shared planes and row slices (1x2x4x1: the (x, y) plane is rows of a
+    stored block)."""
+    import scalegnn.parallel.sharding as sharding
+
+    monkeypatch.setattr(sharding, "SEEDED_ROWS_ENTRIES", 100)
     want = _in_memory(generated / kind, shape, tmp_path / "mem", permute)
     stage_out_of_core(generated / kind, shape, tmp_path / "blk", seed=3, chunk_entries=300, permute=permute,
                       layout="blocks")
