@@ -76,6 +76,8 @@ def worker(folder: str, rank: int, mode: str) -> dict:
 
     import io
 
+    import scalegnn.datasets.streaming  # noqa: F401 - seeded features' code; a training rank has imported it already
+
     buf = io.BytesIO()  # warm up what every mode uses once (the loader, the reductions) before the baseline
     torch.save({"a": torch.ones(8), "b": torch.ones(8, dtype=torch.int32)}, buf)
     buf.seek(0)

@@ -14,11 +14,13 @@ one line naming the file and the field, not an allocator traceback.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write", "NpyAppender", "load_error", "check_output_folder", "memory_budget", "check_declared_size",
+__all__ = ["atomic_write", "NpyAppender", "drop_pages", "load_error", "check_output_folder", "memory_budget",
+           "check_declared_size",
            "human_bytes", "MEMORY_BUDGET_ENV"]
 
 MEMORY_BUDGET_ENV = "SCALEGNN_MEMORY_BUDGET"
@@ -237,3 +239,14 @@ class NpyAppender:
     def abort(self) -> None:
         self.f.close()
         self.tmp.unlink(missing_ok=True)
+
+
+def drop_pages(*arrays) -> None:
+    """Take the pages of memory-mapped ``arrays`` out of this process's resident set
+    (``madvise(MADV_DONTNEED)``; a file's clean pages stay in the page cache): a pass over
+    a file larger than memory would otherwise count every page it has read against the
+    process's peak, though the kernel could drop them at will."""
+    for a in arrays:
+        m = getattr(a, "_mmap", None)
+        if m is not None and hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            m.madvise(mmap.MADV_DONTNEED)

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from ..csr import csr_block, is_csr
-from ..fileio import atomic_write, load_error
+from ..fileio import atomic_write, drop_pages, load_error
 from ..graph import Graph
 from ..sampling import CSRBlock, train_mask_of
 from ..ranges import split_range
@@ -55,7 +55,7 @@ __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_
 SHARD_FORMAT = 1
 BLOCKS_DIR = "blocks"  # the blocks layout's arrays (manifest "layout": "blocks")
 NODE_ARRAYS = ("y", "train_mask", "val_mask", "test_mask")
-SEEDED_ROWS_ENTRIES = 1 << 22  # seeded features computed at load this many entries at a time (~40 B of temporaries each)
+SEEDED_ROWS_ENTRIES = 1 << 18  # seeded features computed at load this many entries at a time (~50 B of temporaries each)
 
 
 @dataclass
@@ -507,7 +507,7 @@ def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, veri
     n, num_features = int(manifest["num_nodes"]), int(manifest["num_features"])
     sums = manifest.get("sha256") or {}
 
-    def array(rel: str) -> torch.Tensor:
+    def mapped(rel: str) -> np.ndarray:
         path = out / rel
         if not path.exists():
             raise FileNotFoundError(f"shard array {path} is missing (the manifest lists it); {redo}")
@@ -515,9 +515,15 @@ def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, veri
             raise ValueError(f"shard array {path} does not match the SHA-256 its manifest lists (damaged, or "
                              f"written by another staging); {redo}")
         try:
-            return torch.from_numpy(np.load(path, mmap_mode="c", allow_pickle=False))
+            return np.load(path, mmap_mode="c", allow_pickle=False)
         except (ValueError, OSError) as exc:
             raise ValueError(f"shard array {path} is unreadable ({load_error(exc)}); {redo}") from None
+
+    def array(rel: str) -> torch.Tensor:
+        return torch.from_numpy(mapped(rel))
+
+    def copied(m: np.ndarray, a: int, b: int) -> torch.Tensor:  # rows [a, b) of a whole-graph vector, its own
+        return torch.from_numpy(np.array(m[a:b]))
 
     sizes = dict(zip(("dp", "x", "y", "z"), shape))
     vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
@@ -525,28 +531,30 @@ def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, veri
     adj = _shared(keys, lambda key: CSRBlock(*(array(adjacency_file(key, p)) for p in ("indptr", "indices", "values")),
                                               *key[0], *key[1]))
     f0, f1 = split_range(num_features, sizes["z"], coords["z"])
-    nodes = {key: array(node_file(key)) for key in NODE_ARRAYS}
-    sl = lambda t: {ax: t[vr[ax][0]: vr[ax][1]].clone() for ax in PMM_AXES}  # noqa: E731
+    nodes = {key: mapped(node_file(key)) for key in NODE_ARRAYS}
+    labels = {key: {ax: copied(m, *vr[ax]) for ax in PMM_AXES} for key, m in nodes.items()}
     x0, x1 = vr["x"]
     if manifest.get("features", {}).get("kind") == "seeded":
         from ..datasets.streaming import seeded_features
 
         feats = seeded_features(manifest["features"]["protocol"], f"{out}/manifest.json")
-        ids = array(node_file("ids")).numpy() if manifest["features"].get("ids") else None
+        ids = mapped(node_file("ids")) if manifest["features"].get("ids") else None
         x = torch.empty((x1 - x0, f1 - f0), dtype=torch.float32)
         step = max(1, SEEDED_ROWS_ENTRIES // max(1, f1 - f0))  # bounded temporaries, whatever the rank's rows
         for a in range(x0, x1, step):
             b = min(x1, a + step)
-            y_rows = None if feats.means is None else nodes["y"][a:b].numpy()
+            y_rows = None if feats.means is None else nodes["y"][a:b]
             x[a - x0:b - x0] = torch.from_numpy(feats.rows(np.arange(a, b) if ids is None else ids[a:b], None, y_rows,
                                                            cols=(f0, f1)))
+            drop_pages(ids, nodes["y"])
     else:
         x = array(feature_file(((x0, x1), (f0, f1))))
+    drop_pages(*nodes.values())  # the whole-graph vectors' pages read for the copies leave this rank's resident set
     return RankShard(
         grid_shape=run_shape, coords={ax: int(coords[ax]) for ax in PMM_AXES}, num_nodes=n,
         num_features=num_features, num_classes=int(manifest["num_classes"]), multilabel=bool(manifest["multilabel"]),
         adj=tuple(adj[k] for k in keys), x=x, feature_range=(f0, f1), vertex_ranges=vr,
-        name=manifest["name"], **{key: sl(nodes[key]) for key in NODE_ARRAYS})
+        name=manifest["name"], **labels)
 
 
 def file_sha256(path, block: int = 1 << 22) -> str:

@@ -37,7 +37,7 @@ symmetric), with ``--layout files`` the rank's own shard (what it writes, twice 
 planes are joined), and rows read in chunks of stored entries (BYTES_PER_ENTRY each:
 their int64 rows, columns, sort keys and order, float64 factors), as many as the rest of
 the budget holds and at least the longest row. Pages read from the memory-mapped
-inputs are dropped from the resident set after each chunk (:func:`_drop_pages`); outputs
+inputs are dropped from the resident set after each chunk (:func:`scalegnn.fileio.drop_pages`); outputs
 are appended through ``write`` (:class:`scalegnn.fileio.NpyAppender`), never through a
 writable map. Work is split over ``workers`` processes, one (x, y, z) file (files) or
 one row range of blocks (blocks) at a time each; each holds its own interpreter and
@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import re
 import socket
@@ -75,7 +74,7 @@ import numpy as np
 import torch
 
 from ..csr import unique_keys
-from ..fileio import NpyAppender, atomic_write
+from ..fileio import NpyAppender, atomic_write, drop_pages
 from ..sampling import CSRBlock
 from ..ranges import split_range
 from .grid import PMM_AXES
@@ -140,17 +139,6 @@ def _load(path: Path):
     """A stored-entries-sized array (indices, x), memory-mapped: read a block at a time,
     never whole (a test swaps this for a guard that refuses reading it whole)."""
     return np.load(path, mmap_mode="r", allow_pickle=False)
-
-
-def _drop_pages(*arrays) -> None:
-    """Take the pages of memory-mapped ``arrays`` out of this process's resident set
-    (``madvise(MADV_DONTNEED)``; a file's clean pages stay in the page cache): a pass over
-    a file larger than memory would otherwise count every page it has read against the
-    process's peak, though the kernel could drop them at will."""
-    for a in arrays:
-        m = getattr(a, "_mmap", None)
-        if m is not None and hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            m.madvise(mmap.MADV_DONTNEED)
 
 
 def check_folder(folder: Path) -> str:
@@ -225,7 +213,7 @@ def _longest_row(folder: Path) -> int:
     longest = 0
     for a in range(0, indptr.shape[0] - 1, 1 << 22):
         longest = max(longest, int(np.diff(indptr[a:a + (1 << 22) + 1]).max(initial=0)))
-    _drop_pages(indptr)
+    drop_pages(indptr)
     return longest
 
 
@@ -372,7 +360,7 @@ class _Source:
             if permute == "double":  # and the second labeling sigma (sharding.double_permuted)
                 self.sigma = double_sigma(self.n, seed)
                 self.sigma_inv = inverse_permutation(self.sigma)
-        _drop_pages(self.indptr)
+        drop_pages(self.indptr)
         self._row_end: dict = {}
         # d^-1/2 of A + I (one self loop per row, so d >= 1), float64 as Graph.gcn_normalize computes it
         self.inv_sqrt = np.add(deg, 1.0, dtype=np.float64)
@@ -417,7 +405,7 @@ class _Source:
             if self.new_id is not None:
                 c = self.new_id[c]
             del old, starts, flat
-        _drop_pages(self.indptr, self.indices)  # read pages leave the resident set (they stay in the page cache)
+        drop_pages(self.indptr, self.indices)  # read pages leave the resident set (they stay in the page cache)
         local = np.concatenate([np.repeat(np.arange(b - a, dtype=np.int64), lens), np.arange(b - a, dtype=np.int64)])
         c = np.concatenate([c, g_rows])  # A + I: the self loop (row, row) of A
         vals = self.inv_sqrt[g_rows][local]
@@ -463,7 +451,7 @@ class _Source:
             return self.features.rows(ids, None, None if self.features.means is None else self.y[a:b].numpy(),
                                       cols=(f0, f1))
         block = np.asarray(self.x[ids], dtype=np.float32)
-        _drop_pages(self.x)
+        drop_pages(self.x)
         if not np.isfinite(block).all():  # as the in-memory reader refuses them
             raise ValueError(f"{self.folder}/x.npy holds NaN or inf (rows {a}..{b - 1}); clean or impute the "
                              "features first")
