@@ -178,17 +178,11 @@ def _cmd_data(args) -> int:
 
         check_output_folder(args.out, "--out")  # before loading: a bad --out is found in a second, not an hour
         if args.memory_budget is not None:  # out of core: the graph is never loaded whole
-            from .parallel.staging import parse_size, stage_out_of_core
+            from .parallel.staging import parse_size, stage_source
 
-            kind, _, folder = args.name.partition(":")
-            if kind.strip().lower() != "dir" or not folder.strip():
-                raise ValueError(f"--memory-budget stages a dir: folder (CSR indptr.npy, indices.npy; or written by "
-                                 f"`scalegnn data generate`), not {args.name!r}; save it as one (an npz: file's "
-                                 "arrays, one .npy per key), or drop --memory-budget to stage in memory")
-            paths = stage_out_of_core(folder.strip(), args.grid, args.out, seed=args.seed,
-                                      memory_budget=parse_size(args.memory_budget), workers=args.workers,
-                                      permute=args.permute, split=(args.split, args.split_seed),
-                                      layout=args.layout)
+            paths = stage_source(args.name, args.grid, args.out, data_root=args.data_root, seed=args.seed,
+                                 memory_budget=parse_size(args.memory_budget), workers=args.workers,
+                                 permute=args.permute, split=(args.split, args.split_seed), layout=args.layout)
             print(f"wrote {len(paths)} shard files to {args.out} (out of core)")
             return 0
     if args.data_command == "shard" and args.layout != "files":

@@ -51,12 +51,12 @@ last) lists every file's SHA-256, which :func:`.sharding.load_shard` verifies.
 adds sigma's two relabelings of the normalized matrix (rows by sigma for even layers,
 columns for odd ones: :class:`.sharding.AltOrdering`), read the same way.
 
-Not yet (issue 26 item 2), each refused in one line before any work, naming the
-in-memory path: a folder of ``edge_index.npy`` (or save its CSR), sparse features
-(``x.npz`` or ``x_*.npy``), a directed weighted folder (``undirected.npy`` false),
-multi-hot ``y``; and inputs that are not a ``dir:`` folder (the npz form: save its arrays
-as one ``.npy`` per key; edge lists, Matrix Market, OGB's papers100M files as OGB ships
-them).
+Other inputs (:func:`stage_source`): a ``dir:`` folder of ``edge_index.npy``, an ``npz:``
+file and OGB's ogbn-papers100M files as OGB ships them are first streamed into a CSR
+folder (:mod:`scalegnn.datasets.convert`). Refused in one line before any work, naming
+the in-memory path: sparse features (``x.npz`` or ``x_*.npy``), a directed weighted
+folder (``undirected.npy`` false), multi-hot ``y``, and the other named datasets and
+graph files (edge-list text, Matrix Market).
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ from .sharding import (BLOCKS_DIR, SHARD_FORMAT, AltOrdering, RankShard, _check_
                        _rank_keys, _shard_name, _shared, adjacency_file, feature_blocks, feature_file, file_sha256,
                        node_file, stored_blocks)
 
-__all__ = ["check_folder", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "symmetrize"]
+__all__ = ["check_folder", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "stage_source",
+           "symmetrize"]
 
 # The memory model of staging (module docstring), from counting the arrays live at each
 # peak and measured on generated graphs of 0.3 M and 1.2 M vertices (peak RSS above the
@@ -153,10 +154,9 @@ def check_folder(folder: Path) -> str:
     has = lambda name: (folder / name).is_file()  # noqa: E731
     if has("graph.json"):
         return "generated"
-    if has("edge_index.npy"):
-        raise ValueError(f"out-of-core staging reads a graph's CSR form (indptr.npy, indices.npy), not {folder}/"
-                         f"edge_index.npy: {memory}, or save the CSR arrays (scipy: m = m.tocsr(); indptr.npy = "
-                         "m.indptr, indices.npy = m.indices) in its place")
+    if has("edge_index.npy") and not has("indptr.npy"):
+        raise ValueError(f"{folder} holds edge_index.npy, which stage_source streams into CSR first: call it (the "
+                         f"CLI does), not stage_out_of_core")
     missing = [k for k in ("indptr.npy", "indices.npy", "y.npy") if not has(k)]
     if not has("x.npy") and not has("features.json"):
         missing.append("x.npy")
@@ -300,6 +300,7 @@ class _Source:
     def __init__(self, folder: Path, seed: int, permute: str = "none", split: tuple = (None, None),
                  topology: Path | None = None):
         from ..datasets._core import SPLIT_FRACTIONS, DatasetError, draw_split
+        from ..datasets.convert import SOURCE_NOTE
         from ..datasets.files import _SPLIT_KEYS, _byo_split, byo_labels, read_npy
         from ..datasets.streaming import seeded_features
         from ..graph import GraphValidationError, check_split, random_split
@@ -329,6 +330,8 @@ class _Source:
         if own:  # the folder's own split, read as load_byo reads it
             parts = [_byo_split(own, where, self.n, name, keys) for name, keys in _SPLIT_KEYS.items()]
             self.split_note = "the file's own"
+            if (folder / SOURCE_NOTE).is_file():  # converted from a named dataset: its loader's name for the split
+                self.split_note = json.loads((folder / SOURCE_NOTE).read_text())["split"]
             try:  # as the Graph checks them
                 check_split(self.n, self.y, *parts)
             except GraphValidationError as exc:
@@ -639,9 +642,47 @@ def _stage_blocks(src: _Source, args: tuple, shape: tuple, out: Path, chunk: int
             "features": features, "resumed": sum(d["resumed"] for d in done)}
 
 
+def stage_source(name: str, grid_shape, out_dir, *, data_root=None, **kwargs) -> list[Path]:
+    """``scalegnn data shard NAME --memory-budget SIZE``: :func:`stage_out_of_core` of a
+    ``dir:`` CSR folder as it is, or of ``dir:`` (edge_index.npy), ``npz:`` and OGB's raw
+    files after :func:`scalegnn.datasets.convert.convert` has streamed them into a CSR
+    folder in ``OUT/.converted`` (kept until the manifest is written: a resumed staging
+    reuses it)."""
+    from ..datasets.convert import convert, needs_conversion
+
+    kind, _, rest = name.partition(":")
+    folder = Path(rest.strip()).expanduser() if kind.strip().lower() == "dir" and rest.strip() else None
+    if not needs_conversion(name, folder):
+        if folder is None:
+            raise ValueError(f"--memory-budget stages a dir: folder (CSR indptr.npy, indices.npy; or written by "
+                             f"`scalegnn data generate`), an npz: file or OGB's raw files of "
+                             f"{', '.join(_ogb_names())}, not {name!r}; drop --memory-budget to stage it in memory")
+        return stage_out_of_core(folder, grid_shape, out_dir, **kwargs)
+    out = Path(out_dir)
+    converted = out / ".converted"
+    done = converted / ".complete"
+    if not done.is_file():
+        budget = kwargs.get("memory_budget", 512 << 20)
+        convert(name, converted, data_root=data_root,
+                chunk=kwargs.get("chunk_entries") or max(1024, budget // (4 * BYTES_PER_ENTRY)))
+        done.write_text(name)
+    paths = stage_out_of_core(converted, grid_shape, out_dir, name=name if folder is None else f"dir:{folder.resolve()}",
+                              **kwargs)
+    for f in converted.iterdir():
+        f.unlink()
+    converted.rmdir()
+    return paths
+
+
+def _ogb_names() -> tuple:
+    from ..datasets.convert import OGB_RAW
+
+    return tuple(OGB_RAW)
+
+
 def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budget: int = 512 << 20,
                       workers: int = 1, permute: str = "none", split: tuple = (None, None),
-                      chunk_entries: int | None = None, layout: str = "files") -> list[Path]:
+                      chunk_entries: int | None = None, layout: str = "files", name: str | None = None) -> list[Path]:
     """``scalegnn data shard dir:FOLDER --memory-budget SIZE``: the shard files and
     manifest of :func:`.sharding.save_shards` for the graph in ``folder`` (generated, or a
     user's CSR folder: :func:`check_folder`), written rank file by rank file from
@@ -670,7 +711,7 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     shape = _check_shape(grid_shape)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"dir:{folder}"
+    name = name or f"dir:{folder}"
     plan = memory_plan(memory_budget, **_sizes(folder, kind), shape=shape, permute=permute, layout=layout,
                        workers=workers, user_csr=kind == "csr")
     chunk = chunk_entries or plan["chunk"]

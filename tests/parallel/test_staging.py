@@ -103,7 +103,7 @@ def test_the_cli_stages_out_of_core_and_names_bad_input(generated, tmp_path, cap
             ([f"dir:{generated / 'csbm'}", "--memory-budget", "1G", "--layout", "blocks", "--permute", "double"],
              "--permute double needs two"),
             (["cora", "--memory-budget", "1G"], "stages a dir: folder (CSR indptr.npy, indices.npy; or written by"),
-            ([f"npz:{tmp_path / 'g.npz'}", "--memory-budget", "1G"], "an npz: file's arrays, one .npy per key"),
+            ([f"npz:{tmp_path / 'g.npz'}", "--memory-budget", "1G"], "npz: file not found"),
             ([f"dir:{tmp_path / 's'}", "--memory-budget", "1G"],
              "has no indptr.npy, indices.npy, y.npy, x.npy: stage it without"),
             ([f"dir:{generated / 'csbm'}", "--memory-budget", "12Q"], "is not a size; give e.g. 512M"),
@@ -240,7 +240,7 @@ def test_inputs_it_cannot_stage_are_named_in_one_line_before_any_work(users, tmp
     base = {k: np.load(users / "symmetric" / f"{k}.npy") for k in ("indptr", "indices", "x", "y")}
     cases = [
         (folder("edges", edge_index=np.zeros((2, 3), dtype=np.int64), x=base["x"], y=base["y"]),
-         "not {}/edge_index.npy: stage it without --memory-budget"),
+         "{} holds edge_index.npy, which stage_source streams into CSR first"),
         (folder("sparse", indptr=base["indptr"], indices=base["indices"], x_indptr=base["indptr"], y=base["y"]),
          "holds sparse ones (x_indptr.npy): stage it without --memory-budget"),
         (folder("directed", **base, undirected=np.bool_(False)), "says directed and weighted: stage it without"),
@@ -254,6 +254,21 @@ def test_inputs_it_cannot_stage_are_named_in_one_line_before_any_work(users, tmp
             stage_out_of_core(path, (1, 1, 2, 1), tmp_path / "out", seed=3)
         assert message.format(path) in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "out").exists()  # refused before any work
+    from scalegnn.datasets import DatasetError
+    from scalegnn.parallel.staging import stage_source
+
+    arrays = _edge_graph(1)
+    np.savez(tmp_path / "sparse.npz", edge_index=arrays["edge_index"], y=arrays["y"], x_indptr=np.zeros(901),
+             x_indices=np.zeros(0), x_data=np.zeros(0), x_shape=np.array([900, 3]))
+    np.savez(tmp_path / "noy.npz", edge_index=arrays["edge_index"], x=arrays["x"])
+    for name, message in ((f"npz:{tmp_path / 'sparse.npz'}", "holds sparse ones (x_indptr): stage it without"),
+                          (f"npz:{tmp_path / 'noy.npz'}", "out-of-core staging needs 'y'"),
+                          ("cora", "an npz: file or OGB's raw files of ogbn-papers100M, not 'cora'"),
+                          ("ogbn-papers100M", "data.npz and node-label.npz not found: put OGB's")):
+        with pytest.raises((ValueError, DatasetError)) as err:
+            stage_source(name, (1, 1, 2, 1), tmp_path / "out", data_root=tmp_path, seed=3)
+        assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_users_folder_with_several_processes_and_resumed(users, tmp_path):
@@ -467,3 +482,81 @@ def test_a_budget_too_small_is_refused_before_any_work(bigger, tmp_path, capsys)
     tight = BASE_BYTES + VERTEX_BYTES["none"] * 200000 + (longest // 2) * BYTES_PER_ENTRY  # chunks under a row
     with pytest.raises(ValueError, match=f"below this graph's longest row \\({longest:,} entries\\)"):
         stage_out_of_core(bigger, (1, 2, 2, 2), out, memory_budget=tight, layout="blocks")
+
+
+# ------------------------------------------------------- edge lists streamed into CSR first
+def _edge_graph(seed, n=900, e=3000):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, n, e)
+    dst = (src + rng.zipf(2.0, e)) % n  # some loops and repeats
+    y = rng.integers(0, 5, n)
+    y[rng.random(n) < 0.2] = -1
+    return {"edge_index": np.stack([src, dst]), "x": rng.standard_normal((n, 6)).astype(np.float32), "y": y}
+
+
+@pytest.mark.parametrize("form", ["npz-stored", "npz-deflated", "dir-(E,2)"])
+@pytest.mark.parametrize("layout", ["files", "blocks"])
+def test_an_edge_list_is_streamed_into_csr_and_staged_as_in_memory(tmp_path, form, layout):
+    """npz members read as streams (stored or deflated), a folder's (E, 2) edge_index;
+    the staged shards are the in-memory path's (same SHA-256 for per-rank files, same
+    tensors for the blocks layout)."""
+    arrays = _edge_graph(4)
+    if form.startswith("npz"):
+        name = f"npz:{tmp_path / 'g.npz'}"
+        (np.savez if form == "npz-stored" else np.savez_compressed)(tmp_path / "g.npz", **arrays)
+    else:
+        (tmp_path / "g").mkdir()
+        for k, v in arrays.items():
+            np.save(tmp_path / "g" / f"{k}.npy", v.T if k == "edge_index" else v)
+        name = f"dir:{tmp_path / 'g'}"
+    from scalegnn.parallel.staging import stage_source
+
+    shape = (1, 2, 1, 2)
+    graph = load_dataset(name, seed=3, cache=False)
+    shard_command(graph, shape, tmp_path / "mem", seed=3, permute="single")
+    stage_source(name, shape, tmp_path / "ooc", seed=3, chunk_entries=350, permute="single", layout=layout)
+    got, want = _manifest(tmp_path / "ooc"), _manifest(tmp_path / "mem")
+    for key in ("name", "num_nodes", "num_edges", "num_features", "num_classes", "graph", "nnz_per_shard"):
+        assert got[key] == want[key], key
+    if layout == "files":
+        assert got["sha256"] == want["sha256"]
+    for rank in _ranks(shape):
+        _same_shard(load_shard(tmp_path / "ooc", rank), load_shard(tmp_path / "mem", rank))
+    assert not (tmp_path / "ooc" / ".converted").exists()
+
+
+def _ogb_papers(root, arrays):
+    """A small graph in OGB's ogbn-papers100M layout, as OGB ships it (binary raw files)."""
+    import gzip
+
+    d = root / "ogbn_papers100M"
+    (d / "raw").mkdir(parents=True)
+    (d / "RELEASE_v1.txt").write_text("1\n")
+    n, e = arrays["x"].shape[0], arrays["edge_index"].shape[1]
+    np.savez_compressed(d / "raw" / "data.npz", edge_index=arrays["edge_index"], node_feat=arrays["x"],
+                        num_nodes_list=np.array([n]), num_edges_list=np.array([e]),
+                        node_year=np.full((n, 1), 2020))
+    label = arrays["y"].astype(np.float64)
+    label[label < 0] = np.nan
+    np.savez_compressed(d / "raw" / "node-label.npz", node_label=label[:, None])
+    (d / "split" / "time").mkdir(parents=True)
+    ids = np.random.default_rng(0).permutation(np.flatnonzero(arrays["y"] >= 0))
+    for part, chunk in (("train", ids[:300]), ("valid", ids[300:450]), ("test", ids[450:])):
+        with gzip.open(d / "split" / "time" / f"{part}.csv.gz", "wt") as f:
+            f.write("".join(f"{i}\n" for i in chunk))
+
+
+def test_ogbs_papers100m_files_as_shipped_stage_as_ogbs_own_loader_reads_them(tmp_path, monkeypatch):
+    """OGB's raw files (data.npz, node-label.npz, split/time/*.csv.gz), streamed without
+    ogb's processed/ step, give the shards of the in-memory path through ogb itself."""
+    pytest.importorskip("ogb")
+    from scalegnn.parallel.staging import stage_source
+
+    monkeypatch.setenv("SCALEGNN_OFFLINE", "1")
+    _ogb_papers(tmp_path / "root", _edge_graph(6))
+    shape = (1, 2, 2, 1)
+    graph = load_dataset("ogbn-papers100M", data_root=str(tmp_path / "root"), seed=3, cache=False)
+    shard_command(graph, shape, tmp_path / "mem", seed=3)
+    stage_source("ogbn-papers100M", shape, tmp_path / "ooc", data_root=tmp_path / "root", seed=3, chunk_entries=500)
+    got, want = _manifest(tmp_path / "ooc"), _manifest(tmp_path / "mem")
+    assert got["sha256"] == want["sha256"] and got["graph"] == want["graph"] and got["name"] == "ogbn-papers100M"
