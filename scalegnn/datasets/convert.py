@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..csr import runs
 from ..fileio import NpyAppender, drop_pages
 from ._core import DatasetError
 
@@ -148,7 +149,7 @@ def coo_to_csr(edges, n: int, out: Path, where: str) -> int:
     for src, dst in edges():  # pass 2: each target into its row, in edge order (a stable counting sort)
         order = np.argsort(src, kind="stable")
         src, dst = src[order], dst[order]
-        rows, first, k = np.unique(src, return_index=True, return_counts=True)
+        rows, first, k = runs(src)
         indices[cursor[src] + np.arange(src.size) - np.repeat(first, k)] = dst
         cursor[rows] += k
         drop_pages(indices)  # written pages stay in the page cache (a shared map), not in this process

@@ -73,7 +73,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..csr import unique_keys
+from ..csr import runs, unique_keys
 from ..fileio import NpyAppender, atomic_write, drop_pages
 from ..sampling import CSRBlock
 from ..ranges import split_range
@@ -251,7 +251,7 @@ def symmetrize(folder: Path, out: Path, chunk: int) -> None:
         if c.size and (c.min() < 0 or c.max() >= n):
             raise ValueError(f"{where}: edge endpoints must be in [0, {n}) (N = rows of x), 'indices' holds "
                              f"{int(c.min()) if c.min() < 0 else int(c.max())}")
-        u, k = np.unique(c, return_counts=True)
+        u, _, k = runs(np.sort(c))
         t_count[u] += k
     t_ip = np.concatenate([[0], np.cumsum(t_count)])
     del t_count
@@ -262,10 +262,11 @@ def symmetrize(folder: Path, out: Path, chunk: int) -> None:
         r = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(ip[a:b + 1]))
         order = np.argsort(c, kind="stable")
         c, r = c[order], r[order]
-        u, first, k = np.unique(c, return_index=True, return_counts=True)
+        u, first, k = runs(c)
         a_t[cursor[c] + np.arange(c.size) - np.repeat(first, k)] = r
         cursor[u] += k
         del c, r, order, u, first, k
+        drop_pages(a_t, indices)  # written pages stay in the page cache (a shared map), not in this process
     a_t.flush()
     del cursor, a_t
     a_t = _load(out / "transposed.npy")
@@ -282,11 +283,13 @@ def symmetrize(folder: Path, out: Path, chunk: int) -> None:
     deg = np.zeros(n, dtype=np.int64)
     for a, b in _row_chunks(both, 0, n, chunk):  # pass 3: the symmetric rows' lengths
         deg[a:b] = np.bincount(merged(a, b) // n, minlength=b - a)
+        drop_pages(indices, a_t)
     s_ip = np.concatenate([[0], np.cumsum(deg)])
     del deg
     s_ix = np.lib.format.open_memmap(out / "indices.npy", mode="w+", dtype=dtype, shape=(int(s_ip[-1]),))
     for a, b in _row_chunks(both, 0, n, chunk):  # pass 4: write them
         s_ix[s_ip[a]:s_ip[b]] = merged(a, b) % n
+        drop_pages(s_ix, indices, a_t)
     s_ix.flush()
     del s_ix
     a_t = None  # its map closed before the file goes
