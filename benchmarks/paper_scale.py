@@ -77,9 +77,12 @@ def _tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def stage(graph: Path, out: Path, grid: str, budget: str) -> dict:
-    cmd = [sys.executable, "-m", "scalegnn", "data", "shard", f"dir:{graph}", "--grid", grid, "--out", str(out),
-           "--memory-budget", budget, "--layout", "blocks"]
+def stage(graph: Path, out: Path, grid: str, budget: str | None, layout: str = "blocks") -> dict:
+    """``scalegnn data shard dir:GRAPH`` in a child process, out of core with ``budget``
+    (in memory when None), measured (module docstring)."""
+    cmd = [sys.executable, "-m", "scalegnn", "data", "shard", f"dir:{graph}", "--grid", grid, "--out", str(out)]
+    if budget is not None:
+        cmd += ["--memory-budget", budget, "--layout", layout]
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -232,7 +232,7 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
         return result
     if stage:
         for r in result.todo:
-            st = stage_for(r.config(str(run_dir(out, r))), out, result.data_root)
+            st = stage_for(r.config(str(run_dir(out, r))), out, result.data_root, profile.staging.memory_budget)
             if st is not None:
                 result.stages[r.key] = st
     if profile.scheduler == "slurm":

@@ -165,6 +165,7 @@ class StagingSettings:
     partition: str = ""  # SLURM
     queue: str = ""  # Flux: flux batch --queue
     extra: dict | None = None  # other #SBATCH / flux batch options in place of the runs' extra (None: the runs')
+    memory_budget: str = ""  # stage out of core within this size (`data shard --memory-budget`; "": in memory)
 
     SLURM_ONLY = ("qos", "constraint", "partition")
     FLUX_ONLY = ("queue",)
@@ -403,6 +404,13 @@ def load_profile(name_or_path: str | os.PathLike) -> ClusterProfile:
         flux_raw["run_args"] = tuple(flux_raw["run_args"])
     flux = FluxSettings(**_known(FluxSettings, flux_raw, f"{where} [flux]"))
     staging = StagingSettings(**_known(StagingSettings, dict(data.pop("staging", {})), f"{where} [staging]"))
+    if staging.memory_budget:
+        from scalegnn.parallel.staging import parse_size
+
+        try:
+            parse_size(staging.memory_budget)
+        except ValueError as exc:
+            raise ProfileError(f"{where} [staging] memory_budget: {exc}") from None
     data["setup"] = tuple(data.get("setup", ()))
     if "net_plugin" in data:
         plugin = data["net_plugin"]

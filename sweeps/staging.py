@@ -75,6 +75,17 @@ class StageSet:
     split: str | None = None
     split_seed: int | None = None
     stand_in_labels: bool = False  # the run's --stand-in-labels (a labels file, when there is one, wins anyway)
+    memory_budget: str = ""  # the profile's [staging] memory_budget: out of core where the input allows it
+
+    @property
+    def out_of_core(self) -> bool:
+        """Staged out of core (``--memory-budget``, blocks layout): a budget is set and the
+        dataset is an input out-of-core staging reads (dir:, npz:, OGB's raw files)."""
+        from scalegnn.datasets.convert import OGB_RAW
+
+        kind = self.dataset.partition(":")[0].strip().lower()
+        return bool(self.memory_budget) and not self.stand_in_labels and (kind in ("dir", "npz")
+                                                                          or self.dataset in OGB_RAW)
 
     @property
     def grid_str(self) -> str:
@@ -95,9 +106,11 @@ class StageSet:
         """``scalegnn`` arguments that write this set."""
         split = (["--split", self.split] if self.split is not None else []) + \
             (["--split-seed", str(self.split_seed)] if self.split_seed is not None else [])
+        ooc = ["--memory-budget", self.memory_budget, "--layout", "files" if self.permute == "double" else "blocks"] \
+            if self.out_of_core else []
         return ["data", "shard", self.dataset, "--grid", self.grid_str, "--out", self.folder, "--seed",
                 str(self.seed), "--permute", self.permute, "--data-root", self.data_root, *split,
-                *(["--stand-in-labels"] if self.stand_in_labels else [])]
+                *(["--stand-in-labels"] if self.stand_in_labels else []), *ooc]
 
     def done(self) -> bool:
         return (Path(self.folder) / "manifest.json").is_file()
@@ -112,10 +125,11 @@ def group_stages(stages) -> list[list[StageSet]]:
     return list(groups.values())
 
 
-def stage_for(cfg: RunConfig, out: str | os.PathLike, data_root: str) -> StageSet | None:
+def stage_for(cfg: RunConfig, out: str | os.PathLike, data_root: str, memory_budget: str = "") -> StageSet | None:
     """The shard set a run with configuration ``cfg`` reads, or None when it loads the
     graph itself (a baseline, one rank, or shards it names itself). The set is keyed by
-    the 3D part of the run's grid: runs that differ only in Gd read one set."""
+    the 3D part of the run's grid: runs that differ only in Gd read one set.
+    ``memory_budget``: the profile's [staging] one (how the set is written, not which)."""
     grid = tuple(cfg.parallel.grid)
     if cfg.system not in STAGED_SYSTEMS or math.prod(grid) == 1 or cfg.data.shard_dir:
         return None
@@ -125,7 +139,8 @@ def stage_for(cfg: RunConfig, out: str | os.PathLike, data_root: str) -> StageSe
     split_seed = None if split is None else (cfg.data.split_seed if cfg.data.split_seed is not None else int(cfg.seed))
     key = StageSet.key_of(cfg.data.dataset, grid, cfg.numerics.permute, cfg.seed, root, split, split_seed)
     return StageSet(cfg.data.dataset, grid, cfg.numerics.permute, int(cfg.seed), root,
-                    str(Path(out).resolve() / "shards" / key), split, split_seed, cfg.data.stand_in_labels)
+                    str(Path(out).resolve() / "shards" / key), split, split_seed, cfg.data.stand_in_labels,
+                    memory_budget)
 
 
 def with_data(cfg: RunConfig, data_root: str, stage: StageSet | None):
@@ -152,6 +167,13 @@ class StageTask:
     def __call__(self) -> list[str]:
         if self.offline:
             os.environ["SCALEGNN_OFFLINE"] = "1"
+        for st in self.stages:  # out of core: each set streams the graph from disk, nothing is loaded whole
+            if st.out_of_core and not st.done():
+                from scalegnn.parallel.staging import parse_size, stage_source
+
+                stage_source(st.dataset, st.grid, st.folder, data_root=st.data_root, seed=st.seed,
+                             memory_budget=parse_size(st.memory_budget), permute=st.permute,
+                             split=(st.split, st.split_seed), layout="files" if st.permute == "double" else "blocks")
         todo = [st for st in self.stages if not st.done()]
         if todo:
             from scalegnn.datasets import DataConfig, load_graph

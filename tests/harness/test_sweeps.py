@@ -817,3 +817,51 @@ def test_a_sweep_folder_with_a_newline_is_one_line(tmp_path, capsys, cluster):
     err = one_line_error(capsys, ["sweep", "fig7", "--cluster", cluster, "--dry-run", "--out", str(out)])
     assert "--out" in err and "'\\n' cannot go into a batch script line" in err and "no newline" in err, err
     assert not out.exists()
+
+
+def test_a_profiles_memory_budget_stages_what_it_can_out_of_core(isolated_data, monkeypatch):
+    """[staging] memory_budget: an npz: set is streamed from disk (blocks layout; per-rank
+    files with the double permutation), never loaded whole, with the shards the
+    in-memory staging writes; a named graph out-of-core staging cannot read stays in
+    memory. Perlmutter's fig7 stages ogbn-papers100M (OGB's raw files) so, the rest not."""
+    import numpy as np
+
+    import scalegnn.datasets as datasets
+    from scalegnn.parallel.sharding import load_shard
+    from scalegnn.sweeps.staging import StageSet, StageTask
+    from tests.parallel.test_staging import _same_shard
+
+    rng = np.random.default_rng(2)
+    n = 400
+    src = rng.integers(0, n, 1500)
+    path = isolated_data / "e.npz"
+    np.savez(path, edge_index=np.stack([src, (src + 1 + rng.integers(0, 9, 1500)) % n]),
+             x=rng.standard_normal((n, 5)).astype(np.float32), y=rng.integers(0, 3, n))
+    root = str(isolated_data)
+    sets = [StageSet(f"npz:{path}", grid, permute, 3, root, str(isolated_data / f"ooc{i}"), memory_budget="256M")
+            for i, (grid, permute) in enumerate((((1, 2, 1, 2), "single"), ((1, 2, 1, 1), "double")))]
+    assert [st.argv()[-4:] for st in sets] == [["--memory-budget", "256M", "--layout", "blocks"],
+                                               ["--memory-budget", "256M", "--layout", "files"]]
+    monkeypatch.setattr(datasets, "load_graph", lambda *a, **k: pytest.fail("loaded whole"))
+    StageTask(sets, offline=True)()
+    monkeypatch.undo()
+    for st in sets:
+        memory = dataclasses.replace(st, memory_budget="", folder=st.folder + "-mem")
+        StageTask(memory, offline=True)()
+        manifest = json.loads((Path(st.folder) / "manifest.json").read_text())
+        assert manifest["staged"]["out_of_core"] and manifest.get("layout", "files") == st.argv()[-1]
+        for rank in range(manifest["grid_shape"][1] * manifest["grid_shape"][2] * manifest["grid_shape"][3]):
+            _same_shard(load_shard(st.folder, rank), load_shard(memory.folder, rank))
+    named = StageSet("cora", (1, 2, 1, 1), "none", 0, root, str(isolated_data / "cora"), memory_budget="1G")
+    assert not named.out_of_core and "--memory-budget" not in named.argv()
+
+
+def test_fig7_on_perlmutter_stages_papers100m_out_of_core(tmp_path, monkeypatch, capsys):
+    from scalegnn.cli import main
+
+    monkeypatch.setenv("PSCRATCH", str(tmp_path))
+    assert main(["sweep", "fig7", "--cluster", "perlmutter", "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "scalegnn data shard" in ln and ln.startswith("#")]
+    assert len(lines) == 4
+    assert [("--memory-budget 160G --layout blocks" in ln) for ln in lines] == ["ogbn-papers100M" in ln for ln in lines]
+    assert sum("ogbn-papers100M" in ln for ln in lines) == 1
