@@ -27,6 +27,12 @@ are clean): its resident memory is what it uses, and ranks of one node that read
 same file (data-parallel replicas) share those pages. ``RankShard.to`` on the CPU and
 ``from_state`` copy nothing (a row slice's ``indptr`` is new, ``r1 - r0 + 1`` int64);
 on a GPU ``to`` copies each array over once and the mapping is dropped with the state.
+
+Out-of-core staging may write the **blocks layout** instead (manifest ``"layout":
+"blocks"``; :func:`stored_blocks`): each distinct block of A + I, each feature block and
+the whole-graph label and mask vectors once, as ``.npy`` arrays under ``blocks/``, from
+which :func:`load_shard` builds a rank's RankShard (mapped, equal tensor for tensor to its
+per-rank file's); seeded features are computed from their seed at load.
 """
 
 from __future__ import annotations
