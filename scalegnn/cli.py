@@ -90,9 +90,10 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     shard.add_argument("--split-seed", type=int, default=None, help=helps["split_seed"] + "; the run must use the same")
     shard.add_argument("--stand-in-labels", action="store_true", help=helps["stand_in_labels"])
     shard.add_argument("--memory-budget", default=None, metavar="SIZE",
-                       help="stage out of core within about SIZE (e.g. 512M): the graph is read by memory map in "
-                       "chunks, never whole (a dir: folder of CSR indptr.npy, indices.npy, dense x.npy, y.npy, "
-                       "or one written by `scalegnn data generate`; scalegnn/parallel/staging.py)")
+                       help="stage out of core within SIZE (e.g. 4G) above the interpreter, refused before any "
+                       "work when too small: the graph is read from disk in chunks, never whole (a dir: CSR folder, "
+                       "one written by `scalegnn data generate`, a dir: of edge_index.npy, an npz: file, or "
+                       "ogbn-papers100M from OGB's raw files; scalegnn/datasets/README.md)")
     shard.add_argument("--workers", type=int, default=1, help="with --memory-budget: processes writing rank files "
                        "(--layout files) or row ranges of blocks (--layout blocks)")
     shard.add_argument("--layout", choices=("files", "blocks"), default="files",
