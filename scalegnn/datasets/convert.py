@@ -39,7 +39,7 @@ from ..csr import runs
 from ..fileio import NpyAppender, drop_pages
 from ._core import DatasetError
 
-__all__ = ["convert", "OGB_RAW", "SOURCE_NOTE", "needs_conversion"]
+__all__ = ["convert", "input_sizes", "OGB_RAW", "SOURCE_NOTE", "needs_conversion"]
 
 OGB_RAW = {"ogbn-papers100M": ("ogbn_papers100M", "time", 172)}  # name -> (folder under the root, split, classes)
 SOURCE_NOTE = "source.json"  # what the converted folder's own split is called in records ({"split": ...})
@@ -108,13 +108,18 @@ def _npz_arrays(path: Path) -> dict:
     return {n[:-4]: _Array(member(n), f"{path}:{n[:-4]}") for n in names if n.endswith(".npy")}
 
 
-def _edges(arr: _Array, chunk: int):
-    """(src, dst) int64 chunks of an edge_index of shape (2, E) or (E, 2), in edge order."""
+def _edge_count(arr: _Array) -> tuple[int, bool]:
+    """(E, whether the array is (2, E) rather than (E, 2)) of an edge_index, or a one-line error."""
     if len(arr.shape) != 2 or 2 not in arr.shape or arr.dtype.kind not in "iu":
         raise DatasetError(f"{arr.where}: 'edge_index' must be a (2, E) int array, got {arr.dtype} of shape "
                            f"{arr.shape}")
-    wide = arr.shape[0] == 2 and not (arr.shape[1] == 2 and arr.shape[0] != 2)
-    e = arr.shape[1] if wide else arr.shape[0]
+    wide = arr.shape[0] == 2
+    return (arr.shape[1] if wide else arr.shape[0]), wide
+
+
+def _edges(arr: _Array, chunk: int):
+    """(src, dst) int64 chunks of an edge_index of shape (2, E) or (E, 2), in edge order."""
+    e, wide = _edge_count(arr)
     interleaved = wide == arr.fortran  # (2, E) Fortran or (E, 2) C: pairs side by side
     if interleaved:
         with arr.stream() as f:
@@ -191,38 +196,28 @@ def _ogb_split(root: Path, split: str, out: Path) -> None:
         np.save(out / f"{ours}.npy", ids)
 
 
-def convert(name: str, out: Path, *, data_root: Path | None = None, chunk: int = 1 << 22) -> Path:
-    """The CSR folder (``indptr.npy``, ``indices.npy`` and the node arrays) of ``name`` in
-    ``out`` (module docstring), ``chunk`` edges at a time; returns ``out``. Bad input is
-    refused before ``out`` is made."""
+def _inputs(name: str, data_root) -> dict:
+    """The arrays :func:`convert` reads for ``name``, headers parsed, nothing else read
+    ({key: _Array}: edge_index, x, y, and for OGB its root), or a one-line error."""
     kind, _, rest = name.partition(":")
     kind = kind.strip().lower()
     if name in OGB_RAW:
-        folder, split, classes = OGB_RAW[name]
         from .registry import default_data_root
 
-        root = Path(data_root or default_data_root()).expanduser() / folder
+        root = Path(data_root or default_data_root()).expanduser() / OGB_RAW[name][0]
         raw = root / "raw"
         if not (raw / "data.npz").is_file() or not (raw / "node-label.npz").is_file():
             raise DatasetError(f"{raw}/data.npz and node-label.npz not found: put OGB's {name} files there (as OGB "
                                "ships them) or pass --data-root")
         arrays = _npz_arrays(raw / "data.npz")
-        edge_index, x = arrays.get("edge_index"), arrays.get("node_feat")
-        if edge_index is None or x is None:
+        if "edge_index" not in arrays or "node_feat" not in arrays:
             raise DatasetError(f"{raw}/data.npz lacks edge_index or node_feat: not OGB's {name} file; re-download it")
-        n = x.shape[0]
-        out.mkdir(parents=True, exist_ok=True)
-        _save_rows(x, out / "x.npy", chunk * 8)
         label = _npz_arrays(raw / "node-label.npz").get("node_label")
         if label is None:
             raise DatasetError(f"{raw}/node-label.npz lacks node_label; re-download it")
-        y = label.whole().reshape(-1).astype(np.float64)
-        np.save(out / "y.npy", np.where(np.isnan(y), -1, y).astype(np.int64))
-        _ogb_split(root, split, out)
-        np.save(out / "num_classes.npy", np.int64(classes))
-        (out / SOURCE_NOTE).write_text(json.dumps({"split": f"ogb {split}"}))  # as the in-memory loader says it
-        where = str(raw / "data.npz")
-    elif kind == "npz":
+        return {"edge_index": arrays["edge_index"], "x": arrays["node_feat"], "y": label, "root": root,
+                "where": str(raw / "data.npz")}
+    if kind == "npz":
         path = Path(rest.strip()).expanduser()
         if not path.is_file():
             raise DatasetError(f"npz: file not found: {path}; pass npz:<path to an existing .npz file>")
@@ -236,29 +231,53 @@ def convert(name: str, out: Path, *, data_root: Path | None = None, chunk: int =
                                f"({sparse[0]}): stage it without --memory-budget (in memory)")
         if "y" not in arrays:
             raise DatasetError(f"{path}: out-of-core staging needs 'y' (class ids, -1 unlabeled)")
-        edge_index = arrays["edge_index"]
-        out.mkdir(parents=True, exist_ok=True)
-        for key in _NODE_KEYS:
-            if key in arrays:
-                if key == "x":
-                    _save_rows(arrays[key], out / "x.npy", chunk * 8)
-                else:
-                    np.save(out / f"{key}.npy", arrays[key].whole())
-        n = arrays["y"].shape[0]
-        where = str(path)
-    elif kind == "dir":
+        return {**arrays, "path": path, "where": str(path)}
+    if kind == "dir":
         path = Path(rest.strip()).expanduser()
-        edge_index = _file_array(path / "edge_index.npy")
         if not (path / "y.npy").is_file():
             raise DatasetError(f"{path}: out-of-core staging needs y.npy (class ids, -1 unlabeled)")
-        out.mkdir(parents=True, exist_ok=True)
-        for f in path.iterdir():
+        found = {k: _file_array(path / f"{k}.npy") for k in ("edge_index", "x", "y") if (path / f"{k}.npy").is_file()}
+        return {**found, "path": path, "where": str(path / "edge_index.npy")}
+    raise DatasetError(f"{name!r}: out-of-core staging converts dir: folders with edge_index.npy, npz: files and "
+                       f"{', '.join(OGB_RAW)}; stage it without --memory-budget (in memory)")
+
+
+def input_sizes(name: str, data_root=None) -> dict:
+    """What :func:`scalegnn.parallel.staging.memory_plan` needs of ``name``, from the
+    arrays' headers: N, at most 2E stored entries once symmetric, F (1 when the features
+    are seeded), C (32: what a count would cost to read)."""
+    a = _inputs(name, data_root)
+    e = _edge_count(a["edge_index"])[0]
+    return {"n": a["y"].shape[0], "nnz": 2 * int(e), "num_features": a["x"].shape[1] if "x" in a else 1,
+            "num_classes": 32}
+
+
+def convert(name: str, out: Path, *, data_root: Path | None = None, chunk: int = 1 << 22) -> Path:
+    """The CSR folder (``indptr.npy``, ``indices.npy`` and the node arrays) of ``name`` in
+    ``out`` (module docstring), ``chunk`` edges at a time; returns ``out``. Bad input is
+    refused before ``out`` is made."""
+    a = _inputs(name, data_root)
+    edge_index, where = a["edge_index"], a["where"]
+    n = a["y"].shape[0]
+    out.mkdir(parents=True, exist_ok=True)
+    if name in OGB_RAW:
+        _, split, classes = OGB_RAW[name]
+        _save_rows(a["x"], out / "x.npy", chunk * 8)
+        y = a["y"].whole().reshape(-1).astype(np.float64)
+        np.save(out / "y.npy", np.where(np.isnan(y), -1, y).astype(np.int64))
+        _ogb_split(a["root"], split, out)
+        np.save(out / "num_classes.npy", np.int64(classes))
+        (out / SOURCE_NOTE).write_text(json.dumps({"split": f"ogb {split}"}))  # as the in-memory loader says it
+    elif "path" in a and a["path"].is_file():  # npz: its node arrays written as .npy files
+        for key in _NODE_KEYS:
+            if key in a:
+                if key == "x":
+                    _save_rows(a[key], out / "x.npy", chunk * 8)
+                else:
+                    np.save(out / f"{key}.npy", a[key].whole())
+    else:  # a dir: folder's node arrays linked in
+        for f in a["path"].iterdir():
             if f.suffix == ".npy" and f.stem in _NODE_KEYS or f.name in ("features.json", "x.npz"):
                 _link(f, out / f.name)
-        n = int(np.load(path / "y.npy", mmap_mode="r").shape[0])
-        where = str(path / "edge_index.npy")
-    else:
-        raise DatasetError(f"{name!r}: out-of-core staging converts dir: folders with edge_index.npy, npz: files and "
-                           f"{', '.join(OGB_RAW)}; stage it without --memory-budget (in memory)")
     coo_to_csr(lambda: _edges(edge_index, chunk), n, out, where)
     return out

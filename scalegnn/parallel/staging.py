@@ -527,6 +527,11 @@ def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str
 
 
 # ------------------------------------------------------------------ blocks layout
+def _rows_record(out: Path, rows: tuple) -> Path:
+    """Where a finished row range of blocks lists its files' checksums (until the manifest)."""
+    return out / BLOCKS_DIR / f".rows-{rows[0]}-{rows[1]}.json"
+
+
 def _checked(out: Path, record: Path) -> dict | None:
     """A finished group's record ({file: sha256}) when every file it lists still has that
     checksum (a resumed staging keeps it), else None."""
@@ -546,7 +551,7 @@ def _write_rows(folder: str, seed: int, permute: str, split: tuple, topology: st
     {"sha256": {file: checksum}, "nnz": {file of indices: entries}, "resumed": bool}."""
     out = Path(out_dir)
     r0, r1 = rows
-    record = out / BLOCKS_DIR / f".rows-{r0}-{r1}.json"
+    record = _rows_record(out, rows)
     done = _checked(out, record)
     if done is not None:
         return {**done, "resumed": True}
@@ -639,10 +644,9 @@ def _stage_blocks(src: _Source, args: tuple, shape: tuple, out: Path, chunk: int
         return int(ip[key[0][1] - block[0][0]] - ip[key[0][0] - block[0][0]])
 
     per_rank = [[plane_nnz(k) for k in _rank_keys(shape, src.n, c)] for c in _mp_coords(shape)]
-    for d in by_rows:
-        (out / BLOCKS_DIR / f".rows-{d[0]}-{d[1]}.json").unlink(missing_ok=True)
     return {"layout": "blocks", "files": sorted(sums), "sha256": sums, "nnz_per_shard": per_rank,
-            "features": features, "resumed": sum(d["resumed"] for d in done)}
+            "features": features, "resumed": sum(d["resumed"] for d in done),
+            "records": [_rows_record(out, rows) for rows in by_rows]}
 
 
 def stage_source(name: str, grid_shape, out_dir, *, data_root=None, **kwargs) -> list[Path]:
@@ -651,7 +655,7 @@ def stage_source(name: str, grid_shape, out_dir, *, data_root=None, **kwargs) ->
     files after :func:`scalegnn.datasets.convert.convert` has streamed them into a CSR
     folder in ``OUT/.converted`` (kept until the manifest is written: a resumed staging
     reuses it)."""
-    from ..datasets.convert import convert, needs_conversion
+    from ..datasets.convert import convert, input_sizes, needs_conversion
 
     kind, _, rest = name.partition(":")
     folder = Path(rest.strip()).expanduser() if kind.strip().lower() == "dir" and rest.strip() else None
@@ -665,9 +669,12 @@ def stage_source(name: str, grid_shape, out_dir, *, data_root=None, **kwargs) ->
     converted = out / ".converted"
     done = converted / ".complete"
     if not done.is_file():
-        budget = kwargs.get("memory_budget", 512 << 20)
-        convert(name, converted, data_root=data_root,
-                chunk=kwargs.get("chunk_entries") or max(1024, budget // (4 * BYTES_PER_ENTRY)))
+        budget, workers = kwargs.get("memory_budget", 512 << 20), kwargs.get("workers", 1)
+        permute, layout = kwargs.get("permute", "none"), kwargs.get("layout", "files")
+        _check_options(permute, budget, workers, layout)
+        plan = memory_plan(budget, **input_sizes(name, data_root), shape=_check_shape(grid_shape), permute=permute,
+                           layout=layout, workers=workers, user_csr=True)  # before the conversion's hours
+        convert(name, converted, data_root=data_root, chunk=kwargs.get("chunk_entries") or plan["chunk"] * workers)
         done.write_text(name)
     paths = stage_out_of_core(converted, grid_shape, out_dir, name=name if folder is None else f"dir:{folder.resolve()}",
                               **kwargs)
@@ -675,6 +682,20 @@ def stage_source(name: str, grid_shape, out_dir, *, data_root=None, **kwargs) ->
         f.unlink()
     converted.rmdir()
     return paths
+
+
+def _check_options(permute: str, memory_budget: int, workers: int, layout: str) -> None:
+    if permute not in ("none", "single", "double"):
+        raise ValueError(f"permute must be none, single or double, got {permute!r}")
+    if memory_budget < 1 << 20:
+        raise ValueError(f"--memory-budget {memory_budget} bytes is below 1M; give at least 1M, e.g. 512M")
+    if workers < 1:
+        raise ValueError(f"--workers {workers} must be >= 1")
+    if layout not in ("files", "blocks"):
+        raise ValueError(f"--layout must be files or blocks, got {layout!r}")
+    if layout == "blocks" and permute == "double":
+        raise ValueError("--layout blocks stores the run's one labeling; --permute double needs two: stage it with "
+                         "--layout files, or use --permute single")
 
 
 def _ogb_names() -> tuple:
@@ -695,17 +716,7 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     (x, y, z)) or ``blocks`` (each distinct block once, :func:`.sharding.stored_blocks`;
     one pass over the graph; single or no permutation)."""
     folder = Path(folder).expanduser().resolve()
-    if permute not in ("none", "single", "double"):
-        raise ValueError(f"permute must be none, single or double, got {permute!r}")
-    if memory_budget < 1 << 20:
-        raise ValueError(f"--memory-budget {memory_budget} bytes is below 1M; give at least 1M, e.g. 512M")
-    if workers < 1:
-        raise ValueError(f"--workers {workers} must be >= 1")
-    if layout not in ("files", "blocks"):
-        raise ValueError(f"--layout must be files or blocks, got {layout!r}")
-    if layout == "blocks" and permute == "double":
-        raise ValueError("--layout blocks stores the run's one labeling; --permute double needs two: stage it with "
-                         "--layout files, or use --permute single")
+    _check_options(permute, memory_budget, workers, layout)
     kind = check_folder(folder)
     if split[0] is not None:
         from ..datasets._core import split_flag
@@ -760,8 +771,8 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
         manifest.update(layout="blocks", features=staged["features"])
     mpath = out / "manifest.json"
     atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
-    for f in files:
-        (out / (f + ".sha256")).unlink(missing_ok=True)
+    for done_record in [out / (f + ".sha256") for f in files] + (staged["records"] if layout == "blocks" else []):
+        done_record.unlink(missing_ok=True)  # after the manifest: a staging killed before it still resumes
     if topology is not None:
         for f in Path(topology).iterdir():
             f.unlink()

@@ -268,6 +268,11 @@ def test_inputs_it_cannot_stage_are_named_in_one_line_before_any_work(users, tmp
         with pytest.raises((ValueError, DatasetError)) as err:
             stage_source(name, (1, 1, 2, 1), tmp_path / "out", data_root=tmp_path, seed=3)
         assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+    np.savez(tmp_path / "good.npz", **arrays)
+    for options, message in (({"memory_budget": 2 << 20}, "--memory-budget 2M is below what staging this graph needs"),
+                             ({"permute": "double", "layout": "blocks"}, "--permute double needs two")):
+        with pytest.raises(ValueError, match=message):  # before the conversion's pass over the edges
+            stage_source(f"npz:{tmp_path / 'good.npz'}", (1, 1, 2, 1), tmp_path / "out", seed=3, **options)
     assert not (tmp_path / "out").exists()
 
 
