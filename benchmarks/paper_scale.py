@@ -12,7 +12,7 @@ staging   ``scalegnn data shard dir:GRAPH --grid GRID --memory-budget SIZE --lay
           kernel read and wrote for it (``/proc/PID/io``, sampled each second), the
           input and output sizes and their throughput against the disk's
 loads     each chosen rank's shard loaded alone in a fresh process and every page
-          touched (:func:`benchmarks.shard_memory.measure`): peak RSS above the process's
+          touched (:func:`scalegnn.benchmarks.shard_memory.measure`): peak RSS above the process's
           baseline against the planner's prediction of that rank's shard
           (:func:`scalegnn.perfmodel.shard_bytes`); the manifest's checksums are checked
           once beforehand (timed on their own)
@@ -33,8 +33,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BLOCK = 64 << 20
 
@@ -105,7 +103,7 @@ def stage(graph: Path, out: Path, grid: str, budget: str | None, layout: str = "
 
 
 def loads(folder: Path, ranks: list[int] | None) -> dict:
-    from benchmarks.shard_memory import measure
+    from scalegnn.benchmarks.shard_memory import measure
     from scalegnn.parallel.sharding import _mp_coords, verify_shard_file
     from scalegnn.perfmodel import Workload, shard_bytes
 

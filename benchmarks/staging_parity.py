@@ -2,7 +2,7 @@
 must-show on the products-scale graph): the same shards, and what each costs.
 
 Three stagings of ``dir:GRAPH`` for ``--grid``, each a child process measured as
-:func:`benchmarks.paper_scale.stage` measures it (wall time, peak RSS):
+:func:`scalegnn.benchmarks.paper_scale.stage` measures it (wall time, peak RSS):
 
 in memory     ``scalegnn data shard dir:GRAPH --grid GRID`` (the whole graph loaded,
               permuted and normalized, then cut)
@@ -21,8 +21,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def same_shard(got, want) -> list[str]:
@@ -54,7 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-budget", default="2G")
     args = parser.parse_args(argv)
 
-    from benchmarks.paper_scale import stage
+    from scalegnn.benchmarks.paper_scale import stage
     from scalegnn.parallel.sharding import _mp_coords, load_shard
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -139,3 +139,21 @@ def assert_csr_invariants(g: Graph) -> None:
         row = g.indices[g.indptr[r]: g.indptr[r + 1]]
         assert bool((row[1:] > row[:-1]).all()), f"row {r} not strictly increasing: {row}"
         assert bool(((row >= 0) & (row < n)).all())
+
+
+def same_shard(got, want) -> None:
+    """Two RankShards equal tensor for tensor (dtypes too), and holding the same bytes."""
+    for p, (a, b) in enumerate(zip(got.adj, want.adj)):
+        assert (a.row_start, a.row_end, a.col_start, a.col_end) == (b.row_start, b.row_end, b.col_start, b.col_end), p
+        for t in ("indptr", "indices", "values"):
+            ta, tb = getattr(a, t), getattr(b, t)
+            assert ta.dtype == tb.dtype and torch.equal(ta, tb), (p, t)
+    assert got.x.dtype == want.x.dtype and torch.equal(got.x, want.x)
+    for key in ("y", "train_mask", "val_mask", "test_mask"):
+        assert getattr(got, key).keys() == getattr(want, key).keys()
+        for ax, t in getattr(got, key).items():
+            assert t.dtype == getattr(want, key)[ax].dtype and torch.equal(t, getattr(want, key)[ax]), (key, ax)
+    for f in ("grid_shape", "coords", "num_nodes", "num_features", "num_classes", "multilabel", "feature_range",
+              "vertex_ranges", "name"):
+        assert getattr(got, f) == getattr(want, f), f
+    assert got.nbytes() == want.nbytes()

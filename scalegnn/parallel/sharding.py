@@ -55,7 +55,7 @@ from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
            "share_planes", "plane_sharing", "row_slice", "adjacency_storage",
-           "check_shard_manifest", "stored_blocks", "feature_blocks", "adjacency_file", "feature_file", "node_file",
+           "check_shard_manifest", "shard_storage_bytes", "stored_blocks", "feature_blocks", "adjacency_file", "feature_file", "node_file",
            "load_shard", "verify_shard_file", "shard_command", "shard_nnz_stats", "file_sha256"]
 
 SHARD_FORMAT = 1
@@ -455,6 +455,52 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
     mpath = out / "manifest.json"
     atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
     return paths + [mpath]
+
+
+def shard_storage_bytes(n: int, nnz: int, num_features: int, num_classes: int, grid_shape, coords: dict | None = None,
+                        *, multilabel: bool = False) -> dict:
+    """Bytes of one rank's shard as this implementation holds it (what
+    :meth:`RankShard.nbytes` counts, and what a rank maps from its shard file; the memory
+    model's shard term, :func:`scalegnn.perfmodel.shard_bytes`), of a graph of ``n``
+    vertices and ``nnz`` stored entries of A + I, for the rank at ``coords`` ({"x", "y",
+    "z"}), or the largest of the ranks whose axis indices are 0, 1 or 2 (index 0 has the
+    longest range, and every way planes share storage occurs among them) when None:
+
+    adjacency  the three planes, rows R x columns C of A + I for vertex ranges
+               ``split_range(N, G_axis, index)``; a plane with another's ranges is that
+               block, one whose rows lie inside another's over the same columns a row
+               slice of it (:func:`plane_sharing`: only its
+               ``|R| + 1`` row pointers are its own); a block stored whole holds
+               ``(|R| + 1)`` int64 row pointers and ``E`` columns (int32 while N < 2^31,
+               else int64) and FP32 values, with ``E = (nnz - N) |R| |C| / N^2 + |R & C|``:
+               the off-diagonal entries spread evenly, the N self loops on the diagonal
+    features   (|R_x|, |F_z|) FP32 (dense features)
+    labels     per axis, y (int64; (|R|, C) FP32 when ``multilabel``) and the three split masks
+    total      their sum
+
+    Not modeled: sparse (CSR) features and the double permutation's second labeling."""
+    g = dict(zip(("dp", "x", "y", "z"), _check_shape(grid_shape)))
+    if coords is None:
+        candidates = [{"x": i, "y": j, "z": k} for i in range(min(3, g["x"])) for j in range(min(3, g["y"]))
+                      for k in range(min(3, g["z"]))]
+        return max((shard_storage_bytes(n, nnz, num_features, num_classes, grid_shape, c, multilabel=multilabel)
+                    for c in candidates), key=lambda b: b["total"])
+    vr = {a: split_range(n, g[a], coords[a]) for a in ("x", "y", "z")}
+    index_bytes = 4 if n < 2**31 else 8
+    off_diagonal = max(0, nnz - n) / max(1, n) ** 2
+    adjacency = 0.0
+    for (rows, cols), src in plane_sharing((vr[r], vr[c]) for r, c in PLANES).items():
+        adjacency += 8 * (rows[1] - rows[0] + 1)
+        if src is None:
+            size = lambda rng: rng[1] - rng[0]  # noqa: E731
+            diagonal = max(0, min(rows[1], cols[1]) - max(rows[0], cols[0]))
+            adjacency += (off_diagonal * size(rows) * size(cols) + diagonal) * (index_bytes + 4)
+    f0, f1 = split_range(num_features, g["z"], coords["z"])
+    y_bytes = 4 * num_classes if multilabel else 8
+    out = {"adjacency": adjacency, "features": 4.0 * (vr["x"][1] - vr["x"][0]) * (f1 - f0),
+           "labels": float(sum((r[1] - r[0]) * (y_bytes + 3) for r in vr.values()))}
+    out["total"] = sum(out.values())
+    return out
 
 
 # ------------------------------------------------------------------ blocks layout

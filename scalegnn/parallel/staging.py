@@ -81,7 +81,7 @@ from .grid import PMM_AXES
 from .layout import PLANES
 from .sharding import (BLOCKS_DIR, SHARD_FORMAT, AltOrdering, RankShard, _check_shape, _mp_coords, _own_arrays,
                        _rank_keys, _shard_name, _shared, adjacency_file, feature_blocks, feature_file, file_sha256,
-                       node_file, stored_blocks)
+                       node_file, shard_storage_bytes, stored_blocks)
 
 __all__ = ["check_folder", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "stage_source",
            "symmetrize"]
@@ -111,13 +111,11 @@ def memory_plan(budget: int, *, n: int, nnz: int, num_features: int, num_classes
     interpreter: {"fixed": bytes that do not depend on the chunk, "chunk": stored entries
     per worker's chunk, "need": the smallest budget that leaves chunks of 1024 entries}.
     Raises a one-line ValueError naming the smallest budget when ``budget`` is below it."""
-    from ..perfmodel import Workload, shard_bytes
-
     copies = 1 if workers == 1 else workers + 1  # the parent keeps its vectors while the workers run
     vectors = max(VERTEX_BYTES[permute], SYMMETRIZE_VERTEX_BYTES if user_csr else 0) * n
     shard = 0
     if layout == "files":  # the rank's shard, built whole before it is written (twice while planes are joined)
-        sb = shard_bytes(Workload(n, nnz + n, max(1, num_features), max(1, num_classes)), shape)
+        sb = shard_storage_bytes(n, nnz + n, max(1, num_features), max(1, num_classes), shape)
         shard = 2 * sb["total"] + (2 * sb["adjacency"] if permute == "double" else 0)
     fixed = BASE_BYTES + copies * vectors + workers * int(shard) + (workers * INTERPRETER_BYTES if workers > 1 else 0)
     need = fixed + workers * 1024 * BYTES_PER_ENTRY

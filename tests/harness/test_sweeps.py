@@ -829,7 +829,7 @@ def test_a_profiles_memory_budget_stages_what_it_can_out_of_core(isolated_data, 
     import scalegnn.datasets as datasets
     from scalegnn.parallel.sharding import load_shard
     from scalegnn.sweeps.staging import StageSet, StageTask
-    from tests.parallel.test_staging import _same_shard
+    from tests.graphs import same_shard
 
     rng = np.random.default_rng(2)
     n = 400
@@ -851,7 +851,7 @@ def test_a_profiles_memory_budget_stages_what_it_can_out_of_core(isolated_data, 
         manifest = json.loads((Path(st.folder) / "manifest.json").read_text())
         assert manifest["staged"]["out_of_core"] and manifest.get("layout", "files") == st.argv()[-1]
         for rank in range(manifest["grid_shape"][1] * manifest["grid_shape"][2] * manifest["grid_shape"][3]):
-            _same_shard(load_shard(st.folder, rank), load_shard(memory.folder, rank))
+            same_shard(load_shard(st.folder, rank), load_shard(memory.folder, rank))
     named = StageSet("cora", (1, 2, 1, 1), "none", 0, root, str(isolated_data / "cora"), memory_budget="1G")
     assert not named.out_of_core and "--memory-budget" not in named.argv()
 

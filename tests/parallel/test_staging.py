@@ -17,6 +17,7 @@ from scalegnn.datasets import load_dataset
 from scalegnn.datasets.streaming import generate
 from scalegnn.parallel.sharding import _mp_coords, load_shard, shard_command
 from scalegnn.parallel.staging import _write_rank, file_sha256, parse_size, stage_out_of_core, symmetrize
+from tests.graphs import same_shard
 
 KINDS = {"powerlaw": "powerlaw:n=2500,avg_degree=10,exponent=2.3",
          "csbm": "csbm:n=1800,avg_degree=8,classes=4,feature_dim=12"}
@@ -296,24 +297,6 @@ def test_a_users_folder_with_several_processes_and_resumed(users, tmp_path):
 
 
 # ------------------------------------------------------------------ blocks layout
-def _same_shard(got, want):
-    """Two RankShards equal tensor for tensor (dtypes too), and holding the same bytes."""
-    for p, (a, b) in enumerate(zip(got.adj, want.adj)):
-        assert (a.row_start, a.row_end, a.col_start, a.col_end) == (b.row_start, b.row_end, b.col_start, b.col_end), p
-        for t in ("indptr", "indices", "values"):
-            ta, tb = getattr(a, t), getattr(b, t)
-            assert ta.dtype == tb.dtype and torch.equal(ta, tb), (p, t)
-    assert got.x.dtype == want.x.dtype and torch.equal(got.x, want.x)
-    for key in ("y", "train_mask", "val_mask", "test_mask"):
-        assert getattr(got, key).keys() == getattr(want, key).keys()
-        for ax, t in getattr(got, key).items():
-            assert t.dtype == getattr(want, key)[ax].dtype and torch.equal(t, getattr(want, key)[ax]), (key, ax)
-    for f in ("grid_shape", "coords", "num_nodes", "num_features", "num_classes", "multilabel", "feature_range",
-              "vertex_ranges", "name"):
-        assert getattr(got, f) == getattr(want, f), f
-    assert got.nbytes() == want.nbytes()
-
-
 def _ranks(shape):
     return range(shape[1] * shape[2] * shape[3])
 
@@ -339,7 +322,7 @@ def test_the_blocks_layout_loads_every_ranks_shard_of_the_files_layout(generated
                 "permute", "split"):
         assert got[key] == want[key], key
     for rank in _ranks(shape):
-        _same_shard(load_shard(tmp_path / "blk", rank), load_shard(tmp_path / "mem", rank))
+        same_shard(load_shard(tmp_path / "blk", rank), load_shard(tmp_path / "mem", rank))
     assert not [p for p in (tmp_path / "blk").rglob("*") if p.name.endswith((".part", ".tmp", ".json"))
                 and p.name != "manifest.json"]
 
@@ -356,7 +339,7 @@ def test_the_blocks_layout_of_a_users_folder_holds_its_dense_features(users, tmp
     got = _manifest(tmp_path / "blk")
     assert got["features"] == {"kind": "dense"} and got["split"] == _manifest(tmp_path / "mem")["split"]
     for rank in _ranks(shape):
-        _same_shard(load_shard(tmp_path / "blk", rank), load_shard(tmp_path / "mem", rank))
+        same_shard(load_shard(tmp_path / "blk", rank), load_shard(tmp_path / "mem", rank))
 
 
 def test_the_blocks_layout_stores_each_block_once(generated, tmp_path):
@@ -526,7 +509,7 @@ def test_an_edge_list_is_streamed_into_csr_and_staged_as_in_memory(tmp_path, for
     if layout == "files":
         assert got["sha256"] == want["sha256"]
     for rank in _ranks(shape):
-        _same_shard(load_shard(tmp_path / "ooc", rank), load_shard(tmp_path / "mem", rank))
+        same_shard(load_shard(tmp_path / "ooc", rank), load_shard(tmp_path / "mem", rank))
     assert not (tmp_path / "ooc" / ".converted").exists()
 
 
