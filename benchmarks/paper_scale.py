@@ -21,7 +21,8 @@ loads     each chosen rank's shard loaded alone in a fresh process and every pag
     python benchmarks/paper_scale.py --graph /work/paper/graph --out /work/paper/run --grid 1x4x4x4 \\
         --memory-budget 5G
 
-Ranks: ``--ranks`` or, by default, the planner's largest, the first and the last.
+Ranks: every rank, ``--jobs`` at a time, or those ``--ranks`` names (``--ranks`` alone:
+the planner's largest, the first and the last).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def stage(graph: Path, out: Path, grid: str, budget: str | None, layout: str = "
             "loadavg_start": load0, "loadavg_end": os.getloadavg()}
 
 
-def loads(folder: Path, ranks: list[int] | None) -> dict:
+def loads(folder: Path, ranks: list[int] | None, jobs: int = 1) -> dict:
     from scalegnn.benchmarks.shard_memory import measure
     from scalegnn.parallel.sharding import _mp_coords, verify_shard_file
     from scalegnn.perfmodel import Workload, shard_bytes
@@ -114,22 +115,31 @@ def loads(folder: Path, ranks: list[int] | None) -> dict:
                  num_classes=info["num_classes"])
     coords = _mp_coords(shape)
     predicted = [shard_bytes(w, shape, c)["total"] for c in coords]
-    if not ranks:
+    if ranks is None:  # every rank
+        ranks = list(range(len(coords)))
+    elif not ranks:  # the planner's largest, the first and the last
         top = max(range(len(coords)), key=predicted.__getitem__)
         ranks = sorted({top, 0, len(coords) - 1})
     t0 = time.perf_counter()
     for rel, digest in manifest["sha256"].items():  # the one hash per file, out of the measured loads
         assert verify_shard_file(folder / rel, digest), rel
     verify_s = time.perf_counter() - t0
-    rows = []
-    for r in ranks:
+
+    def one(r: int) -> dict:  # a fresh process per rank: its own peak, whatever runs beside it
         got = measure(folder, r, "touched")
-        rows.append({"rank": r, "coords": coords[r], "predicted_bytes": predicted[r], "rise_bytes": got["rise"],
-                     "ratio": got["rise"] / predicted[r], "load_s": got["load_s"], "nbytes": got["nbytes"]})
         print(f"rank {r} {coords[r]}: peak {got['rise'] / 2**30:.2f} GiB above the baseline, predicted "
               f"{predicted[r] / 2**30:.2f} GiB (x{got['rise'] / predicted[r]:.3f}), load {got['load_s']:.1f} s",
               flush=True)
-    return {"verify_s": verify_s, "largest_predicted_bytes": max(predicted), "ranks": rows}
+        return {"rank": r, "coords": coords[r], "predicted_bytes": predicted[r], "rise_bytes": got["rise"],
+                "ratio": got["rise"] / predicted[r], "load_s": got["load_s"], "nbytes": got["nbytes"]}
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        rows = list(pool.map(one, ranks))
+    ratios = [row["ratio"] for row in rows]
+    return {"verify_s": verify_s, "largest_predicted_bytes": max(predicted), "jobs": jobs,
+            "ratio_min": min(ratios), "ratio_max": max(ratios), "ranks": rows}
 
 
 def main(argv=None) -> int:
@@ -139,7 +149,10 @@ def main(argv=None) -> int:
     parser.add_argument("--grid", default="1x4x4x4")
     parser.add_argument("--memory-budget", default="5G")
     parser.add_argument("--disk-gib", type=float, default=8.0)
-    parser.add_argument("--ranks", type=int, nargs="*", default=None)
+    parser.add_argument("--ranks", type=int, nargs="*", default=None,
+                        help="ranks to load (none given: the planner's largest, the first and the last; "
+                        "without the flag: every rank)")
+    parser.add_argument("--jobs", type=int, default=1, help="ranks loaded at a time, each in its own process")
     parser.add_argument("--skip-staging", action="store_true", help="measure the loads of an earlier staging")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -156,7 +169,7 @@ def main(argv=None) -> int:
         print(f"staging: {s['wall_s']:.0f} s, peak RSS {s['peak_rss_bytes'] / 2**30:.2f} GiB, in "
               f"{s['input_bytes'] / 1e9:.1f} GB, out {s['output_bytes'] / 1e9:.1f} GB", flush=True)
         report_path.write_text(json.dumps(report, indent=1))
-    report["loads"] = loads(args.out / "shards", args.ranks)
+    report["loads"] = loads(args.out / "shards", args.ranks, args.jobs)
     report_path.write_text(json.dumps(report, indent=1))
     return 0
 
