@@ -65,6 +65,7 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -83,7 +84,7 @@ from .sharding import (BLOCKS_DIR, SHARD_FORMAT, AltOrdering, RankShard, _check_
                        _rank_keys, _shard_name, _shared, adjacency_file, feature_blocks, feature_file, file_sha256,
                        node_file, shard_storage_bytes, stored_blocks)
 
-__all__ = ["check_folder", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "stage_source",
+__all__ = ["check_folder", "disk_plan", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "stage_source",
            "symmetrize"]
 
 # The memory model of staging (module docstring), from counting the arrays live at each
@@ -200,6 +201,29 @@ def _sizes(folder: Path, kind: str) -> dict:
     else:
         f = int(json.loads((folder / "features.json").read_text()).get("dim", 1))
     return {"n": n, "nnz": nnz, "num_features": f, "num_classes": 32}
+
+
+def disk_plan(out: Path, *, n: int, nnz: int, num_features: int, num_classes: int, shape: tuple, layout: str,
+              seeded: bool, user_csr: bool) -> int:
+    """Bytes staging will write under ``out`` (an estimate from the sizes: the blocks of
+    A + I once, or every rank's shard, plus the symmetric CSR made on the way for a
+    user's folder); refuses in one line, before any work, when the disk holding ``out``
+    has less free (files already there, from a staging that is resumed, count as free)."""
+    index = 4 if n < 2**31 else 8
+    if layout == "blocks":
+        need = (nnz + n) * (index + 4) + 8 * sum(r[1] - r[0] + 1 for r, _ in stored_blocks(shape, n)) + 11 * n
+        need += 0 if seeded else 4 * n * num_features
+    else:
+        need = sum(shard_storage_bytes(n, nnz + n, max(1, num_features), max(1, num_classes), shape, c)["total"]
+                   for c in _mp_coords(shape))
+    if user_csr:
+        need += (nnz + n) * 8 + 2 * nnz * index  # row pointers, A^T, the symmetric columns
+    have = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else 0
+    free = shutil.disk_usage(out if out.exists() else out.parent).free + have
+    if need > free:
+        raise ValueError(f"staging writes about {human_size(need)} under {out}, but its disk has {human_size(free)} "
+                         "free; free space there or pass another --out")
+    return int(need)
 
 
 def _longest_row(folder: Path) -> int:
@@ -724,8 +748,11 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = name or f"dir:{folder}"
-    plan = memory_plan(memory_budget, **_sizes(folder, kind), shape=shape, permute=permute, layout=layout,
-                       workers=workers, user_csr=kind == "csr")
+    sizes = _sizes(folder, kind)
+    plan = memory_plan(memory_budget, **sizes, shape=shape, permute=permute, layout=layout, workers=workers,
+                       user_csr=kind == "csr")
+    disk_plan(out, **sizes, shape=shape, layout=layout, seeded=not (folder / "x.npy").is_file(),
+              user_csr=kind == "csr")
     chunk = chunk_entries or plan["chunk"]
     topology = None
     if kind == "csr":  # the user's CSR made symmetric (as the in-memory reader does), on disk beside the shards

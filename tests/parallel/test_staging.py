@@ -548,3 +548,24 @@ def test_ogbs_papers100m_files_as_shipped_stage_as_ogbs_own_loader_reads_them(tm
     stage_source("ogbn-papers100M", shape, tmp_path / "ooc", data_root=tmp_path / "root", seed=3, chunk_entries=500)
     got, want = _manifest(tmp_path / "ooc"), _manifest(tmp_path / "mem")
     assert got["sha256"] == want["sha256"] and got["graph"] == want["graph"] and got["name"] == "ogbn-papers100M"
+
+
+def test_a_disk_too_small_is_refused_before_any_work(generated, tmp_path, monkeypatch):
+    """The estimate of what staging writes against the free space of --out's disk."""
+    import shutil
+
+    from scalegnn.parallel.staging import disk_plan
+
+    info = json.loads((generated / "powerlaw" / "graph.json").read_text())
+    sizes = dict(n=info["num_nodes"], nnz=info["stored_entries"], num_features=128, num_classes=32)
+    need = {layout: disk_plan(tmp_path, **sizes, shape=(1, 2, 2, 2), layout=layout, seeded=True, user_csr=False)
+            for layout in ("files", "blocks")}
+    for layout in ("files", "blocks"):  # the estimate against what is written
+        stage_out_of_core(generated / "powerlaw", (1, 2, 2, 2), tmp_path / layout, seed=3, layout=layout)
+        written = sum(f.stat().st_size for f in (tmp_path / layout).rglob("*") if f.is_file())
+        assert 0.9 * written <= need[layout] <= 1.1 * written, (layout, need[layout], written)  # within 10 %
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=need["blocks"] // 2))
+    with pytest.raises(ValueError, match="but its disk has .* free; free space there or pass another --out"):
+        stage_out_of_core(generated / "powerlaw", (1, 2, 2, 2), tmp_path / "small", seed=3, layout="blocks")
+    assert not list((tmp_path / "small").rglob("*"))
