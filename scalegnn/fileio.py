@@ -237,8 +237,10 @@ class NpyAppender:
         return self.path
 
     def abort(self) -> None:
-        self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        """Drop the partial file (nothing when :meth:`close` has already put it in place)."""
+        if not self.f.closed:
+            self.f.close()
+            self.tmp.unlink(missing_ok=True)
 
 
 def drop_pages(*arrays) -> None:

@@ -602,8 +602,7 @@ def _write_rows(folder: str, seed: int, permute: str, split: tuple, topology: st
     except BaseException:
         for k in keys:
             for w in parts[k].values():
-                if not w.f.closed:
-                    w.abort()
+                w.abort()
         raise
     done = {"sha256": {str(p.relative_to(out)): file_sha256(p) for p in paths},
             "nnz": {adjacency_file(k, "indices"): total[k] for k in keys}}
