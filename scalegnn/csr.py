@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SPARSE_FEATURE_DENSITY", "unique_keys", "runs", "sparse_enough", "sparse_if_enough", "feature_layout", "is_csr", "csr_matrix",
+__all__ = ["SPARSE_FEATURE_DENSITY", "unique_keys", "runs", "sparse_enough", "sparse_if_enough", "feature_layout",
+           "is_csr", "csr_matrix",
            "csr_block", "select_rows", "gather_csr_rows", "csr_transpose"]
 
 

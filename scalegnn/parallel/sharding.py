@@ -55,13 +55,14 @@ from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
            "share_planes", "plane_sharing", "row_slice", "adjacency_storage",
-           "check_shard_manifest", "shard_storage_bytes", "stored_blocks", "feature_blocks", "adjacency_file", "feature_file", "node_file",
+           "check_shard_manifest", "shard_storage_bytes", "stored_blocks", "feature_blocks", "adjacency_file",
+           "feature_file", "node_file",
            "load_shard", "verify_shard_file", "shard_command", "shard_nnz_stats", "file_sha256"]
 
 SHARD_FORMAT = 1
 BLOCKS_DIR = "blocks"  # the blocks layout's arrays (manifest "layout": "blocks")
 NODE_ARRAYS = ("y", "train_mask", "val_mask", "test_mask")
-SEEDED_ROWS_ENTRIES = 1 << 18  # seeded features computed at load this many entries at a time (~50 B of temporaries each)
+SEEDED_ROWS_ENTRIES = 1 << 18  # seeded features computed at load this many entries at a time (~50 B of scratch each)
 
 
 @dataclass

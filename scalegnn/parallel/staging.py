@@ -84,7 +84,8 @@ from .sharding import (BLOCKS_DIR, SHARD_FORMAT, AltOrdering, RankShard, _check_
                        _rank_keys, _shard_name, _shared, adjacency_file, feature_blocks, feature_file, file_sha256,
                        node_file, shard_storage_bytes, stored_blocks)
 
-__all__ = ["check_folder", "disk_plan", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "stage_source",
+__all__ = ["check_folder", "disk_plan", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core",
+           "stage_source",
            "symmetrize"]
 
 # The memory model of staging (module docstring), from counting the arrays live at each
@@ -122,7 +123,8 @@ def memory_plan(budget: int, *, n: int, nnz: int, num_features: int, num_classes
     need = fixed + workers * 1024 * BYTES_PER_ENTRY
     if budget < need:
         raise ValueError(f"--memory-budget {human_size(budget)} is below what staging this graph needs: "
-                         f"{human_size(fixed)} for {n:,} vertices' vectors" + (" and each rank's shard" if shard else "")
+                         f"{human_size(fixed)} for {n:,} vertices' vectors"
+                         + (" and each rank's shard" if shard else "")
                          + (f" in {workers} workers" if workers > 1 else "") + f"; give at least {human_size(need)}")
     return {"fixed": fixed, "chunk": int((budget - fixed) // (workers * BYTES_PER_ENTRY)), "need": need}
 
@@ -697,8 +699,8 @@ def stage_source(name: str, grid_shape, out_dir, *, data_root=None, **kwargs) ->
                            layout=layout, workers=workers, user_csr=True)  # before the conversion's hours
         convert(name, converted, data_root=data_root, chunk=kwargs.get("chunk_entries") or plan["chunk"] * workers)
         done.write_text(name)
-    paths = stage_out_of_core(converted, grid_shape, out_dir, name=name if folder is None else f"dir:{folder.resolve()}",
-                              **kwargs)
+    shown = name if folder is None else f"dir:{folder.resolve()}"
+    paths = stage_out_of_core(converted, grid_shape, out_dir, name=shown, **kwargs)
     for f in converted.iterdir():
         f.unlink()
     converted.rmdir()
@@ -781,7 +783,8 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
         _SOURCE.clear()
         files, per_rank, resumed = [d["file"] for d in done], [d["nnz"] for d in done], sum(d["resumed"] for d in done)
         sums = {d["file"]: d["sha256"] for d in done}
-    info = {"num_nodes": src.n, "num_edges": src.nnz, "adjacency_nnz": src.nnz + src.n, "num_features": src.num_features,
+    info = {"num_nodes": src.n, "num_edges": src.nnz, "adjacency_nnz": src.nnz + src.n,
+            "num_features": src.num_features,
             "num_classes": src.num_classes, "sparse_features": False, "split": src.split_note}
     manifest = {
         "format": SHARD_FORMAT, "grid_shape": list(shape), "name": name, "num_nodes": src.n,

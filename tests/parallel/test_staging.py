@@ -435,8 +435,9 @@ def bigger(tmp_path_factory):
     return root / "g"
 
 
-@pytest.mark.parametrize("layout, permute, budget", [("blocks", "none", 128 << 20), ("blocks", "single", 160 << 20),
-                                                     ("files", "none", 320 << 20), ("files", "double", 400 << 20)])
+@pytest.mark.parametrize("layout, permute, budget", [
+    ("blocks", "none", 128 << 20), ("blocks", "single", 160 << 20), ("files", "none", 320 << 20),
+    ("files", "double", 400 << 20)])
 def test_the_memory_budget_bounds_the_peak(bigger, tmp_path, layout, permute, budget):
     """A fresh process's peak RSS above the imported interpreter stays within
     --memory-budget, with chunks as large as the budget leaves (not a few entries)."""
