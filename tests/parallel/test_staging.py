@@ -329,7 +329,8 @@ def test_the_blocks_layout_loads_every_ranks_shard_of_the_files_layout(generated
 
 @pytest.mark.parametrize("user, permute, shape, split", [
     ("one-way+own-split", "none", (1, 2, 2, 2), (None, None)), ("symmetric", "single", (1, 3, 1, 2), (None, None)),
-    ("one-way+loops", "none", (1, 2, 1, 2), ("random:0.6,0.2,0.2", 5))], ids=lambda v: v if isinstance(v, str) else None)
+    ("one-way+loops", "none", (1, 2, 1, 2), ("random:0.6,0.2,0.2", 5))],
+    ids=lambda v: v if isinstance(v, str) else None)
 def test_the_blocks_layout_of_a_users_folder_holds_its_dense_features(users, tmp_path, user, permute, shape, split):
     folder = users / user
     graph = load_dataset(f"dir:{folder}", seed=3, cache=False, split=split[0], split_seed=split[1])
