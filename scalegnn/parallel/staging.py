@@ -628,6 +628,16 @@ def _write_features(src: _Source, out: Path, keys: list, chunk_rows: int) -> dic
     return sums
 
 
+def _run(write, jobs: list, workers: int) -> list:
+    """``write(*job)`` for each job, in this process, or in ``workers`` spawned ones (each
+    builds its own source; this process's is dropped first)."""
+    if workers == 1 or len(jobs) == 1:
+        return [write(*j) for j in jobs]
+    _SOURCE.clear()
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
+        return list(pool.map(write, *zip(*jobs)))
+
+
 def _stage_blocks(src: _Source, args: tuple, shape: tuple, out: Path, chunk: int, workers: int) -> dict:
     """The blocks layout (:func:`.sharding.stored_blocks`): what the manifest says of it."""
     folder, seed, permute, split, topology = args
@@ -635,13 +645,8 @@ def _stage_blocks(src: _Source, args: tuple, shape: tuple, out: Path, chunk: int
     by_rows: dict = {}
     for rows, cols in stored:
         by_rows.setdefault(rows, []).append(cols)
-    jobs = [(folder, seed, permute, split, topology, str(out), rows, cols, chunk) for rows, cols in by_rows.items()]
-    if workers == 1 or len(jobs) == 1:
-        done = [_write_rows(*j) for j in jobs]
-    else:
-        _SOURCE.clear()
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
-            done = list(pool.map(_write_rows, *zip(*jobs)))
+    done = _run(_write_rows, [(folder, seed, permute, split, topology, str(out), rows, cols, chunk)
+                              for rows, cols in by_rows.items()], workers)
     sums = {f: h for d in done for f, h in d["sha256"].items()}
     nnz = {f: k for d in done for f, k in d["nnz"].items()}
     nodes = {"y": src.y.numpy(), **{k: src.masks[k].numpy() for k in ("train_mask", "val_mask", "test_mask")}}
@@ -772,14 +777,8 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
         _SOURCE.clear()
         files, sums, per_rank, resumed = staged["files"], staged["sha256"], staged["nnz_per_shard"], staged["resumed"]
     else:
-        coords = _mp_coords(shape)
-        args = [(str(folder), int(seed), shape, c, str(out), name, chunk, permute, split, topology) for c in coords]
-        if workers == 1 or len(coords) == 1:
-            done = [_write_rank(*a) for a in args]
-        else:
-            _SOURCE.clear()
-            with ProcessPoolExecutor(max_workers=min(workers, len(coords)), mp_context=get_context("spawn")) as pool:
-                done = list(pool.map(_write_rank, *zip(*args)))
+        done = _run(_write_rank, [(str(folder), int(seed), shape, c, str(out), name, chunk, permute, split, topology)
+                                  for c in _mp_coords(shape)], workers)
         _SOURCE.clear()
         files, per_rank, resumed = [d["file"] for d in done], [d["nnz"] for d in done], sum(d["resumed"] for d in done)
         sums = {d["file"]: d["sha256"] for d in done}

@@ -380,6 +380,9 @@ def test_a_killed_blocks_staging_resumes_and_a_damaged_block_is_refused(generate
     assert _manifest(out)["staged"]["resumed"] == 1  # the first row range's blocks were kept
     stage_out_of_core(generated / "powerlaw", shape, tmp_path / "whole", seed=3, layout="blocks")
     assert _manifest(out)["sha256"] == _manifest(tmp_path / "whole")["sha256"]
+    stage_out_of_core(generated / "powerlaw", shape, tmp_path / "two", seed=3, layout="blocks", workers=2,
+                      memory_budget=1 << 30)  # a row range of blocks per process: the same files
+    assert _manifest(tmp_path / "two")["sha256"] == _manifest(tmp_path / "whole")["sha256"]
     victim = out / next(f for f in _manifest(out)["files"] if f.endswith(".values.npy"))
     data = bytearray(victim.read_bytes())
     data[-1] ^= 1
