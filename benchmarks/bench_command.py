@@ -419,17 +419,15 @@ def ablation_bench(grid: str = "1x2x2x2", dataset: str = "csbm:n=20000,avg_degre
     shape = parse_grid(grid)
     world = math.prod(shape)
     if any(sw.get("compile") for _, sw in ABLATION):  # warm the compile cache once, not in every rank
-        from scalegnn.parallel.tail import norm_relu_dropout
+        from scalegnn._compiled import CompiledKernels
+        from scalegnn.model import ModelConfig
+        from scalegnn.parallel.context import ParallelContext
+        from scalegnn.parallel.grid import ProcessGrid
+        from scalegnn.parallel.tail import warm_up_compiled
 
-        fused = torch.compile(norm_relu_dropout, dynamic=True, backend=compile_backend)
-        for training in (True, False):
-            x = torch.randn(5, 3, requires_grad=training)
-            with torch.set_grad_enabled(training):
-                y = fused(x, (x.detach() ** 2).sum(-1, keepdim=True).requires_grad_(training),
-                          torch.ones(3, requires_grad=training), (torch.arange(15).view(5, 3) % 2 == 0)
-                          if training else None, hidden, 1e-6, 0.5)
-                if training:
-                    y.sum().backward()
+        cfg = ModelConfig(hidden=hidden, layers=layers, dropout=0.5)  # the workers' model
+        warm_up_compiled(ParallelContext(ProcessGrid.single(), fused=CompiledKernels(compile_backend)), cfg.hidden,
+                         cfg.norm_eps, cfg.dropout, cfg.norm, cfg.residual, torch.device("cpu"), torch.float32)
     res = spawn(_ablation_worker, world, shape, dataset, data_root, batch_ratio, hidden, layers, steps, warmup,
                 list(ABLATION), compile_backend, timeout_s=3000, threads_per_worker=1)[0]
     kinds = sorted({k for r in res for k in r["bytes_per_step"]})

@@ -45,8 +45,8 @@ import torch
 
 from ._numba import Unavailable, available as _numba_available, numba, run as _run
 
-__all__ = ["DropoutBlock", "keep_mask", "keep_mask_torch", "available", "row_sum_squares", "tail_forward",
-           "tail_backward_stats", "tail_backward_input", "stats_dtype", "warm_up"]
+__all__ = ["DropoutBlock", "keep_mask", "keep_mask_torch", "hash_terms", "keep_from_terms", "threshold", "available",
+           "row_sum_squares", "tail_forward", "tail_backward_stats", "tail_backward_input", "stats_dtype", "warm_up"]
 
 # splitmix64 constants as unsigned ints (the torch path uses their int64 two's complements)
 GOLD = 0x9E3779B97F4A7C15
@@ -67,7 +67,8 @@ def available() -> bool:
     return _ENABLED and _numba_available()
 
 
-def _threshold(p: float) -> int:
+def threshold(p: float) -> int:
+    """floor(p * 2^53): an entry is kept when its 53-bit draw is at least this."""
     return int(p * float(1 << 53))
 
 
@@ -83,16 +84,30 @@ def _lsr_(h: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
     return out.bitwise_and_((1 << (64 - k)) - 1)
 
 
-def keep_mask_torch(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
-    """The keep mask (len(row_ids), len(col_ids)) in torch int64 ops, on any device:
-    the definition (module docstring), with two (B, H) int64 buffers updated in place."""
-    rows, cols = row_ids.to(torch.int64), col_ids.to(torch.int64)
-    h = torch.add((rows * _signed(GOLD))[:, None], (cols * _signed(M2) + key)[None, :])
+def hash_terms(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row and column terms of the hash, (B,) ``r_i * GOLD + key`` and (H,)
+    ``c_j * M2`` as int64 (mod 2^64): entry (i, j) hashes their sum. Small vectors a
+    kernel takes in place of the (B, H) hash, so it computes the mask in registers."""
+    return row_ids.to(torch.int64) * _signed(GOLD) + key, col_ids.to(torch.int64) * _signed(M2)
+
+
+def keep_from_terms(row_terms: torch.Tensor, col_terms: torch.Tensor, thr: int) -> torch.Tensor:
+    """The keep mask (B, H) from :func:`hash_terms` and ``floor(p * 2^53)``: the
+    definition (module docstring) in int64 torch ops, two (B, H) buffers updated in
+    place. Written once for eager torch (any device) and for ``torch.compile``, which
+    fuses it into the kernel that applies the mask (:mod:`scalegnn._compiled`):
+    there the buffers never exist."""
+    h = torch.add(row_terms[:, None], col_terms[None, :])
     t = torch.empty_like(h)
     h.bitwise_xor_(_lsr_(h, 30, t)).mul_(_signed(M1))
     h.bitwise_xor_(_lsr_(h, 27, t)).mul_(_signed(M2))
     h.bitwise_xor_(_lsr_(h, 31, t))
-    return _lsr_(h, 11, t) >= _threshold(p)
+    return _lsr_(h, 11, t) >= thr
+
+
+def keep_mask_torch(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
+    """The keep mask (len(row_ids), len(col_ids)) in torch int64 ops, on any device."""
+    return keep_from_terms(*hash_terms(key, row_ids, col_ids), threshold(p))
 
 
 # ----------------------------------------------------------------------------- numba kernels
@@ -228,7 +243,7 @@ def keep_mask(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) 
         out = torch.empty(row_ids.numel(), col_ids.numel(), dtype=torch.bool)
         rows = row_ids.to(torch.int64).contiguous().numpy()
         cols = col_ids.to(torch.int64).contiguous().numpy()
-        if _call(_mask_kernel, np.uint64(key), rows, cols, np.uint64(_threshold(p)), out.numpy()):
+        if _call(_mask_kernel, np.uint64(key), rows, cols, np.uint64(threshold(p)), out.numpy()):
             return out
     return keep_mask_torch(key, row_ids, col_ids, p)
 
@@ -284,7 +299,7 @@ def tail_forward(x: torch.Tensor, rinv: torch.Tensor | None, g: torch.Tensor | N
         ok = _call(_tail_fwd_kernel, xa, _np(rinv, xa), _np(g, xa), _np(res, xa) if res is not None else
                    np.zeros((1, 1), xa.dtype), np.uint64(drop.key if drop else 0),
                    _np(drop.rows.to(torch.int64)) if drop else ids, _np(drop.cols.to(torch.int64)) if drop else ids,
-                   np.uint64(_threshold(drop.p) if drop else 0), dt(drop.den if drop else 1.0), dt(0), dt(1),
+                   np.uint64(threshold(drop.p) if drop else 0), dt(drop.den if drop else 1.0), dt(0), dt(1),
                    out.numpy(), pas.numpy() if save else np.zeros((1, 1), np.bool_),
                    rinv is not None, g is not None, drop is not None, res is not None, save)
         if ok:

@@ -36,6 +36,12 @@ def process_age_s() -> float:
         return time.monotonic() - _IMPORTED
 
 
+@contextmanager
+def _recorded(span, name: str):
+    with torch.profiler.record_function(name), span:
+        yield
+
+
 class SpanTimer:
     """Cumulative seconds per component name: ``with timer("spmm"): ...``.
 
@@ -54,8 +60,16 @@ class SpanTimer:
         self._events: list[tuple[str, object, object]] = []
         self._cuda = self.device.type == "cuda"
 
-    @contextmanager
     def __call__(self, name: str):
+        """The span ``name``; while a torch profiler records, also a range of that name in
+        its trace (the engine's phases are how :mod:`scalegnn.benchmarks.op_count`
+        attributes a step's kernels to sampling, forward, backward and the optimizer)."""
+        if torch.autograd._profiler_enabled():
+            return _recorded(self._span(name), name)
+        return self._span(name)
+
+    @contextmanager
+    def _span(self, name: str):
         if not self.enabled:
             yield
             return

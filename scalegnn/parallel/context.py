@@ -46,9 +46,9 @@ class ParallelContext:
         bucket    deferred weight-gradient reductions (the GEMMs' dW and, through
                   :attr:`defer_norm_grads`, RMSNorm's dg) go over their axis in buckets,
                   one call per (axis, wire dtype) a step (:meth:`weight_grad_hook`)
-        fused     the element-wise tail of a layer,
-                  :func:`~scalegnn.parallel.tail.norm_relu_dropout` or its
-                  ``torch.compile``-d version (V-C); None keeps the unfused operators
+        fused     a :class:`~scalegnn._compiled.CompiledKernels`: the layer tail's and
+                  the cross-entropy's ``torch.compile``-d phases, the dropout mask
+                  hashed inside (V-C); None keeps the eager kernels
         gemm_dtype
                   operand dtype of the local dense GEMM products (None: as is); see
                   :meth:`mm`

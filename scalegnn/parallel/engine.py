@@ -45,6 +45,7 @@ from collections import defaultdict
 
 import torch
 
+from .._compiled import CompiledKernels
 from ..csr import is_csr
 from ..device import indexed_device, synchronize
 from ..graph import Graph
@@ -61,9 +62,10 @@ from .context import ParallelContext
 from .dist_sampling import DistributedSampler, ShardedBatch
 from .grid import PMM_AXES, ProcessGrid
 from .losses import parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
+from .losses import warm_up_compiled as warm_up_compiled_loss
 from .model import ParallelScaleGNN, assemble_shards, full_shapes
 from .sharding import RankShard, build_rank_shard
-from .tail import norm_relu_dropout
+from .tail import warm_up_compiled
 
 _log = logging.getLogger(__name__)
 
@@ -218,9 +220,7 @@ class ParallelEngine:
         self._phases = SpanTimer(device)
         self._timer = SpanTimer(device, enabled=perf.instrument)
         self._stats = CommStats(timing=perf.instrument, device=device)
-        fused = None
-        if perf.compile:
-            fused = torch.compile(norm_relu_dropout, dynamic=True, backend=perf.compile_backend)
+        fused = CompiledKernels(perf.compile_backend) if perf.compile else None
         self.pc = ParallelContext(grid, self._stats, self._timer, comm_dtype, overlap=perf.comm_overlap,
                                   fused=fused, sparse_input_grad=self.sparse_input_update,
                                   bucket=perf.bucket_collectives, gemm_dtype=numerics.local_gemm_dtype)
@@ -260,21 +260,18 @@ class ParallelEngine:
         return 0.0, reason
 
     def _warm_up_compile(self) -> float:
-        """Compile the fused element-wise function before training (V-C), for the
-        shapes of training (with autograd, with/without dropout) and of evaluation,
-        and return the seconds it took: recorded apart, as the paper does, and kept
-        out of the epoch time. ``dynamic=True`` makes one graph serve every batch size."""
+        """Compile the layer tail's and the loss's phases before training (V-C) for every
+        way training and evaluation call them (the ``warm_up_compiled`` of
+        :mod:`~scalegnn.parallel.tail` and :mod:`~scalegnn.parallel.losses`: the same
+        argument types, gradients, optional inputs and ints), and return the seconds it
+        took: recorded apart, as the paper does, and kept out of the epoch time; no
+        frame compiles after it. ``dynamic=True`` makes one graph serve every batch size."""
         cfg = self.model.config
         t0 = time.perf_counter()
-        for training in (True, False):
-            x = torch.randn(5, 3, device=self.device, requires_grad=training)
-            s = (x.detach().float() ** 2).sum(-1, keepdim=True).requires_grad_(training) if cfg.norm else None
-            g = torch.ones(3, device=self.device, requires_grad=training) if cfg.norm else None
-            keep = (torch.arange(15, device=self.device).view(5, 3) % 2 == 0) if training and cfg.dropout > 0 else None
-            with torch.set_grad_enabled(training):
-                y = self.pc.fused(x, s, g, keep, cfg.hidden, cfg.norm_eps, cfg.dropout)
-                if training:
-                    y.sum().backward()
+        dtype = self.model.w_in.dtype
+        warm_up_compiled(self.pc, cfg.hidden, cfg.norm_eps, cfg.dropout, cfg.norm, cfg.residual, self.device, dtype)
+        warm_up_compiled_loss(self.pc, self.multilabel, self.shard.num_classes, self.model.class_range[0],
+                              self.device, dtype)
         synchronize(self.device)
         return time.perf_counter() - t0
 

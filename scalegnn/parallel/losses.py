@@ -27,8 +27,9 @@ import torch
 
 from ..metrics import micro_f1_counts
 from .context import ParallelContext
+from .grid import ProcessGrid
 
-__all__ = ["parallel_cross_entropy", "parallel_bce", "parallel_argmax", "parallel_accuracy_counts"]
+__all__ = ["parallel_cross_entropy", "parallel_bce", "parallel_argmax", "parallel_accuracy_counts", "warm_up_compiled"]
 
 
 def _row_totals(ctx, loss_sum: torch.Tensor, mask: torch.Tensor, acc: torch.Tensor, pc: ParallelContext,
@@ -43,11 +44,20 @@ def _row_totals(ctx, loss_sum: torch.Tensor, mask: torch.Tensor, acc: torch.Tens
     the count (int64), the accuracy counts (float64), both marked non-differentiable on
     ``ctx``, and the FP64 denominator for the backward. Nothing is read by the host."""
     tot = torch.cat([loss_sum.double().reshape(1), mask.sum().double().reshape(1), acc.double()])
+    return _finish_totals(ctx, tot, pc, row_axis, per_row, dtype)
+
+
+def _finish_totals(ctx, tot: torch.Tensor, pc: ParallelContext, row_axis: str, per_row: int, dtype: torch.dtype):
+    """:func:`_row_totals` from this rank's FP64 [loss sum, count, *acc]: the row axis'
+    all-reduce, then L, count, acc and the denominator (one compiled kernel with ``pc.fused``)."""
     pc.reduce(tot, row_axis, "loss")
-    denom = (tot[1] * per_row).clamp(min=1.0)
-    count, acc = tot[1].to(torch.int64), tot[2:].clone()
+    if pc.fused is not None:
+        loss, count, acc, denom = pc.fused.finish_totals(tot, per_row, dtype)
+    else:
+        denom = (tot[1] * per_row).clamp(min=1.0)
+        loss, count, acc = (tot[0] / denom).to(dtype), tot[1].to(torch.int64), tot[2:].clone()
     ctx.mark_non_differentiable(count, acc)
-    return (tot[0] / denom).to(dtype), count, acc, denom
+    return loss, count, acc, denom
 
 
 class _ParallelCrossEntropy(torch.autograd.Function):
@@ -68,10 +78,17 @@ class _ParallelCrossEntropy(torch.autograd.Function):
 
     The count stays on the device (never read by the host): with no labeled row,
     L = 0 and dO = 0 follow from dividing by max(count, 1) and masking.
+
+    With ``pc.fused`` the same formulas run as the compiled phases of
+    :mod:`scalegnn._compiled` between the three collectives, and the backward
+    recomputes the softmax from the logits, m and S instead of saving it.
     """
 
     @staticmethod
     def forward(ctx, logits, y, mask, pc: ParallelContext, row_axis: str, class_axis: str, class_start: int):
+        ctx.dtype, ctx.class_start = logits.dtype, class_start
+        if pc.fused is not None and logits.shape[1]:
+            return _ParallelCrossEntropy._compiled_forward(ctx, pc.fused, logits, y, mask, pc, row_axis, class_axis)
         o = logits.float()
         n_rows, n_cls = o.shape
         m = o.max(-1).values if n_cls else o.new_full((n_rows,), float("-inf"))
@@ -99,11 +116,26 @@ class _ParallelCrossEntropy(torch.autograd.Function):
         loss, count, acc, denom = _row_totals(ctx, row_loss.sum(), mask, torch.stack([correct.sum(), keep.sum()]),
                                               pc, row_axis, 1, logits.dtype)
         ctx.save_for_backward(e / s[:, None], local_t, has, mask, denom)
-        ctx.dtype = logits.dtype
+        ctx.compiled = False
+        return loss, count, acc
+
+    @staticmethod
+    def _compiled_forward(ctx, kern, logits, y, mask, pc: ParallelContext, row_axis: str, class_axis: str):
+        m = kern.ce_row_max(logits)
+        pc.reduce(m, class_axis, "loss", op="max")
+        terms = kern.ce_row_terms(logits, m, y, ctx.class_start)
+        pc.reduce(terms, class_axis, "loss")
+        loss, count, acc, denom = _finish_totals(ctx, kern.ce_totals(m, terms, y, mask), pc, row_axis, 1, ctx.dtype)
+        ctx.save_for_backward(logits, m, terms[:, 0], y, mask, denom)
+        ctx.compiled, ctx.kern = True, kern
         return loss, count, acc
 
     @staticmethod
     def backward(ctx, dloss, _dcount, _dacc):
+        if ctx.compiled:
+            logits, m, s, y, mask, denom = ctx.saved_tensors
+            return ctx.kern.ce_backward(logits, m, s, y, mask, ctx.class_start, dloss, denom), \
+                None, None, None, None, None, None
         prob, local_t, has, mask, count = ctx.saved_tensors
         g = prob.clone()
         if g.shape[1]:  # subtract 1 at the target class of the rows whose class is on this rank
@@ -205,3 +237,21 @@ def parallel_accuracy_counts(logits: torch.Tensor, y: torch.Tensor, masks: list[
         out = torch.stack(vals).to(torch.float64)
     pc.reduce(out, row_axis, kind)
     return out
+
+
+def warm_up_compiled(pc: ParallelContext, multilabel: bool, num_classes: int, class_start: int,
+                     device: torch.device, dtype: torch.dtype) -> None:
+    """Compile ``pc.fused``'s loss phases as training calls them (forward and backward
+    of the run's loss, its first class and class count: the ints a graph would
+    otherwise specialize on), before training, on a small block."""
+    single = ParallelContext(ProcessGrid.single(), fused=pc.fused)
+    rows, cols = 11, 5
+    logits = torch.randn(rows, cols, device=device, dtype=dtype, requires_grad=True)
+    mask = torch.arange(rows, device=device) % 2 == 0
+    if multilabel:
+        y = torch.arange(rows * cols, device=device).view(rows, cols) % 3 == 0
+        loss = parallel_bce(logits * 1, y.to(dtype), mask, single, "x", "y", num_classes)[0]
+    else:
+        y = class_start + torch.arange(rows, device=device) % cols
+        loss = parallel_cross_entropy(logits * 1, y, mask, single, "x", "y", class_start)[0]
+    loss.backward()

@@ -25,7 +25,8 @@ weights. Memory caveat: every rank briefly holds the full parameters
 (H <= 1024) that is a few MB, far below the graph shards.
 
 Paper V switches, carried by the :class:`ParallelContext`: ``pc.fused`` evaluates
-RMSNorm + ReLU + dropout as one (``torch.compile``-d) element-wise function (V-C);
+RMSNorm + ReLU + dropout + residual in ``torch.compile``-d phases, the dropout mask
+hashed inside the kernel that applies it (V-C);
 ``pc.overlap`` with :meth:`ParallelScaleGNN.defer_weight_grad_sync` overlaps the
 backward all-reduces (V-D); ``pc.bucket`` with it merges the weight-gradient ones.
 With a double-permuted batch (``batch.alt``, Plexus 5.1) even layers multiply ``A``
@@ -52,7 +53,7 @@ from ..ranges import split_bounds, split_range
 from .grid import PMM_AXES, ProcessGrid, third_axis
 from .layout import INPUT_LAYOUT, head_layout, interval_overlap, layer_layout
 from .products import csr_rows, gather_row_pieces, reshard, row_chunks, sharded_gemm, sharded_spmm
-from .tail import fused_layer_tail, layer_tail
+from .tail import layer_tail
 
 __all__ = ["ParallelScaleGNN", "ParamShard", "param_shards", "full_shapes", "assemble_shards", "EVAL_CHUNK_BYTES"]
 
@@ -232,12 +233,8 @@ class ParallelScaleGNN(nn.Module):
         cfg = self.config
         row_ax, col_ax = layer_layout(layer).out
         norm_w = self.norm[layer] if cfg.norm else None
-        if pc.fused is not None:  # RMSNorm + ReLU + dropout in one torch.compile-d function (V-C)
-            keep = drop.keep() if drop is not None else None
-            z = fused_layer_tail(z, norm_w, keep, pc, col_ax, row_ax, cfg.hidden, cfg.norm_eps, cfg.dropout,
-                                 cfg.norm)
-            return z + res if res is not None else z
         # RMSNorm + ReLU + dropout + residual: one autograd node, one kernel a phase
+        # (with pc.fused, the torch.compile-d phases, the mask hashed inside: V-C)
         return layer_tail(z, norm_w, res, drop, pc, col_ax, row_ax, cfg.hidden, cfg.norm_eps, cfg.norm)
 
     def forward(self, batch: ShardedBatch, pc: ParallelContext, dropout_seed: int = 0, step: int = 0) -> torch.Tensor:

@@ -20,7 +20,7 @@ PACKAGES = ("scalegnn", "baselines", "sweeps", "analysis", "benchmarks")  # fold
 FLOORS = [
     ("foundations", ["scalegnn.fileio", "scalegnn.device", "scalegnn.ranges", "scalegnn.settings",
                      "scalegnn.csr", "scalegnn.graph", "scalegnn.records", "scalegnn.progress", "scalegnn._numba",
-                     "scalegnn._sampling_kernel", "scalegnn._elementwise",
+                     "scalegnn._sampling_kernel", "scalegnn._elementwise", "scalegnn._compiled",
                      "scalegnn.datasets.*", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
                      "scalegnn.threads", "scalegnn.timing", "scalegnn.metrics",
                      "scalegnn.rowsparse", "scalegnn.functional"]),

@@ -14,7 +14,8 @@ from scalegnn.parallel.grid import ProcessGrid
 
 
 # ----------------------------------------------------------------------------- the loss carries the accuracy
-def _loss_worker(rank, world, shape, num_classes, multilabel):
+def _loss_worker(rank, world, shape, num_classes, multilabel, compiled=None):
+    from scalegnn._compiled import CompiledKernels
     from scalegnn.parallel.layout import col_bounds
     from scalegnn.parallel.context import ParallelContext
     from scalegnn.parallel.losses import parallel_accuracy_counts, parallel_bce, parallel_cross_entropy
@@ -38,7 +39,7 @@ def _loss_worker(rank, world, shape, num_classes, multilabel):
     y = y_full[r0:r1, c0:c1] if multilabel else y_full[r0:r1]
     mask = mask_full[r0:r1]
     stats = CommStats(timing=False)
-    pc = ParallelContext(grid, stats)
+    pc = ParallelContext(grid, stats, fused=CompiledKernels(compiled) if compiled else None)
     if multilabel:
         loss, count, acc = parallel_bce(logits, y, mask, pc, "x", "z", num_classes, accuracy=True)
     else:
@@ -50,14 +51,16 @@ def _loss_worker(rank, world, shape, num_classes, multilabel):
             "grad": logits.grad, "block": (r0, r1, c0, c1), "full": full, "y": y_full, "mask": mask_full}
 
 
+@pytest.mark.parametrize("compiled", [None, "aot_eager"], ids=["eager", "compiled phases"])
 @pytest.mark.parametrize("num_classes,multilabel", [(5, False), (1, False), (4, True)],
                          ids=["5 classes", "1 class (a rank without classes)", "multi-label"])
-def test_loss_returns_the_accuracy_counts_of_parallel_accuracy_counts(num_classes, multilabel):
+def test_loss_returns_the_accuracy_counts_of_parallel_accuracy_counts(num_classes, multilabel, compiled):
     """The accuracy the loss computes from its own collectives (first maximum, as
     torch.argmax, ties across class shards included) equals parallel_accuracy_counts'
     and the serial count; the loss and its gradient equal the serial ones; 3 calls for
-    cross-entropy (max and sum over the classes, sum over the rows), 2 for BCE."""
-    results = spawn(_loss_worker, 4, (1, 2, 1, 2), num_classes, multilabel, timeout_s=120)
+    cross-entropy (max and sum over the classes, sum over the rows), 2 for BCE. The same
+    with the ``--compile`` phases (scalegnn._compiled, traced by Dynamo and AOTAutograd)."""
+    results = spawn(_loss_worker, 4, (1, 2, 1, 2), num_classes, multilabel, compiled, timeout_s=180)
     first = results[0]
     full = first["full"].clone().requires_grad_()
     keep = first["mask"]
@@ -85,3 +88,31 @@ def test_loss_returns_the_accuracy_counts_of_parallel_accuracy_counts(num_classe
     if not multilabel and num_classes > 1:  # the test can fail: ties were there to break
         top = first["full"].max(-1, keepdim=True).values
         assert ((first["full"] == top).sum(-1) > 1).any()
+
+
+def test_inductor_compiled_cross_entropy_equals_the_eager_one():
+    """The cross-entropy's phases compiled by inductor (C++ kernels here; Triton on a
+    GPU) give the eager loss, count, accuracy counts and gradient on a block with ties at
+    the maximum and unlabeled rows, with no labeled row (L = 0, zero gradient) too."""
+    from scalegnn._compiled import CompiledKernels
+    from scalegnn.parallel.context import ParallelContext
+    from scalegnn.parallel.losses import parallel_cross_entropy
+
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randint(0, 3, (41, 6), generator=gen).float()
+    y = torch.randint(-1, 6, (41,), generator=gen)
+    for mask in (torch.rand(41, generator=gen) < 0.6, torch.zeros(41, dtype=torch.bool)):
+        mask &= y >= 0
+        outs = []
+        for fused in (None, CompiledKernels("inductor")):
+            leaf = logits.clone().requires_grad_()
+            loss, count, acc = parallel_cross_entropy(leaf * 1, y, mask, ParallelContext(ProcessGrid.single(),
+                                                      fused=fused), "x", "z", 0, accuracy=True)
+            loss.backward()
+            outs.append((loss.detach(), count, acc, leaf.grad))
+        (l0, c0, a0, g0), (l1, c1, a1, g1) = outs
+        assert torch.equal(c0, c1) and torch.equal(a0, a1)
+        torch.testing.assert_close(l1, l0, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(g1, g0, rtol=1e-6, atol=1e-7)
+        if not mask.any():
+            assert float(l1) == 0.0 and not g1.any()

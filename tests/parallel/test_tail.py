@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from scalegnn import _elementwise as ew
+from scalegnn._compiled import CompiledKernels
 from scalegnn.benchmarks.elementwise import mask_before_issue_l
 from scalegnn.functional import rms_norm
 from scalegnn.launch.job import spawn
@@ -95,8 +96,8 @@ SWITCHES = [dict(), dict(p=0.0), dict(residual=False), dict(gain=False), dict(no
             dict(norm=False, p=0.0, residual=False)]
 
 
-def _pc():
-    return ParallelContext(ProcessGrid.single(), CommStats())
+def _pc(fused=None):
+    return ParallelContext(ProcessGrid.single(), CommStats(), fused=fused)
 
 
 @pytest.mark.parametrize("switches", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "all")
@@ -109,6 +110,54 @@ def test_fused_tail_equals_the_unfused_operators(backend, switches):
     _assert_all_close(fused, plain, **TOL32)
     if not norm:  # no reduction at all: bit for bit
         _assert_all_close(fused, plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("switches", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "all")
+def test_compiled_tail_equals_the_eager_kernels(switches, compile_backend):
+    """``--compile``'s phases (scalegnn._compiled: the mask hashed inside, nothing (B, H)
+    saved but x) give the eager kernels' output and gradients within TOL32, for every
+    combination of norm, gain, dropout and residual, in float64 within 1e-12; traced
+    only (aot_eager) and as inductor's C++ kernels."""
+    norm = switches.get("norm", True)
+    b, h = 301, 77
+    for dtype in (torch.float64, torch.float32):
+        x, g, res, drop = _inputs(b, h, dtype, **switches)
+        outs = [_fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(fused), "x", "y", h, EPS, norm), x, g, res)
+                for fused in (None, CompiledKernels(compile_backend))]
+        if dtype == torch.float64:  # the formulas: equal up to float64 rounding
+            _assert_all_close(outs[1], outs[0], rtol=1e-12, atol=1e-12)
+            continue
+        _assert_reordered_close(outs[1], outs[0])
+
+
+def _assert_reordered_close(got, want):
+    """float32 results of the tail whose reductions were summed in another order: out,
+    dx and dres within TOL32; dg sums B terms of both signs (cancellation leaves entries
+    near 0), so it is compared relative to its largest entry."""
+    _assert_all_close(got[:2] + got[3:], want[:2] + want[3:], **TOL32)
+    if want[2] is not None:
+        torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-5 * float(want[2].abs().max()))
+
+
+def test_the_compiled_mask_is_the_definition_bit_for_bit():
+    """The keep mask hashed inside inductor's kernels (int64 wrap-around, logical shifts
+    written as arithmetic shifts and masks) is keep_mask's, bit for bit, forward (the
+    entries it zeroes) and backward (the entries the gradient passes), on global row
+    ids up to 2^40 and a 62-bit key."""
+    gen = torch.Generator().manual_seed(9)
+    b, h = 257, 77
+    drop = ew.DropoutBlock((1 << 62) - 12345, torch.randint(0, 1 << 40, (b,), generator=gen),
+                           torch.arange(5000, 5000 + h), 0.3)
+    keep = ew.keep_mask_torch(drop.key, drop.rows, drop.cols, drop.p)
+    if ew.available():
+        assert torch.equal(keep, drop.keep())
+    leaf = torch.ones(b, h, requires_grad=True)
+    out = layer_tail(leaf * 1, None, None, drop, _pc(CompiledKernels("inductor")), "x", "y", h, EPS, False)
+    out.backward(torch.ones_like(out))
+    assert torch.equal(out.detach() != 0, keep)
+    assert torch.equal(leaf.grad != 0, keep)
+    assert 0.6 < keep.float().mean() < 0.8
 
 
 def test_fused_tail_phases_equal_the_unfused_chain_bit_for_bit(backend):
@@ -276,14 +325,14 @@ def _fused_worker(rank, world, shape):
     from scalegnn.parallel.losses import parallel_cross_entropy
     from scalegnn.parallel.model import ParallelScaleGNN
     from scalegnn.parallel.sharding import build_rank_shard
-    from scalegnn.parallel.tail import norm_relu_dropout
+    from scalegnn._compiled import CompiledKernels
 
     grid = ProcessGrid(*shape)
     graph = parallel_graph(seed=2)
     cfg = ModelConfig(hidden=_HIDDEN, layers=4, dropout=0.3)
     batch = DistributedSampler(build_rank_shard(graph, grid), grid, _BATCH, seed=1).sample(0)
     out = {}
-    for fused in (None, norm_relu_dropout):
+    for fused in (None, CompiledKernels("aot_eager")):
         for overlap, bucket in ((False, False), (False, True), (True, True)):
             model = ParallelScaleGNN(graph.num_features, graph.num_classes, cfg, grid, seed=3).train()
             pc = ParallelContext(grid, CommStats(timing=False), fused=fused, overlap=overlap, bucket=bucket)
@@ -300,9 +349,9 @@ def _fused_worker(rank, world, shape):
 
 
 def test_deferred_norm_gradients_in_the_fused_and_unfused_tails():
-    """RMSNorm gains' gradients left partial by the fused (torch function) and the
-    unfused (numba kernel) tails and reduced in buckets equal the in-backward reduction,
-    bit for bit, on 8 ranks; with asynchronous buckets too."""
+    """RMSNorm gains' gradients left partial by the compiled phases and by the numba
+    kernels and reduced in buckets equal the in-backward reduction, bit for bit, on 8
+    ranks; with asynchronous buckets too."""
     for res in spawn(_fused_worker, 8, (1, 2, 2, 2), timeout_s=180):
         for fused in (False, True):
             base = res[(fused, False, False)]
@@ -316,24 +365,22 @@ gpu = pytest.mark.gpu
 
 @gpu
 @needs_gpu
-def test_compiled_fused_tail_on_the_gpu_equals_eager():
-    """torch.compile (inductor, the real GPU backend) of RMSNorm + ReLU + dropout: the
-    same values and gradients as the eager formula within float32 reordering."""
-    from scalegnn.parallel.tail import norm_relu_dropout
-
+@pytest.mark.parametrize("switches", SWITCHES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "all")
+def test_compiled_tail_on_the_gpu_equals_eager(switches):
+    """The compiled phases (inductor, Triton: the mask hashed in the kernel) on a GPU:
+    the eager torch kernels' values and gradients within float32 reordering, and the
+    same dropout mask bit for bit (the entries that the forward zeroes)."""
     dev = torch.device("cuda", 0)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    x = torch.randn(257, 64, device=dev, generator=gen, requires_grad=True)
-    g = torch.rand(64, device=dev, generator=gen, requires_grad=True)
-    keep = torch.rand(257, 64, device=dev, generator=gen) > 0.3
-    s = (x.detach() ** 2).sum(-1, keepdim=True).requires_grad_()
-    fused = torch.compile(norm_relu_dropout, dynamic=True)
-    outs = []
-    for fn in (norm_relu_dropout, fused):
-        for t in (x, g, s):
-            t.grad = None
-        y = fn(x, s, g, keep, 64, 1e-6, 0.3)
-        y.square().sum().backward()
-        outs.append([y.detach(), x.grad.clone(), g.grad.clone(), s.grad.clone()])
-    for a, b in zip(*outs):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    norm = switches.get("norm", True)
+    b, h = 257, 64
+    x, g, res, drop = _inputs(b, h, torch.float32, **switches)
+    x, g, res = (t.to(dev) if t is not None else None for t in (x, g, res))
+    if drop is not None:
+        drop = ew.DropoutBlock(drop.key, drop.rows.to(dev), drop.cols.to(dev), drop.p)
+    outs = [_fwd_bwd(lambda x, g, r: layer_tail(x, g, r, drop, _pc(fused), "x", "y", h, EPS, norm), x, g, res)
+            for fused in (None, CompiledKernels("inductor"))]
+    _assert_reordered_close(outs[1], outs[0])
+    if drop is not None:
+        ones = torch.ones(b, h, device=dev)
+        out = layer_tail(ones, None, None, drop, _pc(CompiledKernels("inductor")), "x", "y", h, EPS, False)
+        assert torch.equal(out != 0, drop.keep())
