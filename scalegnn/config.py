@@ -102,6 +102,7 @@ class RunConfig:
         elif isinstance(self.options, dict):
             self.options = _build(options_cls, self.options, f"{self.system} options")
         p = self.parallel
+        self.numerics.check_device(p.device)
         if self.system in SCALEGNN_SYSTEMS:
             if self.system == "scalegnn" and self.sampling.batch_ratio == 1.0:
                 self.system = "fullgraph-3d"  # B = N: full-graph training, recorded as the Plexus baseline

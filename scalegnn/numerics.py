@@ -19,6 +19,10 @@ resumed only with the same values. Each setting, and what it does to the numbers
                 all-reduce; SpMM, the sparse input projection, norms, weights and
                 AdamW state stay FP32. Not in the paper (it keeps all local compute in
                 FP32); for CPUs with bf16 matrix units (AMX) and GPU tensor cores.
+                "tf32": the same GEMMs with FP32 operands multiplied on the tensor cores
+                in TF32 (10-bit mantissa products, FP32 accumulation): a CUDA GPU's
+                matmul precision set for those products only (SpMM and everything else
+                as in FP32). A CPU has no TF32: refused there in one line.
     permute     "single": the graph's vertices relabeled once by the seed's random
                 permutation before sharding (Plexus 5.1), for shard load balance. The
                 same graph and model, but step s samples other vertices, its dropout
@@ -44,7 +48,8 @@ from .settings import setting
 __all__ = ["NumericsConfig", "COMM_DTYPES", "GEMM_DTYPES", "PERMUTATIONS"]
 
 COMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-GEMM_DTYPES = COMM_DTYPES  # the same two choices; None: as is (the operands' own dtype)
+# None: as is (the operands' own dtype); tf32 keeps FP32 operands (the products' precision is a GPU setting)
+GEMM_DTYPES = {**COMM_DTYPES, "tf32": None}
 PERMUTATIONS = ("none", "single", "double")
 
 
@@ -57,8 +62,9 @@ class NumericsConfig:
     comm_dtype: str = setting("fp32", scope="scalegnn", choices=tuple(COMM_DTYPES),
                               help="wire dtype of the 3D-PMM partial-sum all-reduces (RMSNorm/loss stay fp32)")
     gemm_dtype: str = setting("fp32", scope="scalegnn", choices=tuple(GEMM_DTYPES),
-                              help="operand dtype of the dense layer GEMMs (fp32 results; SpMM, norms, "
-                              "weights and optimizer stay fp32); bf16 for AMX CPUs and tensor cores")
+                              help="precision of the dense layer GEMMs (fp32 results; SpMM, norms, weights and "
+                              "optimizer stay fp32): bf16 operands for AMX CPUs and tensor cores, or tf32 tensor-core "
+                              "products (CUDA GPUs only)")
     permute: str = setting("none", scope="scalegnn", choices=PERMUTATIONS,
                            help="vertex permutation for shard load balance (Plexus 5.1); double needs --no-residual")
 
@@ -77,3 +83,15 @@ class NumericsConfig:
     @property
     def local_gemm_dtype(self) -> torch.dtype | None:
         return GEMM_DTYPES[self.gemm_dtype]
+
+    @property
+    def tf32(self) -> bool:
+        """The dense GEMMs' FP32 products in TF32 on the tensor cores (``gemm_dtype`` "tf32")."""
+        return self.gemm_dtype == "tf32"
+
+    def check_device(self, device: str) -> None:
+        """Refuse a setting the device cannot compute, before any work: TF32 exists on
+        CUDA GPUs only (tensor cores, Ampere and later)."""
+        if self.tf32 and device == "cpu":
+            raise ValueError("--gemm-dtype tf32 needs a CUDA GPU (TF32 is a tensor-core format; a CPU has none): "
+                             "use --gemm-dtype fp32 or bf16 on the CPU, or --device cuda")

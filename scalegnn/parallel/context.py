@@ -21,7 +21,7 @@ gradient of its (axis, wire dtype) has arrived and reduces them in one call;
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +30,28 @@ from ..timing import SpanTimer
 from .collectives import PMM_KINDS, CommStats, PendingReduce, all_reduce, all_reduce_async, bucketed_all_reduce
 from .grid import ProcessGrid
 
-__all__ = ["ParallelContext"]
+__all__ = ["ParallelContext", "tf32_matmuls"]
+
+
+@contextmanager
+def tf32_matmuls():
+    """CUDA matmuls of FP32 tensors in TF32 inside the block, the setting as it was after:
+    torch's per-backend precision where it has one (2.9+), the older flag elsewhere."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+    else:  # pragma: no cover - torch < 2.9
+        before = matmul.allow_tf32
+        matmul.allow_tf32 = True
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = before
 
 
 @dataclass
@@ -52,6 +73,8 @@ class ParallelContext:
         gemm_dtype
                   operand dtype of the local dense GEMM products (None: as is); see
                   :meth:`mm`
+        tf32      the local dense GEMM products of FP32 operands in TF32 on a CUDA
+                  GPU's tensor cores (``--gemm-dtype tf32``); see :meth:`mm`
         sparse_input_grad
                   with a CSR input (``h_t`` given to
                   :func:`~scalegnn.parallel.products.sharded_gemm`: the input
@@ -68,6 +91,7 @@ class ParallelContext:
     sparse_input_grad: bool = False
     bucket: bool = False
     gemm_dtype: torch.dtype | None = None
+    tf32: bool = False
     pending: list = field(default_factory=list)
     # Set by weight_grad_hook for an RMSNorm weight: the norm's backward leaves dg partial.
     defer_norm_grads: bool = field(default=False, init=False)
@@ -84,9 +108,16 @@ class ParallelContext:
         ``gemm_dtype`` (bf16) both operands are cast and the product, accumulated in
         FP32 by the BLAS / tensor cores and rounded to bf16 by ``mm``, comes back as
         ``a``'s dtype before any all-reduce, so everything around the GEMM stays FP32
-        (the same bits on every device: no device-only ``out_dtype``). A sparse operand
-        (the CSR input features) keeps its FP32 sparse product."""
-        if self.gemm_dtype is None or a.layout != torch.strided or b.layout != torch.strided:
+        (the same bits on every device: no device-only ``out_dtype``). With ``tf32`` the
+        FP32 operands are multiplied in TF32: cuBLAS reads the matmul precision when the
+        product is launched, so it is set for this product alone (:func:`tf32_matmuls`).
+        A sparse operand (the CSR input features) keeps its FP32 sparse product."""
+        if a.layout != torch.strided or b.layout != torch.strided:
+            return a @ b
+        if self.tf32:
+            with tf32_matmuls():
+                return a @ b
+        if self.gemm_dtype is None:
             return a @ b
         return torch.mm(a.to(self.gemm_dtype), b.to(self.gemm_dtype)).to(a.dtype)
 

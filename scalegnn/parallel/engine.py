@@ -176,6 +176,7 @@ class ParallelEngine:
         perf = perf if perf is not None else PerfConfig()
         numerics = numerics if numerics is not None else NumericsConfig()
         device = indexed_device(device)
+        numerics.check_device(device.type)
         if numerics.permute == "double" and model_cfg.residual:  # whether the shards are built here or loaded
             raise ValueError("--permute double needs --no-residual: the residual add would need an "
                              "all-to-all row permutation per layer (Plexus' model has no residual)")
@@ -223,12 +224,13 @@ class ParallelEngine:
         fused = CompiledKernels(perf.compile_backend) if perf.compile else None
         self.pc = ParallelContext(grid, self._stats, self._timer, comm_dtype, overlap=perf.comm_overlap,
                                   fused=fused, sparse_input_grad=self.sparse_input_update,
-                                  bucket=perf.bucket_collectives, gemm_dtype=numerics.local_gemm_dtype)
+                                  bucket=perf.bucket_collectives, gemm_dtype=numerics.local_gemm_dtype,
+                                  tf32=numerics.tf32)
         if self.pc.defers_weight_grads:
             self.model.defer_weight_grad_sync(self.pc)
         self.eval_stats = CommStats(timing=False)  # evaluation traffic, kept out of the per-epoch training counters
         self._eval_pc = ParallelContext(grid, self.eval_stats, None, comm_dtype, fused=fused,
-                                        gemm_dtype=numerics.local_gemm_dtype)
+                                        gemm_dtype=numerics.local_gemm_dtype, tf32=numerics.tf32)
         self._components: dict[str, float] = defaultdict(float)
         self.comm_bytes: dict[str, int] = defaultdict(int)
         self.comm_calls: dict[str, int] = defaultdict(int)

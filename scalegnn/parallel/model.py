@@ -52,7 +52,8 @@ from .dist_sampling import ShardedBatch
 from ..ranges import split_bounds, split_range
 from .grid import PMM_AXES, ProcessGrid, third_axis
 from .layout import INPUT_LAYOUT, head_layout, interval_overlap, layer_layout
-from .products import csr_rows, gather_row_pieces, reshard, row_chunks, sharded_gemm, sharded_spmm
+from .products import (csr_chunk_pointers, csr_rows, gather_row_pieces, reshard, row_chunks, sharded_gemm,
+                       sharded_spmm)
 from .tail import layer_tail
 
 __all__ = ["ParallelScaleGNN", "ParamShard", "param_shards", "full_shapes", "assemble_shards", "EVAL_CHUNK_BYTES"]
@@ -305,8 +306,11 @@ class ParallelScaleGNN(nn.Module):
         lo, hi = batch.rows.block(r)
         n = hi - lo
 
+        # The chunks' CSR row pointers, read to the host once per matrix (not twice per chunk)
+        xptr = csr_chunk_pointers(batch.x, row_chunks(n, rows_of)) if batch.x.is_sparse_csr else None
+
         def projection(r0, r1):  # X_h0 = AR_z(X_in[x, z] W_in[z, y]) of rows [r0, r1) of the x block (Eq. 4)
-            xin = csr_rows(batch.x, r0, r1) if batch.x.is_sparse_csr else batch.x[r0:r1]
+            xin = csr_rows(batch.x, r0, r1, xptr) if batch.x.is_sparse_csr else batch.x[r0:r1]
             return sharded_gemm(xin, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x")
 
         x = self._row_pieces(n, third_axis(r, c), c, projection, rows_of, pc)
@@ -319,9 +323,10 @@ class ParallelScaleGNN(nn.Module):
             xg = gather_row_pieces(x, hi - lo, pc, t)  # X[r, c], the layer's one block-sized array
             del x
             t0, t1 = out_rows.block(t)
+            ptr = csr_chunk_pointers(adj.adj, row_chunks(t1 - t0, rows_of))
 
-            def layer_rows(r0, r1, layer=layer, lay=lay, adj=adj, xg=xg, t0=t0):
-                a = SampledBlock(adj=csr_rows(adj.adj, r0, r1), adj_t=None, row_offset=adj.row_offset + r0,
+            def layer_rows(r0, r1, layer=layer, lay=lay, adj=adj, xg=xg, t0=t0, ptr=ptr):
+                a = SampledBlock(adj=csr_rows(adj.adj, r0, r1, ptr), adj_t=None, row_offset=adj.row_offset + r0,
                                  col_offset=adj.col_offset)
                 z = self._transform(xg, a, layer, pc)
                 res = (reshard(xg, lay.feat, lay.out, batch.rows, hidden, pc, target=(t0 + r0, t0 + r1))

@@ -42,7 +42,7 @@ from .collectives import all_gather_uneven, broadcast
 from .context import ParallelContext
 from .layout import RowPartition, col_bounds, interval_overlap
 
-__all__ = ["sharded_spmm", "sharded_gemm", "reshard", "gather_row_pieces", "csr_rows", "row_chunks"]
+__all__ = ["sharded_spmm", "sharded_gemm", "reshard", "gather_row_pieces", "csr_rows", "csr_chunk_pointers", "row_chunks"]
 
 
 # ------------------------------------------------------------------------------ SpMM
@@ -279,12 +279,23 @@ def gather_row_pieces(piece: torch.Tensor, n: int, pc: ParallelContext, axis: st
     return out
 
 
-def csr_rows(a: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+def csr_chunk_pointers(a: torch.Tensor, chunks: list[tuple[int, int]]) -> dict[int, int]:
+    """The row pointers of a CSR matrix at every bound of ``chunks`` (row -> entry offset),
+    read to the host at once: one device-to-host read for all the chunks of an
+    evaluation, where reading two per chunk would stall a GPU thousands of times."""
+    rows = sorted({r for chunk in chunks for r in chunk})
+    crow = a.crow_indices()
+    at = torch.tensor(rows, dtype=torch.int64).to(crow.device, non_blocking=True)
+    return dict(zip(rows, crow.index_select(0, at).tolist()))
+
+
+def csr_rows(a: torch.Tensor, r0: int, r1: int, pointers: dict[int, int] | None = None) -> torch.Tensor:
     """Rows ``[r0, r1)`` of a CSR matrix as a CSR matrix that shares its column ids and
     values (only the ``r1 - r0 + 1`` row pointers are new): an evaluation row chunk of an
-    adjacency block or of the features, without copying the block."""
+    adjacency block or of the features, without copying the block. ``pointers``: the row
+    pointers at r0 and r1 already on the host (:func:`csr_chunk_pointers`); else read."""
     crow = a.crow_indices()
-    lo, hi = int(crow[r0]), int(crow[r1])
+    lo, hi = (pointers[r0], pointers[r1]) if pointers is not None else (int(crow[r0]), int(crow[r1]))
     return torch.sparse_csr_tensor(crow[r0: r1 + 1] - lo, a.col_indices()[lo:hi], a.values()[lo:hi],
                                    (r1 - r0, a.shape[1]), check_invariants=False)
 

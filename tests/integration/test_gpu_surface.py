@@ -76,13 +76,17 @@ def test_inductor_compiles_the_engine_tail_on_the_gpu(tmp_path):
 @needs_gpu
 @pytest.mark.parametrize("over", [dict(comm_dtype="bf16", gemm_dtype="bf16", grid=(1, 2, 1, 1), nproc=2,
                                        backend="gloo"),
+                                  dict(gemm_dtype="tf32"),
                                   dict(permute="single"), dict(permute="double", residual=False, layers=3)],
-                         ids=["bf16", "permute-single", "permute-double"])
+                         ids=["bf16", "tf32", "permute-single", "permute-double"])
 def test_numerics_settings_run_whole_on_the_gpu(tmp_path, over):
+    """Each numerics setting on the GPU against the CPU (TF32 against the CPU's FP32: a
+    CPU has no TF32; its products keep a 10-bit mantissa, as BF16's keep 7)."""
     over = dict(over)
     backend = over.pop("backend", None)
     rec = launch(cfg_for(tmp_path, "cuda", **over, **({"backend": backend} if backend else {})), timeout_s=300)
-    cpu = launch(cfg_for(tmp_path, "cpu", **over), timeout_s=300)
+    cpu = launch(cfg_for(tmp_path, "cpu", **{k: v for k, v in over.items() if (k, v) != ("gemm_dtype", "tf32")}),
+                 timeout_s=300)
     assert rec["status"] == "ok", rec.get("error")
     assert losses(rec) == pytest.approx(losses(cpu), rel=2e-2 if "gemm_dtype" in over else 1e-4)
 

@@ -22,6 +22,7 @@ from collections import defaultdict
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from scalegnn.launch.job import spawn
 from scalegnn.model import ModelConfig
@@ -250,3 +251,54 @@ def test_bf16_gemm_on_a_3d_grid_stays_close_and_moves_the_same_bytes():
         assert not torch.equal(l16, l32)
         for name, g in g32.items():
             torch.testing.assert_close(g16[name], g, atol=5e-2, rtol=5e-2, msg=lambda m: f"grad {name}: {m}")
+
+
+# ----------------------------------------------------------------------------- TF32
+def test_tf32_is_refused_on_the_cpu_in_one_line():
+    """A CPU has no TF32: the configuration and the engine refuse it before any work,
+    in one line that names the setting and the fix."""
+    from scalegnn.config import make_config
+    from scalegnn.parallel.engine import ParallelEngine
+    from tests.graphs import parallel_graph
+
+    with pytest.raises(ValueError) as err:
+        make_config(dataset="cora", device="cpu", gemm_dtype="tf32")
+    assert "--gemm-dtype tf32 needs a CUDA GPU" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="--gemm-dtype tf32 needs a CUDA GPU"):
+        ParallelEngine(parallel_graph(), ModelConfig(hidden=8, layers=1), OptimConfig(), 9,
+                       numerics=NumericsConfig(gemm_dtype="tf32"))
+    make_config(dataset="cora", device="cpu", gemm_dtype="bf16")  # the others are fine there
+
+
+class _MatmulPrecision(TorchDispatchMode):
+    """The CUDA matmul precision in force at each dense product (what cuBLAS would use)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.mm:
+            self.seen.append(torch.backends.cuda.matmul.fp32_precision)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_tf32_gemms_run_their_products_and_only_them_in_tf32(tf32):
+    """``tf32``: the three local products of a GEMM (Z = H W, dH, dW) are launched under
+    the TF32 matmul precision, which is restored after each; without it none is."""
+    from scalegnn.parallel.products import sharded_gemm
+
+    before = torch.backends.cuda.matmul.fp32_precision
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=gen, requires_grad=True)
+    w = torch.randn(16, 12, generator=gen, requires_grad=True)
+    pc = ParallelContext(ProcessGrid.single(), CommStats(), tf32=tf32)
+    with _MatmulPrecision() as mode:
+        z = sharded_gemm(h, w, pc, reduce_axis="z", dh_axis="y", dw_axis="x")
+        z.backward(torch.ones_like(z))
+        outside = torch.backends.cuda.matmul.fp32_precision
+    assert len(mode.seen) == 3
+    assert mode.seen == (["tf32"] * 3 if tf32 else [before] * 3) and "tf32" != before
+    assert outside == before == torch.backends.cuda.matmul.fp32_precision
+    torch.testing.assert_close(z, h.detach() @ w.detach())  # on a CPU the same FP32 product

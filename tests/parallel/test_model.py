@@ -338,3 +338,24 @@ def _full_logits_worker(rank, world, shape, permute):
 @pytest.mark.parametrize("permute", ["none", "double"])
 def test_full_graph_logits_from_the_stored_planes_equal_the_extracted_ones(shape, permute):
     assert all(spawn(_full_logits_worker, nprocs(shape), shape, permute, timeout_s=120))
+
+
+@pytest.mark.parametrize("run", [RUNS[0], RUNS[2]], ids=lambda r: r["name"])
+def test_the_chunked_evaluation_reads_the_host_once_per_matrix_not_per_chunk(run):
+    """The evaluation's CSR row chunks take their row pointers from one read per matrix
+    (each layer's adjacency block, sparse features): the host reads (stalls on a GPU,
+    tests/host_sync.py) are as many with 2-row chunks as with one chunk per block, and
+    the 2-row chunks are many."""
+    from tests.host_sync import HostSyncDetector
+
+    eng = ParallelEngine(parallel_graph(**run["graph"]), run["model"], OptimConfig(lr=1e-2), 11, seed=7)
+    batch = eng.sampler.full_batch()
+    eng.model.eval()
+    reads = {}
+    for cb in (2 * ROW_BYTES, None):
+        with HostSyncDetector() as det:
+            eng.model.evaluate_logits(batch, eng._eval_pc, **({} if cb is None else {"chunk_bytes": cb}))
+        reads[cb] = [what for what, _ in det.events]
+    eng.close()
+    assert batch.rows.block("x")[1] // 2 >= 10  # many chunks of 2 rows
+    assert len(reads[2 * ROW_BYTES]) == len(reads[None]) <= 3 * (run["model"].layers + 1), reads

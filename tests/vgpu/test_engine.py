@@ -37,6 +37,7 @@ CONFIGS = {
     "bf16 wire and GEMMs, overlap, unbucketed": (dict(), MODEL, OptimConfig(lr=1e-2),
                                                  PerfConfig(comm_overlap=True, bucket_collectives=False),
                                                  NumericsConfig(comm_dtype="bf16", gemm_dtype="bf16"), 17),
+    "tf32 GEMMs": (dict(), MODEL, OptimConfig(lr=1e-2), PerfConfig(), NumericsConfig(gemm_dtype="tf32"), 17),
     "rare labels": (dict(seed=0, train=[0, 1]), ModelConfig(hidden=6, layers=1, dropout=0.0), OptimConfig(lr=1e-2),
                     PerfConfig(), None, 4),
     "permute single": (dict(), MODEL, OptimConfig(lr=1e-2), PerfConfig(), NumericsConfig(permute="single"), 17),
