@@ -32,6 +32,7 @@ same code on a CPU at a small scale (a smoke test; its times mean nothing for a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -42,6 +43,7 @@ import torch
 
 from scalegnn.benchmarks.bench_command import _machine, markdown_table, random_csr
 from scalegnn.device import device_info, peak_device_memory_bytes, reset_peak_memory, synchronize
+from scalegnn.parallel.context import tf32_matmuls
 
 __all__ = ["main", "sampler_section", "scalegnn_section", "pyg_gcn_section", "pyg_sage_section"]
 
@@ -136,14 +138,15 @@ def make_graph(nodes: int, avg_degree: float, features: int, classes: int, seed:
 
 # --------------------------------------------------------------------------- ScaleGNN
 def scalegnn_section(norm, info: dict, device: torch.device, target: float, max_epochs: int, lr: float,
-                     compile_tail: bool) -> dict:
+                     compile_tail: bool, gemm_dtype: str = "fp32") -> dict:
     from scalegnn.config import make_config
     from scalegnn.launch import train_rank
     from scalegnn.launch.environment import single_env
 
+    hidden, layers = 256, 3
     cfg = make_config(dataset=info["name"], batch_ratio=0.1, epochs=max_epochs, target_acc=target,
-                      stop_at_target=True, progress=False, device=str(device), hidden=256, layers=3, dropout=0.5,
-                      lr=lr, prefetch=True, compile=compile_tail)
+                      stop_at_target=True, progress=False, device=str(device), hidden=hidden, layers=layers,
+                      dropout=0.5, lr=lr, prefetch=True, compile=compile_tail, gemm_dtype=gemm_dtype)
     rec = train_rank(cfg, norm, single_env(cfg.parallel), write=False)
     rows = rec["epochs"]
     steady = rows[1:] if len(rows) > 1 else rows
@@ -159,7 +162,27 @@ def scalegnn_section(norm, info: dict, device: torch.device, target: float, max_
             "eval_s": statistics.median(r["eval_time_s"] for r in rows if r["eval_time_s"] is not None),
             "compile_s": rec["compile_time_s"], "compile_fallback": rec.get("compile_fallback"), "breakdown_s": breakdown, "components_s": comps,
             "peak_device_bytes": (rec.get("peak_device_memory_bytes_per_rank") or [None])[0],
-            "lr": lr, "curve": [(r["train_time_s"], r["test_acc"]) for r in rows]}
+            "lr": lr, "gemm_dtype": gemm_dtype, "curve": [(r["train_time_s"], r["test_acc"]) for r in rows],
+            "roofline": _roofline(info, device, rec["batch_size"], rec["steps_per_epoch"], hidden, layers, comps,
+                                  statistics.median(deltas), gemm_dtype)}
+
+
+def _roofline(info: dict, device: torch.device, batch: int, steps: int, hidden: int, layers: int, comps: dict,
+              epoch_s: float, precision: str) -> dict:
+    """The step's components (ms per step, steady epochs) beside their bounds on this
+    device (benchmarks/roofline.py), or why there are none."""
+    from scalegnn.benchmarks.roofline import StepWorkload, device_spec, roofline_markdown, roofline_rows, step_bounds
+
+    name = device_info(device)["name"]
+    spec = device_spec(name)
+    if spec is None:
+        return {"status": "unavailable", "reason": f"no peak/bandwidth spec for {name!r} in benchmarks/roofline.py"}
+    w = StepWorkload.expected(info["num_nodes"], batch, info["num_edges"], info["features"], hidden, info["classes"],
+                              layers)
+    bounds = step_bounds(w, spec, precision)
+    rows = roofline_rows(bounds, {k: 1e3 * v / steps for k, v in comps.items()}, 1e3 * epoch_s / steps)
+    return {"status": "ok", "device": spec.name, "precision": precision, "rows": rows,
+            "markdown": roofline_markdown(rows, spec, precision)}
 
 
 # --------------------------------------------------------------------------- PyG full-batch GCN
@@ -293,9 +316,12 @@ def pyg_sage_section(raw, device: torch.device, target: float, max_epochs: int, 
 
 # --------------------------------------------------------------------------- report
 def _markdown(res: dict) -> str:
+    gemm = res["settings"].get("gemm_dtype", "fp32")
     lines = [f"# ScaleGNN vs PyG on one {res['device']['name']}", "",
              f"Command: `{res['command']}`; torch {res['machine']['torch']}, CUDA {res['device']['cuda_version']}, "
-             f"host load {res['machine']['load_avg_1m']}.", ""]
+             f"host load {res['machine']['load_avg_1m']}. Dense GEMMs of every system in {gemm.upper()}"
+             + (" (ScaleGNN's --gemm-dtype tf32; the PyG peers under the same TF32 matmul precision)."
+                if gemm == "tf32" else " (no TF32 anywhere)."), ""]
     failed = [(k, v) for k, v in res.items() if isinstance(v, dict) and v.get("status") in ("failed", "skipped")]
     if failed:
         lines += ["## Sections that did not run to the end", "",
@@ -338,6 +364,10 @@ def _markdown(res: dict) -> str:
         lines += [f"ScaleGNN's time to target is {ratio:.2f} of PyG full-batch GCN's (target <= 0.33: "
                   f"{'met' if ratio <= 1 / 3 else 'NOT met'}).", ""]
     sg = res.get("scalegnn")
+    if sg and sg.get("roofline"):
+        roof = sg["roofline"]
+        lines += ["## ScaleGNN step against its roofline", "",
+                  roof["markdown"] if roof["status"] == "ok" else f"No roofline: {roof['reason']}.", ""]
     if sg and sg.get("compile_fallback"):
         lines += [f"ScaleGNN ran its fused tail eager: {sg['compile_fallback']}.", ""]
     if sg and sg.get("breakdown_s"):
@@ -366,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=120.0, help="training-time budget per system")
     ap.add_argument("--lr", type=float, default=0.003, help="ScaleGNN's AdamW learning rate")
     ap.add_argument("--no-compile", action="store_true", help="ScaleGNN without torch.compile of the fused tail")
+    ap.add_argument("--gemm-dtype", choices=("fp32", "tf32"), default="fp32",
+                    help="dense GEMM precision of every system: ScaleGNN's --gemm-dtype, and the PyG peers run "
+                    "under the same matmul precision")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: sampler,scalegnn,pyg_gcn,pyg_sage")
     ap.add_argument("--sampler-size", default="1000000,20000000,100000", metavar="N,NNZ,B",
                     help="the sampler section's matrix and batch (the issue's target is stated for the default)")
@@ -391,19 +424,21 @@ def main(argv: list[str] | None = None) -> int:
             res["scalegnn"] = needs_graph
         else:
             _section(res, out, "scalegnn", scalegnn_section, norm, res["graph"], device, args.target,
-                     args.max_epochs, args.lr, not args.no_compile)
-    if "pyg_gcn" not in skip:
-        if graph is None:
-            res["pyg_gcn"] = needs_graph
-        else:
-            _section(res, out, "pyg_gcn", pyg_gcn_section, norm, device, args.target, args.max_epochs * 20,
-                     args.max_seconds)
-    if "pyg_sage" not in skip:
-        if graph is None:
-            res["pyg_sage"] = needs_graph
-        else:
-            _section(res, out, "pyg_sage", pyg_sage_section, raw, device, args.target, args.max_epochs,
-                     args.max_seconds)
+                     args.max_epochs, args.lr, not args.no_compile, args.gemm_dtype)
+    # the PyG peers run with ScaleGNN's GEMM precision (TF32 matmuls with --gemm-dtype tf32)
+    with tf32_matmuls() if args.gemm_dtype == "tf32" else contextlib.nullcontext():
+        if "pyg_gcn" not in skip:
+            if graph is None:
+                res["pyg_gcn"] = needs_graph
+            else:
+                _section(res, out, "pyg_gcn", pyg_gcn_section, norm, device, args.target, args.max_epochs * 20,
+                         args.max_seconds)
+        if "pyg_sage" not in skip:
+            if graph is None:
+                res["pyg_sage"] = needs_graph
+            else:
+                _section(res, out, "pyg_sage", pyg_sage_section, raw, device, args.target, args.max_epochs,
+                         args.max_seconds)
     a, b = (res.get(k, {}).get("time_to_target_s") for k in ("scalegnn", "pyg_gcn"))
     res["ratio_vs_pyg_gcn"] = a / b if a is not None and b else None
     res["failed_sections"] = [k for k, v in res.items() if isinstance(v, dict) and v.get("status") == "failed"]

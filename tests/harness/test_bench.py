@@ -52,11 +52,14 @@ def test_scaling_and_permutation_tables():
     assert markdown_table(["a", "b"], [[1, 2.5]]).splitlines()[2] == "| 1 | 2.5 |"
 
 
-def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path):
+def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path, monkeypatch):
     """``python -m scalegnn.benchmarks.gpu`` at toy sizes on the CPU (the real run is on a GPU: see
     docs/gpu.md): every section runs, identical sampler blocks, the JSON and Markdown land,
-    and both systems are compared on the same target. Times are not asserted."""
-    from scalegnn.benchmarks import gpu
+    and both systems are compared on the same target; the step's roofline table is there
+    (this CPU given an H200's spec: a CPU has none). Times are not asserted."""
+    from scalegnn.benchmarks import gpu, roofline
+
+    monkeypatch.setattr(roofline, "device_spec", lambda name: roofline.DEVICE_SPECS[0][1])
 
     out = tmp_path / "gpu"
     assert gpu.main(["--device", "cpu", "--nodes", "3000", "--avg-degree", "20", "--max-epochs", "2",
@@ -70,6 +73,9 @@ def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path):
     assert set(res["scalegnn"]["breakdown_s"]) == {"sampling", "spmm", "gemm", "comm", "other"}
     md = (out / "gpu.md").read_text()
     assert "Time to target" in md and "PyG full-batch GCN" in md and "ScaleGNN epoch breakdown" in md
+    roof = res["scalegnn"]["roofline"]
+    assert roof["status"] == "ok" and [r[0] for r in roof["rows"]][-1] == "step" and roof["precision"] == "fp32"
+    assert "ScaleGNN step against its roofline" in md and "Dense GEMMs of every system in FP32" in md
 
 
 def test_a_failed_gpu_benchmark_section_is_recorded_and_the_rest_runs(tmp_path, monkeypatch):
