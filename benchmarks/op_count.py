@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["NO_KERNEL", "PhaseCount", "count_step", "count_events", "kernel_profiling", "main"]
+__all__ = ["NO_KERNEL", "PhaseCount", "count_step", "count_events", "kernel_profiling", "step_counts", "main"]
 
 # Operators that make views or allocate: no kernel on a device.
 NO_KERNEL = frozenset(f"aten::{n}" for n in (
@@ -166,9 +166,22 @@ def _engine(layers: int, compile_backend: str | None, nodes: int, hidden: int, s
     graph = csbm("csbm:" + ",".join(f"{k}={v}" for k, v in params.items()), 0, **params).gcn_normalize()
     perf = PerfConfig(prefetch=False, compile=compile_backend is not None,
                       compile_backend=compile_backend or "inductor", sampler=sampler)
+    return ParallelEngine(graph, ModelConfig(hidden=hidden, layers=layers, dropout=0.5), OptimConfig(),
+                          max(2, nodes // 10), seed=0, epochs=1, perf=perf)
+
+
+def step_counts(layers: int, compile_backend: str | None, nodes: int = 2000, hidden: int = 64,
+                sampler: str = "torch") -> dict[str, PhaseCount]:
+    """The counts of step 1 of an engine on a CSBM graph (step 0 first: lazy setup),
+    built and run under :func:`kernel_profiling`, so that a graph compiled at any time,
+    a recompile inside a step too, has its kernels counted."""
     with kernel_profiling():
-        return ParallelEngine(graph, ModelConfig(hidden=hidden, layers=layers, dropout=0.5), OptimConfig(),
-                              max(2, nodes // 10), seed=0, epochs=1, perf=perf)
+        eng = _engine(layers, compile_backend, nodes, hidden, sampler)
+        try:
+            eng.train_step(0)
+            return count_step(eng, 1)
+        finally:
+            eng.close()
 
 
 # (label, compile backend, the CPU's numba kernels on): the torch paths are what a GPU runs
@@ -190,12 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         enabled = _elementwise._ENABLED
         _elementwise._ENABLED = numba_on and enabled
         try:
-            eng = _engine(args.layers, backend, args.nodes, args.hidden, "auto" if numba_on else "torch")
-            try:
-                eng.train_step(0)  # the first step: lazy initialization, caches
-                counts = count_step(eng, 1)
-            finally:
-                eng.close()
+            counts = step_counts(args.layers, backend, args.nodes, args.hidden, "auto" if numba_on else "torch")
         finally:
             _elementwise._ENABLED = enabled
         payload[label] = {k: {"total": c.total, "fused_kernels": c.fused_kernels, "ops": dict(c.ops),

@@ -192,14 +192,17 @@ class CompiledKernels:
     once per process and backend and shared by every instance, so engines built one
     after another in a process (tests, sweeps run locally) reuse the graphs."""
 
-    _compiled: dict[str, dict] = {}
+    _compiled: dict[tuple, dict] = {}
 
     def __init__(self, backend: str = "inductor"):
         self.backend = backend
-        if backend not in self._compiled:
-            self._compiled[backend] = {f.__name__: _detaching(torch.compile(f, dynamic=True, backend=backend))
-                                       for f in _PHASES}
-        for name, fn in self._compiled[backend].items():
+        # torch.compile itself is part of the key: where it is replaced (a test planting a
+        # compiler that fails), the phases are wrapped by the replacement, not taken from before
+        key = (backend, torch.compile)
+        if key not in self._compiled:
+            self._compiled[key] = {f.__name__: _detaching(torch.compile(f, dynamic=True, backend=backend))
+                                   for f in _PHASES}
+        for name, fn in self._compiled[key].items():
             setattr(self, name, fn)
         self._scalars: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 

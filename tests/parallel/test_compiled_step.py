@@ -93,13 +93,7 @@ def test_the_check_catches_a_recompile_in_training(monkeypatch):
 def _step_counts(compile_backend, monkeypatch) -> dict:
     if compile_backend is None:  # the torch kernels: a GPU's eager path
         monkeypatch.setattr(ew, "_ENABLED", False)
-    eng = op_count._engine(layers=3, compile_backend=compile_backend, nodes=1500, hidden=32,
-                           sampler="torch")
-    try:
-        eng.train_step(0)
-        return op_count.count_step(eng, 1)
-    finally:
-        eng.close()
+    return op_count.step_counts(layers=3, compile_backend=compile_backend, nodes=1500, hidden=32, sampler="torch")
 
 
 def test_a_compiled_step_launches_within_the_gpu_budget(monkeypatch):
