@@ -590,6 +590,8 @@ def add_bench_command(sub) -> None:
     e.add_argument("--reps", type=int, default=7)
     e.add_argument("--gemm-dtype", default="fp32", choices=("fp32", "bf16"),
                    help="operand dtype of the dense GEMMs (scalegnn train --gemm-dtype)")
+    e.add_argument("--compile", action="store_true",
+                   help="the compiled phases of scalegnn train --compile instead of the numba kernels")
     c = bs.add_parser("scaling", help="step time vs nnz at a fixed batch ratio (log-log slope)")
     c.add_argument("--nnz", default="1e6,4e6,1.6e7")
     c.add_argument("--reps", type=int, default=7)
@@ -625,7 +627,8 @@ def run_bench_command(args) -> int:
     elif cmd == "epoch-cost":
         from .epoch_cost import epoch_cost_bench
 
-        payload, md = epoch_cost_bench(args.dataset, args.data_root, args.reps, gemm_dtype=args.gemm_dtype)
+        payload, md = epoch_cost_bench(args.dataset, args.data_root, args.reps, gemm_dtype=args.gemm_dtype,
+                                       compile_tail=args.compile)
     elif cmd == "scaling":
         payload, md = scaling_bench(tuple(int(float(v)) for v in args.nnz.split(",")), reps=args.reps,
                                     batch_ratio=args.batch_ratio, threads=args.threads)

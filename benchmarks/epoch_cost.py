@@ -58,13 +58,13 @@ def reference_workload(operands) -> float:
 
 
 def _engine(dataset: str, data_root: str | None, batch_ratio: float, hidden: int, layers: int, seed: int,
-            gemm_dtype: str = "fp32"):
+            gemm_dtype: str = "fp32", compile_tail: bool = False):
     from scalegnn.config import make_config
     from scalegnn.sampling import resolve_batch_size
     from scalegnn.trainer import make_engine, prepare_graph
 
-    # Checkouts from before --gemm-dtype know only FP32: pass the switch only when set.
-    extra = {} if gemm_dtype == "fp32" else {"gemm_dtype": gemm_dtype}
+    # Checkouts from before --gemm-dtype know only FP32: pass the switches only when set.
+    extra = ({} if gemm_dtype == "fp32" else {"gemm_dtype": gemm_dtype}) | ({"compile": True} if compile_tail else {})
     cfg = make_config(dataset=dataset, data_root=data_root, batch_ratio=batch_ratio, hidden=hidden, layers=layers,
                       seed=seed, epochs=1000, **extra)
     graph = prepare_graph(cfg)
@@ -74,9 +74,9 @@ def _engine(dataset: str, data_root: str | None, batch_ratio: float, hidden: int
 
 def epoch_cost_bench(dataset: str = "facebook", data_root: str | None = None, reps: int = 7, batch_ratio: float = 0.1,
                      hidden: int = 256, layers: int = 3, seed: int = 0, profile: bool = True,
-                     gemm_dtype: str = "fp32") -> tuple[dict, str]:
+                     gemm_dtype: str = "fp32", compile_tail: bool = False) -> tuple[dict, str]:
     torch.set_num_threads(1)
-    engine, graph = _engine(dataset, data_root, batch_ratio, hidden, layers, seed, gemm_dtype)
+    engine, graph = _engine(dataset, data_root, batch_ratio, hidden, layers, seed, gemm_dtype, compile_tail)
     spe = engine.steps_per_epoch
     step = 0
 
@@ -106,12 +106,13 @@ def epoch_cost_bench(dataset: str = "facebook", data_root: str | None = None, re
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
     ref_s, epoch_s = statistics.median(refs), statistics.median(epochs)
     payload = {"bench": "epoch-cost", "dataset": dataset, "num_nodes": graph.num_nodes, "batch_ratio": batch_ratio,
-               "hidden": hidden, "layers": layers, "gemm_dtype": gemm_dtype, "steps_per_epoch": spe, "threads": torch.get_num_threads(),
+               "hidden": hidden, "layers": layers, "gemm_dtype": gemm_dtype, "compile": compile_tail,
+               "steps_per_epoch": spe, "threads": torch.get_num_threads(),
                "reps": reps, "epoch_s": epochs, "reference_s": refs, "epoch_median_s": epoch_s,
                "reference_median_s": ref_s, "epoch_in_reference_units": epoch_s / ref_s,
                "load_average": list(os.getloadavg()), "profile": table}
     md = (f"Epoch of {dataset} (N = {graph.num_nodes:,}, batch ratio {batch_ratio}, {layers} layers, hidden "
-          f"{hidden}, GEMM operands {gemm_dtype}, {spe} steps) on one thread: median {1e3 * epoch_s:.1f} ms over {reps}; reference unit "
+          f"{hidden}, GEMM operands {gemm_dtype}{', --compile' if compile_tail else ''}, {spe} steps) on one thread: median {1e3 * epoch_s:.1f} ms over {reps}; reference unit "
           f"(1024^3 matmul + 2M-nonzero SpMM x 64) median {1e3 * ref_s:.1f} ms; **epoch = "
           f"{epoch_s / ref_s:.2f} units**. Load average {os.getloadavg()[0]:.2f}.\n")
     if table:
@@ -127,9 +128,11 @@ def main(argv=None) -> int:
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--gemm-dtype", default="fp32", choices=("fp32", "bf16"),
                    help="operand dtype of the dense GEMMs (scalegnn train --gemm-dtype); the reference stays fp32")
+    p.add_argument("--compile", action="store_true", help="the layer tail's and the loss's compiled phases "
+                   "(scalegnn train --compile; inductor's C++ kernels on the CPU) instead of the numba kernels")
     args = p.parse_args(argv)
     payload, md = epoch_cost_bench(args.dataset, args.data_root, args.reps, profile=not args.no_profile,
-                                   gemm_dtype=args.gemm_dtype)
+                                   gemm_dtype=args.gemm_dtype, compile_tail=args.compile)
     print(md)
     return 0
 
