@@ -110,6 +110,7 @@ class _LayerTail(torch.autograd.Function):
                 norm: bool, drop: DropoutBlock | None, save: bool):
         ctx.pc, ctx.col_axis, ctx.row_axis, ctx.hidden, ctx.eps = pc, col_axis, row_axis, hidden, eps
         ctx.den = drop.den if drop is not None else 1.0
+        ctx.kern = pc.fused  # the backward runs the same kernels' phases as the forward
         if pc.fused is not None:
             return _LayerTail._compiled_forward(ctx, pc.fused, x, weight, res, norm, drop, save)
         rinv = r = None
@@ -140,10 +141,9 @@ class _LayerTail(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        pc = ctx.pc
         dout = dout.contiguous()
-        if pc.fused is not None:
-            grad_x, grad_w = _LayerTail._compiled_backward(ctx, pc.fused, dout)
+        if ctx.kern is not None:
+            grad_x, grad_w = _LayerTail._compiled_backward(ctx, ctx.kern, dout)
         else:
             grad_x, grad_w = _LayerTail._eager_backward(ctx, dout)
         grad_res = dout if ctx.needs_input_grad[2] else None
