@@ -34,7 +34,7 @@ DGL_STAMP := $(DGL_VENV)/.installed-$(shell echo '$(DGL_SPEC)' | cksum | cut -d'
 GPU_PYTHON ?= python3
 GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/unit/test_timing.py \
               tests/parallel/test_collectives.py tests/parallel/test_tail.py tests/parallel/test_model.py \
-              tests/parallel/test_engine.py tests/parallel/test_device.py \
+              tests/parallel/test_engine.py tests/parallel/test_device.py tests/parallel/test_compiled_step.py \
               tests/baselines/test_cagnet.py tests/baselines/test_device.py tests/integration/test_gpu_surface.py
 
 # The documentation site (mkdocs.yml, docs/): `make docs` installs the `docs` extra of

@@ -27,6 +27,7 @@ from scalegnn.optim import OptimConfig
 from scalegnn.parallel.engine import ParallelEngine
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.perf import PerfConfig
+from tests.devices import DEVICES
 from tests.graphs import parallel_graph
 
 
@@ -37,7 +38,8 @@ def _compiles() -> tuple[int, int]:
     return counters["frames"]["total"], counters["stats"]["unique_graphs"]
 
 
-def _run_after_warm_up(shape=(1, 1, 1, 1), backend="inductor", multilabel=False, dropout=0.5) -> dict:
+def _run_after_warm_up(shape=(1, 1, 1, 1), backend="inductor", multilabel=False, dropout=0.5,
+                       device="cpu") -> dict:
     """Build a compiled engine (its warm-up compiles), then train 3 steps, evaluate and
     train once more; the compiles before and after the warm-up."""
     torch._dynamo.reset()
@@ -45,7 +47,7 @@ def _run_after_warm_up(shape=(1, 1, 1, 1), backend="inductor", multilabel=False,
     eng = ParallelEngine(parallel_graph(n=90, m=500, seed=2, multilabel=multilabel),
                          ModelConfig(hidden=12, layers=3, dropout=dropout), OptimConfig(lr=1e-2), 31, seed=1,
                          epochs=2, grid=ProcessGrid(*shape) if shape != (1, 1, 1, 1) else ProcessGrid.single(),
-                         perf=PerfConfig(compile=True, compile_backend=backend, prefetch=True))
+                         perf=PerfConfig(compile=True, compile_backend=backend, prefetch=True), device=device)
     try:
         warmed = _compiles()
         for step in range(3):
@@ -63,9 +65,11 @@ def _grid_worker(rank, world, shape, backend):
     return _run_after_warm_up(shape, backend)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("multilabel,dropout", [(False, 0.5), (True, 0.0)], ids=["single-label", "multi-label, p=0"])
-def test_no_frame_compiles_after_the_warm_up(multilabel, dropout):
-    res = _run_after_warm_up(backend="inductor", multilabel=multilabel, dropout=dropout)
+def test_no_frame_compiles_after_the_warm_up(multilabel, dropout, device):
+    """Inductor's kernels: C++ on the CPU, Triton on a GPU (a prefetching side stream)."""
+    res = _run_after_warm_up(backend="inductor", multilabel=multilabel, dropout=dropout, device=device)
     assert res["fallback"] is None
     assert res["warm_up"][1] > 0  # the warm-up compiled the phases
     assert res["after"] == (0, 0)
