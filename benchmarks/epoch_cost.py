@@ -112,7 +112,8 @@ def epoch_cost_bench(dataset: str = "facebook", data_root: str | None = None, re
                "reference_median_s": ref_s, "epoch_in_reference_units": epoch_s / ref_s,
                "load_average": list(os.getloadavg()), "profile": table}
     md = (f"Epoch of {dataset} (N = {graph.num_nodes:,}, batch ratio {batch_ratio}, {layers} layers, hidden "
-          f"{hidden}, GEMM operands {gemm_dtype}{', --compile' if compile_tail else ''}, {spe} steps) on one thread: median {1e3 * epoch_s:.1f} ms over {reps}; reference unit "
+          f"{hidden}, GEMM operands {gemm_dtype}{', --compile' if compile_tail else ''}, {spe} steps) on one thread: "
+          f"median {1e3 * epoch_s:.1f} ms over {reps}; reference unit "
           f"(1024^3 matmul + 2M-nonzero SpMM x 64) median {1e3 * ref_s:.1f} ms; **epoch = "
           f"{epoch_s / ref_s:.2f} units**. Load average {os.getloadavg()[0]:.2f}.\n")
     if table:

@@ -34,8 +34,8 @@ The cross-entropy over class-sharded logits (Eq. 12; the formulas of
     finish_totals  L = loss sum / max(count * per_row, 1), count, accuracy counts
     ce_backward    dO = dL mask_i / count (softmax_ij - [j = y_i]), softmax recomputed from o, m, S
 
-The values are the eager formulas', up to the order inductor gives the reductions'
-additions and its exp/log.
+Run eager (:data:`EAGER`) they are the losses' only formulas; compiled, they give the
+same values up to the order inductor gives the reductions' additions and its exp/log.
 
 The scalars are arguments, so one compiled graph per phase serves every engine and
 batch size in a process (``dynamic=True``): H, the threshold and the first class as
@@ -49,11 +49,13 @@ which the engine's warm-up runs before training
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from ._elementwise import keep_from_terms, stats_dtype
 
-__all__ = ["CompiledKernels"]
+__all__ = ["CompiledKernels", "EAGER"]
 
 
 def _passes(x, r, g, row_terms, col_terms, thr):
@@ -184,6 +186,11 @@ def _detaching(fn):
 
 _PHASES = (sum_squares, tail_forward, tail_backward_stats, tail_backward_input,
            ce_row_max, ce_row_terms, ce_totals, finish_totals, ce_backward)
+
+# The phases run eager, under the names CompiledKernels gives them: the losses call the
+# same functions with --compile off (the layer tail keeps its own eager kernels,
+# scalegnn._elementwise, which save the mask instead of recomputing it).
+EAGER = SimpleNamespace(**{f.__name__: f for f in _PHASES})
 
 
 class CompiledKernels:

@@ -38,20 +38,13 @@ def tf32_matmuls():
     """CUDA matmuls of FP32 tensors in TF32 inside the block, the setting as it was after:
     torch's per-backend precision where it has one (2.9+), the older flag elsewhere."""
     matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):
-        before = matmul.fp32_precision
-        matmul.fp32_precision = "tf32"
-        try:
-            yield
-        finally:
-            matmul.fp32_precision = before
-    else:  # pragma: no cover - torch < 2.9
-        before = matmul.allow_tf32
-        matmul.allow_tf32 = True
-        try:
-            yield
-        finally:
-            matmul.allow_tf32 = before
+    name, value = ("fp32_precision", "tf32") if hasattr(matmul, "fp32_precision") else ("allow_tf32", True)
+    before = getattr(matmul, name)
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, before)
 
 
 @dataclass

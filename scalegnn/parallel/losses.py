@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from .._compiled import EAGER
 from ..metrics import micro_f1_counts
 from .context import ParallelContext
 from .grid import ProcessGrid
@@ -44,18 +45,21 @@ def _row_totals(ctx, loss_sum: torch.Tensor, mask: torch.Tensor, acc: torch.Tens
     the count (int64), the accuracy counts (float64), both marked non-differentiable on
     ``ctx``, and the FP64 denominator for the backward. Nothing is read by the host."""
     tot = torch.cat([loss_sum.double().reshape(1), mask.sum().double().reshape(1), acc.double()])
-    return _finish_totals(ctx, tot, pc, row_axis, per_row, dtype)
+    return _finish_totals(ctx, _kernels(pc), tot, pc, row_axis, per_row, dtype)
 
 
-def _finish_totals(ctx, tot: torch.Tensor, pc: ParallelContext, row_axis: str, per_row: int, dtype: torch.dtype):
+def _kernels(pc: ParallelContext):
+    """The loss's phases (:mod:`scalegnn._compiled`): ``pc.fused``'s compiled ones, or the
+    same functions run eager."""
+    return pc.fused if pc.fused is not None else EAGER
+
+
+def _finish_totals(ctx, kern, tot: torch.Tensor, pc: ParallelContext, row_axis: str, per_row: int,
+                   dtype: torch.dtype):
     """:func:`_row_totals` from this rank's FP64 [loss sum, count, *acc]: the row axis'
-    all-reduce, then L, count, acc and the denominator (one compiled kernel with ``pc.fused``)."""
+    all-reduce, then L, count, acc and the denominator (``kern.finish_totals``)."""
     pc.reduce(tot, row_axis, "loss")
-    if pc.fused is not None:
-        loss, count, acc, denom = pc.fused.finish_totals(tot, per_row, dtype)
-    else:
-        denom = (tot[1] * per_row).clamp(min=1.0)
-        loss, count, acc = (tot[0] / denom).to(dtype), tot[1].to(torch.int64), tot[2:].clone()
+    loss, count, acc, denom = kern.finish_totals(tot, per_row, dtype)
     ctx.mark_non_differentiable(count, acc)
     return loss, count, acc, denom
 
@@ -79,69 +83,36 @@ class _ParallelCrossEntropy(torch.autograd.Function):
     The count stays on the device (never read by the host): with no labeled row,
     L = 0 and dO = 0 follow from dividing by max(count, 1) and masking.
 
-    With ``pc.fused`` the same formulas run as the compiled phases of
-    :mod:`scalegnn._compiled` between the three collectives, and the backward
-    recomputes the softmax from the logits, m and S instead of saving it.
+    The phases between the collectives are those of :mod:`scalegnn._compiled`,
+    ``torch.compile``-d with ``pc.fused`` and eager otherwise; the backward recomputes
+    the softmax from the logits, m and S instead of saving it. A rank that holds no
+    classes contributes the identity of each class-axis reduction (m = -inf, zero
+    terms) and runs the rest eager.
     """
 
     @staticmethod
     def forward(ctx, logits, y, mask, pc: ParallelContext, row_axis: str, class_axis: str, class_start: int):
-        ctx.dtype, ctx.class_start = logits.dtype, class_start
-        if pc.fused is not None and logits.shape[1]:
-            return _ParallelCrossEntropy._compiled_forward(ctx, pc.fused, logits, y, mask, pc, row_axis, class_axis)
-        o = logits.float()
-        n_rows, n_cls = o.shape
-        m = o.max(-1).values if n_cls else o.new_full((n_rows,), float("-inf"))
-        pc.reduce(m, class_axis, "loss", op="max")
-        e = torch.exp(o - m[:, None])
-        s = e.sum(-1)
-        local_t = (y - class_start).clamp(min=0)
-        has = (y >= class_start) & (y < class_start + n_cls) & (y >= 0)
+        n_rows, n_cls = logits.shape
+        kern = ctx.kern = _kernels(pc) if n_cls else EAGER
         if n_cls:
-            at_max = o == m[:, None]
-            ids = torch.arange(class_start, class_start + n_cls, device=o.device)
-            lower = (at_max & (ids[None, :] < y[:, None])).sum(-1)
-            at_t = local_t.clamp(max=n_cls - 1)[:, None]
-            tgt = torch.where(has, o.gather(1, at_t).squeeze(1), o.new_zeros(n_rows))
-            hit = has & at_max.gather(1, at_t).squeeze(1)
+            m = kern.ce_row_max(logits)
         else:
-            lower = hit = tgt = o.new_zeros(n_rows)
-        # One FP32 all-reduce: sum-exp, target logit, and the two argmax counts.
-        four = torch.stack([s, tgt, lower.to(torch.float32), hit.to(torch.float32)], 1).contiguous()
-        pc.reduce(four, class_axis, "loss")
-        s, tgt = four[:, 0], four[:, 1]
-        keep = mask & (y >= 0)
-        correct = keep & (four[:, 3] > 0) & (four[:, 2] == 0)
-        row_loss = torch.where(mask, m + torch.log(s) - tgt, torch.zeros_like(s))
-        loss, count, acc, denom = _row_totals(ctx, row_loss.sum(), mask, torch.stack([correct.sum(), keep.sum()]),
-                                              pc, row_axis, 1, logits.dtype)
-        ctx.save_for_backward(e / s[:, None], local_t, has, mask, denom)
-        ctx.compiled = False
-        return loss, count, acc
-
-    @staticmethod
-    def _compiled_forward(ctx, kern, logits, y, mask, pc: ParallelContext, row_axis: str, class_axis: str):
-        m = kern.ce_row_max(logits)
+            m = logits.new_full((n_rows,), float("-inf"), dtype=torch.float32)
         pc.reduce(m, class_axis, "loss", op="max")
-        terms = kern.ce_row_terms(logits, m, y, ctx.class_start)
+        # One FP32 all-reduce: sum-exp, target logit, and the two argmax counts.
+        terms = kern.ce_row_terms(logits, m, y, class_start) if n_cls else m.new_zeros(n_rows, 4)
         pc.reduce(terms, class_axis, "loss")
-        loss, count, acc, denom = _finish_totals(ctx, kern.ce_totals(m, terms, y, mask), pc, row_axis, 1, ctx.dtype)
+        loss, count, acc, denom = _finish_totals(ctx, kern, kern.ce_totals(m, terms, y, mask), pc, row_axis, 1,
+                                                 logits.dtype)
         ctx.save_for_backward(logits, m, terms[:, 0], y, mask, denom)
-        ctx.compiled, ctx.kern = True, kern
+        ctx.class_start = class_start
         return loss, count, acc
 
     @staticmethod
     def backward(ctx, dloss, _dcount, _dacc):
-        if ctx.compiled:
-            logits, m, s, y, mask, denom = ctx.saved_tensors
-            return ctx.kern.ce_backward(logits, m, s, y, mask, ctx.class_start, dloss, denom), \
-                None, None, None, None, None, None
-        prob, local_t, has, mask, count = ctx.saved_tensors
-        g = prob.clone()
-        if g.shape[1]:  # subtract 1 at the target class of the rows whose class is on this rank
-            g.scatter_add_(1, local_t.clamp(max=g.shape[1] - 1)[:, None], -has[:, None].to(g.dtype))
-        g = torch.where(mask[:, None], g * (dloss.float() / count).to(g.dtype), 0.0)
-        return g.to(ctx.dtype), None, None, None, None, None, None
+        logits, m, s, y, mask, denom = ctx.saved_tensors
+        return ctx.kern.ce_backward(logits, m, s, y, mask, ctx.class_start, dloss, denom), \
+            None, None, None, None, None, None
 
 
 def parallel_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, pc: ParallelContext,

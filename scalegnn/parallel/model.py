@@ -306,14 +306,15 @@ class ParallelScaleGNN(nn.Module):
         lo, hi = batch.rows.block(r)
         n = hi - lo
 
-        # The chunks' CSR row pointers, read to the host once per matrix (not twice per chunk)
-        xptr = csr_chunk_pointers(batch.x, row_chunks(n, rows_of)) if batch.x.is_sparse_csr else None
+        # Each matrix's chunks, and their CSR row pointers read to the host once (not twice per chunk)
+        chunks = row_chunks(n, rows_of)
+        xptr = csr_chunk_pointers(batch.x, chunks) if batch.x.is_sparse_csr else None
 
         def projection(r0, r1):  # X_h0 = AR_z(X_in[x, z] W_in[z, y]) of rows [r0, r1) of the x block (Eq. 4)
             xin = csr_rows(batch.x, r0, r1, xptr) if batch.x.is_sparse_csr else batch.x[r0:r1]
             return sharded_gemm(xin, self.w_in, pc, reduce_axis="z", dh_axis="y", dw_axis="x")
 
-        x = self._row_pieces(n, third_axis(r, c), c, projection, rows_of, pc)
+        x = self._row_pieces(n, third_axis(r, c), c, projection, chunks, pc)
         in_rows = batch.rows
         for layer in range(cfg.layers):
             lay = layer_layout(layer)
@@ -323,7 +324,8 @@ class ParallelScaleGNN(nn.Module):
             xg = gather_row_pieces(x, hi - lo, pc, t)  # X[r, c], the layer's one block-sized array
             del x
             t0, t1 = out_rows.block(t)
-            ptr = csr_chunk_pointers(adj.adj, row_chunks(t1 - t0, rows_of))
+            chunks = row_chunks(t1 - t0, rows_of)
+            ptr = csr_chunk_pointers(adj.adj, chunks)
 
             def layer_rows(r0, r1, layer=layer, lay=lay, adj=adj, xg=xg, t0=t0, ptr=ptr):
                 a = SampledBlock(adj=csr_rows(adj.adj, r0, r1, ptr), adj_t=None, row_offset=adj.row_offset + r0,
@@ -333,7 +335,7 @@ class ParallelScaleGNN(nn.Module):
                        if cfg.residual else None)
                 return self._tail(z, res, None, layer, pc)
 
-            x = self._row_pieces(t1 - t0, c, r, layer_rows, rows_of, pc)
+            x = self._row_pieces(t1 - t0, c, r, layer_rows, chunks, pc)
             del xg, layer_rows  # the closure holds the gathered block too: both go before the next gather
             in_rows = out_rows
         head = self.head
@@ -344,17 +346,17 @@ class ParallelScaleGNN(nn.Module):
         return sharded_gemm(xg, self.w_out, pc, reduce_axis=head.reduce_axis, dh_axis=head.w[1],
                             dw_axis=head.feat[0])
 
-    def _row_pieces(self, n: int, axis: str, col_axis: str, rows_fn, chunk_rows: int,
+    def _row_pieces(self, n: int, axis: str, col_axis: str, rows_fn, chunks: list[tuple[int, int]],
                     pc: ParallelContext) -> torch.Tensor:
         """My piece along ``axis`` (rows ``split_bounds(n, G_axis)``) of an n-row block,
         columns the hidden range of ``col_axis``, that ``rows_fn(r0, r1)`` computes chunk
-        by chunk, replicated along ``axis`` (every member runs every chunk: the chunk's
-        collectives need them all)."""
+        by chunk (``chunks``: :func:`row_chunks` of the n rows), replicated along ``axis``
+        (every member runs every chunk: the chunk's collectives need them all)."""
         bounds = split_bounds(n, self.grid.axis_size(axis))
         k = self.grid.axis_index(axis)
         mine = (bounds[k], bounds[k + 1])
         out = None
-        for r0, r1 in row_chunks(n, chunk_rows):
+        for r0, r1 in chunks:
             y = rows_fn(r0, r1)
             if out is None:
                 out = y.new_empty((mine[1] - mine[0], y.shape[1]))

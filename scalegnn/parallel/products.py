@@ -42,7 +42,8 @@ from .collectives import all_gather_uneven, broadcast
 from .context import ParallelContext
 from .layout import RowPartition, col_bounds, interval_overlap
 
-__all__ = ["sharded_spmm", "sharded_gemm", "reshard", "gather_row_pieces", "csr_rows", "csr_chunk_pointers", "row_chunks"]
+__all__ = ["sharded_spmm", "sharded_gemm", "reshard", "gather_row_pieces", "csr_rows", "csr_chunk_pointers",
+           "row_chunks"]
 
 
 # ------------------------------------------------------------------------------ SpMM
