@@ -166,8 +166,9 @@ def _engine(layers: int, compile_backend: str | None, nodes: int, hidden: int, s
     graph = csbm("csbm:" + ",".join(f"{k}={v}" for k, v in params.items()), 0, **params).gcn_normalize()
     perf = PerfConfig(prefetch=False, compile=compile_backend is not None,
                       compile_backend=compile_backend or "inductor", sampler=sampler)
+    # the torch kernels as a GPU runs them: the sampled blocks padded, no size read back
     return ParallelEngine(graph, ModelConfig(hidden=hidden, layers=layers, dropout=0.5), OptimConfig(),
-                          max(2, nodes // 10), seed=0, epochs=1, perf=perf)
+                          max(2, nodes // 10), seed=0, epochs=1, pad_samples=sampler == "torch", perf=perf)
 
 
 def step_counts(layers: int, compile_backend: str | None, nodes: int = 2000, hidden: int = 64,

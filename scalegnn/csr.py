@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["SPARSE_FEATURE_DENSITY", "unique_keys", "runs", "sparse_enough", "sparse_if_enough", "feature_layout",
            "is_csr", "csr_matrix",
-           "csr_block", "select_rows", "gather_csr_rows", "csr_transpose"]
+           "csr_block", "select_rows", "row_entries", "gather_csr_rows", "csr_transpose"]
 
 
 # The one layout rule for node features. A feature matrix with fewer than
@@ -152,7 +152,7 @@ def _transpose_csr(rows, cols, vals, n_cols):
     return t_ptr.to(torch.int64), rows.index_select(0, order), vals.index_select(0, order)
 
 
-def _row_runs(indptr: torch.Tensor, rows: torch.Tensor, nnz: int):
+def _row_runs(indptr: torch.Tensor, rows: torch.Tensor, nnz: int, total: int | None = None):
     """Flat positions of the stored entries of ``rows`` (Alg. 2 lines 7-10).
 
     Returns (counts, incl, total, flat): entries per row, their inclusive prefix
@@ -160,18 +160,28 @@ def _row_runs(indptr: torch.Tensor, rows: torch.Tensor, nnz: int):
     prefix sum and one repeat_interleave (no O(total log B) sorted search):
     ``flat[k] = start[row(k)] + (k - excl[row(k)])``. ``nnz`` is the matrix's stored
     entry count (host metadata: it picks the index width without reading the device).
-    Reading ``total`` is the one device-to-host read of the torch path: the output
-    size of a gather is data-dependent.
+    The output size of a gather is data-dependent: without ``total`` (the caller's
+    host-side count, :func:`row_entries`) it is read back from the device, the one
+    device-to-host read of this routine.
     """
     starts = indptr.index_select(0, rows)
     counts = indptr.index_select(0, rows + 1) - starts
     incl = torch.cumsum(counts, 0)
-    total = int(incl[-1]) if rows.numel() else 0
+    if total is None:
+        total = int(incl[-1]) if rows.numel() else 0
     # int32 positions when the block allows: half the bytes in the widest arrays.
     dtype = torch.int32 if nnz < 2**31 else torch.int64
     flat = torch.repeat_interleave((starts - (incl - counts)).to(dtype), counts, output_size=total)
     flat += torch.arange(total, dtype=dtype, device=flat.device)
     return counts, incl, total, flat
+
+
+def row_entries(host_indptr: torch.Tensor, host_rows: torch.Tensor) -> int:
+    """How many stored entries the rows ``host_rows`` hold, from host copies of the row
+    pointers and the rows (numpy: host memory, no device read): the size of their
+    gather, known before it is queued."""
+    ptr, rows = host_indptr.numpy(), host_rows.numpy()
+    return int((ptr[rows + 1] - ptr[rows]).sum()) if rows.size else 0
 
 
 def gather_csr_rows(indptr: torch.Tensor, rows: torch.Tensor, nnz: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,12 +196,14 @@ def gather_csr_rows(indptr: torch.Tensor, rows: torch.Tensor, nnz: int) -> tuple
     return owner, flat
 
 
-def select_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``x[rows]`` for a dense or a CSR matrix (CSR has no index_select in torch)."""
+def select_rows(x: torch.Tensor, rows: torch.Tensor, entries: int | None = None) -> torch.Tensor:
+    """``x[rows]`` for a dense or a CSR matrix (CSR has no index_select in torch).
+    ``entries``: the selected rows' stored entries when the caller knows it
+    (:func:`row_entries`), which spares a CSR ``x`` on a device the read of it."""
     if x.layout == torch.strided:
         return x[rows]
     indptr = x.crow_indices()
-    owner, flat = gather_csr_rows(indptr, rows, x.values().numel())
+    _, _, total, flat = _row_runs(indptr, rows, x.values().numel(), entries)
     new_ptr = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=indptr.device)
     new_ptr[1:] = torch.cumsum(indptr[rows + 1] - indptr[rows], 0)
     return torch.sparse_csr_tensor(new_ptr, x.col_indices()[flat], x.values()[flat], (rows.numel(), x.shape[1]),

@@ -15,12 +15,12 @@ global constants B and N.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .csr import _csr, _row_runs, _transpose_csr, select_rows, sparse_if_enough
+from .csr import _csr, _row_runs, _transpose_csr, row_entries, select_rows, sparse_if_enough
 from .graph import Graph
 from .settings import fraction, setting
 
@@ -35,6 +35,7 @@ __all__ = [
     "CompactIndexMap",
     "extract_block",
     "block_bounds",
+    "sample_capacity",
     "SampledBatch",
     "UniformVertexSampler",
 ]
@@ -159,7 +160,11 @@ class CSRBlock:
 
     ``from_graph`` stores the column ids as int32 when N < 2^31: the sampler streams
     them once per step, and half the bytes is a quarter less time (and half the
-    shard memory); ``indptr`` stays int64 (nnz may exceed 2^31)."""
+    shard memory); ``indptr`` stays int64 (nnz may exceed 2^31).
+
+    ``host_indptr``: a block moved to a device (:meth:`to`) keeps its row pointers in
+    host memory too (8 bytes a row), so a sampler counts a gather's entries on the
+    host (:meth:`host_pointers`) instead of reading the count back."""
 
     indptr: torch.Tensor
     indices: torch.Tensor
@@ -168,6 +173,7 @@ class CSRBlock:
     row_end: int
     col_start: int
     col_end: int
+    host_indptr: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_graph(cls, graph: Graph, row_range=None, col_range=None) -> "CSRBlock":
@@ -199,10 +205,16 @@ class CSRBlock:
         memory and as loaded back from a shard file)."""
         return self.indices.data_ptr(), self.row_start, self.row_end, self.col_start, self.col_end
 
+    def host_pointers(self) -> torch.Tensor | None:
+        """The row pointers in host memory: the array itself on the CPU, the copy kept
+        by :meth:`to` on a device (None for a block made on a device)."""
+        return self.indptr if self.indptr.device.type == "cpu" else self.host_indptr
+
     def to(self, device) -> "CSRBlock":
-        """The same block with its arrays on ``device``."""
+        """The same block with its arrays on ``device`` (and its row pointers kept on the host)."""
+        host = self.host_pointers() if torch.device(device).type != "cpu" else None
         return CSRBlock(self.indptr.to(device), self.indices.to(device), self.values.to(device), self.row_start,
-                        self.row_end, self.col_start, self.col_end)
+                        self.row_end, self.col_start, self.col_end, host)
 
 
 @dataclass
@@ -211,13 +223,22 @@ class SampledBlock:
 
     ``adj`` is (Br, Bc) CSR in compact local ids; ``adj_t`` is its transpose (Bc, Br),
     built in the same pass for the backward SpMM (Eq. 17). ``row_offset`` and
-    ``col_offset`` locate the block inside the (B, B) sampled matrix.
+    ``col_offset`` locate the block inside the (B, B) sampled matrix. A padded block
+    stores exactly ``capacity`` entries, the kept ones then zeros (see
+    :func:`extract_block`).
     """
 
     adj: torch.Tensor
     adj_t: torch.Tensor
     row_offset: int
     col_offset: int
+    capacity: int | None = None  # padded (extract_block's capacity): the entries stored
+    kept: torch.Tensor | None = None  # padded: 0-d count on the device of the entries Algorithm 2 kept
+
+    def overflowed(self) -> torch.Tensor | None:
+        """A padded block's 0-d device flag: more entries were kept than its capacity
+        holds (the block lost some; the sampler extracts it again with more room)."""
+        return None if self.kept is None else self.kept > self.capacity
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -247,7 +268,7 @@ class CompactIndexMap:
     def assign(self, ids: torch.Tensor) -> int:
         """Map ``ids[k] -> k`` (global ids inside the range); returns the step's tag."""
         if self._written is not None:
-            self.compact[self._written] = -1
+            self.compact.index_fill_(0, self._written, -1)
         local = ids - self.offset if self.offset else ids
         self.compact[local] = torch.arange(ids.numel(), dtype=torch.int32, device=self.compact.device)
         self._written = local
@@ -310,11 +331,30 @@ def block_bounds(block: CSRBlock, sample: torch.Tensor, col_sample: torch.Tensor
     (default ``sample``). Binary searches; call it on a host copy of the sample to
     keep a GPU free of the read-back."""
     col_sample = sample if col_sample is None else col_sample
+    if sample.device.type == "cpu" and col_sample.device.type == "cpu":  # host memory: numpy's search
+        r_lo, r_hi = np.searchsorted(sample.numpy(), [block.row_start, block.row_end])
+        c_lo, c_hi = np.searchsorted(col_sample.numpy(), [block.col_start, block.col_end])
+        return int(r_lo), int(r_hi), int(c_lo), int(c_hi)
     rows = torch.tensor([block.row_start, block.row_end], device=sample.device)
     cols = torch.tensor([block.col_start, block.col_end], device=col_sample.device)
     r_lo, r_hi = torch.searchsorted(sample, rows).tolist()
     c_lo, c_hi = torch.searchsorted(col_sample, cols).tolist()
     return r_lo, r_hi, c_lo, c_hi
+
+
+def sample_capacity(entries: int, rows: int, scale: float, slack: float = 1.0) -> int:
+    """Room for the entries Algorithm 2 keeps of a block whose ``rows`` sampled rows
+    hold ``entries`` stored entries: the padded size of :func:`extract_block`.
+
+    Given its row is sampled, an entry off the diagonal is kept when its column is
+    sampled too, with probability p = ``scale`` (Eq. 23); a self loop always. So at most
+    p * entries + (1 - p) * rows are kept in expectation; the room is that plus 1 %
+    plus 8 binomial standard deviations, times ``slack`` (which the sampler grows when
+    a block overflows: hub columns make the count vary more than a binomial's), never
+    more than ``entries``, which cannot overflow."""
+    expected = scale * entries + (1.0 - scale) * min(rows, entries)
+    room = expected + slack * (0.01 * expected + 8.0 * math.sqrt(expected) + 16.0)
+    return min(int(entries), int(math.ceil(room)))
 
 
 def extract_block(
@@ -327,6 +367,8 @@ def extract_block(
     col_sample: torch.Tensor | None = None,
     keys: tuple[torch.Tensor, torch.Tensor] | None = None,
     bounds: tuple[int, int, int, int] | None = None,
+    entries: int | None = None,
+    capacity: int | None = None,
 ) -> SampledBlock:
     """Algorithm 2, phases 1-4, for one adjacency block. Calls no collective.
 
@@ -350,12 +392,20 @@ def extract_block(
             where the block's row and column ranges start and end (phase 1), when the
             caller already has them: a sampler with the sample in host memory finds
             them there, so a GPU block needs no device-to-host read for them.
+        entries: the stored entries of the sampled rows (the size of phase 2's gather),
+            when the caller counted them on the host (:func:`scalegnn.csr.row_entries`).
+        capacity: pad the block (torch kernel only) to exactly this many entries
+            (:func:`sample_capacity`): the kept entries, then zeros in the last row and
+            column (a product adds 0 * x to the last row, which changes no bit of a
+            finite result). With ``entries`` too, nothing is read back from the device;
+            the block's ``kept`` count says whether it fitted (:meth:`SampledBlock.overflowed`).
 
     Returns the block of A~_S as CSR and its transpose; entries are in CSR order
-    (rows, then columns ascending) in both, whichever kernel ran. On a GPU the torch
-    path reads two sizes back from the device (the gathered and the kept entry
-    counts: the outputs' sizes depend on the data), so the engine runs it ahead of
-    training on a side stream (``--prefetch``).
+    (rows, then columns ascending) in both, whichever kernel ran. Unpadded, the torch
+    path reads back from the device the sizes it was not given (the gathered entries
+    without ``entries``, the kept ones without ``capacity``): the outputs' sizes depend
+    on the data. The numba kernel (CPU) computes the exact sizes as it goes and pads
+    nothing.
     """
     # Phase 1: the parts of S inside this block's row and column ranges (binary search).
     if col_sample is None:
@@ -385,7 +435,7 @@ def extract_block(
             return SampledBlock(adj=adj, adj_t=adj_t, row_offset=r_lo, col_offset=c_lo)
 
     # Phase 2: positions of the sampled rows' entries, then their columns (lines 7-10).
-    counts, incl, total, flat = _row_runs(block.indptr, rows_local, block.nnz)
+    counts, incl, total, flat = _row_runs(block.indptr, rows_local, block.nnz, entries)
     cols_g = block.indices.index_select(0, flat)
 
     # Phase 3: keep columns in S_c and remap them to compact ids (lines 12-14).
@@ -393,20 +443,36 @@ def extract_block(
         if not index_map.covers(block.col_start, block.col_end):
             raise ValueError(f"index map covers [{index_map.offset}, {index_map.offset + index_map.size}), "
                              f"not the block's columns [{block.col_start}, {block.col_end})")
-        raw = index_map.lookup_raw(cols_g, index_map.assign(s_cols))
-        kept = (raw >= 0).nonzero().squeeze(1)
-        cols_c = raw.index_select(0, kept).long()
+        compact = index_map.lookup_raw(cols_g, index_map.assign(s_cols))
+        hit = compact >= 0
     else:
         cols_g = cols_g.long()
-        pos = torch.searchsorted(s_cols, cols_g).clamp_(max=max(n_cols - 1, 0))
-        hit = s_cols[pos] == cols_g if n_cols else torch.zeros_like(cols_g, dtype=torch.bool)
+        compact = torch.searchsorted(s_cols, cols_g).clamp_(max=max(n_cols - 1, 0))
+        hit = s_cols[compact] == cols_g if n_cols else torch.zeros_like(cols_g, dtype=torch.bool)
+    kept_count = None
+    if capacity is None:
         kept = hit.nonzero().squeeze(1)
-        cols_c = pos.index_select(0, kept)
+        cols_c = compact.index_select(0, kept).long()
+    else:
+        # Padded: the kept positions then `total` (past every position) up to capacity. The
+        # sentinels appended below make a padding entry an explicit zero at (last row, last
+        # column): CSR order holds, and every size is a host number.
+        capacity = capacity if n_rows and n_cols else 0
+        kept = torch.nonzero_static(hit, size=capacity, fill_value=total).squeeze(1)
+        kept_count = hit.sum()
+        cols_c = torch.cat([compact, compact.new_full((1,), n_cols - 1)]).index_select(0, kept).long()
     # Kept positions are increasing, so each row's kept entries are a contiguous run:
     # the row of an entry and the forward row pointer are sorted searches over B rows.
     rows_c = torch.searchsorted(incl, kept, right=True)
     fwd_ptr = torch.searchsorted(kept, torch.cat([incl.new_zeros(1), incl]))
-    vals = block.values.index_select(0, flat.index_select(0, kept))
+    if capacity is None:
+        vals = block.values.index_select(0, flat.index_select(0, kept))
+    else:
+        rows_c.clamp_(max=n_rows - 1)
+        fwd_ptr[-1:].fill_(capacity)  # the last row runs to the end of the padding
+        src = torch.cat([flat, flat.new_zeros(1)]).index_select(0, kept)
+        vals = block.values.index_select(0, src) if block.nnz else block.values.new_zeros(capacity)
+        vals = vals.masked_fill(kept == total, 0.0)
 
     # Phase 4: rescale off-diagonal weights by 1/p (Eq. 24) and assemble both CSRs.
     # Diagonal <=> same global vertex <=> same position in S: cols_c + c_lo == rows_c + r_lo.
@@ -420,7 +486,8 @@ def extract_block(
     t_ptr, t_rows, t_vals = _transpose_csr(rows_c, cols_c, vals, n_cols)
     adj = _csr(fwd_ptr, cols_c, vals, (n_rows, n_cols))
     adj_t = _csr(t_ptr, t_rows, t_vals, (n_cols, n_rows))
-    return SampledBlock(adj=adj, adj_t=adj_t, row_offset=r_lo, col_offset=c_lo)
+    return SampledBlock(adj=adj, adj_t=adj_t, row_offset=r_lo, col_offset=c_lo,
+                        capacity=capacity, kept=kept_count)
 
 
 @dataclass

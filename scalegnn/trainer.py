@@ -185,10 +185,14 @@ class ScaleGNNTrainer(Trainer):
                          callbacks=(_EpochEndCheckpoint(self),))
 
     def record_extra(self) -> dict:
+        extra = {}
+        if self.engine.sampler.overflows:  # rank 0's batches drawn again because a padded block overflowed
+            extra["sample_overflows"] = self.engine.sampler.overflows
         if self.ckpt is None:
-            return {}
+            return extra
         before = self.record.get("checkpoint", {})  # a resumed run's saves so far
-        return {"checkpoint": {**before, **self.ckpt.summary(), "saves": before.get("saves", 0) + self.ckpt.saves}}
+        return {**extra, "checkpoint": {**before, **self.ckpt.summary(),
+                                        "saves": before.get("saves", 0) + self.ckpt.saves}}
 
     def close(self) -> None:
         self.engine.close()  # stops the prefetch thread (no orphan threads), writes the profiler trace

@@ -96,7 +96,9 @@ class HostSyncDetector:
         self._modes = (_Functions(self._record), _Ops(self._record))
 
     def _record(self, what: str) -> None:
-        frames = [f for f in traceback.extract_stack()[:-3] if "scalegnn" in f.filename and "tests" not in f.filename]
+        # This file's frames are the modes'; a C-level call (``bool(t)``) adds no frame of its own.
+        frames = [f for f in traceback.extract_stack() if f.filename != __file__
+                  and "scalegnn" in f.filename and "tests" not in f.filename]
         where = f"{frames[-1].filename.split('scalegnn', 1)[-1]}:{frames[-1].lineno} {frames[-1].name}" \
             if frames else "outside scalegnn"
         self.events.append((what, where))

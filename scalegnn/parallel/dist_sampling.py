@@ -16,9 +16,15 @@ patches every torch.distributed collective to prove it).
 
 Device. The shard lives on the run's device and so does every batch. The sample is
 drawn on the host (a CPU generator: the same S on every device) and copied over
-once, pinned; the block boundaries of phase 1 are found in that host copy, so the
-only device-to-host reads of a GPU batch are the sizes the torch kernel cannot know
-in advance (see :func:`scalegnn.sampling.extract_block`).
+once, pinned; the block boundaries of phase 1 are found in that host copy, and so
+are the sizes of the gathers (the shard's row pointers are kept on the host too).
+The one size the host cannot know, how many entries a block keeps, is bounded by a
+capacity instead (``padded``, the default on a device: the block is padded with
+zeros to :func:`scalegnn.sampling.sample_capacity`), so building a batch
+(:meth:`DistributedSampler.draw`) reads nothing back from the device. One flag read
+per batch then checks that every block fitted (:meth:`DistributedSampler.sample`,
+which the prefetch thread runs: it waits for the side stream, never for training);
+a block that did not is extracted again with more room, and counted (``overflows``).
 """
 
 from __future__ import annotations
@@ -28,9 +34,9 @@ from dataclasses import dataclass
 import torch
 
 from ..device import to_device
-from ..csr import _csr, csr_transpose, select_rows
+from ..csr import _csr, csr_transpose, is_csr, row_entries, select_rows
 from ..sampling import (CompactIndexMap, SampledBlock, block_bounds, extract_block, inclusion_probability,
-                        resolve_batch_size, sample_vertices, training_features)
+                        resolve_batch_size, sample_capacity, sample_vertices, training_features)
 from .grid import PMM_AXES, ProcessGrid
 from .layout import RowPartition
 from .sharding import RankShard
@@ -93,11 +99,15 @@ class DistributedSampler:
     column range (Alg. 2 line 14; 4 bytes per vertex of the range) for the torch
     kernel; without it the column remap is a binary search in the sorted sample.
     The numba kernel (``backend``, see :func:`scalegnn.sampling.extract_block`)
-    needs neither. All choices give bit-identical shards.
+    needs neither. ``padded`` (default: on a device, not on the CPU) pads the torch
+    kernel's blocks to a capacity so that no size is read back (module doc). All
+    choices give the same products: bit-identical shards, or those shards followed by
+    explicit zeros.
     """
 
     def __init__(self, shard: RankShard, grid: ProcessGrid, batch_size: int, seed: int = 0,
-                 dp_index: int | None = None, use_index_map: bool = True, backend: str = "auto"):
+                 dp_index: int | None = None, use_index_map: bool = True, backend: str = "auto",
+                 padded: bool | None = None):
         if tuple(shard.coords[a] for a in PMM_AXES) != tuple(grid.axis_index(a) for a in PMM_AXES):
             raise ValueError(f"shard for coords {shard.coords} given to rank {grid.rank} at {grid.coords}")
         if tuple(shard.grid_shape[1:]) != tuple(grid.axis_size(a) for a in PMM_AXES):
@@ -111,6 +121,11 @@ class DistributedSampler:
         self.scale = inclusion_probability(self.num_nodes, self.batch_size)
         self.features = training_features(shard.x)  # CSR when sparse, as the serial sampler
         self.backend = backend
+        self.padded = self.device.type != "cpu" if padded is None else bool(padded)
+        self.slack = 1.0  # sample_capacity's; doubled by each overflow
+        self.overflows = 0  # batches extracted again because a padded block overflowed
+        # Host row pointers of CSR features: the size of their row gather, counted on the host.
+        self._feature_ptr = self.features.crow_indices().cpu() if self.padded and is_csr(self.features) else None
 
         def maps(blocks):
             if not use_index_map:
@@ -182,12 +197,14 @@ class DistributedSampler:
             done: dict = {}  # a block shared by several planes is extracted once
             for blk, m in zip(sh.adj, self.index_maps):
                 if blk.storage_key() not in done:
-                    done[blk.storage_key()] = extract_block(blk, nodes, scale, m, backend=self.backend,
-                                                            bounds=block_bounds(blk, host_nodes))
+                    done[blk.storage_key()] = self._extract(blk, m, nodes, host_nodes, scale)
             adj = tuple(done[blk.storage_key()] for blk in sh.adj)
         lo, hi = rows.block("x")
+        v0 = sh.vertex_ranges["x"][0]
         # The whole graph's rows of the feature block are all of it: the block itself, no copy.
-        x = self.features if host_nodes is None else select_rows(self.features, nodes[lo:hi] - sh.vertex_ranges["x"][0])
+        x = self.features if host_nodes is None else select_rows(
+            self.features, nodes[lo:hi] - v0,
+            entries=None if self._feature_ptr is None else row_entries(self._feature_ptr, host_nodes[lo:hi] - v0))
         return ShardedBatch(
             step=step, nodes=nodes, rows=rows, adj=adj, x=x,
             x_t=csr_transpose(x) if x.is_sparse_csr and host_nodes is not None else None,  # dW's; none in evaluation
@@ -197,11 +214,37 @@ class DistributedSampler:
             test_mask=self._slice(nodes, rows, sh.test_mask) if with_eval_masks else None, alt=alt,
         )
 
-    def sample(self, step: int) -> ShardedBatch:
-        """This rank's shard of the rescaled sampled subgraph of ``step`` (Alg. 2)."""
-        host = self.nodes(step)
+    def _extract(self, blk, index_map, nodes: torch.Tensor, host_nodes: torch.Tensor, scale: float) -> SampledBlock:
+        """One plane block of the batch; padded (module doc) with its sizes counted on the host."""
+        bounds = block_bounds(blk, host_nodes)
+        host_ptr = blk.host_pointers()
+        if not self.padded or host_ptr is None:
+            return extract_block(blk, nodes, scale, index_map, backend=self.backend, bounds=bounds)
+        r_lo, r_hi = bounds[:2]
+        entries = row_entries(host_ptr, host_nodes[r_lo:r_hi] - blk.row_start)
+        return extract_block(blk, nodes, scale, index_map, backend=self.backend, bounds=bounds, entries=entries,
+                             capacity=sample_capacity(entries, r_hi - r_lo, scale, self.slack))
+
+    def draw(self, step: int, host_nodes: torch.Tensor | None = None) -> ShardedBatch:
+        """The batch of ``step`` from its host sample (drawn here if not given), its
+        blocks padded when ``padded``: nothing is read back from the device."""
+        host = self.nodes(step) if host_nodes is None else host_nodes
         return self._batch(step, to_device(host, self.device, non_blocking=True), self.scale,
                            with_eval_masks=False, host_nodes=host)
+
+    def sample(self, step: int) -> ShardedBatch:
+        """This rank's shard of the rescaled sampled subgraph of ``step`` (Alg. 2). A
+        padded batch costs one read of a device flag (did every block fit?); a batch
+        that did not fit is drawn again with twice the slack (``overflows`` counts them)."""
+        host = self.nodes(step)
+        batch = self.draw(step, host)
+        while True:
+            flags = [f for blk in batch.adj if blk is not None and (f := blk.overflowed()) is not None]
+            if not flags or not bool(torch.stack(flags).any()):
+                return batch
+            self.overflows += 1
+            self.slack *= 2.0
+            batch = self.draw(step, host)
 
     def full_batch(self) -> ShardedBatch:
         """The full graph as a batch (B = N, no rescaling) for evaluation; built once."""

@@ -32,8 +32,10 @@ reads a device value back on the host: the loss, the accuracy counts and the
 "no labeled vertex anywhere" decision stay device tensors (:class:`StepResult`;
 the fused AdamW skips its update on the device through ``found_inf``, the same
 mechanism as mixed-precision loss scaling), and the per-component times are CUDA
-event pairs resolved when the loop reads them, once per epoch. The sampler's own
-size reads happen on the prefetch stream when ``--prefetch`` is on.
+event pairs resolved when the loop reads them, once per epoch. The sampler pads its
+blocks to a capacity instead of reading their sizes (:mod:`scalegnn.parallel.dist_sampling`):
+its one read per batch, the flag that every block fitted, happens on the prefetch
+thread when ``--prefetch`` is on.
 """
 
 from __future__ import annotations
@@ -159,6 +161,8 @@ class ParallelEngine:
         pmm_comm_dtype: e.g. ``torch.bfloat16`` for 3D-PMM partial sums (paper V-B);
             overrides ``numerics.comm_dtype``.
         use_index_map: persistent compact column maps for the torch sampler kernel.
+        pad_samples: pad the torch sampler kernel's blocks to a capacity, reading no size
+            back (default: on a device, not on the CPU; the same products either way).
         perf: :class:`scalegnn.perf.PerfConfig` switches (prefetch, compile, comm
             overlap, bucketing, profile, sampler kernel, instrumentation).
         numerics: :class:`scalegnn.numerics.NumericsConfig` (comm and GEMM dtypes,
@@ -170,7 +174,7 @@ class ParallelEngine:
     def __init__(self, graph: Graph | None, model_cfg: ModelConfig, optim_cfg: OptimConfig, batch_size: int,
                  seed: int = 0, epochs: int = 1, *, grid: ProcessGrid | None = None, shard: RankShard | None = None,
                  device: torch.device | str = "cpu", pmm_comm_dtype: torch.dtype | None = None,
-                 use_index_map: bool = True, perf: PerfConfig | None = None,
+                 use_index_map: bool = True, pad_samples: bool | None = None, perf: PerfConfig | None = None,
                  numerics: NumericsConfig | None = None):
         grid = grid if grid is not None else ProcessGrid.single()
         perf = perf if perf is not None else PerfConfig()
@@ -198,7 +202,7 @@ class ParallelEngine:
         self.dp_index = grid.axis_index("dp")
         self.dropout_seed = _dropout_seed(seed, self.dp_index)
         self.sampler = DistributedSampler(shard, grid, batch_size, seed=seed, use_index_map=use_index_map,
-                                          backend=perf.sampler)
+                                          backend=perf.sampler, padded=pad_samples)
         self.batch_size = self.sampler.batch_size
         self.steps_per_epoch = steps_per_epoch(shard.num_nodes, self.batch_size, grid.axis_size("dp"))
         self.multilabel = shard.multilabel

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..ranges import split_bounds
@@ -142,9 +143,12 @@ class RowPartition:
             search = nodes if host_nodes is None else host_nodes
             bounds = {}
             for ax in PMM_AXES:
-                vb = torch.tensor(split_bounds(num_nodes, grid.axis_size(ax)), dtype=torch.int64,
-                                  device=search.device)
-                bounds[ax] = torch.searchsorted(search, vb).tolist()
+                vb = split_bounds(num_nodes, grid.axis_size(ax))
+                if search.device.type == "cpu":  # host memory: numpy's search, nothing to wait for
+                    bounds[ax] = np.searchsorted(search.numpy(), vb).tolist()
+                else:
+                    vb = torch.tensor(vb, dtype=torch.int64, device=search.device)
+                    bounds[ax] = torch.searchsorted(search, vb).tolist()
         self.bounds: dict[str, list[int]] = bounds
 
     @classmethod

@@ -131,6 +131,43 @@ def test_the_host_sync_detector_catches_what_it_looks_for(monkeypatch):
     assert "aten.index with a boolean mask" in events
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_drawing_a_batch_never_makes_the_host_wait_for_the_device(device, sparse):
+    """A sampled batch's sizes are all counted on the host (row bounds, gathers, block
+    capacities), so building it (``draw``: padded blocks, the torch kernel, the default
+    on a GPU) reads nothing back; checking that every block fitted is one flag read.
+    The unpadded kernel, which reads its sizes back, is the detector's control. The
+    padded batch is the CPU's unpadded one plus zeros."""
+    from scalegnn.parallel.dist_sampling import DistributedSampler
+    from scalegnn.parallel.sharding import build_shard
+    from tests.graphs import grid_coords
+
+    dev = D.resolve_device(device)
+    graph, shape, step = parallel_graph(n=300, m=3000, seed=2, sparse=sparse), (1, 2, 1, 2), 5
+    for rank, coords in enumerate(grid_coords(shape)):
+        grid, shard = ProcessGrid.virtual(*shape, rank), build_shard(graph, shape, coords)
+        padded = DistributedSampler(shard.to(dev), grid, 40, seed=0, backend="torch",
+                                    padded=True if dev.type == "cpu" else None)
+        assert padded.padded
+        host = padded.nodes(step)  # the vertex draw: host work on host tensors
+        with HostSyncDetector() as det:
+            batch = padded.draw(step, host)
+        assert det.events == []
+        with HostSyncDetector() as det:
+            padded.sample(step)
+        device_reads = [what for what, where in det.events if not where.endswith(" _first_distinct")]
+        assert device_reads == ["__bool__()", "aten._local_scalar_dense"], det.events
+        exact = DistributedSampler(shard, grid, 40, seed=0, backend="torch", padded=False)
+        with HostSyncDetector() as det:
+            reference = exact.draw(step, host)
+        found = {what for what, _ in det.events}
+        assert {"aten.nonzero", "aten._local_scalar_dense"} <= found, found
+        for p, e in zip(batch.adj, reference.adj):
+            assert torch.equal(p.adj.to_dense().cpu(), e.adj.to_dense()) and p.adj.values().numel() == p.capacity
+        assert torch.equal(batch.x.to_dense().cpu(), reference.x.to_dense())
+
+
 def _sync_worker(rank, world, shape, device):
     grid = ProcessGrid(*shape)
     graph = parallel_graph(n=60, m=300, seed=2)

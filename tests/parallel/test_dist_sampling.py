@@ -167,3 +167,69 @@ def test_rank_shards_tile_the_serial_sample_on_random_grids(data, shape, draw):
         dense = _dense(ref.adj)
         for p in range(3):
             assert torch.equal(planes[p], dense), f"plane {p}, grid {shape}, B={b}"
+
+
+# ----------------------------------------------------------------------------- padded to a capacity
+def _padded_pairs(sparse: bool, shape, use_index_map: bool, steps=range(3)):
+    """(unpadded batch, padded sampler, step) for every rank of ``shape``: the torch kernel both ways."""
+    graph = parallel_graph(n=300, m=3000, sparse=sparse)
+    for rank, c in enumerate(grid_coords(shape)):
+        grid = ProcessGrid.virtual(*shape, rank)
+        shard = build_shard(graph, shape, c)
+        exact = DistributedSampler(shard, grid, 40, seed=0, backend="torch", padded=False,
+                                   use_index_map=use_index_map)
+        padded = DistributedSampler(shard, grid, 40, seed=0, backend="torch", padded=True,
+                                    use_index_map=use_index_map)
+        for step in steps:
+            yield exact.sample(step), padded, step
+
+
+def _same_products(exact, padded) -> None:
+    for e, p in zip(exact.adj, padded.adj):
+        assert torch.equal(e.adj.to_dense(), p.adj.to_dense()) and torch.equal(e.adj_t.to_dense(), p.adj_t.to_dense())
+        assert p.adj.values().numel() == p.adj_t.values().numel() == p.capacity >= e.adj.values().numel()
+        assert int(p.kept) == e.adj.values().numel() and not bool(p.overflowed())
+        gen = torch.Generator().manual_seed(1)
+        x, g = torch.randn(e.shape[1], 7, generator=gen), torch.randn(e.shape[0], 7, generator=gen)
+        assert torch.equal(e.adj @ x, p.adj @ x) and torch.equal(e.adj_t @ g, p.adj_t @ g)  # bit for bit
+    assert torch.equal(exact.x.to_dense(), padded.x.to_dense())
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 2, 2, 2), (2, 1, 2, 3)], ids=grid_id)
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("use_index_map", [True, False], ids=["map", "search"])
+def test_a_padded_batch_multiplies_as_the_unpadded_one_bit_for_bit(shape, sparse, use_index_map):
+    """Padded to its capacity (the kept entries, then explicit zeros in the last row and
+    column), every block stores exactly ``capacity`` entries in both directions, is the
+    same matrix, and its products with the forward's and the backward's operands are
+    bit-identical to the unpadded block's."""
+    for exact, sampler, step in _padded_pairs(sparse, shape, use_index_map):
+        _same_products(exact, sampler.sample(step))
+        assert sampler.overflows == 0
+
+
+def test_a_block_that_overflows_its_capacity_is_drawn_again_with_more_room(monkeypatch):
+    """A capacity too small for the entries kept (planted: room for ``slack`` entries)
+    is caught by the flag read; the batch is drawn again with the slack doubled until
+    it fits, counted in ``overflows``, and equals the unpadded batch."""
+    import scalegnn.parallel.dist_sampling as DS
+
+    monkeypatch.setattr(DS, "sample_capacity", lambda entries, rows, scale, slack: min(entries, int(slack)))
+    for exact, sampler, step in _padded_pairs(False, (1, 1, 1, 1), True, steps=[0, 1]):
+        _same_products(exact, sampler.sample(step))
+    assert sampler.overflows >= 5 and sampler.slack >= 32  # 1, 2, 4, ... entries of room were too few
+
+
+def test_capacity_bounds_the_kept_entries_and_never_exceeds_the_gathered_ones():
+    """sample_capacity: at least the expected kept entries (p * entries + (1 - p) *
+    rows) plus its margin, at most the gathered entries (which cannot overflow), and
+    grows with the slack."""
+    from scalegnn.sampling import sample_capacity
+
+    p = 0.1
+    for entries, rows in [(0, 0), (10, 3), (10_000, 500), (60_000_000, 240_000)]:
+        cap = sample_capacity(entries, rows, p)
+        expected = p * entries + (1 - p) * min(rows, entries)
+        assert cap <= entries and (cap == entries or cap >= 1.01 * expected)
+        assert sample_capacity(entries, rows, p, slack=4.0) >= cap
+    assert sample_capacity(60_000_000, 240_000, p) < 1.02 * (p * 60_000_000 + 0.9 * 240_000)  # +1 % at scale
