@@ -25,6 +25,8 @@ zeros to :func:`scalegnn.sampling.sample_capacity`), so building a batch
 per batch then checks that every block fitted (:meth:`DistributedSampler.sample`,
 which the prefetch thread runs: it waits for the side stream, never for training);
 a block that did not is extracted again with more room, and counted (``overflows``).
+The double permutation's blocks (``--permute double``) are not padded: their sample
+lives in a second labeling, found on the device, so they still read their sizes back.
 """
 
 from __future__ import annotations
