@@ -138,6 +138,8 @@ class CagnetGCN:
 
     def __init__(self, graph, algorithm: str, grid: ProcessGrid, config: ModelConfig, seed: int, device,
                  stats: CommStats | None = None, features: torch.Tensor | None = None):
+        if config.pre_norm:  # its layer loop is the paper's (post-convolution norm) only
+            raise ValueError("CAGNET runs the paper's post-convolution RMSNorm only: drop --norm-position pre")
         self.algorithm, self.grid, self.config, self.device, self.stats = algorithm, grid, config, device, stats
         self.plan = ops.CagnetPlan.of(algorithm, graph.num_nodes, config.hidden, grid)
         self.module = ScaleGNN(graph.num_features, graph.num_classes, config, seed=seed).to(device)

@@ -48,6 +48,12 @@ VARIANTS = {
     "cosine schedule": {"schedule": "cosine"},
     "batch ratio 0.25": {"batch_ratio": 0.25},
     "full graph (B = N), lr 0.01": {"batch_ratio": 1.0, "lr": 0.01},
+    "lr 0.001, dropout 0.3": {"lr": 0.001, "dropout": 0.3},
+    "lr 0.001, dropout 0.1": {"lr": 0.001, "dropout": 0.1},
+    "pre-norm (departs from the paper)": {"norm_position": "pre"},
+    "pre-norm, dropout 0.3": {"norm_position": "pre", "dropout": 0.3},
+    "pre-norm, lr 0.01": {"norm_position": "pre", "lr": 0.01},
+    "pre-norm, lr 0.01, dropout 0.3": {"norm_position": "pre", "lr": 0.01, "dropout": 0.3},
 }
 
 

@@ -30,7 +30,12 @@ from torch import nn
 from .functional import dropout_keep_mask, rms_norm
 from .settings import setting
 
-__all__ = ["ModelConfig", "ScaleGNN", "spmm", "dropout_key", "node_loss"]
+__all__ = ["ModelConfig", "NORM_POSITIONS", "ScaleGNN", "spmm", "dropout_key", "node_loss"]
+
+
+# Where a layer's RMSNorm sits: on the convolution's output (the paper's Eq. 7), or on the
+# layer's input before the convolution (pre-norm, as in pre-LN transformers)
+NORM_POSITIONS = ("post", "pre")
 
 
 @dataclass(kw_only=True)
@@ -45,6 +50,11 @@ class ModelConfig:
     # turns the residual off by itself)
     norm: bool = setting(True, scope="scalegnn", rare=True,
                          help="RMSNorm after every layer's convolution (--no-norm: off)")
+    # rare: "post" is the paper's model (Eq. 7); "pre" departs from it and trains in about half
+    # the epochs on a products-shaped graph (docs/benchmarks.md, "Epochs to accuracy")
+    norm_position: str = setting("post", scope="scalegnn", rare=True, choices=NORM_POSITIONS,
+                                 help="where RMSNorm sits: post (the paper's, Eq. 7: on the convolution's output) "
+                                 "or pre (on the layer input, before the convolution)")
     residual: bool = setting(True, scope="scalegnn", rare=True, help="residual connections (--no-residual: off)")
     norm_eps: float = 1e-6
 
@@ -62,6 +72,18 @@ class ModelConfig:
             raise ValueError(f"layers must be >= 1, got {self.layers}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(f"--norm-position must be one of {', '.join(NORM_POSITIONS)}, got {self.norm_position!r}")
+
+    @property
+    def pre_norm(self) -> bool:
+        """RMSNorm on each layer's input (``--norm-position pre``) rather than on its convolution's output."""
+        return self.norm and self.norm_position == "pre"
+
+    @property
+    def post_norm(self) -> bool:
+        """RMSNorm on each layer's convolution output, the paper's Eq. 7."""
+        return self.norm and self.norm_position == "post"
 
 
 class _SpMM(torch.autograd.Function):
@@ -133,8 +155,9 @@ class ScaleGNN(nn.Module):
         cols = torch.arange(cfg.hidden)
         h = x @ self.w_in
         for layer in range(cfg.layers):
-            z = spmm(adj, adj_t, h) @ self.w[layer]
-            if cfg.norm:
+            z = rms_norm(h, self.norm[layer], cfg.norm_eps) if cfg.pre_norm else h
+            z = spmm(adj, adj_t, z) @ self.w[layer]
+            if cfg.post_norm:
                 z = rms_norm(z, self.norm[layer], cfg.norm_eps)
             z = torch.relu(z)
             if use_dropout:

@@ -247,6 +247,9 @@ _V1_OPTION_NAMES = {"salient": {"prefetch": "prefetch_batches"}}  # options rena
 # Version 4 gives graph.num_edges one meaning, the graph's own (as `scalegnn data info`
 # counts it), and the trained matrix's entries their own field, graph.adjacency_nnz.
 _V2_NUMERICS = ("comm_dtype", "gemm_dtype", "permute")
+# Settings added to a section after records were written, at the value every run had
+# before the setting existed: a record without one ran with that value.
+_ADDED_SETTINGS = {("model", "norm_position"): "post"}  # the paper's RMSNorm placement, the only one before
 
 
 def upgrade(record: dict) -> dict:
@@ -256,7 +259,9 @@ def upgrade(record: dict) -> dict:
     ``perf.permute`` moved into version 3's ``numerics`` section (placed before
     ``perf``, as :class:`scalegnn.config.RunConfig` orders them; a setting a record
     lacks stays absent); version 3's ``graph.num_edges`` (the trained matrix's entries)
-    moved to version 4's ``graph.adjacency_nnz``, its ``num_edges`` unknown (None). The configuration's dicts are new ones: the caller's are
+    moved to version 4's ``graph.adjacency_nnz``, its ``num_edges`` unknown (None); a
+    setting added since a record was written (:data:`_ADDED_SETTINGS`) takes the value
+    every run had before it existed. The configuration's dicts are new ones: the caller's are
     left as they were."""
     if record.get("schema_version") == 1 and isinstance(record.get("config"), dict):
         old = record["config"]
@@ -288,6 +293,10 @@ def upgrade(record: dict) -> dict:
             # system's preparation included); the graph's own count was not recorded
             record["graph"] = {**graph, "adjacency_nnz": graph["num_edges"], "num_edges": None}
         record["schema_version"] = 4
+    for (section, key), value in _ADDED_SETTINGS.items():
+        config = record.get("config")
+        if isinstance(config, dict) and isinstance(config.get(section), dict) and key not in config[section]:
+            record["config"] = {**config, section: {**config[section], key: value}}
     return record
 
 

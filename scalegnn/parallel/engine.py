@@ -275,7 +275,8 @@ class ParallelEngine:
         cfg = self.model.config
         t0 = time.perf_counter()
         dtype = self.model.w_in.dtype
-        warm_up_compiled(self.pc, cfg.hidden, cfg.norm_eps, cfg.dropout, cfg.norm, cfg.residual, self.device, dtype)
+        warm_up_compiled(self.pc, cfg.hidden, cfg.norm_eps, cfg.dropout, cfg.post_norm, cfg.residual, self.device,
+                         dtype)
         warm_up_compiled_loss(self.pc, self.multilabel, self.shard.num_classes, self.model.class_range[0],
                               self.device, dtype)
         synchronize(self.device)

@@ -54,7 +54,7 @@ from .grid import PMM_AXES, ProcessGrid, third_axis
 from .layout import INPUT_LAYOUT, head_layout, interval_overlap, layer_layout
 from .products import (csr_chunk_pointers, csr_rows, gather_row_pieces, reshard, row_chunks, sharded_gemm,
                        sharded_spmm)
-from .tail import layer_tail
+from .tail import layer_tail, parallel_rms_norm
 
 __all__ = ["ParallelScaleGNN", "ParamShard", "param_shards", "full_shapes", "assemble_shards", "EVAL_CHUNK_BYTES"]
 
@@ -99,11 +99,18 @@ def param_shards(in_dim: int, num_classes: int, config: ModelConfig, grid: Proce
         shards[f"w.{layer}"] = ParamShard(rng(h, wr), rng(h, wc), wr, wc)
     if config.norm:
         for layer in range(config.layers):
-            oc = layer_layout(layer).out[1]
+            oc = norm_layout(config, layer)[1]
             shards[f"norm.{layer}"] = ParamShard(None, rng(h, oc), None, oc)
     br, bc = head_layout(config.layers).w
     shards["w_out"] = ParamShard(rng(h, br), rng(num_classes, bc), br, bc)
     return shards
+
+
+def norm_layout(config: ModelConfig, layer: int) -> tuple[str, str]:
+    """(row axis, column axis) of the block layer ``layer``'s RMSNorm sees: its output
+    (t, r) for the paper's post-convolution norm, its input (r, c) for a pre-norm."""
+    lay = layer_layout(layer)
+    return lay.feat if config.pre_norm else lay.out
 
 
 def full_shapes(in_dim: int, num_classes: int, config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -184,8 +191,8 @@ class ParallelScaleGNN(nn.Module):
         self._defer_pc = pc
         for name, param in self.named_parameters():
             shard = self.shards[name]
-            if shard.rows is None:  # norm.<l>: its gradient sums over the rows of layer l's output
-                axis, norm = layer_layout(int(name.split(".")[1])).out[0], True
+            if shard.rows is None:  # norm.<l>: its gradient sums over the rows of the block it normalizes
+                axis, norm = norm_layout(self.config, int(name.split(".")[1]))[0], True
             else:
                 (axis,), norm = shard.replicated, False
             hook = pc.weight_grad_hook(param, axis, norm=norm)
@@ -233,10 +240,19 @@ class ParallelScaleGNN(nn.Module):
         layout; ``res`` the layer input resharded to it (None: no residual)."""
         cfg = self.config
         row_ax, col_ax = layer_layout(layer).out
-        norm_w = self.norm[layer] if cfg.norm else None
+        norm_w = self.norm[layer] if cfg.post_norm else None
         # RMSNorm + ReLU + dropout + residual: one autograd node, one kernel a phase
         # (with pc.fused, the torch.compile-d phases, the mask hashed inside: V-C)
-        return layer_tail(z, norm_w, res, drop, pc, col_ax, row_ax, cfg.hidden, cfg.norm_eps, cfg.norm)
+        return layer_tail(z, norm_w, res, drop, pc, col_ax, row_ax, cfg.hidden, cfg.norm_eps, cfg.post_norm)
+
+    def _input_norm(self, x: torch.Tensor, layer: int, pc: ParallelContext) -> torch.Tensor:
+        """The layer input itself, or with ``--norm-position pre`` its RMSNorm on the input
+        layout (r, c): the row sums all-reduced over c, g's gradient summed over r."""
+        cfg = self.config
+        if not cfg.pre_norm:
+            return x
+        row_ax, col_ax = layer_layout(layer).feat
+        return parallel_rms_norm(x, self.norm[layer], pc, col_ax, row_ax, cfg.hidden, cfg.norm_eps)
 
     def forward(self, batch: ShardedBatch, pc: ParallelContext, dropout_seed: int = 0, step: int = 0) -> torch.Tensor:
         """Logits block (Br_a, C_d) on the head layout (a, d) for this rank's batch shard.
@@ -257,7 +273,7 @@ class ParallelScaleGNN(nn.Module):
         for layer in range(cfg.layers):
             lay = layer_layout(layer)
             adj, out_rows, out_ids = self._plane(batch, layer)
-            z = self._transform(x, adj, layer, pc, defer)
+            z = self._transform(self._input_norm(x, layer, pc), adj, layer, pc, defer)
             row_ax, col_ax = lay.out
             drop = None
             if use_dropout:
@@ -323,20 +339,21 @@ class ParallelScaleGNN(nn.Module):
             lo, hi = in_rows.block(r)
             xg = gather_row_pieces(x, hi - lo, pc, t)  # X[r, c], the layer's one block-sized array
             del x
+            xn = self._input_norm(xg, layer, pc)  # xg itself unless pre-norm (then a second block)
             t0, t1 = out_rows.block(t)
             chunks = row_chunks(t1 - t0, rows_of)
             ptr = csr_chunk_pointers(adj.adj, chunks)
 
-            def layer_rows(r0, r1, layer=layer, lay=lay, adj=adj, xg=xg, t0=t0, ptr=ptr):
+            def layer_rows(r0, r1, layer=layer, lay=lay, adj=adj, xg=xg, xn=xn, t0=t0, ptr=ptr):
                 a = SampledBlock(adj=csr_rows(adj.adj, r0, r1, ptr), adj_t=None, row_offset=adj.row_offset + r0,
                                  col_offset=adj.col_offset)
-                z = self._transform(xg, a, layer, pc)
+                z = self._transform(xn, a, layer, pc)
                 res = (reshard(xg, lay.feat, lay.out, batch.rows, hidden, pc, target=(t0 + r0, t0 + r1))
                        if cfg.residual else None)
                 return self._tail(z, res, None, layer, pc)
 
             x = self._row_pieces(t1 - t0, c, r, layer_rows, chunks, pc)
-            del xg, layer_rows  # the closure holds the gathered block too: both go before the next gather
+            del xg, xn, layer_rows  # the closure holds the gathered block too: all go before the next gather
             in_rows = out_rows
         head = self.head
         a, b = head.feat

@@ -13,7 +13,8 @@ block's slice of the RMSNorm gain.
                        ``torch.compile``-d phases of :mod:`scalegnn._compiled`, the
                        dropout mask hashed inside them: what the model runs
     warm_up_compiled   compiles those phases for every way a run calls them, before it
-    parallel_rms_norm  RMSNorm alone, unfused: the reference the tail is tested against
+    parallel_rms_norm  RMSNorm alone, unfused: the pre-norm of a layer's input, and the
+                       reference the tail is tested against
 
 Gradients, under the package's convention (:mod:`scalegnn.parallel`): each replica
 along the column axis uses s for its own columns, so the backward all-reduces its row
@@ -70,7 +71,9 @@ class _ParallelRMSNorm(torch.autograd.Function):
             pc.reduce(dot, ctx.col_axis, "norm")
             grad_x = u * r - x * (rinv.pow(3) * dot / ctx.hidden).to(x.dtype)
         if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = pc.reduce((dy * x * r).sum(0).contiguous(), ctx.row_axis, "norm")
+            grad_w = (dy * x * r).sum(0).contiguous()
+            if not pc.defer_norm_grads:  # deferred: partial, the weight's hook reduces it (bucketed)
+                grad_w = pc.reduce(grad_w, ctx.row_axis, "norm")
         return grad_x, grad_w, None, None, None, None, None
 
 
@@ -78,8 +81,9 @@ def parallel_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, pc: Parallel
                       row_axis: str, hidden: int, eps: float) -> torch.Tensor:
     """RMSNorm of ``x`` (Br_row, H_col) on (row_axis, col_axis); ``weight`` (H_col,) its slice of g.
 
-    The unfused operator: the model runs :func:`layer_tail`; this is the reference the
-    fused tail is tested and benchmarked against (``benchmarks/elementwise.py``)."""
+    The unfused operator: the model's pre-norm (``--norm-position pre``, on a layer's
+    input), and the reference the fused tail is tested and benchmarked against
+    (``benchmarks/elementwise.py``)."""
     return _ParallelRMSNorm.apply(x, weight, pc, col_axis, row_axis, hidden, eps)
 
 

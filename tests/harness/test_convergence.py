@@ -35,3 +35,4 @@ def test_an_unknown_variant_is_refused_before_any_run(tmp_path, capsys):
         C.main(["--only", "no such variant", "--out", str(tmp_path)])
     assert "no variant 'no such variant'" in capsys.readouterr().err
     assert not (tmp_path / "convergence.json").exists()
+

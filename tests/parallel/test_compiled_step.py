@@ -39,13 +39,14 @@ def _compiles() -> tuple[int, int]:
 
 
 def _run_after_warm_up(shape=(1, 1, 1, 1), backend="inductor", multilabel=False, dropout=0.5,
-                       device="cpu") -> dict:
+                       device="cpu", norm_position="post") -> dict:
     """Build a compiled engine (its warm-up compiles), then train 3 steps, evaluate and
     train once more; the compiles before and after the warm-up."""
     torch._dynamo.reset()
     before = _compiles()
     eng = ParallelEngine(parallel_graph(n=90, m=500, seed=2, multilabel=multilabel),
-                         ModelConfig(hidden=12, layers=3, dropout=dropout), OptimConfig(lr=1e-2), 31, seed=1,
+                         ModelConfig(hidden=12, layers=3, dropout=dropout, norm_position=norm_position),
+                         OptimConfig(lr=1e-2), 31, seed=1,
                          epochs=2, grid=ProcessGrid(*shape) if shape != (1, 1, 1, 1) else ProcessGrid.single(),
                          perf=PerfConfig(compile=True, compile_backend=backend, prefetch=True), device=device)
     try:
@@ -66,10 +67,14 @@ def _grid_worker(rank, world, shape, backend):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("multilabel,dropout", [(False, 0.5), (True, 0.0)], ids=["single-label", "multi-label, p=0"])
-def test_no_frame_compiles_after_the_warm_up(multilabel, dropout, device):
-    """Inductor's kernels: C++ on the CPU, Triton on a GPU (a prefetching side stream)."""
-    res = _run_after_warm_up(backend="inductor", multilabel=multilabel, dropout=dropout, device=device)
+@pytest.mark.parametrize("multilabel,dropout,norm_position", [(False, 0.5, "post"), (True, 0.0, "post"),
+                                                                (False, 0.5, "pre")],
+                         ids=["single-label", "multi-label, p=0", "pre-norm"])
+def test_no_frame_compiles_after_the_warm_up(multilabel, dropout, norm_position, device):
+    """Inductor's kernels: C++ on the CPU, Triton on a GPU (a prefetching side stream);
+    with the pre-norm the tail runs without its norm, and the warm-up compiles that."""
+    res = _run_after_warm_up(backend="inductor", multilabel=multilabel, dropout=dropout, device=device,
+                             norm_position=norm_position)
     assert res["fallback"] is None
     assert res["warm_up"][1] > 0  # the warm-up compiled the phases
     assert res["after"] == (0, 0)

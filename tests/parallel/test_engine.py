@@ -125,6 +125,9 @@ RUNS_1x2x2x2 = [
          model=ModelConfig(hidden=9, layers=2, dropout=0.1), optim=OptimConfig(lr=1e-2)),
     dict(name="rare labels", graph=dict(seed=0, train=[0, 1]), batch=4, seed=2,  # most samples hold no train vertex
          model=ModelConfig(hidden=6, layers=1, dropout=0.0), optim=OptimConfig(lr=1e-2)),
+    dict(name="pre-norm L4", graph=dict(seed=3), batch=19, seed=4,  # the norm on each layer's input layout
+         model=ModelConfig(hidden=10, layers=4, dropout=0.3, norm_position="pre"),
+         optim=OptimConfig(lr=1e-2, grad_clip=0.5)),
 ]
 
 
@@ -299,6 +302,8 @@ def test_a_padded_training_step_equals_the_unpadded_one(sparse, device):
 SWITCH_STEPS = 4
 _BASE = dict(model=ModelConfig(hidden=10, layers=3, dropout=0.3), optim=OptimConfig(lr=1e-2, grad_clip=0.5))
 _NORES = dict(model=ModelConfig(hidden=10, layers=3, dropout=0.3, residual=False), optim=OptimConfig(lr=1e-2))
+_PRE = dict(model=ModelConfig(hidden=10, layers=3, dropout=0.3, norm_position="pre"),
+            optim=OptimConfig(lr=1e-2, grad_clip=0.5))
 SWITCH_RUNS = {  # name: (model and optimizer, the engine's perf and numerics sections)
     "base": (_BASE, dict(perf=PerfConfig())),
     "prefetch": (_BASE, dict(perf=PerfConfig(prefetch=True))),
@@ -310,6 +315,9 @@ SWITCH_RUNS = {  # name: (model and optimizer, the engine's perf and numerics se
     "compile": (_BASE, dict(perf=PerfConfig(compile=True, compile_backend="aot_eager"))),
     "uninstrumented": (_BASE, dict(perf=PerfConfig(instrument=False))),
     "double": (_NORES, dict(numerics=NumericsConfig(permute="double"))),
+    "pre-norm": (_PRE, dict(perf=PerfConfig())),
+    "pre-norm, overlap": (_PRE, dict(perf=PerfConfig(comm_overlap=True))),
+    "pre-norm, compile": (_PRE, dict(perf=PerfConfig(compile=True, compile_backend="aot_eager"))),
 }
 
 
@@ -379,6 +387,14 @@ def test_parallel_switches_leave_training_unchanged():
         assert off["spmm"] == off["gemm"] == off["pmm_comm"] == 0.0
         assert res["uninstrumented"]["bytes"] == base["bytes"]  # bytes are always counted
         assert res["base"]["threads"] == res["prefetch"]["threads"]  # the prefetch thread was stopped
+        # Pre-norm (another model): its gains' deferred, bucketed reductions change no bit; compiled
+        # tails without a norm round as the eager ones up to float32 reordering.
+        pre = res["pre-norm"]
+        assert pre["steps"] != base["steps"]
+        assert res["pre-norm, overlap"]["steps"] == pre["steps"]
+        assert all(torch.equal(res["pre-norm, overlap"]["params"][k], v) for k, v in pre["params"].items())
+        for k, v in pre["params"].items():
+            torch.testing.assert_close(res["pre-norm, compile"]["params"][k], v, atol=1e-5, rtol=1e-5)
     # Double permutation (no residual): equal to the serial reference on the same (P_c-relabeled) graph.
     ser = SerialReference(parallel_graph(seed=0), _NORES["model"], _NORES["optim"], 23, seed=0, epochs=2)
     ref = [ser.train_step(s) for s in range(SWITCH_STEPS)]

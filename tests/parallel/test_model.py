@@ -211,6 +211,8 @@ RUNS = [
     dict(name="residual, no norm, L2, sparse features", graph=dict(seed=4, f=23, sparse=True),
          model=ModelConfig(hidden=8, layers=2, dropout=0.1, norm=False)),
     dict(name="multilabel L1", graph=dict(seed=2, multilabel=True), model=ModelConfig(hidden=8, layers=1)),
+    dict(name="pre-norm L4", graph=dict(seed=3), model=ModelConfig(hidden=8, layers=4, dropout=0.2,
+                                                                   norm_position="pre")),
 ]
 DOUBLE = [
     dict(name="double permutation L3", graph=dict(seed=3), model=ModelConfig(hidden=8, layers=3, residual=False),

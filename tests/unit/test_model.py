@@ -25,8 +25,9 @@ def _double_csr(t):
         ModelConfig(hidden=6, layers=2, dropout=0.0),
         ModelConfig(hidden=6, layers=3, dropout=0.3),
         ModelConfig(hidden=4, layers=1, dropout=0.0, norm=False, residual=False),
+        ModelConfig(hidden=6, layers=3, dropout=0.3, norm_position="pre"),
     ],
-    ids=["plain", "dropout", "bare"],
+    ids=["plain", "dropout", "bare", "pre-norm"],
 )
 def test_gradients_match_central_finite_differences(cfg):
     """float64 central differences with h = 1e-6 have truncation error O(h^2) and
@@ -79,6 +80,38 @@ def test_switches_change_the_computation():
     model = ScaleGNN(5, 3, ModelConfig(hidden=8, layers=2, dropout=0.5), seed=0).train()
     with pytest.raises(ValueError, match="node_ids"):
         model(b.adj, b.adj_t, b.x)
+
+
+def test_the_norm_position_puts_rmsnorm_on_the_layer_input_or_the_convolution_output():
+    """``post`` (the default, the paper's Eq. 7): x + relu(norm(A x W)); ``pre``:
+    x + relu(A norm(x) W), each checked against the formula written out; any other
+    position is refused in one line, and without a norm the position changes nothing."""
+    from scalegnn.functional import rms_norm
+
+    _, b = _batch()
+    assert ModelConfig().norm_position == "post"
+    outs = {}
+    for position in ("post", "pre"):
+        cfg = ModelConfig(hidden=8, layers=2, dropout=0.0, norm_position=position)
+        model = ScaleGNN(5, 3, cfg, seed=0).eval()
+        with torch.no_grad():
+            for g in model.norm:
+                g.uniform_(0.5, 1.5)
+            h = b.x @ model.w_in
+            for layer in range(2):
+                if position == "pre":
+                    z = torch.sparse.mm(b.adj, rms_norm(h, model.norm[layer], cfg.norm_eps)) @ model.w[layer]
+                else:
+                    z = rms_norm(torch.sparse.mm(b.adj, h) @ model.w[layer], model.norm[layer], cfg.norm_eps)
+                h = h + torch.relu(z)
+            outs[position] = model(b.adj, b.adj_t, b.x)
+            torch.testing.assert_close(outs[position], h @ model.w_out)
+    assert not torch.allclose(outs["post"], outs["pre"])
+    bare = [ScaleGNN(5, 3, ModelConfig(hidden=8, layers=2, norm=False, norm_position=p), seed=0).eval()(
+        b.adj, b.adj_t, b.x) for p in ("post", "pre")]
+    assert torch.equal(*bare)
+    with pytest.raises(ValueError, match="--norm-position must be one of post, pre"):
+        ModelConfig(norm_position="middle")
 
 
 def test_loss_functions():

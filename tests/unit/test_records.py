@@ -234,7 +234,8 @@ def test_a_configuration_saved_by_an_older_schema_builds_todays_config():
     rebuilt = RunConfig.from_dict(flat)
     assert (rebuilt.data.dataset, rebuilt.loop.epochs, rebuilt.parallel.grid, rebuilt.numerics.comm_dtype) == \
         ("cora", 7, (1, 2, 1, 1), "bf16")
-    assert records.current_config({"model": {"hidden": 8}}) == {"model": {"hidden": 8}}  # partial: today's layout
+    # partial: today's layout, with a setting added since at the value it had before it existed
+    assert records.current_config({"model": {"hidden": 8}}) == {"model": {"hidden": 8, "norm_position": "post"}}
 
 
 # ----------------------------------------------------------------------------- records, settings, analysis
@@ -300,3 +301,19 @@ def test_a_schema_3_record_reads_its_edge_count_as_the_trained_matrixs():
     loops = int((raw.row_ids() == raw.indices).sum())
     assert info["num_edges"] == raw.num_edges == raw.stats()["num_edges"]
     assert info["adjacency_nnz"] == raw.num_edges + raw.num_nodes - loops == raw.gcn_normalize().num_edges
+
+
+def test_a_record_from_before_a_setting_existed_reads_with_the_value_it_ran_with():
+    """``--norm-position`` came after records were written: such a record's model section
+    reads as the paper's post-convolution norm (the only placement then), the stored
+    dicts untouched; a record that names a placement keeps it."""
+    import copy
+
+    model = {"dropout": 0.2, "hidden": 16, "layers": 2, "norm": True, "norm_eps": 1e-06, "residual": True}
+    stored = minimal_record(config={"system": "scalegnn", "model": dict(model)})
+    kept = copy.deepcopy(stored)
+    rec = records.upgrade(copy.copy(stored))
+    assert rec["config"]["model"] == {**model, "norm_position": "post"}
+    assert stored == kept
+    pre = minimal_record(config={"system": "scalegnn", "model": {**model, "norm_position": "pre"}})
+    assert records.upgrade(copy.deepcopy(pre))["config"]["model"]["norm_position"] == "pre"

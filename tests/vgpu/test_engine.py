@@ -45,6 +45,8 @@ CONFIGS = {
                        NumericsConfig(permute="double"), 17),
     "compiled tail": (dict(), MODEL, OptimConfig(lr=1e-2), PerfConfig(compile=True, compile_backend="aot_eager"),
                       None, 17),
+    "pre-norm, compiled": (dict(), ModelConfig(hidden=12, layers=3, dropout=0.3, norm_position="pre"),
+                           OptimConfig(lr=1e-2), PerfConfig(compile=True, compile_backend="aot_eager"), None, 17),
     "instrumented, torch sampler": (dict(), MODEL, OptimConfig(lr=1e-2), PerfConfig(instrument=True, sampler="torch"),
                                     None, 17),
 }
