@@ -14,7 +14,7 @@ from scalegnn.cli import main as cli_main
 
 def test_a_variant_runs_to_its_target_and_its_command_reproduces_it(tmp_path, capsys):
     settings = {**C.BASE, "hidden": 16, "lr": 0.01, "norm": False}
-    got = C.run_variant(600, settings, 0.3, 4, 1, tmp_path)
+    got = C.run_variant(C.recipe(600), settings, 0.3, 4, 1, tmp_path)
     curve = got["test_acc"]
     assert got["status"] == "ok" and 1 <= len(curve) <= 4
     if got["epochs_to_target"] is not None:  # stopped at the first epoch at the target
@@ -22,7 +22,7 @@ def test_a_variant_runs_to_its_target_and_its_command_reproduces_it(tmp_path, ca
         assert got["steps_to_target"] == got["epochs_to_target"] * got["steps_per_epoch"]
     else:
         assert len(curve) == 4 and max(curve) < 0.3
-    line = C.command(600, settings, 0.3, 4, 1)
+    line = C.command(C.recipe(600), settings, 0.3, 4, 1)
     assert "--no-norm" in line and "--hidden 16" in line and "--lr 0.01" in line
     argv = line.split()[1:] + ["--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "cli"), "--quiet"]
     assert cli_main(argv) == 0  # the command is a valid train line; same seed, same curve
