@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .csr import _csr, _row_runs, _transpose_csr, row_entries, select_rows, sparse_if_enough
+from .csr import _csr, _row_runs, _transpose_csr, select_rows, sparse_if_enough
 from .graph import Graph
 from .settings import fraction, setting
 
