@@ -241,6 +241,7 @@ RARE = {  # every rare flag of ScaleGNN -> a command line that sets it, and make
     "--stand-in-labels": (["--stand-in-labels"], dict(stand_in_labels=True)),
     "--norm": (["--no-norm"], dict(norm=False)),
     "--residual": (["--no-residual"], dict(residual=False)),
+    "--norm-position": (["--norm-position", "pre"], dict(norm_position="pre")),
     "--schedule": (["--schedule", "cosine"], dict(schedule="cosine")),
     "--grad-clip": (["--grad-clip", "1.5"], dict(grad_clip=1.5)),
     "--sparse-input-update": (["--sparse-input-update", "on"], dict(sparse_input_update="on")),
