@@ -30,6 +30,22 @@ def test_a_variant_runs_to_its_target_and_its_command_reproduces_it(tmp_path, ca
     assert [r["test_acc"] for r in json.loads(open(record).read())["epochs"]] == curve
 
 
+def test_a_full_budget_run_trains_past_its_target_and_reports_model_selection(tmp_path):
+    settings = {**C.BASE, "hidden": 16, "lr": 0.01}
+    got = C.run_variant(C.recipe(600), settings, 0.2, 4, 0, tmp_path, stop=False, eval_every=2)
+    assert got["status"] == "ok" and len(got["test_acc"]) == 4 and got["test_acc"][0] is None  # epochs 1, 3 unevaluated
+    assert got["epochs_to_target"] in (2, 4, None) and got["test_acc_at_best_val"] in got["test_acc"]
+    assert got["final_test_acc"] == got["test_acc"][-1]
+    line = C.command(C.recipe(600), settings, 0.2, 4, 0, stop=False, eval_every=2)
+    assert "--stop-at-target" not in line and line.endswith("--eval-every 2")
+
+
+def test_eval_every_without_full_budget_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        C.main(["--eval-every", "2", "--out", str(tmp_path)])
+    assert "--eval-every needs --full-budget" in capsys.readouterr().err
+
+
 def test_an_unknown_variant_is_refused_before_any_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         C.main(["--only", "no such variant", "--out", str(tmp_path)])
