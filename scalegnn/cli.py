@@ -1,5 +1,5 @@
 """Command line: ``scalegnn train``, ``scalegnn export``, ``scalegnn data info|shard``,
-``scalegnn demo``, ``scalegnn sweep|report|plan`` (the harness: :mod:`scalegnn.sweeps.cli`).
+``scalegnn demo``, ``scalegnn sweep|report|plan|tune`` (the harness: :mod:`scalegnn.sweeps.cli`).
 
 ``python -m scalegnn`` is the same program.
 """
@@ -51,7 +51,7 @@ def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=None, help="override the demo sweep's epochs "
                       "(default: sweeps/specs/demo.toml)")
 
-    from scalegnn.sweeps.cli import add_commands as add_harness_commands  # sweep, report, plan
+    from scalegnn.sweeps.cli import add_commands as add_harness_commands  # sweep, report, plan, tune
 
     add_harness_commands(sub)
 
@@ -248,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             from scalegnn.benchmarks.bench_command import run_bench_command
 
             return run_bench_command(args)
-        if args.command in ("sweep", "report", "plan"):
+        from scalegnn.sweeps.cli import COMMANDS as HARNESS_COMMANDS
+
+        if args.command in HARNESS_COMMANDS:
             from scalegnn.sweeps.cli import run as run_harness_command
 
             return run_harness_command(args)

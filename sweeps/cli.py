@@ -1,4 +1,4 @@
-"""The harness subcommands of ``scalegnn``: ``sweep``, ``report`` and ``plan``.
+"""The harness subcommands of ``scalegnn``: ``sweep``, ``report``, ``plan`` and ``tune``.
 
     scalegnn sweep SPEC --cluster NAME [--dry-run] [--out DIR]   expand, skip done runs, submit
     scalegnn report RESULTS_DIR --out DIR                        figures, tables, provenance, failures
@@ -7,6 +7,8 @@
                   [--grid GdxGxxGyxGz]                         one grid: time and memory, term by term
                   [--recommend]                                the grids that fit, ranked, and why the first wins
     scalegnn plan --paper                                      the model against every Fig. 5/7/8 number of the paper
+    scalegnn tune --system NAME --dataset D --target VAL_ACC   one tuning budget for every system (sweeps/tune.py)
+                  [--epochs E] [--budget 12] [--space FLAG=V1,V2] [-- TRAIN FLAGS]
 
 ``scalegnn.cli`` registers them with :func:`add_commands` and dispatches to :func:`run`.
 """
@@ -14,10 +16,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 __all__ = ["COMMANDS", "add_commands", "run"]
 
-COMMANDS = ("sweep", "report", "plan")
+COMMANDS = ("sweep", "report", "plan", "tune")
 
 
 def _threads(text: str) -> int:
@@ -37,7 +40,25 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def add_commands(sub) -> None:
+    from scalegnn import systems as registry
+
     from .profiles import list_profiles
     from .spec import list_specs
 
@@ -106,6 +127,25 @@ def add_commands(sub) -> None:
                    help="also predict CAGNET's full-graph epoch (1D, 1.5D for each c, 2D for each grid) on G ranks")
     p.add_argument("--data-root", default=None)
 
+    t = sub.add_parser("tune", help="tune a system under the same budget as every other: lr x dropout x its main "
+                       "knob, chosen by validation time to a target",
+                       description="Train every configuration of a system's search space (at most --budget) for "
+                       "--epochs, evaluated each epoch, and choose the one that reaches --target validation "
+                       "accuracy in the least training time (else the best validation accuracy). Flags after `--` "
+                       "go to every trial's `scalegnn train`. The search is recorded in OUT/tune.json; the same "
+                       "command resumes it.")
+    t.add_argument("--system", default="scalegnn", choices=registry.names())
+    t.add_argument("--dataset", required=True)
+    t.add_argument("--target", type=_fraction, required=True, help="validation accuracy to reach")
+    t.add_argument("--epochs", type=_positive, default=10, help="epochs of every trial")
+    t.add_argument("--budget", type=_positive, default=12, help="the most configurations a search may train")
+    t.add_argument("--space", action="append", default=[], metavar="FLAG=V1,V2",
+                   help="replace (or add) one axis of the system's space, e.g. lr=0.01,0.001 or "
+                   "fanouts=15,10,5;5,5,5 (repeatable)")
+    t.add_argument("--seed", type=int, default=0, help="every trial's seed")
+    t.add_argument("--out", default=None, help="folder of the search (default results/tune/SYSTEM-DATASET)")
+    t.add_argument("train_flags", nargs=argparse.REMAINDER, help="after `--`: flags for every trial")
+
 
 def run(args) -> int:
     if args.command == "sweep":
@@ -128,7 +168,29 @@ def run(args) -> int:
         return 0
     if args.command == "plan":
         return _plan(args)
+    if args.command == "tune":
+        return _tune(args)
     raise ValueError(f"unknown harness command {args.command}")
+
+
+def _tune(args) -> int:
+    import re
+    from pathlib import Path
+
+    from .tune import TuneSpec, space_for, tune
+
+    flags = args.train_flags[1:] if args.train_flags[:1] == ["--"] else args.train_flags
+    taken = sorted({f.split("=")[0] for f in flags} & {"--system", "--dataset", "--epochs", "--seed", "--out",
+                                                       "--eval-every"})
+    if taken:
+        raise ValueError(f"{taken[0]} is set by scalegnn tune itself: give it to tune (or drop it) instead of after --")
+    spec = TuneSpec(system=args.system, dataset=args.dataset, target=args.target, epochs=args.epochs,
+                    budget=args.budget, space=space_for(args.system, args.space), seed=args.seed,
+                    train_flags=tuple(flags))
+    out = Path(args.out or Path("results/tune") / f"{args.system}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', args.dataset)}")
+    doc = tune(spec, out)
+    print(f"tuning record: {out / 'tune.json'}")
+    return 0 if doc["chosen"] is not None else 1
 
 
 def _sweep(args) -> int:
