@@ -140,6 +140,8 @@ for _system in (
            unavailable="MassiveGNN is in the paper's figures only: no adapter in baselines/"),
     _compared("salient", "SALIENT++", "#1f77b4", "s", "salient", "SalientOptions"),
     _compared("fastsample", "FastSample", "#aec7e8", "d", "fastsample", "FastSampleOptions"),
+    _compared("pyg-gcn", "PyG GCN (full batch)", "#8c8c00", "h", "pyg_gcn", "PyGGCNOptions", full_graph=True,
+              multi_node=False),
     _compared("bns-gcn", "BNS-GCN", "#2ca02c", "^", "bns_gcn", "BNSOptions", full_graph=True),
     _compared("cagnet-1d", "CAGNET 1D", "#bcbd22", "<", "cagnet", "Cagnet1DOptions", full_graph=True),
     _compared("cagnet-1.5d", "CAGNET 1.5D", "#dbdb8d", ">", "cagnet", "Cagnet15DOptions", full_graph=True),

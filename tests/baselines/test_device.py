@@ -34,7 +34,7 @@ def test_distdgl_refuses_a_gpu_before_any_work(tmp_path):
 
 
 OPTIONS = {"bns-gcn": dict(boundary_rate=1.0, partition="random"), "graphsage": dict(batch_size=64),
-           "graphsaint": dict(node_budget=100), "salient": dict(batch_size=64, partition="random")}
+           "graphsaint": dict(node_budget=100), "salient": dict(batch_size=64, partition="random"), "pyg-gcn": {}}
 
 
 def _run(system, tmp_path, device):
@@ -45,7 +45,7 @@ def _run(system, tmp_path, device):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("system", ["bns-gcn", "graphsage", "graphsaint", "salient"])
+@pytest.mark.parametrize("system", ["bns-gcn", "graphsage", "graphsaint", "salient", "pyg-gcn"])
 def test_baseline_on_the_gpu_trains_like_on_the_cpu(system, tmp_path):
     """The same run on cuda and on cpu: a record on the GPU, losses within float32
     reordering of the CPU's (dropout off; each system draws its samples on the host
@@ -55,7 +55,7 @@ def test_baseline_on_the_gpu_trains_like_on_the_cpu(system, tmp_path):
     cpu = _run(system, tmp_path, "cpu")
     gpu = _run(system, tmp_path, "cuda")
     assert gpu["status"] == "ok" and gpu["env"]["device_type"] == "cuda", gpu.get("error")
-    if system != "bns-gcn":  # auto: pyg with torch-sparse, torch without; both runs the same
+    if system not in ("bns-gcn", "pyg-gcn"):  # auto: pyg with torch-sparse, torch without; both runs the same
         assert gpu["sampler_impl"] == cpu["sampler_impl"] == resolve_sampler_impl("auto")
     assert gpu["peak_device_memory_bytes_per_rank"][0] > 0
     assert [r["loss"] for r in gpu["epochs"]] == pytest.approx([r["loss"] for r in cpu["epochs"]], rel=1e-3)
