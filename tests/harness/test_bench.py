@@ -76,6 +76,31 @@ def test_gpu_benchmark_runs_end_to_end_on_a_small_graph(tmp_path, monkeypatch):
     roof = res["scalegnn"]["roofline"]
     assert roof["status"] == "ok" and [r[0] for r in roof["rows"]][-1] == "step" and roof["precision"] == "fp32"
     assert "ScaleGNN step against its roofline" in md and "Dense GEMMs of every system in FP32" in md
+    # fair: each system warmed up untimed, two rounds in alternating order, the paper settings said
+    assert set(res["warmup_s"]) == {"scalegnn", "pyg_gcn"} and all(isinstance(v, float) for v in res["warmup_s"].values())
+    assert res["order"] == [["scalegnn", "pyg_gcn"], ["pyg_gcn", "scalegnn"]]
+    for key in ("scalegnn", "pyg_gcn"):
+        assert res[key]["rounds"] == 2 and len(res[key]["time_to_target_s_rounds"]) == 2
+    assert res["scalegnn"]["lr"] == 0.001 and res["scalegnn"]["dropout"] == 0.3
+    assert "(paper settings)" in md and "median over the rounds" in md
+
+
+def test_the_gpu_benchmark_reads_the_tuned_settings(tmp_path):
+    """--tuned: each section takes its system's chosen flags; a section without a search
+    keeps its paper settings and says so."""
+    from scalegnn.benchmarks import gpu
+
+    for system, flags in (("scalegnn", {"--lr": "0.0003", "--dropout": "0.5", "--batch-ratio": "0.25"}),
+                          ("graphsage", {"--lr": "0.01", "--dropout": "0.3", "--fanouts": "5,5,5"})):
+        doc = {"spec": {"system": system, "dataset": "csbm:n=600"}, "complete": True, "trials": [{"flags": flags}],
+               "chosen": {"flags": flags}}
+        (tmp_path / system).mkdir()
+        (tmp_path / system / "tune.json").write_text(json.dumps(doc))
+    got = gpu.tuned_settings(tmp_path)
+    assert got["scalegnn"] == {"lr": 0.0003, "dropout": 0.5, "batch_ratio": 0.25, "tuned": True}
+    assert got["pyg_sage"] == {"lr": 0.01, "dropout": 0.3, "fanouts": (5, 5, 5), "tuned": True}
+    assert got["pyg_gcn"] == {**gpu.PAPER_SETTINGS["pyg_gcn"], "tuned": False}
+    assert gpu.round_order(0) == gpu.ORDER and gpu.round_order(1) == tuple(reversed(gpu.ORDER))
 
 
 def test_a_failed_gpu_benchmark_section_is_recorded_and_the_rest_runs(tmp_path, monkeypatch):
