@@ -24,7 +24,7 @@ OPTIONS = {"scalegnn": dict(batch_ratio=0.2), "fullgraph-3d": dict(batch_ratio=1
            "bns-gcn": dict(boundary_rate=1.0, partition="random"), "graphsage": dict(batch_size=64),
            "graphsaint": dict(node_budget=100), "salient": dict(batch_size=64, partition="random"),
            "fastsample": dict(batch_size=64), "cagnet-1d": {}, "cagnet-1.5d": dict(c=1),
-           "cagnet-2d": {}}
+           "cagnet-2d": {}, "pyg-gcn": {}}
 
 
 # SALIENT++'s batches come from a pool of sampler threads in the order they finish: two
