@@ -61,6 +61,18 @@ def backward_and_step(optimizer, loss: torch.Tensor, components: dict, forward_s
     components["optimizer"] += time.perf_counter() - t
 
 
+def step_on_labeled_rows(optimizer, out: torch.Tensor, y: torch.Tensor, stats: EpochStats, components: dict,
+                         forward_start: float) -> None:
+    """One training step whose output rows ``out`` are all labeled training vertices
+    (labels ``y``): the loss over every row, backward and the optimizer step (timed, as
+    :func:`backward_and_step`), and the step's loss and accuracy added to ``stats``."""
+    from scalegnn.model import node_loss
+
+    loss = node_loss(out, y, torch.ones(out.shape[0], dtype=torch.bool, device=out.device))
+    backward_and_step(optimizer, loss, components, forward_start)
+    stats.add_batch(float(loss.detach()), out.detach(), y)
+
+
 # --------------------------------------------------------------------------- distributed helpers
 def ddp(model, world: int, device: torch.device):
     """``model`` wrapped in DistributedDataParallel on its device when several ranks train it."""

@@ -28,11 +28,10 @@ from scalegnn.config import RunConfig
 from scalegnn.csr import select_rows
 from scalegnn.device import to_device
 from scalegnn.metrics import accuracy_counts
-from scalegnn.model import node_loss
 from scalegnn.settings import int_tuple, setting
 
-from .common import (BaselineData, DataParallelTrainer, EpochStats, backward_and_step, baseline_data,
-                     broadcast_floats, ddp, split_accuracies)
+from .common import (BaselineData, DataParallelTrainer, EpochStats, baseline_data, broadcast_floats, ddp,
+                     split_accuracies, step_on_labeled_rows)
 from .models import SAGENet
 from .torch_sampling import (LayerwiseSampler, NeighborBatches, adjacency_t, check_sampler_impl,
                              resolve_sampler_impl, sampler_impl_setting)
@@ -160,11 +159,7 @@ class GraphSAGETrainer(DataParallelTrainer):
                 edge_index, y = to_device((batch.edge_index, batch.y[: batch.batch_size]), self.device)
                 t1 = time.perf_counter()
                 comp["sampling"] += t1 - t0
-                out = self.ddp(x, edge_index)[: batch.batch_size]
-                mask = torch.ones(batch.batch_size, dtype=torch.bool, device=self.device)
-                loss = node_loss(out, y, mask)
-                backward_and_step(self.optimizer, loss, comp, t1)
-                st.add_batch(float(loss.detach()), out.detach(), y)
+                step_on_labeled_rows(self.optimizer, self.ddp(x, edge_index)[: batch.batch_size], y, st, comp, t1)
         st.components = dict(comp)
         return st
 

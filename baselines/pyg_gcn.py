@@ -28,9 +28,7 @@ from torch import nn
 
 from scalegnn.config import RunConfig
 from scalegnn.device import synchronize, to_device
-from scalegnn.model import node_loss
-
-from .common import BaselineData, DataParallelTrainer, EpochStats, backward_and_step, baseline_data
+from .common import BaselineData, DataParallelTrainer, EpochStats, baseline_data, step_on_labeled_rows
 from .graphsage import split_accuracies_local
 from .models import _sparse_mm
 
@@ -92,11 +90,8 @@ class PyGGCNTrainer(DataParallelTrainer):
         self.model.train()
         synchronize(self.device)
         t = time.perf_counter()
-        out = self.model(self.x, self.adj_t)[self.train_idx]
-        y = self.y[self.train_idx]
-        loss = node_loss(out, y, torch.ones(y.shape[0], dtype=torch.bool, device=self.device))
-        backward_and_step(self.optimizer, loss, comp, t)
-        st.add_batch(float(loss.detach()), out.detach(), y)
+        step_on_labeled_rows(self.optimizer, self.model(self.x, self.adj_t)[self.train_idx], self.y[self.train_idx],
+                             st, comp, t)
         st.components = dict(comp)
         return st
 
