@@ -129,13 +129,12 @@ def score(record: dict, target: float) -> dict:
             "epoch_time_s": rows[-1]["train_time_s"] / len(rows) if rows else None}
 
 
-def _rank_key(trial: dict):
-    if trial["status"] != "ok":
-        return (2, 0.0, 0.0)
+def _rank_key(trial: dict) -> tuple[int, float]:
+    """Reached the target first (by its time), then the rest by best validation accuracy."""
     if trial["time_to_target_s"] is not None:
-        return (0, trial["time_to_target_s"], 0.0)
+        return (0, trial["time_to_target_s"])
     best = trial["best_val_acc"]
-    return (1, -(best if best is not None and math.isfinite(best) else -1.0), 0.0)
+    return (1, -(best if best is not None and math.isfinite(best) else -1.0))
 
 
 def choose(trials: list[dict]) -> dict | None:
