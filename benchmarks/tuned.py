@@ -29,6 +29,7 @@ import argparse
 import json
 import shlex
 import statistics
+import sys
 from pathlib import Path
 
 from scalegnn.fileio import atomic_write
@@ -113,15 +114,46 @@ def compare(settings: dict[str, list[str]], dataset: str, target: float, seeds: 
     return result
 
 
+def _shown(flags: list[str]) -> list[str]:
+    """The flags that set training, without where the data is cached (``--data-root``)."""
+    out, skip = [], False
+    for f in flags:
+        if skip:
+            skip = False
+        elif f == "--data-root":
+            skip = True
+        else:
+            out.append(f)
+    return out
+
+
 def _table(result: dict, seeds: int) -> str:
     rows = []
     for system, r in result.items():
+        shown = _shown(r["flags"])
         rows.append([system, f"{r['reached']}/{seeds}", "-" if r["epochs_to_target"] is None else r["epochs_to_target"],
                      "-" if r["time_to_target_s"] is None else r["time_to_target_s"], r["epoch_s"],
                      "-" if r["ratio_to_pyg_gcn"] is None else r["ratio_to_pyg_gcn"],
-                     f"`{shlex.join(r['flags'])}`" if r["flags"] else "(its defaults)"])
+                     f"`{shlex.join(shown)}`" if shown else "(its defaults)"])
     return markdown_table(["system", "reached", "epochs to target", "s to target", "s per epoch", "ratio to pyg-gcn",
                            "settings"], rows)
+
+
+def markdown(doc: dict) -> str:
+    """The tables of a comparison (``tuned.json``)."""
+    md = [f"Time to {doc['target']:.0%} test accuracy on `{doc['dataset']}`, seeds {doc['seeds']}, order "
+          "alternating, one untimed warm-up epoch per system first."]
+    for name in ("tuned", "paper"):
+        if name in doc:
+            budget = next(iter(doc["budget"].values()))
+            title = (f"Tuned (`scalegnn tune`: {budget['configurations']} configurations of {budget['epochs']} "
+                     "epochs per system, chosen by validation time to the target)" if name == "tuned"
+                     else "Each system at its own defaults")
+            md += ["", f"## {title}", "", _table(doc[name], len(doc["seeds"]))]
+    before, after = doc["machine_before"], doc["machine_after"]
+    md += ["", f"Load average (1 min) before {before['load_avg_1m']}, after {after['load_avg_1m']}; {after['cpus']} "
+               f"CPUs, torch {after['torch']}. Command: `{doc['command']}`."]
+    return "\n".join(md) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no search for {missing[0]} under {args.tuned}; searched: {', '.join(tuned)}")
     dataset = next(iter(tuned.values()))["spec"]["dataset"]
     common = {s: list(tuned[s]["spec"]["train_flags"]) for s in systems}
-    doc = {"command": "python -m scalegnn.benchmarks.tuned " + shlex.join(argv if argv is not None else []),
+    doc = {"command": "python -m scalegnn.benchmarks.tuned " + shlex.join(sys.argv[1:] if argv is None else argv),
            "machine_before": _machine(), "dataset": dataset, "target": args.target, "seeds": args.seeds,
            "max_epochs": args.max_epochs, "tuned_from": {s: tuned[s]["path"] for s in systems},
            "budget": {s: {"epochs": tuned[s]["spec"]["epochs"], "configurations": len(tuned[s]["trials"]),
@@ -155,20 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     tables = {"tuned": {s: common[s] + _flags(tuned[s]["chosen"]["flags"]) for s in systems}}
     if not args.no_paper:
         tables["paper"] = {s: common[s] for s in systems}
-    md = [f"Time to {args.target:.0%} test accuracy on `{dataset}`, seeds {args.seeds}, order alternating, "
-          f"one untimed warm-up epoch per system first."]
     for name, settings in tables.items():
         doc[name] = compare(settings, dataset, args.target, args.seeds, args.max_epochs, extra, args.out / name)
-        md += ["", f"## {'Tuned (scalegnn tune)' if name == 'tuned' else 'Each system at its own defaults'}", "",
-               _table(doc[name], len(args.seeds))]
     doc["machine_after"] = _machine()
-    md += ["", f"Load average (1 min) before {doc['machine_before']['load_avg_1m']}, after "
-               f"{doc['machine_after']['load_avg_1m']}; {doc['machine_after']['cpus']} CPUs, torch "
-               f"{doc['machine_after']['torch']}. Command: `{doc['command']}`."]
+    md = markdown(doc)
     text = json.dumps(doc, indent=1)
     atomic_write(args.out / "tuned.json", lambda f: f.write(text), text=True)
-    atomic_write(args.out / "tuned.md", lambda f: f.write("\n".join(md) + "\n"), text=True)
-    print("\n".join(md))
+    atomic_write(args.out / "tuned.md", lambda f: f.write(md), text=True)
+    print(md)
     return 0
 
 
