@@ -127,9 +127,11 @@ test-torch-floor:
 # both (versions, device, every test's outcome, every number) in results/gpu/report.md (and
 # .json), which docs/gpu.md publishes. Without a GPU every test is skipped and so is the benchmark.
 GPU_REPORT ?= results/gpu/report.md
-# GPU_BENCH_ARGS: more arguments for the benchmark; GPU_BENCH_FROM=results/bench/gpu reports
-# that folder's earlier benchmark instead of running it (a re-run of the tests after a fix).
-GPU_BENCH_ARGS ?=
+# GPU_BENCH_ARGS: the benchmark's arguments (by default every system at the settings
+# `scalegnn tune` chose for it: results/bench/tuned/search, issue V); GPU_BENCH_FROM=results/bench/gpu
+# reports that folder's earlier benchmark instead of running it (a re-run of the tests after a fix).
+GPU_TUNED ?= results/bench/tuned/search
+GPU_BENCH_ARGS ?= --tuned $(GPU_TUNED)
 GPU_BENCH_FROM ?=
 gpu-report:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu_report --python $(GPU_PYTHON) \
@@ -138,7 +140,7 @@ gpu-report:
 
 # ScaleGNN on one GPU against PyG on the same GPU (benchmarks/gpu.py), the machine's python.
 bench-gpu:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu --out results/bench/gpu
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu --out results/bench/gpu --tuned $(GPU_TUNED)
 
 # The pytest-benchmark micro-benchmarks (tests/benchmarks/, marked `bench`): `make test`
 # deselects them (pyproject.toml's addopts), this runs exactly them. The end-to-end
