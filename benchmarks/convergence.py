@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = ", ".join(map(str, args.seeds))
     if args.full_budget:
         rows = [[variant, each(runs, "epochs_to_target"), each(runs, "test_acc_at_best_val", "{:.3f}"),
-                 each(runs, "final_test_acc", "{:.3f}"), f"`{runs[0]['command']}`"] for variant, runs in results.items()]
+                 each(runs, "final_test_acc", "{:.3f}"), f"`{runs[0]['command']}`"]
+                for variant, runs in results.items()]
         md = (f"Epochs to {args.target:.1%} test accuracy on `{dataset}` (evaluated every {args.eval_every}), one "
               f"process, seed(s) {seeds}, every run trained for {args.max_epochs} epochs; the test accuracy at the "
               "best validation accuracy and the final one.\n\n"

@@ -152,7 +152,8 @@ def scalegnn_section(norm, info: dict, device: torch.device, target: float | Non
 
     hidden, layers = 256, 3
     cfg = make_config(dataset=info["name"], batch_ratio=batch_ratio, epochs=max_epochs, target_acc=target,
-                      stop_at_target=target is not None, progress=False, device=str(device), hidden=hidden, layers=layers,
+                      stop_at_target=target is not None, progress=False, device=str(device), hidden=hidden,
+                      layers=layers,
                       dropout=dropout, lr=lr, prefetch=True, compile=compile_tail, gemm_dtype=gemm_dtype)
     rec = train_rank(cfg, norm, single_env(cfg.parallel), write=False)
     rows = rec["epochs"]
