@@ -35,6 +35,7 @@ GPU_PYTHON ?= python3
 GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/unit/test_timing.py \
               tests/parallel/test_collectives.py tests/parallel/test_tail.py tests/parallel/test_model.py \
               tests/parallel/test_engine.py tests/parallel/test_device.py tests/parallel/test_compiled_step.py \
+              tests/parallel/test_step_graph.py \
               tests/baselines/test_cagnet.py tests/baselines/test_device.py tests/integration/test_gpu_surface.py
 
 # The documentation site (mkdocs.yml, docs/): `make docs` installs the `docs` extra of
@@ -131,7 +132,7 @@ GPU_REPORT ?= results/gpu/report.md
 # `scalegnn tune` chose for it: results/bench/tuned/search, issue V); GPU_BENCH_FROM=results/bench/gpu
 # reports that folder's earlier benchmark instead of running it (a re-run of the tests after a fix).
 GPU_TUNED ?= results/bench/tuned/search
-GPU_BENCH_ARGS ?= --tuned $(GPU_TUNED)
+GPU_BENCH_ARGS ?= --tuned $(GPU_TUNED) --cuda-graphs
 GPU_BENCH_FROM ?=
 gpu-report:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu_report --python $(GPU_PYTHON) \
@@ -140,7 +141,7 @@ gpu-report:
 
 # ScaleGNN on one GPU against PyG on the same GPU (benchmarks/gpu.py), the machine's python.
 bench-gpu:
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu --out results/bench/gpu --tuned $(GPU_TUNED)
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m scalegnn.benchmarks.gpu --out results/bench/gpu --tuned $(GPU_TUNED) --cuda-graphs
 
 # The pytest-benchmark micro-benchmarks (tests/benchmarks/, marked `bench`): `make test`
 # deselects them (pyproject.toml's addopts), this runs exactly them. The end-to-end

@@ -145,7 +145,7 @@ def make_graph(nodes: int, avg_degree: float, features: int, classes: int, seed:
 # --------------------------------------------------------------------------- ScaleGNN
 def scalegnn_section(norm, info: dict, device: torch.device, target: float | None, max_epochs: int, lr: float,
                      compile_tail: bool, gemm_dtype: str = "fp32", dropout: float = 0.3,
-                     batch_ratio: float = 0.1) -> dict:
+                     batch_ratio: float = 0.1, cuda_graphs: bool = False) -> dict:
     from scalegnn.config import make_config
     from scalegnn.launch import train_rank
     from scalegnn.launch.environment import single_env
@@ -154,7 +154,8 @@ def scalegnn_section(norm, info: dict, device: torch.device, target: float | Non
     cfg = make_config(dataset=info["name"], batch_ratio=batch_ratio, epochs=max_epochs, target_acc=target,
                       stop_at_target=target is not None, progress=False, device=str(device), hidden=hidden,
                       layers=layers,
-                      dropout=dropout, lr=lr, prefetch=True, compile=compile_tail, gemm_dtype=gemm_dtype)
+                      dropout=dropout, lr=lr, prefetch=True, compile=compile_tail, gemm_dtype=gemm_dtype,
+                      cuda_graphs=cuda_graphs)
     rec = train_rank(cfg, norm, single_env(cfg.parallel), write=False)
     rows = rec["epochs"]
     steady = rows[1:] if len(rows) > 1 else rows
@@ -171,6 +172,7 @@ def scalegnn_section(norm, info: dict, device: torch.device, target: float | Non
             "compile_s": rec["compile_time_s"], "compile_fallback": rec.get("compile_fallback"), "breakdown_s": breakdown, "components_s": comps,
             "peak_device_bytes": (rec.get("peak_device_memory_bytes_per_rank") or [None])[0],
             "lr": lr, "dropout": dropout, "batch_ratio": batch_ratio, "gemm_dtype": gemm_dtype,
+            "cuda_graphs": rec.get("cuda_graphs"),
             "curve": [(r["train_time_s"], r["test_acc"]) for r in rows],
             "roofline": _roofline(info, device, rec["batch_size"], rec["steps_per_epoch"], hidden, layers, comps,
                                   statistics.median(deltas), gemm_dtype)}
@@ -444,6 +446,11 @@ def _markdown(res: dict) -> str:
                   roof["markdown"] if roof["status"] == "ok" else f"No roofline: {roof['reason']}.", ""]
     if sg and sg.get("compile_fallback"):
         lines += [f"ScaleGNN ran its fused tail eager: {sg['compile_fallback']}.", ""]
+    graphs = (sg or {}).get("cuda_graphs")
+    if graphs:
+        lines += [f"ScaleGNN's step ran uncaptured (--cuda-graphs): {graphs['fallback']}." if graphs.get("fallback")
+                  else f"ScaleGNN's step captured as a CUDA graph (--cuda-graphs): {graphs['captures']} capture(s), "
+                  f"{graphs['replays']} replays, {graphs['eager_steps']} eager warm-up step(s).", ""]
     if sg and sg.get("breakdown_s"):
         b = sg["breakdown_s"]
         lines += ["## ScaleGNN epoch breakdown (Fig. 5 style, seconds per epoch, CUDA events)", "",
@@ -476,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="rounds of the timed sections, the order reversed every other round (time to target: "
                     "the median)")
     ap.add_argument("--no-compile", action="store_true", help="ScaleGNN without torch.compile of the fused tail")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="ScaleGNN's training step captured as a CUDA graph (its record says whether it was)")
     ap.add_argument("--gemm-dtype", choices=("fp32", "tf32"), default="fp32",
                     help="dense GEMM precision of every system: ScaleGNN's --gemm-dtype, and the PyG peers run "
                     "under the same matmul precision")
@@ -511,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         if key == "scalegnn":
             return scalegnn_section(norm, res["graph"], device, None if warm_up else args.target,
                                     1 if warm_up else args.max_epochs, kw["lr"], not args.no_compile,
-                                    args.gemm_dtype, kw["dropout"], kw["batch_ratio"])
+                                    args.gemm_dtype, kw["dropout"], kw["batch_ratio"], args.cuda_graphs)
         if key == "pyg_gcn":
             return pyg_gcn_section(norm, device, 2.0 if warm_up else args.target, 1 if warm_up else
                                    args.max_epochs * 20, args.max_seconds, kw["lr"], kw["dropout"])

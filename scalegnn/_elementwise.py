@@ -84,7 +84,8 @@ def _lsr_(h: torch.Tensor, k: int, out: torch.Tensor) -> torch.Tensor:
     return out.bitwise_and_((1 << (64 - k)) - 1)
 
 
-def hash_terms(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def hash_terms(key: int | torch.Tensor, row_ids: torch.Tensor,
+               col_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The row and column terms of the hash, (B,) ``r_i * GOLD + key`` and (H,)
     ``c_j * M2`` as int64 (mod 2^64): entry (i, j) hashes their sum. Small vectors a
     kernel takes in place of the (B, H) hash, so it computes the mask in registers."""
@@ -105,7 +106,8 @@ def keep_from_terms(row_terms: torch.Tensor, col_terms: torch.Tensor, thr: int) 
     return _lsr_(h, 11, t) >= thr
 
 
-def keep_mask_torch(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
+def keep_mask_torch(key: int | torch.Tensor, row_ids: torch.Tensor, col_ids: torch.Tensor,
+                    p: float) -> torch.Tensor:
     """The keep mask (len(row_ids), len(col_ids)) in torch int64 ops, on any device."""
     return keep_from_terms(*hash_terms(key, row_ids, col_ids), threshold(p))
 
@@ -232,14 +234,14 @@ def _call(kernel, *args) -> bool:
 
 
 # ----------------------------------------------------------------------------- mask: dispatch
-def keep_mask(key: int, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
+def keep_mask(key: int | torch.Tensor, row_ids: torch.Tensor, col_ids: torch.Tensor, p: float) -> torch.Tensor:
     """Bool keep mask (len(row_ids), len(col_ids)): the numba kernel on the CPU (one
     pass writing 1 byte per entry, no temporaries), :func:`keep_mask_torch` elsewhere;
     the same bits."""
     if row_ids.dim() != 1 or col_ids.dim() != 1:
         raise ValueError(f"row_ids and col_ids must be 1-D, got shapes {tuple(row_ids.shape)} and "
                          f"{tuple(col_ids.shape)}")
-    if available() and row_ids.device.type == "cpu" and col_ids.device.type == "cpu":
+    if available() and isinstance(key, int) and row_ids.device.type == "cpu" and col_ids.device.type == "cpu":
         out = torch.empty(row_ids.numel(), col_ids.numel(), dtype=torch.bool)
         rows = row_ids.to(torch.int64).contiguous().numpy()
         cols = col_ids.to(torch.int64).contiguous().numpy()
@@ -253,7 +255,7 @@ class DropoutBlock:
     """Dropout (Eq. 9) of a block: its global row ids (B,), global column ids (H,),
     the layer's key and the probability p; the mask is :func:`keep_mask`'s."""
 
-    key: int
+    key: int | torch.Tensor  # a 0-d int64 tensor in a captured step (scalegnn.model.dropout_key)
     rows: torch.Tensor
     cols: torch.Tensor
     p: float
@@ -290,7 +292,9 @@ def tail_forward(x: torch.Tensor, rinv: torch.Tensor | None, g: torch.Tensor | N
     if drop is not None and (drop.rows.numel(), drop.cols.numel()) != tuple(x.shape):
         raise ValueError(f"dropout ids ({drop.rows.numel()}, {drop.cols.numel()}) do not match the block "
                          f"{tuple(x.shape)}")
-    if _numba_ok(x, rinv, g, res, drop.rows if drop else None, drop.cols if drop else None):
+    # A tensor key (a captured step's) stays on the device: the torch path.
+    if ((drop is None or isinstance(drop.key, int))
+            and _numba_ok(x, rinv, g, res, drop.rows if drop else None, drop.cols if drop else None)):
         xa = _np(x)
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
         pas = torch.empty(x.shape, dtype=torch.bool) if save else None

@@ -105,8 +105,16 @@ def spmm(adj: torch.Tensor, adj_t: torch.Tensor, x: torch.Tensor) -> torch.Tenso
     return _SpMM.apply(adj, adj_t, x)
 
 
-def dropout_key(seed: int, step: int, layer: int) -> int:
-    """One 62-bit key per (seed, step, layer) for :func:`scalegnn.functional.dropout_keep_mask`."""
+def dropout_key(seed: int, step: int | torch.Tensor, layer: int) -> int | torch.Tensor:
+    """One 62-bit key per (seed, step, layer) for :func:`scalegnn.functional.dropout_keep_mask`.
+
+    ``step`` may be a 0-d int64 device tensor (a step captured as a CUDA graph reads its
+    step there, :mod:`scalegnn.parallel.step_graph`): the key is then a 0-d tensor with
+    the same bits, since int64 arithmetic wraps mod 2^64 and the key keeps 62 bits."""
+    if isinstance(step, torch.Tensor):
+        base = (seed * 1_000_003 * 131 + layer) % (1 << 64)
+        base = base - (1 << 64) if base >= 1 << 63 else base  # as a signed int64
+        return (step.to(torch.int64) * 131 + base) & ((1 << 62) - 1)
     return ((seed * 1_000_003 + step) * 131 + layer) & ((1 << 62) - 1)
 
 

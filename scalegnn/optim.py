@@ -294,14 +294,28 @@ class OptimConfig:
                              f"got {self.sparse_input_update!r}")
 
 
-def make_optimizer(params, cfg: OptimConfig, total_steps: int, row_sparse: bool = False):
+def device_lr(value: float, device: torch.device) -> torch.Tensor:
+    """A learning rate as a 0-d tensor on ``device``, in the precision the fused AdamW
+    kernel takes a float lr in there (CUDA: float32, the CPU: float64), so that a tensor
+    lr updates the weights bit for bit as the float would."""
+    dtype = torch.float32 if torch.device(device).type == "cuda" else torch.float64
+    return torch.tensor(value, dtype=dtype, device=device)
+
+
+def make_optimizer(params, cfg: OptimConfig, total_steps: int, row_sparse: bool = False,
+                   lr_device: torch.device | None = None):
     """Fused AdamW (one kernel over all parameters, on CPU and GPU alike; it also takes
     the device-side ``found_inf`` skip the engine uses) and the LR schedule, a
     function of the step index. ``row_sparse``: some parameter receives row-sparse
     (sparse COO) gradients, which :class:`scalegnn.optim.RowSparseAdamW` updates
-    lazily while the others keep the fused AdamW; without it, plain fused AdamW."""
+    lazily while the others keep the fused AdamW; without it, plain fused AdamW.
+    ``lr_device``: the learning rate as a tensor there (:func:`device_lr`), which the
+    update reads on the device and the schedule fills in place (a step captured as a
+    CUDA graph), and on a GPU ``capturable=True``."""
     kind = RowSparseAdamW if row_sparse else torch.optim.AdamW
-    opt = kind(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+    lr = cfg.lr if lr_device is None else device_lr(cfg.lr, lr_device)
+    capturable = lr_device is not None and torch.device(lr_device).type == "cuda"
+    opt = kind(params, lr=lr, weight_decay=cfg.weight_decay, fused=True, capturable=capturable)
     if cfg.schedule == "cosine":
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / max(total_steps, 1)))

@@ -67,6 +67,8 @@ class PerfConfig:
                   (scalegnn.parallel.collectives.bucketed_all_reduce)
     profile       folder for a torch.profiler trace of a few steps (one file per rank)
     sampler       sampler kernel: "auto", "torch" or "numba" (see scalegnn.sampling)
+    cuda_graphs   capture the step after its sample as a CUDA graph and replay it
+                  (scalegnn.parallel.step_graph); GPU only
     instrument    per-component timers (bytes are always counted); off costs nothing
     compile_backend  torch.compile backend ("inductor"; tests use "aot_eager")
     """
@@ -88,6 +90,11 @@ class PerfConfig:
     # rare: auto takes the fastest kernel here; naming one is for the sampler's benchmarks and tests
     sampler: str = setting("auto", scope="scalegnn", rare=True, choices=SAMPLER_BACKENDS,
                            help="Algorithm 2 kernel: numba on CPU when installed (auto), else vectorized torch")
+    # rare: GPU only, and only with one rank per data-parallel group (scalegnn.parallel.step_graph)
+    cuda_graphs: bool = setting(False, scope="scalegnn", rare=True, action="store_true",
+                                help="capture the training step (forward, backward, all-reduce, AdamW) as a CUDA "
+                                "graph once per batch capacity and replay it; where it cannot be captured, one "
+                                "line says why and the run goes on uncaptured")
     instrument: bool = True
     compile_backend: str = "inductor"
 

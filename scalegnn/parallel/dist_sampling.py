@@ -125,6 +125,10 @@ class DistributedSampler:
         self.backend = backend
         self.padded = self.device.type != "cpu" if padded is None else bool(padded)
         self.slack = 1.0  # sample_capacity's; doubled by each overflow
+        # A captured step (scalegnn.parallel.step_graph) reads fixed shapes: each block's
+        # capacity is then the largest asked so far, so it changes only when it grows.
+        self.hold_capacity = False
+        self._held: dict[int, int] = {}  # id of a shard block -> its capacity
         self.overflows = 0  # batches extracted again because a padded block overflowed
         # Host row pointers of CSR features: the size of their row gather, counted on the host.
         self._feature_ptr = self.features.crow_indices().cpu() if self.padded and is_csr(self.features) else None
@@ -224,8 +228,11 @@ class DistributedSampler:
             return extract_block(blk, nodes, scale, index_map, backend=self.backend, bounds=bounds)
         r_lo, r_hi = bounds[:2]
         entries = row_entries(host_ptr, host_nodes[r_lo:r_hi] - blk.row_start)
+        capacity = sample_capacity(entries, r_hi - r_lo, scale, self.slack)
+        if self.hold_capacity:  # more room than this sample needs is explicit zeros
+            capacity = self._held[id(blk)] = max(capacity, self._held.get(id(blk), 0))
         return extract_block(blk, nodes, scale, index_map, backend=self.backend, bounds=bounds, entries=entries,
-                             capacity=sample_capacity(entries, r_hi - r_lo, scale, self.slack))
+                             capacity=capacity)
 
     def draw(self, step: int, host_nodes: torch.Tensor | None = None) -> ShardedBatch:
         """The batch of ``step`` from its host sample (drawn here if not given), its

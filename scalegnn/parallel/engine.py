@@ -54,7 +54,7 @@ from ..graph import Graph
 from ..loop import EvalResult, StepResult
 from ..model import ModelConfig
 from ..numerics import NumericsConfig
-from ..optim import OptimConfig, make_optimizer, use_sparse_input_update
+from ..optim import OptimConfig, device_lr, make_optimizer, use_sparse_input_update
 from ..perf import PerfConfig, Prefetcher, StepProfiler
 from ..rowsparse import grad_values, row_sparse_grad
 from ..sampling import steps_per_epoch
@@ -67,6 +67,7 @@ from .losses import parallel_accuracy_counts, parallel_bce, parallel_cross_entro
 from .losses import warm_up_compiled as warm_up_compiled_loss
 from .model import ParallelScaleGNN, assemble_shards, full_shapes
 from .sharding import RankShard, build_rank_shard
+from .step_graph import StepGraphs, capture_obstacle, graph_backend
 from .tail import warm_up_compiled
 
 _log = logging.getLogger(__name__)
@@ -213,9 +214,20 @@ class ParallelEngine:
         # Sparse: the batches' features are CSR (the sampler's choice, training_features).
         self.sparse_input_update = use_sparse_input_update(optim_cfg.sparse_input_update,
                                                            is_csr(self.sampler.features), device)
+        # --cuda-graphs: whether this configuration's steps can be captured (step_graph
+        # module doc); if not, one line says why and the run goes on uncaptured.
+        self.cuda_graphs_fallback = None
+        if perf.cuda_graphs:
+            self.cuda_graphs_fallback = capture_obstacle(
+                device=device, pmm_ranks=grid.world_size // grid.axis_size("dp"), dp_ranks=grid.axis_size("dp"),
+                backend=grid.collective_backend, padded=self.sampler.padded,
+                sparse_features=is_csr(self.sampler.features), row_sparse_update=self.sparse_input_update)
+            if self.cuda_graphs_fallback is not None:
+                _log.warning("--cuda-graphs: %s; the run goes on uncaptured", self.cuda_graphs_fallback)
+        captured = perf.cuda_graphs and self.cuda_graphs_fallback is None
         self.optimizer, self.scheduler = make_optimizer(
             self.model.parameters(), optim_cfg, total_steps=epochs * self.steps_per_epoch,
-            row_sparse=self.sparse_input_update,
+            row_sparse=self.sparse_input_update, lr_device=device if captured else None,
         )
         self.grad_clip = optim_cfg.grad_clip
         comm_dtype = pmm_comm_dtype if pmm_comm_dtype is not None else numerics.pmm_comm_dtype
@@ -248,6 +260,9 @@ class ParallelEngine:
             _elementwise.warm_up(self.model.w_in.dtype)  # seconds on a first run, a cache load after
         self._prefetcher: Prefetcher | None = None  # started by the first step (paper V-A)
         self._profiler = StepProfiler(perf.profile, grid.rank)
+        self.graphs = (StepGraphs(self._step_body, device, graph_backend(device), on_capture=self._untimed,
+                                  accounts=self._stats) if captured else None)
+        self.sampler.hold_capacity = captured  # a capture per capacity: capacities only grow
 
     # ------------------------------------------------------------------ helpers
     def _compile_or_fall_back(self, backend: str) -> tuple[float, str | None]:
@@ -392,34 +407,87 @@ class ParallelEngine:
                     self._prefetcher = Prefetcher(self.sampler.sample, self.device)
                 batch = self._prefetcher.get(step) if self._prefetcher is not None else self.sampler.sample(step)
             self.last_batch = batch
-            with self._phases("fwd_bwd"):
-                self.model.train()
-                logits = self.model(batch, self.pc, self.dropout_seed, step)
-                y, mask = self._labels(batch)
-                loss, count, counts = self._loss(logits, y, mask, self.pc)  # counts: the batch's accuracy
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.pc.wait_pending()  # deferred weight-gradient all-reduces (V-D, buckets); none otherwise
-            with self._phases("dp"):
-                stats, nothing_to_learn = self._data_parallel(loss.detach(), count, counts)
-            with self._phases("optimizer"):
-                if self.grad_clip is not None:  # torch.nn.utils.clip_grad_norm_ semantics, global norm
-                    norm = self._global_grad_norm()
-                    coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0).to(torch.float32)
-                    for _, p in self.params:
-                        if p.grad is not None:
-                            grad_values(p.grad).mul_(coef)
-                # No labeled training vertex in any group's sample: nothing to learn. The
-                # fused AdamW then leaves weights, moments and step count as they were.
-                self.optimizer.found_inf = nothing_to_learn
-                self.optimizer.step()
-                if self.scheduler is not None:  # the schedule follows the step index
+            if self.graphs is not None:  # one replay: no phases inside it ("other" holds it)
+                stats = self.graphs.run(batch, step)
+                if self.scheduler is not None:  # fills the lr tensor the next replay reads
                     self.scheduler.step()
+            else:
+                with self._phases("fwd_bwd"):
+                    loss, count, counts = self._forward_backward(batch, step)
+                with self._phases("dp"):
+                    stats, nothing_to_learn = self._data_parallel(loss.detach(), count, counts)
+                with self._phases("optimizer"):
+                    self._update(nothing_to_learn)
+                    if self.scheduler is not None:  # the schedule follows the step index
+                        self.scheduler.step()
         if step % 64 == 63:  # fold the GPU timings already done, without waiting: few live events
             for timer in (self._phases, self._timer, self._stats):
                 timer.poll()
         self._profiler.step()
         return StepResult(stats)
+
+    def _forward_backward(self, batch: ShardedBatch, step: int | torch.Tensor):
+        """The batch's loss, its count of labeled vertices and accuracy counts, and every
+        gradient. ``step``: the index, or a captured step's device scalar of it."""
+        self.model.train()
+        logits = self.model(batch, self.pc, self.dropout_seed, step)
+        y, mask = self._labels(batch)
+        loss, count, counts = self._loss(logits, y, mask, self.pc)  # counts: the batch's accuracy
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.pc.wait_pending()  # deferred weight-gradient all-reduces (V-D, buckets); none otherwise
+        return loss, count, counts
+
+    def _update(self, nothing_to_learn: torch.Tensor) -> None:
+        """Clip (if asked) and AdamW."""
+        if self.grad_clip is not None:  # torch.nn.utils.clip_grad_norm_ semantics, global norm
+            norm = self._global_grad_norm()
+            coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0).to(torch.float32)
+            for _, p in self.params:
+                if p.grad is not None:
+                    grad_values(p.grad).mul_(coef)
+        # No labeled training vertex in any group's sample: nothing to learn. The
+        # fused AdamW then leaves weights, moments and step count as they were.
+        self.optimizer.found_inf = nothing_to_learn
+        self.optimizer.step()
+
+    def _step_body(self, batch: ShardedBatch, step: int | torch.Tensor) -> torch.Tensor:
+        """Everything of a step after its sample, as one call: what ``--cuda-graphs``
+        captures (step_graph module doc). Returns the step's stats."""
+        loss, count, counts = self._forward_backward(batch, step)
+        stats, nothing_to_learn = self._data_parallel(loss.detach(), count, counts)
+        self._update(nothing_to_learn)
+        return stats
+
+    def _untimed(self, fn):
+        """``fn()`` with the per-operator timers off: a capture cannot record events."""
+        timers = (self._timer, self._stats._timer)
+        was = [t.enabled for t in timers]
+        for t in timers:
+            t.enabled = False
+        try:
+            return fn()
+        finally:
+            for t, on in zip(timers, was):
+                t.enabled = on
+
+    def _state_loaded(self) -> None:
+        """After a state load: the optimizer's state tensors are new, so a capture reading
+        the old ones is dropped, and a captured run's learning rate is a device tensor
+        again (the schedule fills it; a load may have set a float)."""
+        if self.graphs is None:
+            return
+        self.graphs.drop()
+        for group in self.optimizer.param_groups:
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = device_lr(float(group["lr"]), self.device)
+
+    def cuda_graphs_record(self) -> dict | None:
+        """The record's ``cuda_graphs`` entry: captures, replays, eager steps and, when the
+        steps ran uncaptured, why (None without ``--cuda-graphs``)."""
+        if self.graphs is not None:
+            return self.graphs.record()
+        return {"fallback": self.cuda_graphs_fallback} if self.cuda_graphs_fallback is not None else None
 
     def _data_parallel(self, loss: torch.Tensor, count: torch.Tensor, counts: torch.Tensor):
         """Paper IV-A: one fused all-reduce over dp of every gradient and the step's
@@ -522,6 +590,7 @@ class ParallelEngine:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._load_schedule(state.get("scheduler"))
+        self._state_loaded()
 
     def _load_schedule(self, saved: dict | None, step: int | None = None) -> None:
         """The LR schedule's counters from ``saved``; ``step``: the next step of this run
@@ -567,6 +636,7 @@ class ParallelEngine:
                  for i, (name, _) in enumerate(self.params) if name in whole["steps"]}
         self.optimizer.load_state_dict({"state": state, "param_groups": whole["param_groups"]})
         self._load_schedule(whole["scheduler"], step)
+        self._state_loaded()
 
 
 def read_whole_state(ckpt, meta: dict, parts=("model", "optimizer")) -> dict:

@@ -35,7 +35,7 @@ FLOORS = [
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     # The parallel application: the core put to work on the components' model and data.
     ("parallel data", ["scalegnn.parallel.sharding", "scalegnn.parallel.staging", "scalegnn.parallel.dist_sampling"]),
-    ("parallel model", ["scalegnn.parallel.model"]),
+    ("parallel model", ["scalegnn.parallel.model", "scalegnn.parallel.step_graph"]),
     ("parallel engine", ["scalegnn.parallel.engine"]),
     ("trainers", ["scalegnn.config", "scalegnn.trained", "scalegnn.trainer", "scalegnn.session", "scalegnn.launch",
                   "scalegnn.perfmodel",
