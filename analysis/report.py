@@ -165,6 +165,8 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
                 "accuracy (`best acc`).\n")
             for line in T.mixed_devices(runs, "fig6") if not runs.empty else []:
                 add(line + "\n")
+            if not runs.empty and (line := T.tuned_settings(runs, "fig6")):
+                add(line + "\n")
             add(T.markdown(tab, {"paper": ".2f", "measured": ".2f", "target": ".0f", "best_acc": ".1f"},
                            {"cluster": "cluster", "dataset": "dataset", "system": "system", "gpus": "GPUs",
                             "paper": "paper (s)", "measured": "measured (s)", "grid": "grid", "reached": "reached",
@@ -182,6 +184,8 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     add("\n## Table I: test accuracy\n")
     add("Best test accuracy over the run's evaluations (the paper's Table I metric); "
         "mean ± standard deviation over seeds when there are several.\n")
+    if not runs.empty and (line := T.tuned_settings(runs, "table1")):
+        add(line + "\n")
     t1 = _fmt_acc(T.table1_accuracy(runs, paper))
     add(T.markdown(t1, {"paper": ".1f"}, {"dataset": "dataset", "system": "system", "paper": "paper (%)",
                                           "measured here (%)": "measured here (%)", "gpus": "GPUs", "note": "note"}))

@@ -23,6 +23,7 @@ from .figures import _cluster, _variant, fastest_grid_time, select, short_datase
 from .paper import canonical_dataset, fig6_points, paper_numbers
 
 __all__ = ["table1_accuracy", "table2_eval_time", "fig6_times", "fig7_speedups", "fig5_reductions", "mixed_devices",
+           "tuned_settings",
            "load_balance", "plexus_table3", "provenance", "failures", "markdown", "accuracy_table",
            "time_to_target_table", "eval_time_table"]
 
@@ -63,6 +64,26 @@ def mixed_devices(runs: pd.DataFrame, figure: str) -> list[str]:
             out.append(f"**Mixed devices** ({_short(ds)}, {cl}): {where}. Times across devices compare the "
                        "hardware, not the systems: they are not a fair comparison.")
     return out
+
+
+def tuned_settings(runs: pd.DataFrame, figure: str) -> str:
+    """One line on where ``figure``'s runs took their settings: how many from a ``scalegnn
+    tune`` search (their record's ``config.tuned_from``) and for which systems, the rest
+    at their own (paper or default) settings; empty without runs."""
+    frame = select(runs, figure)
+    if frame.empty:
+        return ""
+    col = "config.tuned_from"
+    tuned = frame[col].notna() if col in frame else pd.Series(False, index=frame.index)
+    if not tuned.any():
+        return ("**Settings**: every run at its own settings (paper or defaults), none chosen by `scalegnn tune`: "
+                "no system was tuned for this comparison.")
+    systems = ", ".join(sorted(frame.loc[tuned, "system"].unique()))
+    untuned = sorted(frame.loc[~tuned, "system"].unique())
+    rest = (f"; {int((~tuned).sum())} at their own settings ({', '.join(untuned)})" if untuned else
+            "; every system tuned under the same budget")
+    return (f"**Settings**: {int(tuned.sum())} of {len(frame)} runs at the settings `scalegnn tune` chose "
+            f"({systems}: `config.tuned_from` names each search){rest}.")
 
 
 def _short(ds: str) -> str:

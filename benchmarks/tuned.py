@@ -115,12 +115,13 @@ def compare(settings: dict[str, list[str]], dataset: str, target: float, seeds: 
 
 
 def _shown(flags: list[str]) -> list[str]:
-    """The flags that set training, without where the data is cached (``--data-root``)."""
+    """The flags that set training, without where the data is cached (``--data-root``) and
+    the search the settings come from (``--tuned-from``: the table's heading says it)."""
     out, skip = [], False
     for f in flags:
         if skip:
             skip = False
-        elif f == "--data-root":
+        elif f in ("--data-root", "--tuned-from"):
             skip = True
         else:
             out.append(f)
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
            "budget": {s: {"epochs": tuned[s]["spec"]["epochs"], "configurations": len(tuned[s]["trials"]),
                           "space": tuned[s]["spec"]["space"]} for s in systems}}
     args.out.mkdir(parents=True, exist_ok=True)
-    tables = {"tuned": {s: common[s] + _flags(tuned[s]["chosen"]["flags"]) for s in systems}}
+    tables = {"tuned": {s: common[s] + _flags(tuned[s]["chosen"]["flags"]) + ["--tuned-from", tuned[s]["path"]]
+                        for s in systems}}
     if not args.no_paper:
         tables["paper"] = {s: common[s] for s in systems}
     for name, settings in tables.items():

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from . import systems as registry
@@ -66,6 +68,11 @@ class RunConfig:
     system: str = setting("scalegnn", help="which system trains: scalegnn, fullgraph-3d (batch ratio 1.0, Plexus) "
                           "or a compared system (scalegnn.systems); its own flags: --system NAME --help")
     seed: int = setting(0, help="seed for the split, the weights and the samples")
+    # rare: written by `scalegnn tune`'s chosen command and the tuned benchmark, not by hand
+    tuned_from: str | None = setting(None, rare=True, metavar="TUNE_JSON",
+                                     help="the `scalegnn tune` search (its tune.json) whose chosen settings this run "
+                                     "uses: recorded, so that the report says which figures and tables come from "
+                                     "tuned runs")
     data: DataConfig = field(default_factory=DataConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -130,6 +137,23 @@ class RunConfig:
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    def check_tuned_from(self) -> None:
+        """``--tuned-from`` names a search of this system that chose settings (read as
+        JSON, never executed); checked by the launching process before any work."""
+        if self.tuned_from is None:
+            return
+        path = Path(self.tuned_from)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--tuned-from {path}: not a readable tuning record ({type(exc).__name__}); give the "
+                             "tune.json that `scalegnn tune` wrote") from None
+        system = doc.get("spec", {}).get("system") if isinstance(doc, dict) else None
+        if system != self.system:
+            raise ValueError(f"--tuned-from {path} is a search of {system!r}, this run is --system {self.system}")
+        if not doc.get("chosen"):
+            raise ValueError(f"--tuned-from {path}: that search chose no settings (no trial ran ok)")
 
     def output_folders(self) -> list[tuple[str, str]]:
         """(flag, folder) of every folder this run writes to: the settings declared with

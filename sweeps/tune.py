@@ -162,7 +162,8 @@ def _write(path: Path, spec: TuneSpec, trials: list[dict], done: bool) -> dict:
 
     chosen = choose(trials)
     doc = {"spec": spec.to_dict(), "complete": done, "trials": trials, "chosen": chosen,
-           "command": ("scalegnn train " + shlex.join(_argv(spec, chosen["flags"], None))) if chosen else None}
+           "command": ("scalegnn train " + shlex.join(_argv(spec, chosen["flags"], None) + ["--tuned-from", str(path)]))
+           if chosen else None}
     text = json.dumps(doc, indent=1)
     atomic_write(path, lambda f: f.write(text), text=True)
     return doc

@@ -64,6 +64,7 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
 
     for flag, folder in cfg.output_folders():
         check_output_folder(folder, flag)
+    cfg.check_tuned_from()
     system = registry.get(cfg.system)
     env = detect_env()
     mode = run_mode(cfg.parallel, env)

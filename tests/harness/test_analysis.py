@@ -149,6 +149,25 @@ def test_mixed_devices_are_flagged_and_never_turned_into_a_speedup():
     assert any("1.0x vs GraphSAGE" in t for t in texts(F.fig6_time_to_target(runs)))
 
 
+def test_the_report_says_which_runs_took_tuned_settings(tmp_path):
+    """Fig. 6 and Table I say where their runs' settings came from: none tuned, some
+    (named by system), or every system tuned; the record's config.tuned_from decides."""
+    recs = [make_record("scalegnn", "reddit", test=[0.9] * 3, target=0.8),
+            make_record("graphsage", "reddit", test=[0.9] * 3, target=0.8)]
+    runs = runs_from_records(recs, [])
+    assert "none chosen by `scalegnn tune`" in T.tuned_settings(runs, "fig6")
+    recs[0]["config"]["tuned_from"] = "search/scalegnn/tune.json"
+    line = T.tuned_settings(runs_from_records(recs, []), "fig6")
+    assert "1 of 2 runs at the settings `scalegnn tune` chose (scalegnn" in line
+    assert "1 at their own settings (graphsage)" in line
+    recs[1]["config"]["tuned_from"] = "search/graphsage/tune.json"
+    assert "every system tuned under the same budget" in T.tuned_settings(runs_from_records(recs, []), "table1")
+    for r in recs:
+        records.write_record(r, tmp_path / "runs" / r["run_id"])
+    text = write_report(tmp_path, tmp_path / "report").read_text()
+    assert text.count("2 of 2 runs at the settings `scalegnn tune` chose") == 2  # Fig. 6 and Table I
+
+
 def test_fig6_without_targets_is_no_data():
     runs = runs_from_records([make_record()], [])
     with pytest.raises(F.NoData):

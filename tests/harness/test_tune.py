@@ -84,6 +84,8 @@ def test_a_search_runs_records_chooses_and_resumes(tmp_path, monkeypatch):
     cfg = parse_train_args(doc["command"].split()[2:])[0]  # the printed line trains the chosen configuration
     chosen = json.loads(open(doc["chosen"]["record"]).read())["config"]
     assert cfg.optim.lr == chosen["optim"]["lr"] and cfg.sampling.batch_ratio == chosen["sampling"]["batch_ratio"]
+    assert cfg.tuned_from == str(out / "tune.json")  # and its record will say where its settings came from
+    cfg.check_tuned_from()
 
     import scalegnn.launch as launch_module
 
@@ -131,3 +133,24 @@ def test_over_budget_and_bad_flags_are_refused_before_any_trial(tmp_path, monkey
         cli_main(base[:-4] + ["--target", "1.5"])
     assert "expected an accuracy in (0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
+
+
+def test_tuned_from_must_name_a_search_of_the_system_that_chose(tmp_path):
+    """--tuned-from is checked before any work: a missing or unreadable file, another
+    system's search, a search without a choice: one line each."""
+    def cfg(path, system="scalegnn"):
+        return parse_train_args(["--system", system, "--dataset", "cora", "--tuned-from", str(path)])[0]
+
+    with pytest.raises(ValueError, match="not a readable tuning record"):
+        cfg(tmp_path / "missing.json").check_tuned_from()
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable tuning record"):
+        cfg(tmp_path / "bad.json").check_tuned_from()
+    search = tmp_path / "tune.json"
+    search.write_text(json.dumps({"spec": {"system": "graphsage"}, "chosen": {"flags": {"--lr": "0.01"}}}))
+    with pytest.raises(ValueError, match="a search of 'graphsage', this run is --system scalegnn"):
+        cfg(search).check_tuned_from()
+    cfg(search, "graphsage").check_tuned_from()
+    search.write_text(json.dumps({"spec": {"system": "graphsage"}, "chosen": None}))
+    with pytest.raises(ValueError, match="chose no settings"):
+        cfg(search, "graphsage").check_tuned_from()

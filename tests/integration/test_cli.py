@@ -249,6 +249,8 @@ RARE = {  # every rare flag of ScaleGNN -> a command line that sets it, and make
     "--bucket-collectives": (["--no-bucket-collectives"], dict(bucket_collectives=False)),
     "--profile": (["--profile", "trace"], dict(profile="trace")),
     "--sampler": (["--sampler", "torch"], dict(sampler="torch")),
+    "--cuda-graphs": (["--cuda-graphs"], dict(cuda_graphs=True)),
+    "--tuned-from": (["--tuned-from", "search/tune.json"], dict(tuned_from="search/tune.json")),
     "--heartbeat": (["--heartbeat", "5"], dict(heartbeat_s=5.0)),
 }
 
