@@ -249,7 +249,11 @@ _V1_OPTION_NAMES = {"salient": {"prefetch": "prefetch_batches"}}  # options rena
 _V2_NUMERICS = ("comm_dtype", "gemm_dtype", "permute")
 # Settings added to a section after records were written, at the value every run had
 # before the setting existed: a record without one ran with that value.
-_ADDED_SETTINGS = {("model", "norm_position"): "post"}  # the paper's RMSNorm placement, the only one before
+# Settings added since records were written -> the value every run had before: (section, key),
+# section None for a top-level setting of the configuration.
+_ADDED_SETTINGS = {("model", "norm_position"): "post",  # the paper's RMSNorm placement, the only one before
+                   ("perf", "cuda_graphs"): False,  # every step ran uncaptured
+                   (None, "tuned_from"): None}  # no run said where its settings came from
 
 
 def upgrade(record: dict) -> dict:
@@ -295,7 +299,12 @@ def upgrade(record: dict) -> dict:
         record["schema_version"] = 4
     for (section, key), value in _ADDED_SETTINGS.items():
         config = record.get("config")
-        if isinstance(config, dict) and isinstance(config.get(section), dict) and key not in config[section]:
+        if not isinstance(config, dict):
+            continue
+        if section is None:
+            if key not in config:
+                record["config"] = {**config, key: value}
+        elif isinstance(config.get(section), dict) and key not in config[section]:
             record["config"] = {**config, section: {**config[section], key: value}}
     return record
 

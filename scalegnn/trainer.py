@@ -167,9 +167,11 @@ class ScaleGNNTrainer(Trainer):
     # ------------------------------------------------------------------ the record
     def record_fields(self) -> dict:
         # torch.compile warm-up (paper V-C), not training time; why --compile ran eager, if it did
-        # --cuda-graphs: captures, replays and eager steps, or why the steps ran uncaptured
-        return {"compile_time_s": self.engine.compile_time_s, "compile_fallback": self.engine.compile_fallback,
-                "cuda_graphs": self.engine.cuda_graphs_record()}
+        fields = {"compile_time_s": self.engine.compile_time_s, "compile_fallback": self.engine.compile_fallback}
+        # --cuda-graphs (only when asked): captures, replays and eager steps, or why the steps ran uncaptured
+        if (graphs := self.engine.cuda_graphs_record()) is not None:
+            fields["cuda_graphs"] = graphs
+        return fields
 
     def rank_fields(self) -> dict:
         return {**self.loaded, "time_to_first_step_s": self.time_to_first_step_s}

@@ -185,7 +185,7 @@ def test_a_schema_2_record_is_read_into_the_numerics_section(tmp_path):
             "perf": {"prefetch": False, "comm_dtype": "bf16", "permute": "single"}}
     v1 = records.upgrade(minimal_record(schema_version=1, config=flat))
     assert v1["schema_version"] == 4 and v1["config"]["numerics"] == {"comm_dtype": "bf16", "permute": "single"}
-    assert v1["config"]["perf"] == {"prefetch": False} and v1["config"]["loop"] == {"epochs": 3}
+    assert v1["config"]["perf"] == {"prefetch": False, "cuda_graphs": False} and v1["config"]["loop"] == {"epochs": 3}
     numerics = RunConfig.from_dict(v1["config"]).numerics
     assert (numerics.comm_dtype, numerics.gemm_dtype, numerics.permute) == ("bf16", "fp32", "single")
 
@@ -235,7 +235,8 @@ def test_a_configuration_saved_by_an_older_schema_builds_todays_config():
     assert (rebuilt.data.dataset, rebuilt.loop.epochs, rebuilt.parallel.grid, rebuilt.numerics.comm_dtype) == \
         ("cora", 7, (1, 2, 1, 1), "bf16")
     # partial: today's layout, with a setting added since at the value it had before it existed
-    assert records.current_config({"model": {"hidden": 8}}) == {"model": {"hidden": 8, "norm_position": "post"}}
+    assert records.current_config({"model": {"hidden": 8}}) == {"model": {"hidden": 8, "norm_position": "post"},
+                                                                "tuned_from": None}
 
 
 # ----------------------------------------------------------------------------- records, settings, analysis
@@ -317,3 +318,10 @@ def test_a_record_from_before_a_setting_existed_reads_with_the_value_it_ran_with
     assert stored == kept
     pre = minimal_record(config={"system": "scalegnn", "model": {**model, "norm_position": "pre"}})
     assert records.upgrade(copy.deepcopy(pre))["config"]["model"]["norm_position"] == "pre"
+    # --cuda-graphs and --tuned-from came later still: off and none
+    old = minimal_record(config={"system": "scalegnn", "model": dict(model), "perf": {"prefetch": False}})
+    rec = records.upgrade(copy.deepcopy(old))
+    assert rec["config"]["perf"] == {"prefetch": False, "cuda_graphs": False} and rec["config"]["tuned_from"] is None
+    tuned = minimal_record(config={"system": "scalegnn", "tuned_from": "s/tune.json", "perf": {"cuda_graphs": True}})
+    rec = records.upgrade(copy.deepcopy(tuned))
+    assert rec["config"]["tuned_from"] == "s/tune.json" and rec["config"]["perf"]["cuda_graphs"] is True
