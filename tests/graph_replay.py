@@ -28,16 +28,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .host_sync import _OPS as HOST_READS
+from .host_sync import _op_name
 
 __all__ = ["RecordedGraph", "CaptureRefused"]
 
 
 class CaptureRefused(RuntimeError):
     """An operator a CUDA graph capture would refuse."""
-
-
-def _name(func) -> str:
-    return f"{func.namespace}.{func._schema.name.split('::')[-1]}"
 
 
 def _writes(func) -> bool:
@@ -58,7 +55,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = _name(func)
+        name = _op_name(func)
         if name in HOST_READS:
             raise CaptureRefused(f"{name} reads a device value on the host during the capture")
         if torch.Tag.nondeterministic_seeded in func.tags:

@@ -220,7 +220,7 @@ class ParallelEngine:
         if perf.cuda_graphs:
             self.cuda_graphs_fallback = capture_obstacle(
                 device=device, pmm_ranks=grid.world_size // grid.axis_size("dp"), dp_ranks=grid.axis_size("dp"),
-                backend=grid.collective_backend, padded=self.sampler.padded,
+                backend=grid.backend, padded=self.sampler.padded,
                 sparse_features=is_csr(self.sampler.features), row_sparse_update=self.sparse_input_update)
             if self.cuda_graphs_fallback is not None:
                 _log.warning("--cuda-graphs: %s; the run goes on uncaptured", self.cuda_graphs_fallback)

@@ -276,13 +276,6 @@ class ProcessGrid:
             ranks.append(self.rank_of(c["dp"], c["x"], c["y"], c["z"]))
         return ranks
 
-    @property
-    def collective_backend(self) -> str | None:
-        """The backend of the axis groups' collectives ("nccl", "gloo"; None on one process)."""
-        if self._backend is not None:
-            return self._backend
-        return dist.get_backend() if self.world_size > 1 and dist.is_initialized() else None
-
     def axis_size(self, ax: str) -> int:
         self._check_axis(ax)
         return self.shape[ax]

@@ -68,34 +68,36 @@ def _fields(obj) -> list[tuple[str, object]]:
     return [(k, v) for k, v in vars(obj).items() if k not in _SKIPPED_FIELDS]
 
 
-def _walk(obj, tensor_fn, leaf_fn):
-    """Rebuild ``obj`` with ``tensor_fn`` applied to every tensor and ``leaf_fn`` to
-    every other leaf (in one fixed order: fields in declaration order, dicts by key)."""
-    if isinstance(obj, torch.Tensor):
-        return tensor_fn(obj)
+def _leaves(obj):
+    """Every leaf of a batch, in one fixed order (fields in declaration order, dicts by
+    key): its tensors and its other values."""
     if isinstance(obj, _CONTAINERS):
-        out = copy.copy(obj)
-        for name, value in _fields(obj):
-            object.__setattr__(out, name, _walk(value, tensor_fn, leaf_fn))
-        return out
-    if isinstance(obj, dict):
-        return {k: _walk(obj[k], tensor_fn, leaf_fn) for k in sorted(obj)}
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_walk(v, tensor_fn, leaf_fn) for v in obj)
-    leaf_fn(obj)
-    return obj
+        for _, value in _fields(obj):
+            yield from _leaves(value)
+    elif isinstance(obj, dict):
+        for k in sorted(obj):
+            yield from _leaves(obj[k])
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            yield from _leaves(v)
+    else:
+        yield obj
 
 
 def _tensors(batch) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    _walk(batch, lambda t: found.append(t) or t, lambda _: None)
-    return found
+    return [x for x in _leaves(batch) if isinstance(x, torch.Tensor)]
 
 
-def _describe(t: torch.Tensor) -> tuple:
-    if t.layout == torch.sparse_csr:
-        return ("csr", tuple(t.shape), t.values().dtype, t.crow_indices().dtype, t.values().numel(), str(t.device))
-    return (str(t.layout), tuple(t.shape), t.dtype, str(t.device))
+def _describe(leaf) -> object:
+    if isinstance(leaf, torch.Tensor):
+        t = leaf
+        if t.layout == torch.sparse_csr:
+            return ("csr", tuple(t.shape), t.values().dtype, t.crow_indices().dtype, t.values().numel(),
+                    str(t.device))
+        return (str(t.layout), tuple(t.shape), t.dtype, str(t.device))
+    if leaf is None or isinstance(leaf, (bool, int, float, str)):
+        return leaf
+    return type(leaf).__name__  # an object shared by every batch (the process grid): its type only
 
 
 def batch_signature(batch) -> tuple:
@@ -103,26 +105,29 @@ def batch_signature(batch) -> tuple:
     entries (CSR) and device, and every other value (block offsets, capacities, row
     bounds, the rescaling), in one fixed order. Two batches with equal signatures can
     share one capture."""
-    parts: list = []
-
-    def leaf(value):
-        if value is None or isinstance(value, (bool, int, float, str)):
-            parts.append(value)
-        else:  # an object shared by every batch (the process grid): its type only
-            parts.append(type(value).__name__)
-
-    _walk(batch, lambda t: parts.append(_describe(t)) or t, leaf)
-    return tuple(parts)
+    return tuple(_describe(leaf) for leaf in _leaves(batch))
 
 
 def clone_batch(batch):
     """The batch's static buffers: the same structure with every tensor copied."""
-    return _walk(batch, lambda t: t.clone(), lambda _: None)
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, _CONTAINERS):
+        out = copy.copy(batch)
+        for name, value in _fields(batch):
+            object.__setattr__(out, name, clone_batch(value))
+        return out
+    if isinstance(batch, dict):
+        return {k: clone_batch(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(clone_batch(v) for v in batch)
+    return batch
 
 
-def copy_batch_(dst, src) -> None:
-    """Copy ``src``'s tensors into ``dst``'s (equal signatures), in place."""
-    for d, s in zip(_tensors(dst), _tensors(src), strict=True):
+def copy_batch_(dst: list[torch.Tensor], src) -> None:
+    """Copy ``src``'s tensors into the static tensors ``dst`` (:func:`_tensors` of a
+    batch of equal signature), in place."""
+    for d, s in zip(dst, _tensors(src), strict=True):
         d.copy_(s)
 
 
@@ -131,8 +136,7 @@ class CudaGraph:
     """``torch.cuda.CUDAGraph`` behind the backend interface."""
 
     def __init__(self, device: torch.device):
-        self.device = device
-        self.graph = torch.cuda.CUDAGraph()
+        self.graph = torch.cuda.CUDAGraph()  # on the current device, which the engine set
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         # thread_local: the prefetch thread goes on sampling on its own stream meanwhile
@@ -202,7 +206,8 @@ class StepGraphs:
         self.step_index = torch.zeros((), dtype=torch.int64, device=device)
         self.captures = self.replays = self.eager_steps = 0
         self.fallback: str | None = None  # why the run went on uncaptured, once it did
-        self._graph = self._signature = self._static = self._out = None
+        self._graph = self._signature = self._out = None
+        self._static: list[torch.Tensor] | None = None  # the capture's batch tensors, in _tensors order
         self._counts: tuple[dict, dict] = ({}, {})
 
     @property
@@ -244,7 +249,7 @@ class StepGraphs:
         after = self._snapshot()
         self._counts = tuple({k: v - b.get(k, 0) for k, v in a.items() if v != b.get(k, 0)}
                              for a, b in zip(after, before))
-        self._graph, self._signature, self._static, self._out = graph, signature, static, out
+        self._graph, self._signature, self._static, self._out = graph, signature, _tensors(static), out
         self.captures += 1
 
     def run(self, batch, step: int) -> torch.Tensor:
@@ -271,10 +276,9 @@ class StepGraphs:
         self._graph.replay()
         self.replays += 1
         if self.accounts is not None and not fresh:  # the capture counted its collectives once
-            for kind, nbytes in self._counts[0].items():
-                self.accounts.record(kind, nbytes, calls=0)
-            for kind, calls in self._counts[1].items():
-                self.accounts.calls[kind] += calls
+            nbytes, calls = self._counts
+            for kind in nbytes.keys() | calls.keys():
+                self.accounts.record(kind, nbytes.get(kind, 0), calls=calls.get(kind, 0))
         return self._out.clone()
 
     def record(self) -> dict:

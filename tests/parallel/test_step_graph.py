@@ -192,7 +192,7 @@ def test_a_batch_copies_into_its_static_buffers(emulated):
     assert batch_signature(static) == batch_signature(a) == batch_signature(b)
     ptrs = {t.data_ptr() for t in step_graph._tensors(a) if t.layout == torch.strided}
     assert not ptrs & {t.data_ptr() for t in step_graph._tensors(static) if t.layout == torch.strided}
-    copy_batch_(static, b)
+    copy_batch_(step_graph._tensors(static), b)
     for s, t in zip(step_graph._tensors(static), step_graph._tensors(b)):
         assert torch.equal(s.to_dense(), t.to_dense()) if t.layout == torch.sparse_csr else torch.equal(s, t)
     eng.sampler.slack = 4.0
