@@ -141,7 +141,10 @@ def load_data(cfg: RunConfig, graph: Graph | None = None) -> BaselineData:
     from scalegnn.datasets import load_graph
     from scalegnn.sampling import training_features
 
+    from scalegnn.systems import check_graph
+
     graph = load_graph(cfg.data, cfg.seed, graph)
+    check_graph(cfg.system, graph)
     if graph.meta.get("normalized"):
         raise ValueError("baselines need the raw graph (each system normalizes its own way), not a normalized one")
     rows = graph.row_ids()

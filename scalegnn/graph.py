@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +27,8 @@ import torch
 
 from .csr import csr_matrix, is_csr, select_rows
 
-__all__ = ["Graph", "GraphValidationError", "csr_from_edges", "check_split", "as_graph"]
+__all__ = ["Graph", "GraphValidationError", "csr_from_edges", "check_split", "as_graph", "split_ids", "edge_weights",
+           "undirected_edges"]
 
 
 # The tensors of the graph a derived one is made from (Graph.replace), already validated:
@@ -66,6 +68,78 @@ def _as_features(x) -> torch.Tensor:
         return csr_matrix(*parts, what="sparse features x")
     except ValueError as exc:
         raise GraphValidationError(str(exc)) from None
+
+
+def split_ids(given, n: int, name: str) -> torch.Tensor:
+    """One split as the caller gave it, read as what it is: a boolean mask of ``n``
+    entries (an (n, k) one, PyG's several splits: column 0) gives the vertices it marks,
+    an integer tensor gives vertex ids (distinct, in [0, n)); sorted. Anything else, a
+    mask of another length or a 0/1 integer mask among them, is refused by name: an
+    integer tensor is never taken for a mask, nor a mask for ids."""
+    t = torch.as_tensor(given)
+    if t.dtype == torch.bool:
+        if t.dim() not in (1, 2) or t.shape[0] != n:
+            raise GraphValidationError(
+                f"{name} is a boolean mask of shape {tuple(t.shape)} but the graph has {n} vertices; a mask needs "
+                f"one entry per vertex ({n},), or give the split's vertex ids as an integer tensor")
+        return (t if t.dim() == 1 else t[:, 0]).nonzero().flatten()
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dim() != 1:
+        raise GraphValidationError(
+            f"{name} has dtype {t.dtype} and shape {tuple(t.shape)}; give a boolean mask of {n} entries or a 1-D "
+            "integer tensor of vertex ids")
+    ids = t.to(torch.int64)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise GraphValidationError(f"{name} holds vertex ids outside [0, {n}) (read as ids: it is an integer "
+                                   "tensor; a mask must be boolean)")
+    ids = torch.sort(ids).values
+    if ids.numel() > 1 and bool((ids[1:] == ids[:-1]).any()):
+        twice = int(ids[1:][ids[1:] == ids[:-1]][0])
+        raise GraphValidationError(f"{name} holds vertex id {twice} more than once; an integer tensor is read as "
+                                   f"vertex ids: make a 0/1 mask boolean ({name}.bool())")
+    return ids
+
+
+def edge_weights(given, num_edges: int, name: str = "edge_weight") -> torch.Tensor:
+    """One float32 weight per edge, finite and >= 0 (a negative degree has no D^-1/2)."""
+    w = torch.as_tensor(given)
+    if w.dim() == 2 and w.shape[1] == 1:
+        w = w.reshape(-1)
+    if w.dim() != 1 or w.numel() != num_edges or w.dtype.is_complex:
+        raise GraphValidationError(f"{name} must hold one weight per edge, shape ({num_edges},), got "
+                                   f"{tuple(w.shape)}")
+    w = w.to(torch.float32)
+    if not bool(torch.isfinite(w).all()) or (w.numel() and float(w.min()) < 0):
+        raise GraphValidationError(f"{name} holds NaN, inf or a negative weight; the GCN normalization D^-1/2 (A+I) "
+                                   "D^-1/2 needs finite weights >= 0")
+    return w
+
+
+def undirected_edges(src, dst, num_nodes: int, values=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """The undirected CSR (indptr, indices, values) of an edge list, and whether making
+    it undirected added anything (``symmetrized``: some edge was given in one direction
+    only, or with another weight the other way).
+
+    Self loops are dropped (GCN normalization adds I once), duplicate pairs merged (a
+    weighted pair's weights summed). Unweighted: every edge in both directions, weight
+    1. Weighted: the weight of {i, j} is the mean of the weights given for (i, j) and
+    (j, i), so an undirected input (each edge both ways, equal weights) stays as it is
+    and an edge given one way gets its weight both ways."""
+    src, dst = _as_long(src, "edge sources"), _as_long(dst, "edge targets")
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    vals = None if values is None else torch.as_tensor(values, dtype=torch.float32)[keep]
+    indptr, indices, given = csr_from_edges(src, dst, num_nodes, vals)
+    rows = torch.repeat_interleave(torch.arange(num_nodes), indptr[1:] - indptr[:-1])
+    t_indptr, t_indices, t_values = csr_from_edges(indices, rows, num_nodes, given)
+    if torch.equal(t_indptr, indptr) and torch.equal(t_indices, indices) and torch.equal(t_values, given):
+        return indptr, indices, given, False
+    both_src, both_dst = torch.cat([rows, indices]), torch.cat([indices, rows])
+    if vals is None:
+        indptr, indices, weights = csr_from_edges(both_src, both_dst, num_nodes)
+        return indptr, indices, weights, True
+    indptr, indices, total = csr_from_edges(both_src, both_dst, num_nodes, torch.cat([given, given]))
+    _, _, ways = csr_from_edges(both_src, both_dst, num_nodes, torch.ones(2 * given.numel()))
+    return indptr, indices, total / ways, True
 
 
 def check_split(n: int, y: torch.Tensor, train_idx, val_idx, test_idx) -> None:
@@ -293,19 +367,36 @@ class Graph:
     # --------------------------------------------------------- interchange
     @classmethod
     def from_pyg(cls, data, *, name: str = "pyg", seed: int = 0) -> "Graph":
-        """A raw graph (unit weights, both directions, no self loops: what the loaders
-        return and training normalizes) from a PyTorch Geometric ``Data``.
+        """A raw graph (both directions, no self loops: what the loaders return and
+        training normalizes) from a PyTorch Geometric ``Data``, trained as passed:
 
-        ``x`` and ``y`` are taken as they are (a sparse ``x``, torch or ``SparseTensor``,
-        stays sparse, as CSR; ``y`` (N,) class ids, -1 for unlabeled, or (N, C)
-        multi-hot). The split is ``train_mask``/``val_mask``/``test_mask``
-        when the object has them (one column of each when they are 2-D, as in PyG's
-        multi-split datasets), else a seeded random 50/25/25 split of the labeled
-        vertices; ``meta["split"]`` says which."""
+        - ``edge_weight`` (E,) are the edge weights, used by the GCN normalization
+          (``D^-1/2 (A+I) D^-1/2`` of the weighted adjacency, as PyG's ``gcn_norm``);
+          ``meta["weighted"]`` says so when one differs from 1, and a system that
+          cannot use weights refuses the graph. ``edge_attr`` is refused (a feature
+          vector per edge, which scalegnn's GCN has no use for): rename it
+          ``edge_weight`` (one value per edge) or delete it.
+        - A directed ``edge_index`` is made undirected (:func:`undirected_edges`), and
+          that is stated: a warning on the ``scalegnn`` logger and ``meta["symmetrized"]``
+          with the input's edge count ``meta["input_edges"]``, both in the run record.
+        - ``x`` and ``y`` are taken as they are (a sparse ``x``, torch or
+          ``SparseTensor``, stays sparse, as CSR; ``y`` (N,) class ids, -1 for
+          unlabeled, or (N, C) multi-hot).
+        - The split is ``train_mask``/``val_mask``/``test_mask`` when the object has
+          them, each a boolean mask (one column of each when they are 2-D, as in PyG's
+          multi-split datasets) or an integer tensor of vertex ids (:func:`split_ids`),
+          else a seeded random 50/25/25 split of the labeled vertices; ``meta["split"]``
+          says which."""
         for attr in ("edge_index", "x", "y"):
             if getattr(data, attr, None) is None:
                 raise GraphValidationError(f"the PyG object has no {attr}; scalegnn trains node classification "
                                            "and needs edge_index, x and y")
+        edge_attr = getattr(data, "edge_attr", None)
+        if edge_attr is not None:
+            raise GraphValidationError(
+                f"the PyG object has edge_attr of shape {tuple(torch.as_tensor(edge_attr).shape)}, which scalegnn's "
+                "GCN would not use: to train on edge weights pass one value per edge as edge_weight "
+                "(data.edge_weight = ...), to train unweighted delete it (del data.edge_attr)")
         x, y = _as_features(data.x), torch.as_tensor(data.y)  # a sparse x stays sparse
         n = x.shape[0]
         if y.dim() == 2 and y.shape[1] == 1:
@@ -315,17 +406,29 @@ class Graph:
             classes = int(y.shape[1]) if y.dim() == 2 else int(y.max()) + 1
         masks = [getattr(data, f"{s}_mask", None) for s in ("train", "val", "test")]
         if all(m is not None for m in masks):
-            splits = tuple(torch.as_tensor(m if m.dim() == 1 else m[:, 0]).nonzero().flatten() for m in masks)
-            how = "masks of the PyG object" + (" (column 0 of several splits)" if masks[0].dim() == 2 else "")
+            splits = tuple(split_ids(m, n, f"{s}_mask") for m, s in zip(masks, ("train", "val", "test")))
+            several = torch.as_tensor(masks[0]).dim() == 2
+            how = "masks of the PyG object" + (" (column 0 of several splits)" if several else "")
         else:
             labeled = None if y.dim() == 2 else (y >= 0).nonzero().flatten().numpy()
             splits = random_split(n, seed=seed, labeled=labeled)
             how = f"random 50/25/25 seed {seed} (the PyG object has no masks)"
-        src, dst = torch.as_tensor(data.edge_index)
-        keep = src != dst  # self loops are added by GCN normalization, once
-        base = cls(torch.zeros(n + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0), x, y,
-                   *splits, classes, name=name, meta={"source": type(data).__name__, "split": how})
-        return base.with_edges(src[keep], dst[keep]).symmetrize()
+        edge_index = torch.as_tensor(data.edge_index)
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise GraphValidationError(f"edge_index must be (2, E), got shape {tuple(edge_index.shape)}")
+        given = getattr(data, "edge_weight", None)
+        weights = None if given is None else edge_weights(given, edge_index.shape[1])
+        if weights is not None and bool((weights == 1).all()):
+            weights = None  # all ones: the unweighted graph, which every system trains
+        indptr, indices, values, symmetrized = undirected_edges(edge_index[0], edge_index[1], n, weights)
+        meta = {"source": type(data).__name__, "split": how}
+        if weights is not None:
+            meta["weighted"] = True
+        if symmetrized:
+            meta.update(symmetrized=True, input_edges=int(edge_index.shape[1]))
+        graph = cls(indptr, indices, values, x, y, *splits, classes, name=name, meta=meta)
+        graph.state_symmetrized()
+        return graph
 
     def to_pyg(self):
         """A PyTorch Geometric ``Data``: ``edge_index`` of the stored entries (with
@@ -343,14 +446,15 @@ class Graph:
         return Data(x=self.x, y=self.y, edge_index=edge_index, num_nodes=self.num_nodes, **weight, **masks)
 
     @classmethod
-    def from_edge_index(cls, edge_index, x, y, *, train_mask=None, val_mask=None, test_mask=None,
+    def from_edge_index(cls, edge_index, x, y, *, edge_weight=None, train_mask=None, val_mask=None, test_mask=None,
                         num_classes: int | None = None, name: str = "graph", seed: int = 0) -> "Graph":
         """A raw graph from a (2, E) ``edge_index`` (a torch tensor or numpy array: edges
-        src -> dst), node features ``x`` (N, F) (dense, or sparse as in :meth:`from_pyg`)
-        and labels ``y`` ((N,) class ids, -1 unlabeled, or (N, C) multi-hot), as
-        :meth:`from_pyg` makes one: unit weights, both directions, no self loops. The
-        split is the three boolean masks when all are given, else a seeded random
-        50/25/25 split of the labeled vertices."""
+        src -> dst), node features ``x`` (N, F) (dense, or sparse as in :meth:`from_pyg`),
+        labels ``y`` ((N,) class ids, -1 unlabeled, or (N, C) multi-hot) and optional
+        ``edge_weight`` (E,), as :meth:`from_pyg` makes one: weights used, a directed
+        input made undirected and said so, no self loops. The split is the three masks
+        when all are given (each a boolean mask of N entries or an integer tensor of
+        vertex ids), else a seeded random 50/25/25 split of the labeled vertices."""
         from types import SimpleNamespace
 
         masks = (train_mask, val_mask, test_mask)
@@ -358,8 +462,9 @@ class Graph:
             raise GraphValidationError("give train_mask, val_mask and test_mask together, or none of them (a seeded "
                                        "random 50/25/25 split)")
         view = SimpleNamespace(edge_index=torch.as_tensor(edge_index), x=x, y=y, num_classes=num_classes,
-                               **({f"{s}_mask": torch.as_tensor(m, dtype=torch.bool)
-                                   for s, m in zip(("train", "val", "test"), masks)} if masks[0] is not None else {}))
+                               edge_weight=edge_weight,
+                               **({f"{s}_mask": m for s, m in zip(("train", "val", "test"), masks)}
+                                  if masks[0] is not None else {}))
         graph = cls.from_pyg(view, name=name, seed=seed)
         split = graph.meta["split"].replace("masks of the PyG object", "the masks given") \
             .replace("the PyG object has no masks", "no masks given")
@@ -369,22 +474,28 @@ class Graph:
     def from_scipy(cls, adjacency, x, y, *, train_mask=None, val_mask=None, test_mask=None,
                    num_classes: int | None = None, name: str = "graph", seed: int = 0) -> "Graph":
         """A raw graph from a scipy sparse adjacency (any format; an entry (i, j) is an
-        edge i -> j, its value ignored), as :meth:`from_edge_index` makes one."""
+        edge i -> j, its value the edge's weight: a 0/1 matrix is unweighted), as
+        :meth:`from_edge_index` makes one."""
         import numpy as np
 
         if getattr(adjacency, "ndim", None) != 2 or adjacency.shape[0] != adjacency.shape[1]:
             raise GraphValidationError(f"the adjacency must be a square scipy sparse matrix, got shape "
                                        f"{getattr(adjacency, 'shape', None)}")
         coo = adjacency.tocoo()
-        graph = cls.from_edge_index(np.stack([coo.row, coo.col]).astype(np.int64), x, y, train_mask=train_mask,
+        graph = cls.from_edge_index(np.stack([coo.row, coo.col]).astype(np.int64), x, y,
+                                    edge_weight=torch.from_numpy(np.asarray(coo.data)), train_mask=train_mask,
                                     val_mask=val_mask, test_mask=test_mask, num_classes=num_classes, name=name,
                                     seed=seed)
         return graph.replace(meta={**graph.meta, "source": type(adjacency).__name__})
 
     @classmethod
-    def from_dgl(cls, g, *, feature: str = "feat", label="label", name: str = "dgl", seed: int = 0) -> "Graph":
+    def from_dgl(cls, g, *, feature: str = "feat", label="label", edge_weight: str | None = None, name: str = "dgl",
+                 seed: int = 0) -> "Graph":
         """A raw graph from a DGL graph, as :meth:`from_pyg` makes one from a PyG ``Data``
-        (the same conversion: unit weights, both directions, no self loops).
+        (the same conversion: weights used, a directed graph made undirected and said
+        so, no self loops). ``edge_weight``: the ``edata`` key of the edge weights; edge
+        data under other keys, which scalegnn's GCN would not use, is refused by name
+        (``g.edata.pop(key)`` to train without it).
 
         ``g.ndata[feature]`` are the features; ``label`` is the ``ndata`` key of the
         labels or the label tensor itself (OGB's DGL loaders return labels apart).
@@ -403,10 +514,19 @@ class Graph:
                 raise GraphValidationError(f"the DGL graph has no ndata[{key!r}] (it has {sorted(g.ndata.keys())}); "
                                            "name the features and labels with feature=... and label=...")
         y = g.ndata[label] if isinstance(label, str) else torch.as_tensor(label)
+        edata = sorted(getattr(g, "edata", {}).keys())
+        if edge_weight is not None and edge_weight not in edata:
+            raise GraphValidationError(f"the DGL graph has no edata[{edge_weight!r}] (it has {edata}); name the edge "
+                                       "weights with edge_weight=...")
+        unused = [k for k in edata if k != edge_weight]
+        if unused:
+            raise GraphValidationError(f"the DGL graph has edata {unused}, which scalegnn's GCN would not use: name "
+                                       "the edge weights with edge_weight='key', and drop the rest (g.edata.pop(key))")
         src, dst = g.edges()
         masks = {f"{s}_mask": g.ndata[f"{s}_mask"] for s in ("train", "val", "test")
                  if all(f"{m}_mask" in g.ndata for m in ("train", "val", "test"))}
-        view = SimpleNamespace(edge_index=torch.stack([src, dst]), x=g.ndata[feature], y=y, **masks)
+        view = SimpleNamespace(edge_index=torch.stack([src, dst]), x=g.ndata[feature], y=y,
+                               edge_weight=None if edge_weight is None else g.edata[edge_weight], **masks)
         graph = cls.from_pyg(view, name=name, seed=seed)
         split = graph.meta["split"].replace("masks of the PyG object", "masks in the DGL graph's ndata") \
             .replace("the PyG object has no masks", "the DGL graph has no masks")
@@ -521,14 +641,21 @@ class Graph:
             "test": self.test_idx.numel(),
         }
 
+    def state_symmetrized(self) -> None:
+        """Say, as a warning on the ``scalegnn`` logger, that this graph was made undirected
+        from an input that was not (``meta["symmetrized"]``); nothing otherwise."""
+        if self.meta.get("symmetrized"):
+            state_symmetrized(self.name, self.meta.get("input_edges"), self.num_edges, bool(self.meta.get("weighted")))
+
     # Where a graph's split and node data came from, as ``meta`` says: the loaders
     # write these keys, and a run record carries them (``record_info``).
-    PROVENANCE = ("split", "features", "labels", "stand_in")
+    PROVENANCE = ("split", "features", "labels", "stand_in", "weighted", "symmetrized", "input_edges")
 
     def record_info(self) -> dict:
         """The run record's ``graph`` field: the sizes, whether the features are sparse
         (CSR end to end), and the provenance keys of ``meta`` that are set (the split
-        used, and a stand-in for features or labels the data did not have).
+        used, a stand-in for features or labels the data did not have, edge weights used,
+        and a directed input made undirected with the input's edge count).
         ``num_edges`` is the graph's as given (``scalegnn data info`` says the same),
         ``adjacency_nnz`` the entries of the matrix trained on: with the self loops that
         :meth:`add_self_loops` (the GCN normalization) added."""
@@ -536,6 +663,16 @@ class Graph:
         return {"num_nodes": self.num_nodes, "num_edges": self.num_edges - added, "adjacency_nnz": self.num_edges,
                 "num_features": self.num_features, "num_classes": self.num_classes, "sparse_features": is_csr(self.x),
                 **{k: self.meta[k] for k in self.PROVENANCE if k in self.meta}}
+
+
+def state_symmetrized(name: str, input_edges, entries: int, weighted: bool = False) -> None:
+    """The one line that says a graph given with edges that were not symmetric is trained
+    undirected (a warning on the ``scalegnn`` logger), wherever it was read."""
+    logging.getLogger("scalegnn.graph").warning(
+        "%s: the edges given are not symmetric (%s edges, some without their reverse%s); scalegnn trains the "
+        "undirected graph, every edge both ways (%d entries)%s", name, input_edges,
+        " or weighted otherwise the other way" if weighted else "", entries,
+        ", each edge's weight the mean of the weights given for its two directions" if weighted else "")
 
 
 def as_graph(graph, *, name: str | None = None, seed: int = 0) -> "Graph":

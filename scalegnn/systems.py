@@ -9,9 +9,10 @@ runs in every mode; or, for a system that starts its own processes, ``job``:
 fields become its flags under ``scalegnn train --system NAME``; an options class may
 define ``check_world(world)``, which refuses a process count its own grid cannot use
 before any data is loaded), what it can do (devices, several nodes, full graph or
-sampled) and how a sweep launches it (``grids``: the experiment's grid policy or pure
-data parallelism; ``sweep_options``: every option of the spec's ``[train]`` table or
-only the loop's, the system keeping its own published hyper-parameters).
+sampled, edge weights: :func:`check_graph`) and how a sweep launches it (``grids``: the
+experiment's grid policy or pure data parallelism; ``sweep_options``: every option of the
+spec's ``[train]`` table or only the loop's, the system keeping its own published
+hyper-parameters).
 
 The command line, the launcher, the sweeps, the tables, the report and the figures
 all read this registry. ``trainer``, ``job`` and ``options`` are ``"module:attribute"``
@@ -26,7 +27,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-__all__ = ["System", "register", "unregister", "get", "systems", "names", "resolve", "UnknownSystem", "SCALEGNN_SYSTEMS"]
+__all__ = ["System", "register", "unregister", "get", "systems", "names", "resolve", "check_graph", "UnknownSystem",
+           "SCALEGNN_SYSTEMS"]
 
 SCALEGNN_SYSTEMS = ("scalegnn", "fullgraph-3d")  # ScaleGNN and its full-graph mode: one trainer, one set of flags
 
@@ -52,6 +54,7 @@ class System:
     sweep_options: str = "loop"  # sweeps: "all" of the spec's [train] options, or the "loop" options only
     sweep_defaults: tuple[tuple[str, object], ...] = ()  # options a sweep passes for this system (flag, value)
     unavailable: str = ""  # why it cannot run here (paper-only systems): sweeps and reports say so
+    edge_weights: bool = False  # trains the GCN normalization of a weighted adjacency (else refuses weights)
 
     def __post_init__(self):
         if self.grids not in ("spec", "dp"):
@@ -76,6 +79,17 @@ class System:
     def style(self) -> tuple[str, str, str]:
         """(colour, marker, display name) for figures."""
         return self.color, self.marker, self.display
+
+
+def check_graph(name: str, graph) -> None:
+    """Refuse, in one line, a graph ``name`` would not train as it was passed: edge
+    weights (``graph.meta["weighted"]``) for a system that aggregates its own way."""
+    system = get(name)
+    if graph.meta.get("weighted") and not system.edge_weights:
+        takers = ", ".join(sorted((s.name for s in systems(available=True) if s.edge_weights),
+                                  key=lambda n: (n not in SCALEGNN_SYSTEMS, n != "scalegnn")))  # ScaleGNN first
+        raise ValueError(f"--system {name} ignores edge weights ({system.display} weighs neighbours its own way) "
+                         f"and the graph {graph.name!r} has them: train it with {takers}, or pass it without weights")
 
 
 def resolve(ref: str):
@@ -141,15 +155,18 @@ for _system in (
     _compared("salient", "SALIENT++", "#1f77b4", "s", "salient", "SalientOptions"),
     _compared("fastsample", "FastSample", "#aec7e8", "d", "fastsample", "FastSampleOptions"),
     _compared("pyg-gcn", "PyG GCN (full batch)", "#8c8c00", "h", "pyg_gcn", "PyGGCNOptions", full_graph=True,
-              multi_node=False),
+              multi_node=False, edge_weights=True),
     _compared("bns-gcn", "BNS-GCN", "#2ca02c", "^", "bns_gcn", "BNSOptions", full_graph=True),
-    _compared("cagnet-1d", "CAGNET 1D", "#bcbd22", "<", "cagnet", "Cagnet1DOptions", full_graph=True),
-    _compared("cagnet-1.5d", "CAGNET 1.5D", "#dbdb8d", ">", "cagnet", "Cagnet15DOptions", full_graph=True),
-    _compared("cagnet-2d", "CAGNET 2D", "#e377c2", "p", "cagnet", "Cagnet2DOptions", full_graph=True),
+    _compared("cagnet-1d", "CAGNET 1D", "#bcbd22", "<", "cagnet", "Cagnet1DOptions", full_graph=True,
+              edge_weights=True),
+    _compared("cagnet-1.5d", "CAGNET 1.5D", "#dbdb8d", ">", "cagnet", "Cagnet15DOptions", full_graph=True,
+              edge_weights=True),
+    _compared("cagnet-2d", "CAGNET 2D", "#e377c2", "p", "cagnet", "Cagnet2DOptions", full_graph=True,
+              edge_weights=True),
     System(name="fullgraph-3d", display="full-graph 3D", color="#7f7f7f", marker="*", full_graph=True,
-           trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all",
+           trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all", edge_weights=True,
            sweep_defaults=(("batch-ratio", 1.0),)),
     System(name="scalegnn", display="ScaleGNN", color="#d62728", marker="o",
-           trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all"),
+           trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all", edge_weights=True),
 ):
     register(_system)

@@ -204,6 +204,7 @@ def job(cfg: RunConfig, graph=None) -> dict:
     from scalegnn.datasets import load_graph
     from scalegnn.records import placement_of
     from scalegnn.session import RunSession
+    from scalegnn.systems import check_graph
 
     if cfg.parallel.device.startswith("cuda"):
         raise ValueError("--system distdgl runs on the CPU only (PyPI's DGL wheels, <= 2.1, are CPU builds); "
@@ -211,6 +212,7 @@ def job(cfg: RunConfig, graph=None) -> dict:
     opts: DistDGLOptions = cfg.options
     py = dgl_python(opts.python)
     graph = load_graph(cfg.data, cfg.seed, graph)
+    check_graph(cfg.system, graph)
     if graph.multilabel:
         raise ValueError("the distdgl adapter trains single-label node classification only")
     parts = opts.num_parts or cfg.parallel.nproc

@@ -206,13 +206,15 @@ def _to_long(a) -> torch.Tensor:
     return t.to(torch.int64).reshape(-1)
 
 
-def undirected_csr(src, dst, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+def undirected_csr(src, dst, n: int, *, users: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
     """Simple undirected CSR of an edge list: both directions, unit weights, no loops.
 
     Self loops are dropped and duplicate pairs merged, so every dataset reaches the
     trainer in one form; the trainer adds I itself (``Graph.gcn_normalize``).
     Returns (indptr (N+1,), indices (nnz,), values (nnz,), counts for ``Graph.meta``).
-    Cost: one sort of 2E int64 keys (torch.sort, multi-threaded).
+    ``users``: a user's file, whose symmetrizing is stated (``graph.symmetrized`` and the
+    input's edge count ``input_edges`` in the counts, when some edge had no reverse).
+    Cost: one sort of 2E int64 keys (torch.sort, multi-threaded); a user's file, one more of E.
     """
     s, d = _to_long(src), _to_long(dst)
     if s.numel() != d.numel():
@@ -229,18 +231,27 @@ def undirected_csr(src, dst, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.
         keep = ~loop
         s, d = s[keep], d[keep]
     key = torch.cat([s * n + d, d * n + s])
+    given = _distinct(key[: s.numel()]) if users else None  # the directed pairs given, for the statement
     del s, d
-    key = torch.sort(key).values
-    if key.numel():
-        first = torch.ones(key.numel(), dtype=torch.bool)
-        torch.ne(key[1:], key[:-1], out=first[1:])
-        key = key[first]
+    key = _distinct(key)
     rows = torch.div(key, n, rounding_mode="floor")
     cols = key - rows * n
     indptr = torch.zeros(n + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(rows, minlength=n), 0, out=indptr[1:])
     counts = {"input_edge_pairs": int(loop.numel()), "self_loops_dropped": n_loops}
+    if given is not None and given.numel() < key.numel():
+        counts.update(symmetrized=True, input_edges=int(loop.numel()))
     return indptr, cols, torch.ones(cols.numel(), dtype=torch.float32), counts
+
+
+def _distinct(key: torch.Tensor) -> torch.Tensor:
+    """The distinct values of ``key``, sorted (one sort and a mask: torch.unique's sort is slower)."""
+    key = torch.sort(key).values
+    if key.numel():
+        first = torch.ones(key.numel(), dtype=torch.bool)
+        torch.ne(key[1:], key[:-1], out=first[1:])
+        key = key[first]
+    return key
 
 
 # ---------------------------------------------------------------- features

@@ -40,7 +40,9 @@ __all__ = ["CACHE_FORMAT_VERSION", "cache_dir", "cache_path", "load_cached", "sa
 # 2: CSR features kept CSR; graph meta names the split and any stand-in.
 # 3: the built-in loaders build sparse features as CSR (one rule, scalegnn.csr.sparse_enough):
 #    a version-2 file holds them as dense and would hand back another layout than a parse.
-CACHE_FORMAT_VERSION = 3
+# 4: a user's graph file states what reading it changed (meta symmetrized, input_edges, weighted):
+#    a version-3 file would train it without saying so.
+CACHE_FORMAT_VERSION = 4
 
 
 def _writable(d: Path) -> bool:

@@ -25,7 +25,7 @@ key            shape / dtype    meaning
 edge_index     (2, E) int       edges src -> dst (an (E, 2) array is accepted too), or:
 indptr         (N+1,) int       CSR row pointers ...
 indices        (nnz,) int       ... and column ids
-values         (nnz,) or (E,)   optional edge weights, kept only with undirected=False
+values         (nnz,) or (E,)   optional edge weights (>= 0; all ones: unweighted)
 x              (N, F) float     node features, dense; or, kept sparse (CSR), the four arrays
 x_indptr       (N+1,) int       ... of a scipy csr_matrix: indptr,
 x_indices      (nnz,) int       ... indices (columns),
@@ -36,13 +36,17 @@ train_idx      (k,) int         vertex ids; or ``train_mask`` (N,) bool
 val_idx        (k,) int         or ``val_mask`` (``valid_idx`` / ``valid_mask`` also accepted)
 test_idx       (k,) int         or ``test_mask``
 num_classes    () int           optional; default max(y)+1, or C for multi-hot y
-undirected     () bool          optional, default true: symmetrize, unit weights
+undirected     () bool          optional, default true: symmetrize (see below)
 =============  ===============  =========================================================
 
 The three splits are given together or not at all: without any, the labeled vertices
 get the seeded random 50/25/25 split of ``--seed`` (``meta["split"]`` says so).
 Self loops are dropped in both cases (the trainer adds I); duplicates are merged
-(weights summed when directed and weighted). Arrays are read with
+(weights summed). Made undirected, an edge given in one direction only gets both, a
+weighted pair the mean of the weights given for its two directions, and a graph that
+was not symmetric says so (``meta["symmetrized"]``, the input's ``input_edges``, logged
+and in the run record); ``meta["weighted"]`` marks weights, which the systems that
+cannot use them refuse (:func:`scalegnn.systems.check_graph`). Arrays are read with
 ``allow_pickle=False`` (an object array is refused by name, arrays under unknown keys
 are never read) after their headers' sizes are checked against the file and the
 memory budget (:func:`read_npy`, :func:`read_npz`); each key is checked for its type,
@@ -60,7 +64,7 @@ import torch
 
 from scalegnn.csr import csr_matrix
 from scalegnn.fileio import check_declared_size
-from scalegnn.graph import csr_from_edges, random_split
+from scalegnn.graph import csr_from_edges, random_split, undirected_edges
 
 from ._core import (DATA_ROOT_HINT, SPLIT_FRACTIONS, DatasetError, featureless_graph, make_graph, reading,
                     undirected_csr, vertex_ids)
@@ -274,7 +278,7 @@ def featureless_from_file(name: str, path: Path, fmt: str, seed: int, announce: 
                 raise DatasetError(f"{path}: vertex id {hi} but {next(iter(found.values())).name} has {n} rows; "
                                    f"with node data beside an edge list, row v belongs to vertex v, so ids must be "
                                    f"< {n}")
-    indptr, indices, values, counts = undirected_csr(src, dst, n)
+    indptr, indices, values, counts = undirected_csr(src, dst, n, users=announce)
     meta = {"source": str(path), "format": fmt, "ids_renumbered": relabeled, **counts}
     for kind, f in found.items():
         meta[kind] = f"from {f}" + (", sparse (CSR)" if kind == "features" and x.layout == torch.sparse_csr else "")
@@ -664,21 +668,30 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
     if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
         raise DatasetError(f"{where}: edge endpoints must be in [0, {n}) (N = rows of x)")
 
-    if undirected:
-        indptr_t, indices_t, values_t, counts = undirected_csr(src, dst, n)
+    w = None
+    if "values" in a:
+        w = _numbers(where, "values", a["values"])
+        if w.shape != src.shape:
+            raise DatasetError(f"{where}: 'values' must hold one weight per edge ({src.size} entries, shape "
+                               f"({src.size},)), got shape {w.shape}")
+        w = w.astype(np.float32)
+        _finite(where, "values", w, "give every edge a finite weight")
+        if (w < 0).any():
+            raise DatasetError(f"{where}: 'values' holds a negative weight; the GCN normalization D^-1/2 (A+I) D^-1/2 "
+                               "needs weights >= 0")
+        w = None if (w == 1).all() else w  # all ones: the unweighted graph, which every system trains
+    keep = src != dst
+    counts = {"input_edge_pairs": int(src.size), "self_loops_dropped": int((~keep).sum())}
+    if undirected and w is None:
+        indptr_t, indices_t, values_t, counts = undirected_csr(src, dst, n, users=True)
+    elif undirected:  # weighted: {i, j} weighs the mean of the weights given for its two directions
+        indptr_t, indices_t, values_t, symmetrized = undirected_edges(src, dst, n, w)
+        if symmetrized:
+            counts.update(symmetrized=True, input_edges=int(src.size))
     else:
-        keep = src != dst
-        w = None
-        if "values" in a:
-            w = _numbers(where, "values", a["values"])
-            if w.shape != src.shape:
-                raise DatasetError(f"{where}: 'values' must hold one weight per edge ({src.size} entries, shape ({src.size},)), "
-                                   f"got shape {w.shape}")
-            w = w.astype(np.float32)
-            _finite(where, "values", w, "give every edge a finite weight")
-            w = w[keep]
-        indptr_t, indices_t, values_t = csr_from_edges(src[keep], dst[keep], n, w)
-        counts = {"input_edge_pairs": int(src.size), "self_loops_dropped": int((~keep).sum())}
+        indptr_t, indices_t, values_t = csr_from_edges(src[keep], dst[keep], n, None if w is None else w[keep])
+    if w is not None:
+        counts["weighted"] = True
 
     if any(k in a for names in _SPLIT_KEYS.values() for k in names):
         splits = [_byo_split(a, where, n, split, keys) for split, keys in _SPLIT_KEYS.items()]

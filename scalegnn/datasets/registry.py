@@ -395,12 +395,14 @@ def load_dataset(name: str, data_root: str | os.PathLike | None = None, seed: in
     ``random:TRAIN,VAL,TEST`` in place of the dataset's own split, drawn with
     ``split_seed`` (default ``seed``); applied after the cache, which keeps the
     dataset as it is defined. A graph whose features or labels are stand-ins (an edge
-    list without files beside it) is announced by a warning on the ``scalegnn`` logger.
+    list without files beside it) is announced by a warning on the ``scalegnn`` logger, and so
+    is a user's file that was not symmetric (made undirected: ``Graph.state_symmetrized``).
     Raises :class:`DatasetError` naming the missing or bad file and the fix.
     """
     graph = _load(name, data_root, seed, cache)
     if graph.meta.get("stand_in"):
         logging.getLogger("scalegnn.datasets").warning("%s: %s", graph.name, graph.meta["stand_in"])
+    graph.state_symmetrized()
     if split is not None:
         graph = apply_split(graph, split, seed if split_seed is None else split_seed)
     return graph

@@ -66,6 +66,8 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
         check_output_folder(folder, flag)
     cfg.check_tuned_from()
     system = registry.get(cfg.system)
+    if graph is not None:
+        registry.check_graph(cfg.system, graph)
     env = detect_env()
     mode = run_mode(cfg.parallel, env)
     if system.self_launching and launched_rank(env):

@@ -174,6 +174,9 @@ def check_folder(folder: Path) -> str:
         if not byo_undirected(f"{folder}/<key>.npy", read_npy(folder / "undirected.npy")):
             raise ValueError(f"out-of-core staging symmetrizes the graph (undirected, unit weights); {folder}/"
                              f"undirected.npy says directed and weighted: {memory}")
+    if has("values.npy"):  # never dropped: refused, as the in-memory reader uses them
+        raise ValueError(f"out-of-core staging trains unit weights and {folder} holds edge weights (values.npy): "
+                         f"{memory}, or remove values.npy to train unweighted")
     if has("x.npy"):
         x = np.load(folder / "x.npy", mmap_mode="r", allow_pickle=False)
         if x.ndim != 2 or x.dtype.kind not in "iufb" or not x.shape[1]:
@@ -250,13 +253,15 @@ def _row_chunks(row_end: np.ndarray, r0: int, r1: int, chunk: int):
         a = b
 
 
-def symmetrize(folder: Path, out: Path, chunk: int) -> None:
+def symmetrize(folder: Path, out: Path, chunk: int) -> dict:
     """A user's CSR (``folder``'s indptr.npy, indices.npy) as the in-memory reader makes
     it (:func:`scalegnn.datasets._core.undirected_csr`: A + A^T, self loops dropped,
     duplicates merged, columns sorted), written to ``out`` (indptr.npy, indices.npy)
     ``chunk`` stored entries at a time: A^T is first written to ``out`` by counting sort
     (one N-sized cursor), then each block of rows merges its rows of A and A^T. Memory:
-    O(N) int64 vectors and one chunk; disk: A^T and the result."""
+    O(N) int64 vectors and one chunk; disk: A^T and the result. Returns what the
+    in-memory reader says of a user's file that was not symmetric (``symmetrized`` and
+    ``input_edges``, for the record), or nothing."""
     where = f"{folder}/<key>.npy"
     indptr = np.load(folder / "indptr.npy", mmap_mode="r", allow_pickle=False)
     indices = _load(folder / "indices.npy")
@@ -304,9 +309,17 @@ def symmetrize(folder: Path, out: Path, chunk: int) -> None:
         keep = c != local + a  # self loops dropped (the trainer adds I)
         return unique_keys(local[keep] * n + c[keep])
 
+    def given(a: int, b: int) -> int:  # rows [a, b)'s distinct entries of A alone, self loops dropped
+        local = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(ip[a:b + 1]))
+        c = np.asarray(indices[ip[a]:ip[b]], dtype=np.int64)
+        keep = c != local + a
+        return unique_keys(local[keep] * n + c[keep]).size
+
     deg = np.zeros(n, dtype=np.int64)
+    pairs = 0  # the directed pairs given: fewer than the symmetric entries when some had no reverse
     for a, b in _row_chunks(both, 0, n, chunk):  # pass 3: the symmetric rows' lengths
         deg[a:b] = np.bincount(merged(a, b) // n, minlength=b - a)
+        pairs += given(a, b)
         drop_pages(indices, a_t)
     s_ip = np.concatenate([[0], np.cumsum(deg)])
     del deg
@@ -319,6 +332,7 @@ def symmetrize(folder: Path, out: Path, chunk: int) -> None:
     a_t = None  # its map closed before the file goes
     (out / "transposed.npy").unlink()
     np.save(out / "indptr.npy", s_ip)
+    return {"symmetrized": True, "input_edges": int(ip[-1])} if pairs < s_ip[-1] else {}
 
 
 class _Source:
@@ -705,7 +719,8 @@ def stage_source(name: str, grid_shape, out_dir, *, data_root=None, **kwargs) ->
         convert(name, converted, data_root=data_root, chunk=kwargs.get("chunk_entries") or plan["chunk"] * workers)
         done.write_text(name)
     shown = name if folder is None else f"dir:{folder.resolve()}"
-    paths = stage_out_of_core(converted, grid_shape, out_dir, name=shown, **kwargs)
+    users = folder is not None or kind.strip().lower() == "npz"  # a named dataset is undirected by definition
+    paths = stage_out_of_core(converted, grid_shape, out_dir, name=shown, users=users, **kwargs)
     for f in converted.iterdir():
         f.unlink()
     converted.rmdir()
@@ -734,7 +749,8 @@ def _ogb_names() -> tuple:
 
 def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budget: int = 512 << 20,
                       workers: int = 1, permute: str = "none", split: tuple = (None, None),
-                      chunk_entries: int | None = None, layout: str = "files", name: str | None = None) -> list[Path]:
+                      chunk_entries: int | None = None, layout: str = "files", name: str | None = None,
+                      users: bool = True) -> list[Path]:
     """``scalegnn data shard dir:FOLDER --memory-budget SIZE``: the shard files and
     manifest of :func:`.sharding.save_shards` for the graph in ``folder`` (generated, or a
     user's CSR folder: :func:`check_folder`), written rank file by rank file from
@@ -742,7 +758,9 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     manifest last. ``chunk_entries`` overrides the stored entries read at a time
     (default: from the budget; tests make it small). ``layout``: ``files`` (a file per
     (x, y, z)) or ``blocks`` (each distinct block once, :func:`.sharding.stored_blocks`;
-    one pass over the graph; single or no permutation)."""
+    one pass over the graph; single or no permutation). ``users``: a user's graph, whose
+    symmetrizing is stated and recorded (a named dataset converted here is undirected by
+    its definition, as its in-memory loader reads it)."""
     folder = Path(folder).expanduser().resolve()
     _check_options(permute, memory_budget, workers, layout)
     kind = check_folder(folder)
@@ -760,11 +778,17 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     disk_plan(out, **sizes, shape=shape, layout=layout, seeded=not (folder / "x.npy").is_file(),
               user_csr=kind == "csr")
     chunk = chunk_entries or plan["chunk"]
-    topology = None
+    topology, symmetrized = None, {}
     if kind == "csr":  # the user's CSR made symmetric (as the in-memory reader does), on disk beside the shards
         topology = out / ".symmetric-csr"
         topology.mkdir(exist_ok=True)
-        symmetrize(folder, topology, chunk_entries or plan["chunk"] * workers)
+        symmetrized = symmetrize(folder, topology, chunk_entries or plan["chunk"] * workers)
+        symmetrized = symmetrized if users else {}
+        if symmetrized:
+            from ..graph import state_symmetrized
+
+            entries = int(np.load(topology / "indptr.npy", mmap_mode="r")[-1])
+            state_symmetrized(name, symmetrized["input_edges"], entries)
         topology = str(topology)
     longest = _longest_row(Path(topology or folder))
     if chunk_entries is None and longest + 1 > chunk:  # a chunk holds at least one row (and its self loop)
@@ -784,7 +808,7 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
         sums = {d["file"]: d["sha256"] for d in done}
     info = {"num_nodes": src.n, "num_edges": src.nnz, "adjacency_nnz": src.nnz + src.n,
             "num_features": src.num_features,
-            "num_classes": src.num_classes, "sparse_features": False, "split": src.split_note}
+            "num_classes": src.num_classes, "sparse_features": False, "split": src.split_note, **symmetrized}
     manifest = {
         "format": SHARD_FORMAT, "grid_shape": list(shape), "name": name, "num_nodes": src.n,
         "num_edges": src.nnz + src.n, "num_features": src.num_features, "num_classes": src.num_classes,

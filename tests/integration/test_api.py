@@ -208,3 +208,57 @@ def test_a_graph_that_exists_nowhere_on_disk_trains_on_1_2_and_4_processes(tmp_p
                                                                     abs=2e-5), (nproc, key)
     for untouched in ("default-root", "cache"):  # nothing was loaded, cached or downloaded by name
         assert not (isolated_data / untouched).exists()
+
+
+def _weighted_data(seed: int = 5):
+    """A PyG Data given one direction of each edge, with a weight per edge."""
+    from torch_geometric.data import Data
+
+    g = random_graph(n=80, m=300, seed=seed)
+    rows = g.row_ids()
+    one_way = rows < g.indices
+    src, dst = rows[one_way], g.indices[one_way]
+    weight = torch.rand(src.numel(), generator=torch.Generator().manual_seed(seed)) * 4 + 0.1
+    return Data(x=g.x, y=g.y, edge_index=torch.stack([src, dst]), edge_weight=weight)
+
+
+@pytest.mark.parametrize("system", ["scalegnn", "pyg-gcn"])
+def test_edge_weights_change_what_is_trained_and_the_record_says_what_was_read(tmp_path, system):
+    """The weighted graph trains other losses than the same graph unweighted (the weights
+    used to be dropped: identical losses); the record says weighted and symmetrized,
+    with the input's edge count."""
+    data = _weighted_data()
+    settings = dict(system=system, layers=2, hidden=8, epochs=3, seed=1, progress=False)
+    if system == "scalegnn":
+        settings["batch_ratio"] = 0.5
+    weighted = scalegnn.train(data, out_dir=str(tmp_path / "w"), **settings)
+    del data.edge_weight
+    plain = scalegnn.train(data, out_dir=str(tmp_path / "p"), **settings)
+    assert weighted["status"] == plain["status"] == "ok"
+    losses = [e["loss"] for e in weighted["epochs"]], [e["loss"] for e in plain["epochs"]]
+    assert all(abs(a - b) > 1e-6 for a, b in zip(*losses)), losses
+    assert weighted["graph"]["weighted"] is True and "weighted" not in plain["graph"]
+    for rec in (weighted, plain):
+        assert rec["graph"]["symmetrized"] is True and rec["graph"]["input_edges"] == data.edge_index.shape[1]
+        assert rec["graph"]["num_edges"] == 2 * data.edge_index.shape[1]
+
+
+@pytest.mark.parametrize("system", ["graphsage", "graphsaint", "bns-gcn"])
+def test_a_system_that_cannot_use_edge_weights_refuses_them_in_one_line(tmp_path, system, capsys):
+    """Python: a ValueError before anything trains; the CLI on a weighted npz file: one
+    line, exit 2; both naming the systems that take weights."""
+    import numpy as np
+
+    from scalegnn.cli import main
+
+    data = _weighted_data()
+    with pytest.raises(ValueError, match=f"--system {system} ignores edge weights .* train it with scalegnn, "):
+        scalegnn.train(data, system=system, epochs=1, out_dir=str(tmp_path / "api"), progress=False)
+    assert not (tmp_path / "api").exists() or not list((tmp_path / "api").glob("*.json"))
+    np.savez(tmp_path / "w.npz", edge_index=data.edge_index.numpy(), values=data.edge_weight.numpy(),
+             x=data.x.numpy(), y=data.y.numpy())
+    from tests.runs import one_line_error
+
+    err = one_line_error(capsys, ["train", "--system", system, "--dataset", f"npz:{tmp_path / 'w.npz'}", "--epochs",
+                                  "1", "--out", str(tmp_path / "cli")])
+    assert f"--system {system} ignores edge weights" in err

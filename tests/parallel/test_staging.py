@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import shutil
+
 import numpy as np
 import torch
 
@@ -182,6 +184,19 @@ def test_a_users_csr_folder_stages_out_of_core_as_in_memory(users, tmp_path, use
                 "split", "permute"):
         assert got[key] == want[key], key
     assert sorted(p.name for p in (tmp_path / "ooc").iterdir()) == sorted(p.name for p in (tmp_path / "mem").iterdir())
+    given = int(np.load(folder / "indptr.npy")[-1])  # one-way edges: made undirected, and the record says so
+    assert got["graph"].get("symmetrized", False) == (user != "symmetric")
+    assert got["graph"].get("input_edges") == (None if user == "symmetric" else given)
+
+
+def test_edge_weights_in_a_users_folder_are_refused_out_of_core_not_dropped(users, tmp_path):
+    folder = tmp_path / "weighted"
+    shutil.copytree(users / "symmetric", folder)
+    np.save(folder / "values.npy", np.full(int(np.load(folder / "indptr.npy")[-1]), 2.0))
+    with pytest.raises(ValueError, match="trains unit weights and .* holds edge weights .values.npy.: stage it "
+                       "without --memory-budget"):
+        stage_out_of_core(folder, (1, 1, 1, 1), tmp_path / "ooc", seed=3)
+    assert load_dataset(f"dir:{folder}", seed=3, cache=False).meta["weighted"]  # in memory: used
 
 
 def test_split_on_a_generated_folder_is_the_in_memory_one(generated, tmp_path):

@@ -14,6 +14,7 @@ tests/parallel/test_dist_sampling.py.
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scalegnn.graph import Graph, GraphValidationError, csr_from_edges
-from tests.graphs import assert_csr_invariants
+from tests.graphs import assert_csr_invariants, random_graph
 from tests.strategies import SETTINGS, edge_lists, graph_of
 
 
@@ -239,7 +240,8 @@ def test_a_graph_prints_its_sizes_in_one_line():
 
 def test_from_edge_index_and_from_scipy_build_the_graph_from_pyg_builds():
     """The same edges, features, labels and masks give the same graph whichever door
-    they come in by: PyG's Data, a (2, E) edge_index, a scipy matrix (values ignored)."""
+    they come in by: PyG's Data, a (2, E) edge_index, a 0/1 scipy matrix; a scipy matrix's
+    values are the edge weights."""
     rng = np.random.default_rng(3)
     src, dst = rng.integers(0, 30, 90), rng.integers(0, 30, 90)
     x, y = torch.randn(30, 5), torch.as_tensor(rng.integers(0, 3, 30))
@@ -249,9 +251,12 @@ def test_from_edge_index_and_from_scipy_build_the_graph_from_pyg_builds():
                                           test_mask=masks[2]))
     by_index = Graph.from_edge_index(edge_index.numpy(), x, y, train_mask=masks[0], val_mask=masks[1],
                                      test_mask=masks[2])
-    adjacency = sp.coo_matrix((rng.random(90) + 2, (src, dst)), shape=(30, 30))
+    adjacency = sp.coo_matrix((np.ones(90), (src, dst)), shape=(30, 30))
     by_scipy = Graph.from_scipy(adjacency, x, y, train_mask=masks[0].numpy(), val_mask=masks[1].numpy(),
                                 test_mask=masks[2].numpy())
+    weighted = Graph.from_scipy(sp.coo_matrix((rng.random(90) + 2, (src, dst)), shape=(30, 30)), x, y)
+    assert weighted.meta["weighted"] and "weighted" not in by_scipy.meta
+    assert torch.equal(weighted.indices, want.indices) and bool((weighted.values > 2).all())
     for g in (by_index, by_scipy):
         for name in ("indptr", "indices", "values", "x", "y", "train_idx", "val_idx", "test_idx"):
             assert torch.equal(getattr(g, name), getattr(want, name)), name
@@ -289,3 +294,116 @@ def test_validation_reads_the_features_once_on_the_way_to_the_normalized_graph(m
     bad[3, 1] = float("nan")
     with pytest.raises(GraphValidationError, match="features contain NaN or inf"):
         normalized.replace(x=bad)
+
+
+# ---------------------------------------------------------------- the graph as passed
+def _cora_like(seed: int = 0, n: int = 40, m: int = 160):
+    """A PyG-shaped object: a symmetric edge_index without self loops, features, labels."""
+    g = random_graph(n=n, m=m, seed=seed)
+    rows = g.row_ids()
+    keep = rows != g.indices  # the normalized graph's self loops
+    return SimpleNamespace(edge_index=torch.stack([rows[keep], g.indices[keep]]), x=g.x, y=g.y)
+
+
+def _dense(g: Graph) -> torch.Tensor:
+    return g.to_torch_csr().to_dense()
+
+
+def test_edge_weights_are_the_gcn_normalizations_weights_as_pygs_gcn_norm():
+    """edge_weight of a PyG object is used: the normalized adjacency is PyG's gcn_norm of
+    the weighted graph (self loops of weight 1), not the unweighted one."""
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    data = _cora_like()
+    src, dst = data.edge_index
+    w = torch.rand(src.numel(), generator=torch.Generator().manual_seed(0)) + 0.5
+    data.edge_weight = (w + w[_reverse_positions(src, dst)]) / 2  # symmetric weights: A = A^T
+    g = Graph.from_pyg(data)
+    assert g.meta["weighted"] is True and "symmetrized" not in g.meta
+    ei, ew = gcn_norm(data.edge_index, data.edge_weight, num_nodes=g.num_nodes, add_self_loops=True)
+    want = torch.sparse_coo_tensor(ei.flip(0), ew, (g.num_nodes,) * 2).to_dense()  # row = target, as PyG sums
+    assert torch.allclose(_dense(g.gcn_normalize()), want, atol=1e-6)
+    plain = Graph.from_pyg(_cora_like())
+    assert not torch.allclose(_dense(plain.gcn_normalize()), want, atol=1e-3)
+    data.edge_weight = torch.ones(src.numel())  # all ones: the unweighted graph, which every system trains
+    assert "weighted" not in Graph.from_pyg(data).meta
+
+
+def _reverse_positions(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """For each edge (s, d) of a symmetric edge list, the position of (d, s)."""
+    key = {(int(s), int(d)): k for k, (s, d) in enumerate(zip(src, dst))}
+    return torch.tensor([key[(int(d), int(s))] for s, d in zip(src, dst)])
+
+
+def test_a_directed_edge_index_is_made_undirected_and_said_so(caplog):
+    """One direction of each edge: the undirected graph is trained, a warning says so, and
+    meta (so the record) carries symmetrized with the input's edge count; an undirected
+    input says nothing."""
+    data = _cora_like()
+    src, dst = data.edge_index
+    with caplog.at_level("WARNING", logger="scalegnn"):
+        full = Graph.from_pyg(data)
+        assert "not symmetric" not in caplog.text
+        data.edge_index = data.edge_index[:, src < dst]
+        half = Graph.from_pyg(data, name="half")
+    assert torch.equal(half.indices, full.indices) and torch.equal(half.indptr, full.indptr)
+    assert half.meta["symmetrized"] is True and half.meta["input_edges"] == int((src < dst).sum())
+    info = half.record_info()
+    assert info["symmetrized"] is True and info["input_edges"] == int((src < dst).sum())
+    assert info["num_edges"] == full.num_edges and "symmetrized" not in full.record_info()
+    said = [r.getMessage() for r in caplog.records if "not symmetric" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"half: the edges given are not symmetric ({half.meta['input_edges']}")
+
+
+def test_weighted_symmetrizing_takes_the_mean_of_the_directions_given():
+    """(0, 1) given one way weighs the same both ways; (1, 2) given both ways with 3 and 5
+    weighs 4; duplicates sum; self loops dropped."""
+    edge_index = torch.tensor([[0, 1, 2, 3, 3, 2], [1, 2, 1, 2, 2, 2]])
+    g = Graph.from_edge_index(edge_index, torch.ones(4, 1), torch.tensor([0, 1, 0, 1]),
+                              edge_weight=torch.tensor([2.0, 3.0, 5.0, 1.0, 1.5, 9.0]))
+    want = torch.zeros(4, 4)
+    want[0, 1] = want[1, 0] = 2.0
+    want[1, 2] = want[2, 1] = 4.0
+    want[3, 2] = want[2, 3] = 2.5
+    assert torch.equal(_dense(g), want) and g.meta["symmetrized"] and g.meta["weighted"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda n: torch.ones(100, dtype=torch.bool), "boolean mask of shape (100,) but the graph has 40 vertices"),
+    (lambda n: torch.zeros(n, dtype=torch.long).index_fill_(0, torch.arange(5), 1), "more than once"),
+    (lambda n: torch.ones(n), "dtype torch.float32"),
+    (lambda n: torch.tensor([3, 45]), "outside [0, 40)"),
+])
+def test_a_mask_that_is_neither_a_boolean_mask_nor_vertex_ids_is_refused(bad, message):
+    data = _cora_like()
+    n = data.x.shape[0]
+    data.train_mask, data.val_mask, data.test_mask = bad(n), torch.arange(10, 20), torch.arange(20, 40)
+    with pytest.raises(GraphValidationError, match=re.escape(message)):
+        Graph.from_pyg(data)
+
+
+def test_index_masks_are_read_as_vertex_ids_boolean_ones_as_masks():
+    """train_mask = arange(30, 35) trains vertices 30..34 (the old reading took their
+    nonzero positions, 0..4); a boolean mask and PyG's (N, k) masks are read as masks."""
+    data = _cora_like()
+    data.train_mask, data.val_mask = torch.arange(30, 35), torch.tensor([7, 3, 5])
+    test = torch.zeros(40, dtype=torch.bool)
+    test[10:20] = True
+    data.test_mask = test
+    g = Graph.from_pyg(data)
+    assert g.train_idx.tolist() == [30, 31, 32, 33, 34] and g.val_idx.tolist() == [3, 5, 7]
+    assert g.test_idx.tolist() == list(range(10, 20))
+    by_index = Graph.from_edge_index(data.edge_index, data.x, data.y, train_mask=torch.arange(30, 35),
+                                     val_mask=[3, 5, 7], test_mask=test.numpy())
+    assert torch.equal(by_index.train_idx, g.train_idx) and torch.equal(by_index.test_idx, g.test_idx)
+
+
+def test_edge_attr_is_refused_not_dropped():
+    data = _cora_like()
+    data.edge_attr = torch.ones(data.edge_index.shape[1], 8)
+    with pytest.raises(GraphValidationError, match=r"edge_attr of shape \(\d+, 8\).*edge_weight.*del data.edge_attr"):
+        Graph.from_pyg(data)
+    data.edge_attr = None
+    data.edge_weight = -torch.ones(data.edge_index.shape[1])
+    with pytest.raises(GraphValidationError, match="negative weight"):
+        Graph.from_pyg(data)

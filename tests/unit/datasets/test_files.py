@@ -90,6 +90,36 @@ def test_byo_csr_masks_and_directed(tmp_path):
     assert split_sizes(g) == (2, 1, 1)
 
 
+def test_byo_weights_made_undirected_are_used_not_dropped(tmp_path, caplog):
+    """values with the default undirected=True: used (each pair the mean of its two
+    directions' weights), the graph marked weighted and, one-way edges given, symmetrized
+    with a warning; all-one values are the unweighted graph."""
+    a = {**_byo_arrays(), "edge_index": np.array([[0, 1, 2, 1, 9], [1, 0, 3, 2, 8]]),
+         "values": np.array([2.0, 4.0, 5.0, 1.0, 7.0])}
+    np.savez(tmp_path / "w.npz", **a)
+    with caplog.at_level(logging.WARNING, logger="scalegnn"):
+        g = load_dataset(f"npz:{tmp_path / 'w.npz'}", cache=False)
+    dense = g.to_torch_csr().to_dense()
+    assert dense[0, 1] == dense[1, 0] == 3.0 and dense[2, 3] == dense[3, 2] == 5.0 and dense[8, 9] == 7.0
+    assert dense[1, 2] == dense[2, 1] == 1.0 and g.meta["weighted"] and g.meta["symmetrized"]
+    assert g.meta["input_edges"] == 5 and "the edges given are not symmetric (5 edges" in caplog.text
+    np.savez(tmp_path / "ones.npz", **{**a, "values": np.ones(5)})
+    assert "weighted" not in load_dataset(f"npz:{tmp_path / 'ones.npz'}", cache=False).meta
+
+
+def test_a_users_edge_list_given_one_way_is_said_a_named_dataset_is_not(tmp_path, caplog, shared_data):
+    (tmp_path / "one-way.txt").write_text("0 1\n1 2\n2 0\n2 3\n")
+    (tmp_path / "both.txt").write_text("0 1\n1 0\n1 2\n2 1\n2 3\n3 2\n0 3\n3 0\n")
+    with caplog.at_level(logging.WARNING, logger="scalegnn"):
+        one_way = load_dataset(f"edgelist:{tmp_path / 'one-way.txt'}", cache=False)
+        both = load_dataset(f"edgelist:{tmp_path / 'both.txt'}", cache=False)
+        cora = load_dataset("cora", data_root=shared_data)
+    assert one_way.record_info()["symmetrized"] and one_way.record_info()["input_edges"] == 4
+    assert "symmetrized" not in both.meta and "symmetrized" not in cora.meta
+    said = [r.getMessage() for r in caplog.records if "not symmetric" in r.getMessage()]
+    assert len(said) == 1 and "one-way.txt" in said[0] and "(8 entries)" in said[0]
+
+
 def test_byo_missing_key_names_key_and_shape(tmp_path):
     a = _byo_arrays()
     del a["test_idx"]
