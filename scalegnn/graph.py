@@ -649,13 +649,14 @@ class Graph:
 
     # Where a graph's split and node data came from, as ``meta`` says: the loaders
     # write these keys, and a run record carries them (``record_info``).
-    PROVENANCE = ("split", "features", "labels", "stand_in", "weighted", "symmetrized", "input_edges")
+    PROVENANCE = ("split", "features", "labels", "stand_in", "weighted", "symmetrized", "input_edges", "unread")
 
     def record_info(self) -> dict:
         """The run record's ``graph`` field: the sizes, whether the features are sparse
         (CSR end to end), and the provenance keys of ``meta`` that are set (the split
         used, a stand-in for features or labels the data did not have, edge weights used,
-        and a directed input made undirected with the input's edge count).
+        a directed input made undirected with the input's edge count, and what of a
+        user's file was not read).
         ``num_edges`` is the graph's as given (``scalegnn data info`` says the same),
         ``adjacency_nnz`` the entries of the matrix trained on: with the self loops that
         :meth:`add_self_loops` (the GCN normalization) added."""

@@ -10,11 +10,13 @@ N(0,1) features, 32 balanced degree classes), stated in ``meta["stand_in"]`` for
 user's file.
 
 Edge list: one pair per line, separated by whitespace or a comma; extra columns
-(weights, timestamps) are ignored; lines starting with ``#`` or ``%`` are comments;
-a non-numeric first line is a header. Vertex ids need not be contiguous: the
-vertices are the distinct ids, renumbered 0..N-1 in increasing id order (so an
-isolated vertex cannot appear in an edge list). Matrix Market: coordinate format,
-general or symmetric, any field (values ignored); vertex i is row i-1, so N comes
+(weights, timestamps) are not read, and a user's file says so (``meta["unread"]``,
+logged and in the run record); lines starting with ``#`` or ``%`` are comments; a
+non-numeric first line is a header. Vertex ids need not be contiguous: the vertices are
+the distinct ids, renumbered 0..N-1 in increasing id order (so an isolated vertex cannot
+appear in an edge list). Matrix Market: coordinate format, general or symmetric, any
+field (the values of a user's file not read, and said so, as an edge list's extra
+columns); vertex i is row i-1, so N comes
 from the header and isolated vertices are kept. A non-square matrix is rejected.
 
 Bring your own (``npz:<file.npz>`` or ``dir:<folder>`` of ``<key>.npy`` files):
@@ -168,6 +170,24 @@ def read_edgelist(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return e[:, 0].copy(), e[:, 1].copy()
 
 
+def unread_values(path: Path, fmt: str) -> str | None:
+    """What of a user's graph file is not read, said rather than dropped: an edge list's
+    columns after the two ids (weights, timestamps), a Matrix Market file's values (a
+    file that is not ``pattern``); None when the file holds nothing more."""
+    fix = "the graph is trained unweighted; to train weights, give them as 'values' of an npz: file or dir: folder"
+    if fmt == "mtx":
+        import scipy.io
+
+        field = scipy.io.mminfo(path)[4]
+        return None if field == "pattern" else f"the {field} values of {path.name} are not read: {fix}"
+    sep, comments, skip = _sniff(path)
+    with open(path, "rb") as f:
+        head = f.read(1 << 16).decode("utf-8", errors="replace").splitlines()
+    data = [line.strip() for line in head[skip:] if line.strip() and line.strip()[0] not in "#%"]
+    columns = len(data[0].replace(",", " ").split()) if data else 2
+    return None if columns <= 2 else f"columns 3 to {columns} of {path.name} (weights, timestamps) are not read: {fix}"
+
+
 def compact_ids(src: np.ndarray, dst: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Renumber the distinct ids to 0..N-1 preserving order; returns (src, dst, N)."""
     s, d = torch.from_numpy(src), torch.from_numpy(dst)
@@ -280,6 +300,8 @@ def featureless_from_file(name: str, path: Path, fmt: str, seed: int, announce: 
                                    f"< {n}")
     indptr, indices, values, counts = undirected_csr(src, dst, n, users=announce)
     meta = {"source": str(path), "format": fmt, "ids_renumbered": relabeled, **counts}
+    if announce and (unread := unread_values(path, fmt)):
+        meta["unread"] = unread
     for kind, f in found.items():
         meta[kind] = f"from {f}" + (", sparse (CSR)" if kind == "features" and x.layout == torch.sparse_csr else "")
     graph = featureless_graph(name, indptr, indices, values, seed, meta, x=x, y=y)

@@ -402,6 +402,8 @@ def load_dataset(name: str, data_root: str | os.PathLike | None = None, seed: in
     graph = _load(name, data_root, seed, cache)
     if graph.meta.get("stand_in"):
         logging.getLogger("scalegnn.datasets").warning("%s: %s", graph.name, graph.meta["stand_in"])
+    if graph.meta.get("unread"):
+        logging.getLogger("scalegnn.datasets").warning("%s: %s", graph.name, graph.meta["unread"])
     graph.state_symmetrized()
     if split is not None:
         graph = apply_split(graph, split, seed if split_seed is None else split_seed)

@@ -118,6 +118,26 @@ def test_a_users_edge_list_given_one_way_is_said_a_named_dataset_is_not(tmp_path
     assert "symmetrized" not in both.meta and "symmetrized" not in cora.meta
     said = [r.getMessage() for r in caplog.records if "not symmetric" in r.getMessage()]
     assert len(said) == 1 and "one-way.txt" in said[0] and "(8 entries)" in said[0]
+    assert not any("not read" in r.getMessage() for r in caplog.records)
+
+
+def test_the_values_of_a_users_file_are_said_not_read(tmp_path, caplog):
+    """An edge list's third column, a real Matrix Market file's values: said (a warning,
+    the record's graph.unread), never silently dropped; a pattern file says nothing."""
+    ring = [(i, (i + 1) % 12) for i in range(12)]
+    ring += [(j, i) for i, j in ring]
+    (tmp_path / "w.txt").write_text("src dst weight\n" + "".join(f"{i} {j} {0.5 + i}\n" for i, j in ring))
+    rows, cols = np.array(ring).T
+    scipy.io.mmwrite(tmp_path / "w.mtx", sp.coo_matrix((np.full(rows.size, 2.5), (rows, cols))))
+    scipy.io.mmwrite(tmp_path / "p.mtx", sp.coo_matrix((np.ones(rows.size), (rows, cols))), field="pattern")
+    with caplog.at_level(logging.WARNING, logger="scalegnn"):
+        listed = load_dataset(f"edgelist:{tmp_path / 'w.txt'}", cache=False, seed=1)
+        market = load_dataset(f"mtx:{tmp_path / 'w.mtx'}", cache=False, seed=1)
+        pattern = load_dataset(f"mtx:{tmp_path / 'p.mtx'}", cache=False, seed=1)
+    assert listed.record_info()["unread"].startswith("columns 3 to 3 of w.txt (weights, timestamps) are not read")
+    assert market.record_info()["unread"].startswith("the real values of w.mtx are not read")
+    assert "unread" not in pattern.meta and bool((listed.values == 1).all())
+    assert sum("are not read" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_byo_missing_key_names_key_and_shape(tmp_path):
