@@ -38,11 +38,10 @@ GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/u
               tests/parallel/test_step_graph.py \
               tests/baselines/test_cagnet.py tests/baselines/test_device.py tests/integration/test_gpu_surface.py
 
-# The documentation site (mkdocs.yml, docs/): `make docs` installs the `docs` extra of
-# pyproject.toml (MkDocs alone: not the package, not torch) into $(VENV) and builds the
-# site into $(DOCS_OUT) with --strict (a warning, e.g. a link that does not resolve, fails).
+# The documentation site (mkdocs.yml, docs/): `make docs` builds it, in the environment `make
+# test` builds (its dev extra holds the docs extra), into $(DOCS_OUT) with --strict (a
+# warning, e.g. a link that does not resolve, fails).
 DOCS_OUT   ?= build/docs
-DOCS_STAMP := $(VENV)/.docs-installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: demo test test-vgpu test-slurm test-cluster test-gpu test-torch-floor gpu-report bench-gpu env bench clean-env dgl-env docs
 
@@ -65,13 +64,7 @@ $(DGL_STAMP):
 
 dgl-env: $(DGL_STAMP)
 
-$(DOCS_STAMP):
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
-	@rm -f $(VENV)/.docs-installed-*
-	$(PY) -c 'import subprocess, sys, tomllib; docs = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]; subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *docs], check=True)'
-	@touch $@
-
-docs: $(DOCS_STAMP)
+docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --clean --site-dir $(DOCS_OUT)
 
 env: $(STAMP)

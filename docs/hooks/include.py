@@ -3,7 +3,9 @@ file PATH (relative to the repository root), so the READMEs that live beside the
 (results/README.md, sweeps/README.md, baselines/README.md, scalegnn/datasets/README.md)
 are published as they are, never copied. ``<!-- include: PATH#NAME -->`` takes only the
 fenced code block that follows the line ``<!-- example: NAME -->`` in PATH (the README's
-Python example, which tests/integration/test_api.py runs).
+Python example, which tests/integration/test_api.py runs); ``<!-- include: PATH#section=TITLE -->``
+takes the section of PATH under the heading TITLE, to the next heading of its level or
+above (the settings table on the API page).
 
 Links in an included file are written for GitHub, relative to that file: a link to
 another repository file becomes its path in code (the site does not hold it), and an
@@ -49,6 +51,13 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         if root not in path.parents or not path.is_file():
             raise PluginError(f"{page.file.src_path}: cannot include {source!r}: no such file in the repository")
         text = path.read_text(encoding="utf-8")
+        if example.startswith("section="):
+            title = example[len("section="):].replace("_", " ")
+            head = re.search(rf"^(#+) {re.escape(title)}[ \t]*$", text, re.M)
+            if not head:
+                raise PluginError(f"{page.file.src_path}: {source} has no heading {title!r}")
+            end = re.compile(rf"^#{{1,{len(head.group(1))}}} ", re.M).search(text, head.end())
+            return _relink(text[head.end():end.start() if end else len(text)].strip() + "\n", source)
         if example:
             block = re.search(rf"<!-- example: {re.escape(example)} -->\s*(```.*?\n```)", text, re.S)
             if not block:
