@@ -43,7 +43,7 @@ GPU_TESTS  ?= tests/unit/test_sampling_kernel.py tests/unit/test_perf.py tests/u
 # warning, e.g. a link that does not resolve, fails).
 DOCS_OUT   ?= build/docs
 
-.PHONY: demo test test-vgpu test-slurm test-cluster test-gpu test-torch-floor gpu-report bench-gpu env bench clean-env dgl-env docs
+.PHONY: demo test test-vgpu test-readme test-slurm test-cluster test-gpu test-torch-floor gpu-report bench-gpu env bench clean-env dgl-env docs
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -81,6 +81,11 @@ test: $(STAMP) $(DGL_STAMP)
 # device memory or a host read inside a prefetched step fails the test). A few minutes.
 test-vgpu: $(STAMP)
 	$(PY) -m pytest -q -m vgpu -p no:cacheprovider tests/vgpu
+
+# The README's long commands (not part of `make test`: about 8 minutes on 2 cores): the
+# Facebook run, csbm on 8 ranks, the edge list on 4; the short ones run in `make test`.
+test-readme: $(STAMP)
+	$(PY) -m pytest -q -m readme -p no:cacheprovider tests/harness/test_readme_commands.py
 
 # The real-scheduler tier (not part of `make test`): a one-node SLURM cluster with munge
 # started on this machine by tests/slurm/localslurm.sh (root; apt-get installs slurm-wlm

@@ -58,7 +58,7 @@ from .folders import default_out, manifest_path, mark_submitted, run_dir, run_st
 from .jobs import (SIGNAL_DELAY_S, SweepOutcome, group_runs, job_name, job_shape, multi_node_refusal,
                    python_for, refuse_placeholders, stage_groups, staging_threads, supported_systems, task_payload)
 from .preflight import command as preflight_command
-from .profiles import ONE_LINE, ClusterProfile, check_script_value, load_profile
+from .profiles import ONE_LINE, ClusterProfile, check_script_value, load_profile, show_site_variables
 from .spec import RunSpec, SweepSpec, expand, load_spec
 from .staging import StageTask, resolve_data_root, stage_for
 from .task import SweepTask
@@ -187,8 +187,14 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
     """
     spec = load_spec(spec_name)
     profile = load_profile(cluster).with_overrides(**(overrides or {}))
-    out = Path(out) if out is not None else default_out(spec.name, profile.name, profile.site_path("out_root"))
-    site_data = profile.site_path("data_root") if not data_root else None
+    # A dry run is what one runs before logging in: a site variable it cannot expand here ($PSCRATCH, $USER) is
+    # shown as itself; a submission needs it (site_path's one-line error).
+    unset: list[str] | None = [] if dry_run else None
+    out = Path(out) if out is not None else default_out(spec.name, profile.name,
+                                                        profile.site_path("out_root", unset=unset))
+    site_data = profile.site_path("data_root", unset=unset) if not data_root else None
+    if unset:
+        shown, printer = printer, lambda text="": shown(show_site_variables(text))
     # the folder lands in #SBATCH --output / # flux: --output lines: one line, or it injects one
     check_script_value("--out", out.resolve(), ONE_LINE, "pass a folder whose path has no newline or control "
                        "character")
@@ -219,6 +225,11 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
     if profile.scheduler != "local" and not dry_run and active is None:
         printer(f"  note: the {profile.scheduler} queue cannot be asked here, so runs still queued from an earlier "
                 "submission cannot be told apart and are submitted again")
+    if unset:
+        it, names = (("it", f"${unset[0]} is") if len(unset) == 1 else
+                     ("them", ", ".join("$" + v for v in unset) + " are"))
+        printer(f"  note: {names} not set here, so the paths show {', '.join('${' + v + '}' for v in unset)} as "
+                f"written; a {profile.name} login node sets {it}, and a submission needs {it}")
     for sys_name in sorted({r.system for r in unsupported}):
         printer(f"  skipped: `scalegnn train` has no --system {sys_name} here "
                 f"({sum(r.system == sys_name for r in unsupported)} runs)")
@@ -243,6 +254,9 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
         submit_flux(result, profile, out, dry_run, python, printer)
     else:
         _local(result, profile, out, dry_run, printer)
+    if unset:  # the scripts as they were printed
+        result.scripts[:] = map(show_site_variables, result.scripts)
+        result.stage_scripts[:] = map(show_site_variables, result.stage_scripts)
     return result
 
 

@@ -13,7 +13,9 @@ data: scheduler values checked to be one safe word (:func:`check_script_value`),
 Where a site keeps its data (``data_root``, ``out_root``: scratch, not ``$HOME``) is
 a path template expanded on the submitting login node (:meth:`ClusterProfile.site_path`):
 ``${VAR}`` from its environment, ``{account}`` from the account or bank; a variable
-that is not set there stops the sweep with one line before anything is written.
+that is not set there stops a submission with one line before anything is written. A
+``--dry-run`` (on a laptop, before logging in) shows such a variable as itself,
+``${PSCRATCH}`` (:func:`show_site_variables`), and says that it expands on the site.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["ClusterProfile", "Network", "Compute", "SlurmSettings", "FluxSettings", "StagingSettings", "load_profile",
-           "list_profiles", "PROFILE_DIR", "ProfileError"]
+           "list_profiles", "PROFILE_DIR", "ProfileError", "show_site_variables"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 SCHEDULERS = ("slurm", "flux", "local")
@@ -62,6 +64,12 @@ _SITE_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z
 _SITE_FIELD = re.compile(r"(?<!\$)\{([^{}]*)\}")  # {account}; not ${NAME}
 SITE_FIELDS = ("account",)
 SITE_PATH_FLAGS = {"data_root": "--data-root", "out_root": "--out"}  # the command-line flag that overrides each
+# A site variable a dry run cannot expand here stands in its path as a marker that keeps the path absolute (the
+# sweep resolves its folders, and a relative "${PSCRATCH}/..." would resolve under the current folder); what the
+# dry run prints shows each marker as the variable again (show_site_variables). The characters are ones shlex and
+# check_script_value pass as they are; a path that starts with the variable gets the root form.
+_UNSET_INSIDE, _UNSET_ROOT = "@unset-site-variable:", "/@site-root"  # NAME@ follows the first
+_UNSET = re.compile(f"(?:{re.escape(_UNSET_ROOT)})?{re.escape(_UNSET_INSIDE)}([A-Za-z_][A-Za-z0-9_]*)@")
 
 
 def check_script_value(what: str, value, punct: str | None, fix: str, *, placeholder: bool = False,
@@ -81,6 +89,12 @@ def check_script_value(what: str, value, punct: str | None, fix: str, *, placeho
     if bad:
         raise error(f"{what} {text!r}: {bad.group()!r} cannot go into a batch script line (allowed: {allowed}); "
                     f"{fix}")
+
+
+def show_site_variables(text: str) -> str:
+    """``text`` (a dry run's line or script) with every site variable that was not set
+    here (:meth:`ClusterProfile.site_path` with ``unset``) shown as ``${NAME}``."""
+    return _UNSET.sub(lambda m: "${" + m.group(1) + "}", text)
 
 
 def shell_value(value: str) -> str:
@@ -305,13 +319,15 @@ class ClusterProfile:
         """The account jobs are charged to: SLURM's account, Flux's bank."""
         return self.flux.bank if self.scheduler == "flux" else self.slurm.account
 
-    def site_path(self, name: str, environ=None) -> str | None:
+    def site_path(self, name: str, environ=None, unset: list[str] | None = None) -> str | None:
         """``data_root`` or ``out_root`` expanded for this submission, None when the
         profile leaves it to the default. ``${VAR}`` / ``$VAR`` come from ``environ``
         (default: this process's, i.e. the login node's; ``$PSCRATCH`` on Perlmutter),
         ``{account}`` is the account (the Flux bank) in lower case, as OLCF names its
         project folders, ``~`` the home folder. A variable that is not set is a
-        :class:`ProfileError` naming it and the flag that overrides the path."""
+        :class:`ProfileError` naming it and the flag that overrides the path; with
+        ``unset`` (a dry run) it is appended there instead and stays in the path as a
+        marker that :func:`show_site_variables` shows as ``${NAME}``."""
         template = getattr(self, name)
         if not template:
             return None
@@ -323,10 +339,14 @@ class ClusterProfile:
             value = environ.get(var, "")
             if not value:
                 missing.append(var)
+                if unset is not None:
+                    return (_UNSET_ROOT if match.start() == 0 else "") + f"{_UNSET_INSIDE}{var}@"
             return value
 
         text = _SITE_VARIABLE.sub(variable, _SITE_FIELD.sub(lambda m: self.account.lower(), template))
-        if missing:
+        if missing and unset is not None:
+            unset.extend(v for v in dict.fromkeys(missing) if v not in unset)
+        elif missing:
             raise ProfileError(f"profile {self.name}: {name} {template!r} needs ${missing[0]}, which is not set here; "
                                f"run on a {self.name} login node (where the site sets it), export it, or pass "
                                f"{SITE_PATH_FLAGS[name]} DIR")

@@ -42,7 +42,7 @@ from scalegnn.sweeps.folders import mark_submitted, run_dir, run_state, submitte
 from scalegnn.sweeps.grids import grids_for
 from scalegnn.sweeps.jobs import group_runs, supported_systems, with_checkpoints
 from scalegnn.sweeps.launcher import sweep
-from scalegnn.sweeps.profiles import ProfileError
+from scalegnn.sweeps.profiles import ProfileError, show_site_variables
 from scalegnn.sweeps.spec import SpecError
 from scalegnn.sweeps.task import SweepTask
 from tests.files import REPO, sparse_npz
@@ -135,6 +135,12 @@ def test_site_paths_expand_on_the_login_node():
                               "--data-root DIR")
     with pytest.raises(ProfileError, match=r"needs \$USER, .* or pass --out DIR$"):
         tuo.site_path("out_root", {"PSCRATCH": "/x"})
+    unset = []  # a dry run's: the variable stays in the path, shown as itself
+    assert show_site_variables(per.site_path("out_root", {}, unset)) == "${PSCRATCH}/scalegnn/sweeps"
+    assert show_site_variables(tuo.site_path("out_root", {}, unset)) == "/p/lustre5/${USER}/scalegnn/sweeps"
+    assert show_site_variables(fro.with_overrides(account="CSC1").site_path("data_root", {}, unset)) == \
+        "/lustre/orion/csc1/scratch/${USER}/scalegnn/data"
+    assert unset == ["PSCRATCH", "USER"] and per.site_path("out_root", {}, unset).startswith("/")  # resolves as is
 
 
 def test_a_sweep_puts_data_and_outputs_on_the_sites_scratch(tmp_path, monkeypatch):
@@ -163,12 +169,44 @@ def test_a_sweep_puts_data_and_outputs_on_the_sites_scratch(tmp_path, monkeypatc
 def test_a_site_variable_that_is_not_set_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("PSCRATCH")
     monkeypatch.chdir(tmp_path)
-    err = one_line_error(capsys, ["sweep", "fig8", "--cluster", "perlmutter", "--dry-run"])
+    err = one_line_error(capsys, ["sweep", "fig8", "--cluster", "perlmutter", "--account", "m1"])
     assert "out_root '${PSCRATCH}/scalegnn/sweeps' needs $PSCRATCH" in err and err.rstrip().endswith("pass --out DIR")
     err = one_line_error(capsys, ["sweep", "fig8", "--cluster", "perlmutter", "--out", "o", "--account", "m1"])
     assert "data_root '${PSCRATCH}/scalegnn/data' needs $PSCRATCH" in err and err.rstrip().endswith("--data-root DIR")
     assert list(tmp_path.iterdir()) == []  # no manifest, no folder, nothing submitted
     assert main(["sweep", "fig8", "--cluster", "perlmutter", "--dry-run", "--out", "o", "--data-root", "d"]) == 0
+
+
+@pytest.mark.parametrize("cluster, variable, out_root", [  # out_root as the scripts show it (quoted: <project>)
+    pytest.param("perlmutter", "PSCRATCH", "${PSCRATCH}/scalegnn/sweeps", id="perlmutter"),
+    pytest.param("frontier", "USER", "'/lustre/orion/<project>/scratch/${USER}/scalegnn/sweeps", id="frontier"),
+    pytest.param("tuolumne", "USER", "/p/lustre5/${USER}/scalegnn/sweeps", id="tuolumne"),
+])
+def test_the_readmes_dry_run_runs_off_the_site(cluster, variable, out_root, tmp_path, capsys, monkeypatch):
+    """`scalegnn sweep fig7 --cluster C --dry-run` on a laptop, before logging in (no
+    $PSCRATCH, no $USER): the scripts show the site variables as themselves, one line
+    says so, and nothing is written; the same jobs as on the site. It used to stop with
+    "needs $PSCRATCH" (or $USER)."""
+    for var in ("PSCRATCH", "USER"):
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "fig7", "--cluster", cluster, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "not set here" in line]
+    assert notes == [f"  note: ${variable} is not set here, so the paths show ${{{variable}}} as written; a {cluster} "
+                     f"login node sets it, and a submission needs it"]
+    output = "--output=" if cluster != "tuolumne" else "# flux: --output="
+    assert f"{output}{out_root}/fig7-{cluster}/" in out and "@" + "unset" not in out and "site-root" not in out
+    assert f"--data-root {out_root.replace('sweeps', 'data')}" in out  # the staging and the runs' commands
+    assert list(tmp_path.iterdir()) == []
+    # the same jobs as on the site, where the variables are set
+    monkeypatch.setenv("PSCRATCH", "/pscratch/sd/u/user")
+    monkeypatch.setenv("USER", "user")
+    assert main(["sweep", "fig7", "--cluster", cluster, "--dry-run"]) == 0
+    on_site = capsys.readouterr().out
+    assert "not set here" not in on_site and "${" + variable + "}/scalegnn" not in on_site
+    assert [line for line in on_site.splitlines() if line.startswith("# ----")] == \
+        [line for line in out.splitlines() if line.startswith("# ----")]
 
 
 @pytest.mark.parametrize("old, new, message", [
