@@ -6,6 +6,12 @@ times as ``time.<name>`` and bytes as ``bytes.<kind>``. Files that are truncated
 corrupt or from a newer schema are reported (path and reason) and skipped, never
 silently dropped: they are returned in ``DataFrame.attrs['skipped']`` and warned.
 
+A resume writes a record of its own, naming its parent (``resumed_from``) and holding
+the parent's epochs before its own; so a chain of resumes is one run, and its latest
+record stands for it (:func:`latest_of_chains`): both frames leave out the records a
+later one continued (their run ids in ``DataFrame.attrs['continued']``), so no epoch
+is counted twice. :func:`read_records` still reads every record.
+
 Derived columns of ``load_runs`` (everything the figures need, computed once):
 
     record_file       where the record was read from (``path`` is where it was written)
@@ -34,7 +40,7 @@ import pandas as pd
 
 from scalegnn.records import RecordError, read_record
 
-__all__ = ["read_records", "read_manifests", "load_runs", "load_epochs", "runs_from_records"]
+__all__ = ["read_records", "read_manifests", "load_runs", "load_epochs", "runs_from_records", "latest_of_chains"]
 
 
 # JSON files a sweep folder holds besides records (sweeps/folders.py's layout):
@@ -75,6 +81,24 @@ def read_records(folder) -> tuple[list[dict], list[tuple[str, str]]]:
     for path, reason in skipped:
         warnings.warn(f"skipping run record {path}: {reason}", stacklevel=2)
     return good, skipped
+
+
+def latest_of_chains(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """``records`` split into those that stand for their runs and those a later record
+    continued (in the order given). A record is continued when another one names it as
+    ``resumed_from`` (the child holds its epochs, and its own after them), or when a
+    later record (by run id, which starts with the UTC time) continues the same parent:
+    a resume that ended before its first checkpoint, tried again from the parent's."""
+    newest: dict[str, str] = {}  # parent's run id -> its latest child's
+    for r in records:
+        if parent := r.get("resumed_from"):
+            newest[parent] = max(newest.get(parent, r["run_id"]), r["run_id"])
+    kept, continued = [], []
+    for r in records:
+        rid = r.get("run_id")
+        superseded = rid in newest or newest.get(r.get("resumed_from"), rid) != rid
+        (continued if superseded else kept).append(r)
+    return kept, continued
 
 
 def read_manifests(folder) -> list[dict]:
@@ -159,7 +183,9 @@ def _derived(rec: dict) -> dict:
 
 
 def runs_from_records(records: list[dict], manifests: list[dict] | None = None) -> pd.DataFrame:
-    """The ``load_runs`` frame for records already in memory (tests build synthetic ones)."""
+    """The ``load_runs`` frame for records already in memory (tests build synthetic ones),
+    one row per run: a record that a later one continued is left out (:func:`latest_of_chains`)."""
+    records, continued = latest_of_chains(records)
     sweep_of: dict[str, dict] = {}
     for m in manifests or []:
         for i, run in enumerate(m.get("runs", [])):
@@ -184,6 +210,7 @@ def runs_from_records(records: list[dict], manifests: list[dict] | None = None) 
     for col in ("sweep.spec", "sweep.figure", "sweep.cluster", "sweep.variant", "sweep.paper_dataset"):
         if col not in frame:
             frame[col] = None
+    frame.attrs["continued"] = [r["run_id"] for r in continued]
     return frame
 
 
@@ -196,6 +223,7 @@ def load_runs(folder) -> pd.DataFrame:
 
 def load_epochs(folder) -> pd.DataFrame:
     records, skipped = read_records(folder)
+    records, continued = latest_of_chains(records)  # a chain's epochs once: its latest record holds them all
     rows = []
     for rec in records:
         prev = 0.0
@@ -216,4 +244,5 @@ def load_epochs(folder) -> pd.DataFrame:
             rows.append(row)
     frame = pd.DataFrame(rows)
     frame.attrs["skipped"] = skipped
+    frame.attrs["continued"] = [r["run_id"] for r in continued]
     return frame

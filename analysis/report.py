@@ -113,7 +113,9 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     for i, text in enumerate(result_lines(runs) if not runs.empty else []):
         add(f"{'**Result:** ' if i == 0 else ''}{text}\n")
     add(f"Generated {now} by `scalegnn report {results_dir}` (scalegnn commit `{_commit()}`).\n")
-    add(f"- {len(records)} run records ({ok} ok, {len(records) - ok} not ok), "
+    continued = len(runs.attrs.get("continued", []))  # resumed later: counted in the run that continued them
+    add(f"- {len(records)} run records ({ok} ok, {len(records) - continued - ok} not ok"
+        + (f", {continued} continued by a resume" if continued else "") + f"), "
         f"{len(skipped)} unreadable files skipped")
     specs = sorted({f"`{m['spec']}` on `{m['cluster']}`" for m in manifests})
     add(f"- sweeps: {', '.join(specs) if specs else 'none (records not launched by `scalegnn sweep`)'}")

@@ -379,12 +379,12 @@ def markdown(frame: pd.DataFrame, formats: dict | None = None, columns: dict | N
 
 # ------------------------------------------------ seed tables (docs/results.md, "Baselines measured on 2 CPU cores")
 def _records(folder) -> list[dict]:
-    from .load import read_records
+    from .load import latest_of_chains, read_records
 
     good, skipped = read_records(folder)
     for _, why in skipped:
         print(f"skipped: {why}", file=sys.stderr)
-    return good
+    return latest_of_chains(good)[0]  # a resumed chain counts once, as its latest record
 
 
 def _mean_spread(values: list[float]) -> str:

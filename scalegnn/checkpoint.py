@@ -35,8 +35,10 @@ identical, but a rank only ever reads its own file, so no rank needs another's).
 
 For launchers (the SLURM requeue path): pass ``--checkpoint-dir D --resume`` on every
 (re)submission. ``--resume`` with no complete checkpoint in ``D`` starts from scratch,
-so the first submission and every requeue use the same command line;
-:func:`latest` and :func:`resume_run_id` tell a launcher what a resume would pick up.
+so the first submission and every requeue use the same command line. Each attempt is
+a run of its own, with its own record; a resumed one names the run it continues
+(``resumed_from``). :func:`latest` and :func:`resume_run_id` tell a launcher what a
+resume would pick up.
 """
 
 from __future__ import annotations
@@ -324,7 +326,8 @@ def load_rank_state(ckpt, rank: int, map_location="cpu") -> dict:
 
 
 def resume_run_id(directory) -> str | None:
-    """The run id a ``--resume`` in ``directory`` would continue, or None (fresh start)."""
+    """The run id a ``--resume`` in ``directory`` would continue (the new run's
+    ``resumed_from``), or None (fresh start)."""
     ckpt = latest(directory) if directory else None
     return None if ckpt is None else read_meta(ckpt)["record"]["run_id"]
 

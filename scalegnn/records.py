@@ -117,10 +117,12 @@ def new_record(*, system: str, dataset: str, config: dict, grid: dict, world_siz
     """A run record as it stands before the first epoch (status ``running``); ``extra``
     fields (e.g. ``compile_time_s``) go in as given. The one skeleton every record
     starts from (:mod:`scalegnn.session`: a run's own, and the stand-in of a run that
-    lost the rank holding it)."""
+    lost the rank holding it). ``resumed_from`` is None until a resume fills it (the
+    run id of the record whose checkpoint this run continues: a resume is a new run)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id or new_run_id(system, dataset),
+        "resumed_from": None,
         "system": system,
         "dataset": dataset,
         "config": config,
@@ -254,6 +256,10 @@ _V2_NUMERICS = ("comm_dtype", "gemm_dtype", "permute")
 _ADDED_SETTINGS = {("model", "norm_position"): "post",  # the paper's RMSNorm placement, the only one before
                    ("perf", "cuda_graphs"): False,  # every step ran uncaptured
                    (None, "tuned_from"): None}  # no run said where its settings came from
+# Record fields added since records were written -> the value every record had before.
+# A resume used to rewrite its parent's record under the same run id; since it writes a
+# record of its own, ``resumed_from`` names the parent, and an older record continued no other.
+_ADDED_FIELDS = {"resumed_from": None}
 
 
 def upgrade(record: dict) -> dict:
@@ -264,9 +270,9 @@ def upgrade(record: dict) -> dict:
     ``perf``, as :class:`scalegnn.config.RunConfig` orders them; a setting a record
     lacks stays absent); version 3's ``graph.num_edges`` (the trained matrix's entries)
     moved to version 4's ``graph.adjacency_nnz``, its ``num_edges`` unknown (None); a
-    setting added since a record was written (:data:`_ADDED_SETTINGS`) takes the value
-    every run had before it existed. The configuration's dicts are new ones: the caller's are
-    left as they were."""
+    setting added since a record was written (:data:`_ADDED_SETTINGS`), and a record
+    field (:data:`_ADDED_FIELDS`), takes the value every run had before it existed. The
+    configuration's dicts are new ones: the caller's are left as they were."""
     if record.get("schema_version") == 1 and isinstance(record.get("config"), dict):
         old = record["config"]
         config = {"system": old.get("system", record.get("system")), "seed": old.get("seed", record.get("seed"))}
@@ -306,6 +312,8 @@ def upgrade(record: dict) -> dict:
                 record["config"] = {**config, key: value}
         elif isinstance(config.get(section), dict) and key not in config[section]:
             record["config"] = {**config, section: {**config[section], key: value}}
+    for key, value in _ADDED_FIELDS.items():
+        record.setdefault(key, value)
     return record
 
 

@@ -145,7 +145,6 @@ class RunSession:
         self.record: RunRecord | None = None
         self.trainer = None
         self.peaks: list[tuple] | None = None  # every rank's (memory, RSS, device memory) peaks, when known already
-        self.reserve = None  # the room set aside for the record (records.reserve_record_space)
         reset_peak_memory(self.device)
 
     def open(self, trainer) -> RunRecord:
@@ -161,7 +160,7 @@ class RunSession:
             batch_size=trainer.batch_size, steps_per_epoch=trainer.steps_per_epoch, target_acc=cfg.loop.target_acc,
             run_id=self.run_id, **trainer.record_fields())
         if self.write and self.rank == 0:  # room for the record, whatever fills the disk meanwhile
-            self.reserve = records.reserve_record_space(cfg.loop.out_dir, self.record["run_id"], cfg.loop.epochs)
+            records.reserve_record_space(cfg.loop.out_dir, self.record["run_id"], cfg.loop.epochs)
         return self.record
 
     @contextlib.contextmanager
@@ -228,8 +227,6 @@ class RunSession:
         if status in FAILED_STATUSES and self.rank == 0 and self.survey is not None:
             name_lost_ranks(record, self.survey())
         handed_over = self.failures == "hand over" and status in FAILED_STATUSES
-        if self.reserve is not None and self.reserve.exists():  # a resumed run took its checkpoint's id
-            self.reserve = self.reserve.replace(records.reserve_path(self.cfg.loop.out_dir, record["run_id"]))
         if self.write and self.rank == 0 and status != "interrupted" and not handed_over:
             record["path"] = str(records.write_record(record, self.cfg.loop.out_dir))
 
@@ -242,18 +239,18 @@ def _gather(obj, world_size: int) -> list:
 
 # --------------------------------------------------------------------------- records of runs that lost their rank 0
 def new_run_id(cfg: RunConfig) -> str:
-    """The id a run's record gets: its checkpoint's on ``--resume`` (a resumed run keeps
-    its id), else a new one."""
-    from .checkpoint import resume_run_id
-
-    return (resume_run_id(cfg.checkpoint.dir) if cfg.checkpoint.resume else None) \
-        or records.new_run_id(cfg.system, cfg.data.dataset)
+    """The id a run's record gets: a new one, on ``--resume`` too (a resume is a new run;
+    its record's ``resumed_from`` names the run whose checkpoint it continues, whose
+    record and model file stay as they were written)."""
+    return records.new_run_id(cfg.system, cfg.data.dataset)
 
 
 def stand_in_record(cfg: RunConfig, run_id: str, world_size: int, partial: dict | None = None) -> dict:
     """The record of a run whose own could not be written: rank 0's ``partial`` record
-    when it sent one, else the newest checkpoint's record of this run, else one with
-    the configuration and no epochs (status ``running`` until :func:`conclude`)."""
+    when it sent one, else the newest checkpoint's record of this run (or, on
+    ``--resume``, of the run it continues: its epochs so far, ``resumed_from`` that
+    run's id), else one with the configuration and no epochs (status ``running`` until
+    :func:`conclude`)."""
     from .checkpoint import latest, read_meta
 
     base = dict(partial) if partial else None
@@ -261,7 +258,10 @@ def stand_in_record(cfg: RunConfig, run_id: str, world_size: int, partial: dict 
         ckpt = latest(cfg.checkpoint.dir)
         if ckpt is not None:
             saved = read_meta(ckpt)["record"]
-            base = dict(saved) if saved.get("run_id") == run_id else None
+            if saved.get("run_id") == run_id:
+                base = dict(saved)
+            elif cfg.checkpoint.resume:
+                base = {**saved, "resumed_from": saved.get("run_id")}
     if base is None:
         base = records.new_record(
             system=cfg.system, dataset=cfg.data.dataset, config=cfg.to_dict(),
@@ -325,10 +325,9 @@ def write_survivor_failure(cfg: RunConfig, run_id: str, rank: int, exc: BaseExce
     (exclusive create: the first wins, and rank 0's own record, written whenever rank
     0 is alive to write it, replaces it)."""
     partial = getattr(exc, "run_record", None)
-    rid = (partial or {}).get("run_id") or run_id  # a resumed run keeps its checkpoint's id
     text = f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
     world = dist.get_world_size() if dist.is_initialized() else 1
-    record = stand_in_record(cfg, rid, world, partial)
+    record = stand_in_record(cfg, run_id, world, partial)
     record.update(status=status_of(exc),
                   error=(f"rank {rank} saw the job fail (rank 0 wrote no record: it may have died first): "
                          f"{type(exc).__name__}: {exc}"),

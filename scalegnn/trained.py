@@ -7,7 +7,8 @@ values, whatever the grid. It comes from two places:
 
     the end of a run        ``--save-model`` (the Python API's default): the ranks gather
                             their shards, rank 0 writes ``<out>/<run id>.model.pt`` and the
-                            record names it (``model_file``)
+                            record names it (``model_file``, absolute); a resumed run has
+                            its own id, so its own file: its parent's stays as it was
     a checkpoint folder     ``scalegnn export CKPT_DIR --out FILE`` (:func:`export_checkpoint`),
                             from the rank files of any grid
 
@@ -52,8 +53,10 @@ class ModelFileError(ValueError):
 
 
 def model_file_of(out_dir: str | os.PathLike, run_id: str) -> Path:
-    """Where a run's consolidated model goes: beside its record (``<run id>.json``)."""
-    return Path(out_dir) / f"{run_id}.model.pt"
+    """Where a run's consolidated model goes: beside its record (``<run id>.json``), as an
+    absolute path (the record names it, and a relative one would break on a change of
+    the working directory)."""
+    return Path(out_dir).absolute() / f"{run_id}.model.pt"
 
 
 def save_model(path: str | os.PathLike, state: dict[str, torch.Tensor], *, in_dim: int, num_classes: int,

@@ -8,8 +8,8 @@ Reads top to bottom:
      from the process's start to the end of its first training step
   2. the engine on this rank's grid and device (one engine: a single process is
      the 1x1x1x1 grid; more ranks run under torch.distributed)
-  3. :meth:`ScaleGNNTrainer.begin`: resume from the newest checkpoint (``--resume``),
-     or start at epoch 1
+  3. :meth:`ScaleGNNTrainer.begin`: resume from the newest checkpoint (``--resume``:
+     a new run, its record naming the run it continues), or start at epoch 1
   4. per epoch (the shared loop, :func:`scalegnn.loop.train_epochs`):
      ceil(N/B)/Gd steps of Algorithm 1; a checkpoint mid-epoch when due and at the
      epoch's end; a preemption request seen at the next step; evaluation (full
@@ -284,7 +284,8 @@ class ScaleGNNTrainer(Trainer):
 
     def _resume(self) -> dict | None:
         """Load the newest complete checkpoint of ``--checkpoint-dir`` into the engine and
-        the record; return its loop position, or None when there is none (a fresh start)."""
+        the record (its epochs so far, ``resumed_from`` its run id); return its loop
+        position, or None when there is none (a fresh start)."""
         cfg, grid, record = self.cfg, self.grid, self.record
         path = ckpt_mod.latest(cfg.checkpoint.dir)
         if grid.distributed:
@@ -321,7 +322,8 @@ class ScaleGNNTrainer(Trainer):
             state = ckpt_mod.load_rank_state(path, grid.rank if grid.rank < meta["world_size"] else 0)
         ckpt_mod.set_rng_state(state["rng"])  # not read by a step (samples and dropout are keyed by step)
         saved = meta["record"]
-        record["run_id"] = saved["run_id"]
+        # A resume is a run of its own (its own id, record and model file): the parent's stay as written.
+        record["resumed_from"] = saved["run_id"]
         record["epochs"] = saved["epochs"]
         record["checkpoint"] = saved.get("checkpoint", {})
         record["resumed"] = saved.get("resumed", []) + [{

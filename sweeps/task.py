@@ -110,9 +110,10 @@ def _end_record(folder: Path, run: dict, since: float, status: str, reason: str,
     The run's own record when there is one: the trainer's partial record carried by
     the exception, else the newest record this attempt wrote in the folder (``failed``
     when the signal broke a collective, ``running`` after a preemption save, or already
-    ended); it is rewritten under its run id with the new status (the replacement rule
-    of resumed runs). Without any, the run's stand-in record
-    (:func:`scalegnn.session.stand_in_record`: its checkpoint's, else no epochs).
+    ended); it is rewritten under its run id with the new status (this attempt's own
+    record only: an earlier attempt's, which a resume continued, stays as written).
+    Without any, the run's stand-in record (:func:`scalegnn.session.stand_in_record`:
+    its checkpoint's, else no epochs).
     """
     from scalegnn import records
     from scalegnn.session import conclude, new_run_id, stand_in_record

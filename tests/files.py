@@ -25,7 +25,7 @@ needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data
 def minimal_record(**over) -> dict:
     """A valid two-epoch ok record of the current schema; ``over`` replaces fields."""
     rec = {
-        "schema_version": records.SCHEMA_VERSION, "run_id": records.new_run_id("scalegnn", "toy"),
+        "schema_version": records.SCHEMA_VERSION, "run_id": records.new_run_id("scalegnn", "toy"), "resumed_from": None,
         "system": "scalegnn", "dataset": "toy", "config": {"epochs": 2, "model": {"hidden": 8}},
         "grid": {"dp": 1, "x": 1, "y": 1, "z": 1}, "world_size": 1, "seed": 0,
         "env": records.environment_info(), "target_acc": 0.5, "time_to_target_s": None,

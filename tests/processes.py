@@ -72,8 +72,10 @@ class CliRun:
         return pids[0]
 
     def record(self) -> dict:
-        (path,) = (self.tmp / "runs").glob("*.json")
-        return records.read_record(path)
+        """The run's record: after a resume, the resumed run's (which names the record it continued)."""
+        found = [records.read_record(path) for path in (self.tmp / "runs").glob("*.json")]
+        (latest,) = [r for r in found if r["run_id"] not in {other["resumed_from"] for other in found}]
+        return latest
 
     def wait_no_processes(self, timeout_s: float) -> None:
         end = time.monotonic() + timeout_s

@@ -737,3 +737,39 @@ def test_analysis_reports_and_skips_every_kind_of_bad_record(tmp_path):
     assert len(warned) >= len(skipped) and all(str(tmp_path) in str(w.message) for w in warned)
     with pytest.warns(UserWarning):
         assert len(load_epochs(tmp_path)) == 2
+
+
+def test_a_resumed_chain_is_read_whole_and_counted_once(tmp_path):
+    """A resume writes a record of its own that names its parent (``resumed_from``) and holds
+    the parent's epochs before its own. Every record is read; the frames and tables keep the
+    latest of a chain: a finished run continued to more epochs, a preempted run that a
+    requeue finished, and a parent tried twice (a resume that failed before its first
+    checkpoint, then one that finished) each count once, with no epoch counted twice."""
+    from scalegnn.analysis import read_records
+
+    def child(parent, epochs, status="ok"):
+        rec = make_record(epoch_s=(0.1,) * epochs, test=[0.5 + 0.01 * i for i in range(epochs)], status=status)
+        rec["epochs"][:len(parent["epochs"])] = parent["epochs"]
+        return {**rec, "resumed_from": parent["run_id"]}
+
+    finished = make_record(epoch_s=(0.1,) * 4, test=[0.5, 0.51, 0.52, 0.53])
+    more = child(finished, 6)
+    preempted = make_record(epoch_s=(0.1,) * 2, test=[0.5, 0.51], status="running")
+    requeued = child(preempted, 3)
+    tried = make_record(epoch_s=(0.1,) * 2, test=[0.5, 0.51], status="interrupted")
+    failed, again = child(tried, 2, status="failed"), child(tried, 4)
+    alone = make_record(epoch_s=(0.1,) * 3)
+    recs = [finished, more, preempted, requeued, tried, failed, again, alone]
+    for r in recs:
+        records.summarize(r)
+        records.write_record(r, tmp_path / "runs" / r["run_id"])
+    assert len(read_records(tmp_path)[0]) == 8
+    runs = load_runs(tmp_path)
+    assert sorted(runs["run_id"]) == sorted(r["run_id"] for r in (more, requeued, again, alone))
+    assert sorted(runs.attrs["continued"]) == sorted(r["run_id"] for r in (finished, preempted, tried, failed))
+    assert set(runs["status"]) == {"ok"} and sorted(runs["epochs_run"]) == [3, 3, 4, 6]
+    assert len(load_epochs(tmp_path)) == 3 + 3 + 4 + 6
+    table = T.accuracy_table(T._records(tmp_path))
+    assert "| scalegnn | " in table and "(n=4)" in table
+    assert "8 run records (4 ok, 0 not ok, 4 continued by a resume)" in write_report(
+        tmp_path, tmp_path / "report").read_text()

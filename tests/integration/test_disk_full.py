@@ -116,8 +116,10 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_the_run_resumes(
                                  f"--checkpoint-dir {ck} --resume") and "\n" not in rec["error"]
     (small_disk / "filler").unlink()
     assert main(argv + ["--resume"]) == 0
-    resumed = records.read_record(path)
+    assert records.read_record(path) == rec  # the failed attempt's record stays; the resume has its own
+    (resumed,) = [records.read_record(p) for p in out.glob("*.json") if p != path]
     assert resumed["status"] == "ok" and resumed["resumed"][-1]["checkpoint"] == str(first)
+    assert resumed["resumed_from"] == rec["run_id"]
     assert epoch_rows(resumed) == epoch_rows(records.read_record(plain))
 
 

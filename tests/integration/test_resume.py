@@ -3,8 +3,14 @@ property that matters is that a run interrupted at a random step and resumed pro
 exactly (float ==) the loss sequence of an uninterrupted run, serial and 4D parallel
 (CPU, deterministic: the sample is a function of (seed, step), dropout of (seed, step,
 layer), and everything else is in the checkpoint). A finished run continues to more
-epochs exactly; a preemption request saves at the next step; a resumed run keeps its run
-id; a resume with other settings is refused by name.
+epochs exactly; a preemption request saves at the next step; a resume is a run of its
+own (a new run id, a record naming its parent, its own model file) and leaves its
+parent's record and model file byte for byte as they were; a resume with other
+settings is refused by name.
+
+A resume used to rewrite its parent: the same run id, so ``<id>.json`` and
+``<id>.model.pt`` were replaced, the 4-epoch record was lost, and the first run's
+``result.model`` loaded the 6-epoch model.
 
 Bad checkpoints: a checkpoint file of random bytes (or a crafted pickle) gave torch's
 six-line message suggesting ``weights_only=False`` (an empty one already gave one line);
@@ -25,6 +31,7 @@ import random
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,11 +103,12 @@ def test_resumed_serial_run_equals_the_uninterrupted_one(tmp_path, monkeypatch, 
     assert epoch_rows(second) == epoch_rows(ref), seed
     for name, value in log.engine.model.state_dict().items():
         assert torch.equal(value, ref_weights[name]), (name, seed)
-    # one logical run: the resumed record replaces the failed one under the same run id
-    assert second["status"] == "ok" and second["run_id"] == first["run_id"]
+    # a run of its own: the failed attempt's record stays, the resumed one names it
+    assert second["status"] == "ok" and second["run_id"] != first["run_id"]
+    assert second["resumed_from"] == first["run_id"]
     on_disk = sorted(p.name for p in (tmp_path / "runs").iterdir())
-    assert on_disk == sorted({f"{ref['run_id']}.json", f"{first['run_id']}.json"})
-    assert json.loads((tmp_path / "runs" / f"{first['run_id']}.json").read_text())["status"] == "ok"
+    assert on_disk == sorted(f"{r['run_id']}.json" for r in (ref, first, second))
+    assert json.loads((tmp_path / "runs" / f"{first['run_id']}.json").read_text())["status"] == "failed"
 
 
 def test_resume_without_a_checkpoint_starts_fresh_and_mismatches_are_refused(tmp_path):
@@ -112,7 +120,7 @@ def test_resume_without_a_checkpoint_starts_fresh_and_mismatches_are_refused(tmp
         launch(config(tmp_path, epochs=2, checkpoint=ckpt, model=ModelConfig(hidden=32, layers=2, dropout=0.3)))
     # resuming a finished run re-runs nothing after the last checkpoint but the tail, identically
     again = launch(config(tmp_path, epochs=2, checkpoint=ckpt))
-    assert again["run_id"] == rec["run_id"] and epoch_rows(again) == epoch_rows(rec)
+    assert again["resumed_from"] == rec["run_id"] and epoch_rows(again) == epoch_rows(rec)
 
 
 def test_a_run_checkpointed_before_the_numerics_section_resumes_exactly(tmp_path, monkeypatch):
@@ -140,7 +148,7 @@ def test_a_run_checkpointed_before_the_numerics_section_resumes_exactly(tmp_path
         launch(config(tmp_path, epochs=2, checkpoint=ckpt))
     log.losses, log.crash_at = [], None
     second = launch(config(tmp_path, epochs=2, permute="single", checkpoint=ckpt))
-    assert second["status"] == "ok" and second["run_id"] == first["run_id"] and second["resumed"]
+    assert second["status"] == "ok" and second["resumed_from"] == first["run_id"] and second["resumed"]
     assert second["schema_version"] == SCHEMA_VERSION and second["config"]["numerics"]["permute"] == "single"
     done.update(dict(log.losses))
     assert [done[s] for s in range(len(ref_losses))] == ref_losses  # float ==
@@ -209,7 +217,7 @@ def test_resumed_4d_parallel_run_equals_the_uninterrupted_one(tmp_path):
     assert start == kill_at - kill_at % 2, seed
     assert resumed["losses"] == [(s, ref_losses[s]) for s in range(start, total)], seed  # float ==
     assert epoch_rows(resumed["record"]) == epoch_rows(ref["record"]), seed
-    assert resumed["record"]["run_id"] == failed["run_id"]
+    assert resumed["record"]["resumed_from"] == failed["run_id"] != resumed["record"]["run_id"]
 
 
 # ----------------------------------------------------------------------------- continuing to more epochs
@@ -230,7 +238,7 @@ def test_a_finished_run_continues_to_more_epochs_exactly(tmp_path, monkeypatch):
     assert first["status"] == "ok" and len(first["epochs"]) == 2
     log.losses = []
     more = launch(_constant(tmp_path, epochs=4, checkpoint=ckpt))
-    assert more["status"] == "ok" and more["run_id"] == first["run_id"]
+    assert more["status"] == "ok" and more["resumed_from"] == first["run_id"]
     assert more["resumed"][-1]["step"] == 2 * spe and more["resumed"][-1]["changed"] == {"epochs": [2, 4]}
     assert log.losses == ref_losses[2 * spe:]  # float ==
     assert epoch_rows(more) == epoch_rows(ref)
@@ -275,7 +283,7 @@ def test_a_4_rank_run_continues_to_more_epochs_exactly(tmp_path):
     assert first["record"]["status"] == "ok" and len(first["record"]["epochs"]) == 2
     more = _run(_constant(tmp_path, epochs=4, checkpoint=ckpt, **cfg))
     rec = more["record"]
-    assert rec["status"] == "ok" and rec["run_id"] == first["record"]["run_id"]
+    assert rec["status"] == "ok" and rec["resumed_from"] == first["record"]["run_id"]
     assert rec["resumed"][-1]["step"] == 2 * spe and rec["resumed"][-1]["changed"] == {"epochs": [2, 4]}
     assert more["losses"] == ref["losses"][2 * spe:]  # float ==
     assert epoch_rows(rec) == epoch_rows(ref["record"])
@@ -362,7 +370,7 @@ def test_resume_with_other_settings_is_refused_by_name(tmp_path, capsys):
     assert "was written by a run with another config (model.hidden: checkpoint 16, now 32)" in err
 
 
-def test_a_resumed_run_keeps_its_run_id_and_the_record_says_so(tmp_path):
+def test_a_resumed_run_has_its_own_run_id_and_the_record_names_its_parent(tmp_path):
     from scalegnn.checkpoint import CheckpointConfig
 
     ck = CheckpointConfig(dir=str(tmp_path / "ck"), every="4", resume=True)
@@ -370,8 +378,74 @@ def test_a_resumed_run_keeps_its_run_id_and_the_record_says_so(tmp_path):
                     progress=False, model=ModelConfig(hidden=16, layers=2), checkpoint=ck)
     first = launch(cfg)
     again = launch(RunConfig.from_dict(cfg.to_dict()))
-    assert again["run_id"] == first["run_id"] and again["resumed"][0]["step"] == 8
-    assert [p.name for p in (tmp_path / "r").iterdir()] == [f"{first['run_id']}.json"]
+    assert first["resumed_from"] is None and again["resumed"][0]["step"] == 8
+    assert again["run_id"] != first["run_id"] and again["resumed_from"] == first["run_id"]
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted(f"{r['run_id']}.json" for r in (first, again))
+
+
+# ----------------------------------------------------------------------------- one record per call
+def _files(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
+
+
+def _unchanged(before: dict[str, bytes], after: dict[str, bytes]) -> None:
+    rewritten = sorted(name for name in before if after.get(name) != before[name])
+    assert not rewritten, f"the resume rewrote its parent's {rewritten}"
+
+
+def _parent_and_child(parent: dict, child: dict, before: dict[str, bytes], after: dict[str, bytes]) -> None:
+    """The resume left every file of its parent byte for byte as it was, and wrote its own record
+    (a new id, naming the parent, holding the parent's 4 epochs before its 2) and its own model."""
+    _unchanged(before, after)
+    assert set(after) - set(before) == {f"{child['run_id']}.json", f"{child['run_id']}.model.pt"}
+    assert parent["resumed_from"] is None and len(parent["epochs"]) == 4
+    assert child["run_id"] != parent["run_id"] and child["resumed_from"] == parent["run_id"]
+    assert child["status"] == "ok" and epoch_rows(child)[:4] == epoch_rows(parent) and len(child["epochs"]) == 6
+    assert child["resumed"][-1]["step"] == 4 * parent["steps_per_epoch"]
+    for rec in (parent, child):
+        path = Path(rec["model_file"])
+        assert path.is_absolute() and path.name == f"{rec['run_id']}.model.pt" and path.is_file()
+
+
+def test_a_resume_through_the_api_leaves_its_parent_as_written(tmp_path, monkeypatch):
+    """scalegnn.train 4 epochs with checkpoints, then resume=True to 6: the first record and
+    model file are byte-identical before and after, the first result's ``.model`` still
+    loads the 4-epoch model, and the model paths hold from another working directory."""
+    import scalegnn
+
+    monkeypatch.chdir(tmp_path)
+    settings = dict(dataset=SMALL, data_root="data", out_dir="runs", batch_ratio=0.25, hidden=16, layers=2,
+                    progress=False, checkpoint_dir="ck", checkpoint_every="4")
+    first = scalegnn.train(epochs=4, **settings)
+    assert first["steps_per_epoch"] == 4
+    before = _files(tmp_path / "runs")
+    more = scalegnn.train(epochs=6, resume=True, **settings)
+    _parent_and_child(json.loads(before[f"{first['run_id']}.json"]), more.record, before, _files(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path / "ck")  # the record's model paths do not depend on where the caller stands
+    assert first.model.about["run_id"] == first["run_id"] and first.model.about["epoch"] == 4
+    assert more.model.about["run_id"] == more["run_id"] and more.model.about["epoch"] == 6
+    assert not all(torch.equal(a, b) for a, b in zip(first.model.parameters(), more.model.parameters()))
+
+
+def test_a_resume_from_the_command_line_leaves_its_parent_as_written(tmp_path, capsys):
+    """``scalegnn train ... --checkpoint-dir D --resume``: as through the API, and the model
+    each record names is that run's (4 epochs, then 6)."""
+    from scalegnn.trained import load_model
+
+    out = tmp_path / "runs"
+    argv = ["train", "--dataset", SMALL, "--data-root", str(tmp_path / "data"), "--out", str(out), "--quiet",
+            "--batch-ratio", "0.25", "--hidden", "16", "--layers", "2", "--save-model",
+            "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "4"]
+    assert main(argv + ["--epochs", "4"]) == 0
+    before = _files(out)
+    (name,) = [n for n in before if n.endswith(".json")]
+    assert main(argv + ["--epochs", "6", "--resume"]) == 0
+    after = _files(out)
+    _unchanged(before, after)
+    (child,) = [json.loads(after[n]) for n in after if n.endswith(".json") and n != name]
+    parent = json.loads(before[name])
+    _parent_and_child(parent, child, before, after)
+    assert load_model(parent["model_file"]).about["epoch"] == 4 and load_model(child["model_file"]).about["epoch"] == 6
 
 
 # ----------------------------------------------------------------------------- bad checkpoints
@@ -418,5 +492,5 @@ def test_a_corrupt_newest_meta_json_warns_by_name_and_falls_back(tmp_path, capsy
     cli = subprocess.run([sys.executable, "-m", "scalegnn", *_train_argv(tmp_path)], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(REPO), timeout=120)
     assert cli.returncode == 0 and f"UserWarning: {meta}: not valid JSON" in cli.stderr, cli.stderr
-    (rec,) = [json.loads(text) for text in _records(tmp_path).values()]
+    (rec,) = [json.loads(text) for text in _records(tmp_path).values() if json.loads(text)["resumed_from"]]
     assert rec["status"] == "ok" and rec["resumed"][-1]["step"] == older

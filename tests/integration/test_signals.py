@@ -154,7 +154,7 @@ def test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly(tmp_path
 
     assert main(argv + ["--resume"]) == 0
     resumed = run.record()
-    assert resumed["status"] == "ok" and resumed["run_id"] == rec["run_id"] and resumed["resumed"]
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == rec["run_id"] and resumed["resumed"]
     assert epoch_rows(resumed) == epoch_rows(uninterrupted(launch))  # float ==
 
 
@@ -244,7 +244,9 @@ def test_a_stop_inside_a_checkpoint_save_is_recorded_as_interrupted_not_failed(t
     assert capsys.readouterr().err == f"scalegnn: {rec['error']}\n"
     monkeypatch.setattr(checkpoint, "atomic_torch_save", lambda obj, target: real_write(target, lambda f: torch.save(obj, f)))
     assert main(argv + ["--resume"]) == 0
-    resumed = records.read_record(path)
+    assert records.read_record(path) == rec  # the interrupted attempt's record stays; the resume has its own
+    (resumed,) = [records.read_record(p) for p in (tmp_path / "runs").glob("*.json") if p != path]
+    assert resumed["resumed_from"] == rec["run_id"]
     assert resumed["status"] == "ok" and epoch_rows(resumed) == epoch_rows(uninterrupted("one process"))  # float ==
 
 

@@ -325,3 +325,16 @@ def test_a_record_from_before_a_setting_existed_reads_with_the_value_it_ran_with
     tuned = minimal_record(config={"system": "scalegnn", "tuned_from": "s/tune.json", "perf": {"cuda_graphs": True}})
     rec = records.upgrade(copy.deepcopy(tuned))
     assert rec["config"]["tuned_from"] == "s/tune.json" and rec["config"]["perf"]["cuda_graphs"] is True
+
+
+def test_a_record_from_before_resumes_had_records_of_their_own_reads_with_no_parent(tmp_path):
+    """``resumed_from`` came with one record per resume (a resume used to rewrite its parent's
+    record under the same run id): an older record reads as continuing no other run, the file
+    untouched; a resumed run's record keeps its parent."""
+    old = {k: v for k, v in minimal_record().items() if k != "resumed_from"}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    assert records.read_record(path)["resumed_from"] is None
+    assert "resumed_from" not in json.loads(path.read_text())  # read, never rewritten
+    child = minimal_record(resumed_from=old["run_id"])
+    assert records.upgrade(dict(child))["resumed_from"] == old["run_id"]
