@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -52,11 +51,11 @@ class ModelFileError(ValueError):
     """A model file or a checkpoint cannot give a model: missing, corrupt, or another kind of file."""
 
 
-def model_file_of(out_dir: str | os.PathLike, run_id: str) -> Path:
+def model_file_of(out_dir: str | os.PathLike, run_id: str, kind: str = "model") -> Path:
     """Where a run's consolidated model goes: beside its record (``<run id>.json``), as an
     absolute path (the record names it, and a relative one would break on a change of
-    the working directory)."""
-    return Path(out_dir).absolute() / f"{run_id}.model.pt"
+    the working directory); ``kind`` ``model`` (the last epoch's) or ``best.model``."""
+    return Path(out_dir).absolute() / f"{run_id}.{kind}.pt"
 
 
 def save_model(path: str | os.PathLike, state: dict[str, torch.Tensor], *, in_dim: int, num_classes: int,
@@ -153,46 +152,60 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out: str | os.PathLike) -> Pa
     return save_model(out, state, **rest)
 
 
-class TrainResult(Mapping):
-    """What :func:`scalegnn.train` returns: the run record (``result.record``; the result
-    is also a read-only mapping over it, so ``result["summary"]`` reads as before), the
-    trained model consolidated from the ranks (``result.model``, a plain module on the
-    CPU) and :meth:`predict`."""
+class TrainResult(dict):
+    """What :func:`scalegnn.train` returns: the run record itself (a ``dict``:
+    ``result["summary"]``, ``json.dumps(result)``; ``result.record`` is the same), the
+    trained model consolidated from the ranks and :meth:`predict`.
+
+    Two models, as the record names them: ``result.model``, the **last** epoch's
+    (``model_file``: what training ended with, what a resume continues), and
+    ``result.best_model``, the **best validation** epoch's (``best_model_file``: the
+    model selection of the record's ``summary``, whose ``test_acc_at_best_val`` it
+    scores). :meth:`predict` uses the last epoch's; ``scalegnn.predict(result.best_model,
+    graph)`` the other."""
 
     def __init__(self, record: dict):
-        self.record = record
-        self._model: ScaleGNN | None = None
+        super().__init__(record)
+        self._models: dict[str, ScaleGNN] = {}
 
-    def __getitem__(self, key):
-        return self.record[key]
-
-    def __iter__(self):
-        return iter(self.record)
-
-    def __len__(self) -> int:
-        return len(self.record)
+    @property
+    def record(self) -> dict:
+        return self
 
     def __repr__(self) -> str:
-        return (f"TrainResult(run_id={self.record.get('run_id')!r}, status={self.record.get('status')!r}, "
-                f"epochs={len(self.record.get('epochs') or [])}, model_file={self.record.get('model_file')!r})")
+        return (f"TrainResult(run_id={self.get('run_id')!r}, status={self.get('status')!r}, "
+                f"epochs={len(self.get('epochs') or [])}, model_file={self.get('model_file')!r})")
 
     @property
     def model(self) -> ScaleGNN:
-        """The trained :class:`~scalegnn.model.ScaleGNN` (loaded once from the record's ``model_file``)."""
-        if self._model is None:
-            record = self.record
-            if record.get("system") not in MODEL_SYSTEMS:
-                raise ModelFileError(f"result.model: a {record.get('system')} run has no ScaleGNN model to "
-                                     f"consolidate (systems with one: {', '.join(MODEL_SYSTEMS)})")
-            if not record.get("model_file"):
-                why = f"the run ended {record.get('status')}" if record.get("status") != "ok" \
-                    else "it was trained with save_model=False"
-                raise ModelFileError(f"result.model: run {record.get('run_id')} wrote no model ({why}); a "
-                                     "checkpoint folder gives one with scalegnn.export_checkpoint(CKPT_DIR, FILE)")
-            self._model = load_model(record["model_file"])
-        return self._model
+        """The last epoch's :class:`~scalegnn.model.ScaleGNN` (loaded once from the record's ``model_file``)."""
+        return self._load("model_file", "result.model")
+
+    @property
+    def best_model(self) -> ScaleGNN:
+        """The best validation epoch's :class:`~scalegnn.model.ScaleGNN` (the record's
+        ``best_model_file``; the summary's ``best_epoch``)."""
+        return self._load("best_model_file", "result.best_model")
+
+    def _load(self, key: str, what: str) -> ScaleGNN:
+        if key not in self._models:
+            if self.get("system") not in MODEL_SYSTEMS:
+                raise ModelFileError(f"{what}: a {self.get('system')} run has no ScaleGNN model to consolidate "
+                                     f"(systems with one: {', '.join(MODEL_SYSTEMS)})")
+            if not self.get(key):
+                if self.get("status") != "ok":
+                    why = f"the run ended {self.get('status')}"
+                elif self.get("model_file"):
+                    why = (f"its best validation epoch ({(self.get('summary') or {}).get('best_epoch')}) came before "
+                           f"the resume, in run {self.get('resumed_from')}, whose record names that model")
+                else:
+                    why = "it was trained with save_model=False"
+                raise ModelFileError(f"{what}: run {self.get('run_id')} wrote no such model ({why}); a checkpoint "
+                                     "folder gives one with scalegnn.export_checkpoint(CKPT_DIR, FILE)")
+            self._models[key] = load_model(self[key])
+        return self._models[key]
 
     def predict(self, graph) -> torch.Tensor:
-        """Logits (N, C) of the trained model on ``graph`` (:func:`predict`)."""
+        """Logits (N, C) of the last epoch's model on ``graph`` (:func:`predict`)."""
         return predict(self.model, graph)
 

@@ -163,6 +163,7 @@ class ScaleGNNTrainer(Trainer):
         self.start: dict | None = None  # the checkpoint's loop position, when resumed
         self.stage = "setup"
         self.time_to_first_step_s: float | None = None  # set by this process's first step
+        self.best_model: _BestModel | None = None  # --save-model: the best validation epoch's weights
 
     # ------------------------------------------------------------------ the record
     def record_fields(self) -> dict:
@@ -185,8 +186,9 @@ class ScaleGNNTrainer(Trainer):
             self.step, self.train_time = int(self.start["step"]), float(self.start["train_time"])
         finished = bool(self.start and last and self.cfg.loop.stop_at_target
                         and reached_target(last, self.cfg.loop.target_acc) and self.step % spe == 0)
+        self.best_model = _BestModel(self.engine, record) if self.cfg.loop.save_model else None
         return LoopStart(first_epoch=self.step // spe + 1, train_time_s=self.train_time, finished=finished,
-                         callbacks=(_EpochEndCheckpoint(self),))
+                         callbacks=(_EpochEndCheckpoint(self),) + ((self.best_model,) if self.best_model else ()))
 
     def record_extra(self) -> dict:
         extra = {}
@@ -205,22 +207,36 @@ class ScaleGNNTrainer(Trainer):
 
     def end(self, record: dict) -> None:
         """``--save-model``: the ranks' shards made one serial model, written by rank 0
-        beside the record (:mod:`scalegnn.trained`), which names the file."""
+        beside the record (:mod:`scalegnn.trained`), which names the file: the last
+        epoch's (``model_file``) and the best validation epoch's (``best_model_file``: the
+        same file when the last epoch is the best; absent when this run trained no
+        evaluated epoch better than the ones it resumed)."""
         if not self.cfg.loop.save_model:
             return
         from .trained import model_file_of, save_model
 
         self.stage = "consolidating the trained model"
+        best = self.best_model.kept if self.best_model is not None else None
         state = self.engine.gather_model()  # a collective: every rank takes part
+        best_state = self.engine.gather_model(best[1]) if best and best[0] != self._epoch() else None
         if state is None:
             return
         m, cfg = self.engine.model, self.cfg
-        about = {"run_id": record["run_id"], "system": cfg.system, "dataset": cfg.data.dataset,
-                 "grid": "x".join(map(str, cfg.parallel.grid)), "step": self.step,
-                 "epoch": self.step // self.steps_per_epoch}
-        path = save_model(model_file_of(cfg.loop.out_dir, record["run_id"]), state, in_dim=m.in_dim,
-                          num_classes=m.num_classes, model_cfg=m.config, about=about)
-        record["model_file"] = str(path)
+
+        def write(weights, epoch: int, suffix: str) -> str:
+            about = {"run_id": record["run_id"], "system": cfg.system, "dataset": cfg.data.dataset,
+                     "grid": "x".join(map(str, cfg.parallel.grid)), "step": epoch * self.steps_per_epoch,
+                     "epoch": epoch}
+            return str(save_model(model_file_of(cfg.loop.out_dir, record["run_id"], suffix), weights, in_dim=m.in_dim,
+                                  num_classes=m.num_classes, model_cfg=m.config, about=about))
+
+        record["model_file"] = write(state, self._epoch(), "model")
+        if best is not None:
+            record["best_model_file"] = record["model_file"] if best_state is None else \
+                write(best_state, best[0], "best.model")
+
+    def _epoch(self) -> int:
+        return self.step // self.steps_per_epoch
 
     # ------------------------------------------------------------------ epochs
     def train_epoch(self, epoch: int) -> EpochStats:
@@ -353,6 +369,25 @@ class _EpochEndCheckpoint(Callback):
 
     def close(self) -> None:
         ckpt_mod.PREEMPTION.listening = False
+
+
+class _BestModel(Callback):
+    """The weights of the best validation epoch so far (the record summary's model
+    selection: the highest ``val_acc``, the earliest on ties), each rank's own shards
+    copied on the CPU when an evaluation beats the best (no collective: they are gathered
+    once, at the end). A resumed run starts from the best of the epochs it continues,
+    whose weights it does not have: it keeps weights only when it does better."""
+
+    def __init__(self, engine, record: dict):
+        self.engine = engine
+        self.best_val = max((r["val_acc"] for r in record["epochs"] if r.get("val_acc") is not None),
+                            default=float("-inf"))
+        self.kept: tuple[int, dict] | None = None  # (epoch, this rank's shards)
+
+    def on_epoch_end(self, row: dict) -> None:
+        if row.get("val_acc") is not None and row["val_acc"] > self.best_val:
+            self.best_val = row["val_acc"]
+            self.kept = (row["epoch"], self.engine.owned_state())
 
 
 def _check_finite(first_bad_step: int, epoch: int) -> None:

@@ -606,12 +606,18 @@ class ParallelEngine:
         for group, base, factor in zip(self.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
             group["lr"] = base * factor(sched.last_epoch)
 
-    def gather_model(self) -> dict[str, torch.Tensor] | None:
-        """The serial model's parameters, whole, on rank 0 (None on the others): every rank
-        sends the shards it owns (:meth:`ParallelScaleGNN.is_owner`, data-parallel group 0),
-        one collective over the world."""
-        mine = {name: p.detach().cpu() for name, p in self.params
+    def owned_state(self) -> dict[str, torch.Tensor]:
+        """A copy, on the CPU, of the parameter shards this rank owns (:meth:`ParallelScaleGNN.is_owner`,
+        data-parallel group 0; empty on the others): what :meth:`gather_model` sends, kept
+        without a collective (the best validation epoch's weights, gathered once at the end)."""
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.params
                 if self.dp_index == 0 and self.model.is_owner(name)}
+
+    def gather_model(self, owned: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor] | None:
+        """The serial model's parameters, whole, on rank 0 (None on the others): every rank
+        sends the shards it owns now, or ``owned`` (an earlier :meth:`owned_state`), one
+        collective over the world."""
+        mine = self.owned_state() if owned is None else owned
         pieces = self.grid.gather_object(mine)
         if self.grid.rank != 0:
             return None

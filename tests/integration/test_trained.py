@@ -65,10 +65,34 @@ def test_the_result_holds_the_model_that_the_run_evaluated(graph, tmp_path):
     torch.testing.assert_close(predict(model, graph.to_pyg()), logits)
 
 
+def test_the_best_validation_epochs_model_is_kept_beside_the_last_epochs(graph, tmp_path):
+    """On 2 ranks, lr 0.05 (validation accuracy peaks at epoch 2 of 8): result.model is the
+    last epoch's, result.best_model the summary's best epoch's, each giving its epoch's
+    accuracies exactly; the result is the record itself (json.dumps works). Training 2
+    epochs, the last is the best: one file, named twice."""
+    import json
+
+    result = scalegnn.train(graph, nproc=2, grid="1x1x2x1", epochs=8, out_dir=str(tmp_path), dropout=0.0, lr=0.05,
+                            **COMMON)
+    best = result["summary"]["best_epoch"]
+    assert best == 2 and result["best_model_file"].endswith(".best.model.pt")
+    assert Path(result["best_model_file"]).is_absolute()
+    assert result.model.about["epoch"] == 8 and result.best_model.about["epoch"] == best
+    for model, row in ((result.model, result["epochs"][-1]), (result.best_model, result["epochs"][best - 1])):
+        logits = predict(model, graph)
+        for split in ("train", "val", "test"):
+            idx = getattr(graph, f"{split}_idx")
+            assert int((logits[idx].argmax(1) == graph.y[idx]).sum()) / len(idx) == pytest.approx(row[f"{split}_acc"],
+                                                                                                abs=1e-9), split
+    assert json.loads(json.dumps(result))["run_id"] == result["run_id"] and result.record is result
+    short = scalegnn.train(graph, epochs=1, out_dir=str(tmp_path), **COMMON)
+    assert short["best_model_file"] == short["model_file"]
+
+
 def test_a_result_without_a_model_says_why(graph, tmp_path):
     off = scalegnn.train(graph, epochs=1, out_dir=str(tmp_path), save_model=False, **COMMON)
     assert "model_file" not in off.record
-    with pytest.raises(ModelFileError, match="wrote no model .*save_model=False"):
+    with pytest.raises(ModelFileError, match="wrote no such model .*save_model=False"):
         off.model
     sage = TrainResult({"system": "graphsage", "run_id": "r", "status": "ok"})
     with pytest.raises(ModelFileError, match="a graphsage run has no ScaleGNN model"):
