@@ -25,12 +25,24 @@ Derived columns of ``load_runs`` (everything the figures need, computed once):
     bytes.<kind>      mean bytes per epoch sent by rank 0 per collective kind
     best_test_acc, time_to_best_s   best evaluated test accuracy and the training
                       time when it was first reached (Fig. 6's "x" points)
+    test_acc_at_best_val, best_val_acc, best_epoch, final_test_acc
+                      the summary's model selection, at the top level (also ``summary.*``)
+    batch             what the run's ``batch_size`` counts, for that system: "2,247
+                      vertices sampled uniformly (batch_ratio x N)", "1,024 seed vertices,
+                      fan-outs 15,10,5", "the whole graph (N vertices)"
+
+The comparison fields (``test_acc_at_best_val``, ``best_test_acc``, ``time_to_target_s``,
+``epochs_run``, ``batch``) sit beside ``system``, ``dataset`` and ``world_size``; a
+``config.*`` setting that the run's system does not read (``config.sampling.batch_ratio``
+of a GraphSAGE run: the settings table's "read by") is blank (None), not the default a
+record carries for every system.
     sweep.*           spec, figure, cluster, variant, paper_dataset, order of the run in
                       its sweep manifest (``<spec>-<cluster>.manifest``), when there is one
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import warnings
@@ -40,7 +52,8 @@ import pandas as pd
 
 from scalegnn.records import RecordError, read_record
 
-__all__ = ["read_records", "read_manifests", "load_runs", "load_epochs", "runs_from_records", "latest_of_chains"]
+__all__ = ["read_records", "read_manifests", "load_runs", "load_epochs", "runs_from_records", "latest_of_chains",
+           "batch_meaning", "COMPARISON"]
 
 
 # JSON files a sweep folder holds besides records (sweeps/folders.py's layout):
@@ -182,6 +195,39 @@ def _derived(rec: dict) -> dict:
     return out
 
 
+COMPARISON = ("test_acc_at_best_val", "best_val_acc", "best_epoch", "final_test_acc")  # from the summary
+FRONT = ("run_id", "system", "dataset", "world_size", "grid_str", "status", "test_acc_at_best_val", "best_test_acc",
+         "target_acc", "time_to_target_s", "epochs_run", "epoch_time_s", "batch", "batch_size")
+
+
+@functools.lru_cache(maxsize=None)
+def _unread_settings(system: str) -> frozenset[str]:
+    """The ``config.*`` columns of the settings ``system`` does not read (the flag table's scopes)."""
+    from scalegnn.config import flag_table
+    from scalegnn.systems import SCALEGNN_SYSTEMS
+
+    return frozenset(f"config.{path}" for _, path, scope in flag_table()
+                     if scope == "scalegnn" and system not in SCALEGNN_SYSTEMS)
+
+
+def batch_meaning(rec: dict) -> str | None:
+    """What ``rec``'s ``batch_size`` counts, in words, for its system (the registry's ``batch``)."""
+    from scalegnn import systems as registry
+
+    try:
+        system = registry.get(rec.get("system"))
+    except registry.UnknownSystem:
+        return None
+    if system.full_graph:
+        n = (rec.get("graph") or {}).get("num_nodes")
+        return "the whole graph" + (f" ({n:,} vertices)" if isinstance(n, int) else "")
+    size = rec.get("batch_size")
+    if not isinstance(size, int):
+        return None
+    fanouts = ((rec.get("config") or {}).get("options") or {}).get("fanouts")
+    return f"{size:,} {system.batch}" + (f", fan-outs {','.join(map(str, fanouts))}" if fanouts else "")
+
+
 def runs_from_records(records: list[dict], manifests: list[dict] | None = None) -> pd.DataFrame:
     """The ``load_runs`` frame for records already in memory (tests build synthetic ones),
     one row per run: a record that a later one continued is left out (:func:`latest_of_chains`)."""
@@ -199,6 +245,9 @@ def runs_from_records(records: list[dict], manifests: list[dict] | None = None) 
             _flatten(key, rec.get(key) or {}, row)
         row["epochs_run"] = len(rec["epochs"])
         row.update(_derived(rec))
+        row.update({key: (rec.get("summary") or {}).get(key) for key in COMPARISON})
+        row["batch"] = batch_meaning(rec)
+        row.update(dict.fromkeys(_unread_settings(rec["system"]) & row.keys()))
         file = rec.get("record_file") or rec.get("path")
         row["record_file"] = file
         row["run_key"] = Path(file).parent.name if file else None
@@ -210,11 +259,19 @@ def runs_from_records(records: list[dict], manifests: list[dict] | None = None) 
     for col in ("sweep.spec", "sweep.figure", "sweep.cluster", "sweep.variant", "sweep.paper_dataset"):
         if col not in frame:
             frame[col] = None
+    front = [c for c in FRONT if c in frame]  # who ran what, and how it compares, before the 150 others
+    frame = frame[front + [c for c in frame.columns if c not in front]]
     frame.attrs["continued"] = [r["run_id"] for r in continued]
     return frame
 
 
 def load_runs(folder) -> pd.DataFrame:
+    """One row per run of the records under ``folder`` (recursively): the record's
+    top-level fields, its settings as ``config.*``, ``grid.*``, ``env.*``, ``graph.*`` and
+    ``summary.*`` columns, and the derived and comparison columns of this module's
+    docstring. A chain of resumes is one row (its latest record); files that are not
+    valid records are skipped and listed in ``attrs["skipped"]`` (path, reason), with a
+    warning, never dropped silently."""
     records, skipped = read_records(folder)
     frame = runs_from_records(records, read_manifests(folder))
     frame.attrs["skipped"] = skipped
@@ -222,6 +279,10 @@ def load_runs(folder) -> pd.DataFrame:
 
 
 def load_epochs(folder) -> pd.DataFrame:
+    """One row per (run, epoch) of the records under ``folder``: the epoch's fields, its
+    component times as ``time.*``, its bytes and calls per collective kind as ``bytes.*``
+    and ``calls.*``, and ``epoch_time_s`` (this epoch's training time). A chain of
+    resumes counts its epochs once (its latest record holds them all)."""
     records, skipped = read_records(folder)
     records, continued = latest_of_chains(records)  # a chain's epochs once: its latest record holds them all
     rows = []

@@ -55,6 +55,7 @@ class System:
     sweep_defaults: tuple[tuple[str, object], ...] = ()  # options a sweep passes for this system (flag, value)
     unavailable: str = ""  # why it cannot run here (paper-only systems): sweeps and reports say so
     edge_weights: bool = False  # trains the GCN normalization of a weighted adjacency (else refuses weights)
+    batch: str = "seed vertices"  # what a record's batch_size counts (analysis' batch column); full graph: all
 
     def __post_init__(self):
         if self.grids not in ("spec", "dp"):
@@ -145,7 +146,8 @@ def _compared(name: str, display: str, color: str, marker: str, module: str, opt
 
 
 for _system in (
-    _compared("graphsaint", "GraphSAINT", "#17becf", "X", "graphsaint", "GraphSAINTOptions"),
+    _compared("graphsaint", "GraphSAINT", "#17becf", "X", "graphsaint", "GraphSAINTOptions",
+              batch="vertices per sampled subgraph (the node budget)"),
     _compared("graphsage", "GraphSAGE", "#ff7f0e", "P", "graphsage", "GraphSAGEOptions"),
     _compared("distdgl", "DistDGL", "#9467bd", "D", "distdgl.harness", "DistDGLOptions", devices=("cpu",),
               multi_node=False, self_launching=True),
@@ -167,6 +169,7 @@ for _system in (
            trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all", edge_weights=True,
            sweep_defaults=(("batch-ratio", 1.0),)),
     System(name="scalegnn", display="ScaleGNN", color="#d62728", marker="o",
-           trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all", edge_weights=True),
+           trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all", edge_weights=True,
+           batch="vertices sampled uniformly (batch_ratio x N)"),
 ):
     register(_system)

@@ -773,3 +773,28 @@ def test_a_resumed_chain_is_read_whole_and_counted_once(tmp_path):
     assert "| scalegnn | " in table and "(n=4)" in table
     assert "8 run records (4 ok, 0 not ok, 4 continued by a resume)" in write_report(
         tmp_path, tmp_path / "report").read_text()
+
+
+def test_load_runs_puts_the_comparison_fields_first_and_blanks_settings_a_system_ignores():
+    """test_acc_at_best_val (the model selection: best validation, not best test), the
+    batch in words per system, and config.sampling.batch_ratio blank for GraphSAGE, which
+    does not read it, but kept for ScaleGNN."""
+    ours = make_record(test=(0.5, 0.8, 0.7))
+    ours["epochs"][1]["val_acc"], ours["epochs"][2]["val_acc"] = 0.6, 0.9  # best val at epoch 3, best test at 2
+    ours["config"]["sampling"] = {"batch_ratio": 0.1}
+    records.summarize(ours)
+    sage = make_record(system="graphsage")
+    sage["config"].update(sampling={"batch_ratio": 0.1}, options={"fanouts": [15, 10, 5]})
+    records.summarize(sage)
+    full = make_record(system="fullgraph-3d")
+    frame = runs_from_records([ours, sage, full], [])
+    assert list(frame.columns[:8]) == ["run_id", "system", "dataset", "world_size", "grid_str", "status",
+                                       "test_acc_at_best_val", "best_test_acc"]
+    runs = frame.set_index("system")
+    assert runs.loc["scalegnn", "test_acc_at_best_val"] == 0.7 and runs.loc["scalegnn", "best_test_acc"] == 0.8
+    assert runs.loc["scalegnn", "best_epoch"] == 3
+    assert runs.loc["scalegnn", "batch"] == "100 vertices sampled uniformly (batch_ratio x N)"
+    assert runs.loc["graphsage", "batch"] == "100 seed vertices, fan-outs 15,10,5"
+    assert runs.loc["fullgraph-3d", "batch"] == "the whole graph (1,000 vertices)"
+    assert runs.loc["scalegnn", "config.sampling.batch_ratio"] == 0.1
+    assert pd.isna(runs.loc["graphsage", "config.sampling.batch_ratio"])
