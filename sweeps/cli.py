@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["COMMANDS", "add_commands", "run"]
+__all__ = ["COMMANDS", "add_commands", "run", "run_sweep"]
 
 COMMANDS = ("sweep", "report", "plan", "tune")
 
@@ -79,6 +79,10 @@ def add_commands(sub) -> None:
     s.add_argument("--seeds", type=_ints, default=None, help="override the seeds, e.g. 0,1,2")
     s.add_argument("--systems", default=None, help="only these systems (comma-separated)")
     s.add_argument("--account", default=None, help="SLURM account / Flux bank (replaces the profile's placeholder)")
+    s.add_argument("--staging-account", default=None,
+                   help="SLURM account / Flux bank of the staging jobs (CPU work), where CPU hours have an account of "
+                   "their own (Perlmutter: --account m1234_g --staging-account m1234); default: the profile's "
+                   "[staging] account, else --account")
     s.add_argument("--qos", default=None, help="SLURM QOS")
     s.add_argument("--partition", default=None, help="SLURM partition / Flux queue")
     s.add_argument("--constraint", default=None, help="SLURM constraint")
@@ -193,15 +197,20 @@ def _tune(args) -> int:
     return 0 if doc["chosen"] is not None else 1
 
 
-def _sweep(args) -> int:
+def run_sweep(args, printer=print):
+    """``scalegnn sweep`` with the parsed ``args``: the sweep's outcome; what it says goes to ``printer``."""
     from .launcher import sweep
 
-    overrides = {k: getattr(args, k) for k in ("account", "qos", "partition", "constraint", "time_min",
-                                               "threads_per_task")}
+    overrides = {k: getattr(args, k) for k in ("account", "staging_account", "qos", "partition", "constraint",
+                                               "time_min", "threads_per_task")}
     systems = [s for s in args.systems.split(",") if s] if args.systems else None
-    result = sweep(args.spec, args.cluster, args.out, dry_run=args.dry_run, gpus=args.gpus, datasets=args.dataset,
-                   epochs=args.epochs, seeds=args.seeds, systems=systems, overrides=overrides, python=args.python,
-                   data_root=args.data_root, stage=args.stage)
+    return sweep(args.spec, args.cluster, args.out, dry_run=args.dry_run, gpus=args.gpus, datasets=args.dataset,
+                 epochs=args.epochs, seeds=args.seeds, systems=systems, overrides=overrides, python=args.python,
+                 data_root=args.data_root, stage=args.stage, printer=printer)
+
+
+def _sweep(args) -> int:
+    result = run_sweep(args)
     if not args.dry_run:
         print(f"records: {result.out / 'runs'}; report: scalegnn report {result.out} --out {result.out / 'report'}")
     return 1 if result.failed else 0

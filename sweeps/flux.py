@@ -73,14 +73,14 @@ def flux_run_args(profile, nodes: int, tasks: int, cpus: int) -> list[str]:
             f"--signal=SIGUSR2@{SIGNAL_DELAY_S}s"]
 
 
-def _directives(profile, nodes: int, time_min: int, job_name: str, log_dir: Path, *, queue: str | None = None,
-                extra: dict | None = None, dependencies=()) -> list[str]:
+def _directives(profile, nodes: int, time_min: int, job_name: str, log_dir: Path, *, bank: str | None = None,
+                queue: str | None = None, extra: dict | None = None, dependencies=()) -> list[str]:
     f = profile.flux
-    queue = queue or f.queue
+    bank, queue = bank or f.bank, queue or f.queue
     lines = [f"--nodes={nodes}", f"--time-limit={int(time_min)}m", f"--job-name={job_name}",
              f"--output={log_dir}/{job_name}-{{{{id}}}}.out"]
-    if f.bank:
-        lines.append(f"--bank={f.bank}")
+    if bank:
+        lines.append(f"--bank={bank}")
     if queue:
         lines.append(f"--queue={queue}")
     for key, value in (f.extra if extra is None else extra).items():
@@ -113,15 +113,16 @@ def render_flux_batch(profile, nodes: int, tasks_per_node: int, cpus: int, time_
 
 def render_flux_stage(profile, job_name: str, out: str | os.PathLike, task_file: str, python: str) -> str:
     """The ``flux batch`` script of one staging task (the shard sets of one graph): one
-    node for ``[staging] time_min``, the staging queue and options where the profile
-    gives them; its exit status is the task's, so the runs' ``afterok`` fails with it."""
+    node for ``[staging] time_min``, the staging bank (``--staging-account``), queue and
+    options where the profile gives them; its exit status is the task's, so the runs'
+    ``afterok`` fails with it."""
     from .jobs import staging_threads
 
     st = profile.staging
     cpus = st.cpus_per_task or profile.cpus_per_task
     lines = ["#!/bin/bash", *_directives(profile, 1, st.time_min or profile.time_min, job_name, Path(out) / FLUX_DIR,
-                                         queue=st.queue or None, extra=st.extra), "", *_setup(profile),
-             staging_threads(profile), "",
+                                         bank=st.account or None, queue=st.queue or None, extra=st.extra), "",
+             *_setup(profile), staging_threads(profile), "",
              "# data staged once: `scalegnn data shard` of each shard set of one graph, one task (a set whose "
              "shards exist is skipped)",
              f"flux run -N 1 -n 1 --cores-per-task={cpus} {python} -u -m scalegnn.sweeps.flux {shlex.quote(task_file)}"]

@@ -106,7 +106,8 @@ def refuse_placeholders(profile: ClusterProfile) -> None:
     if not profile.placeholders():
         return
     flags = ("--account (bank) / --partition (queue)" if profile.scheduler == "flux"
-             else "--account/--qos/--partition")
+             else "--account/--qos/--partition") + \
+        (" / --staging-account" if "staging.account" in profile.placeholders() else "")
     raise ValueError(f"profile {profile.name} still has placeholders {profile.placeholders()} ({profile.source}); "
                      f"pass {flags} or edit the profile")
 

@@ -141,15 +141,16 @@ def slurm_parameters(profile: ClusterProfile, nodes: int, tasks_per_node: int, t
 
 def stage_parameters(profile: ClusterProfile, job_name: str) -> dict:
     """The staging job (``scalegnn data shard`` is CPU work): one task on one node, the
-    profile's account, set-up and environment, no GPU request or binding, no start-of-job
-    check, and the ``[staging]`` settings where they are given (Perlmutter: a shared CPU
-    node, ``--constraint=cpu --qos=shared``)."""
+    profile's set-up and environment, no GPU request or binding, no start-of-job check,
+    and the ``[staging]`` settings where they are given (Perlmutter: a shared CPU node,
+    ``--constraint=cpu --qos=shared``, charged to ``[staging] account`` /
+    ``--staging-account`` where CPU hours have an account of their own), else the runs'."""
     st = profile.staging
     params = slurm_parameters(profile, 1, 1, st.time_min or profile.time_min, job_name, st.cpus_per_task or None)
     params["setup"] = list(profile.setup) + profile.env_lines() + [staging_threads(profile)]
     params["srun_args"] = []
     params.pop("gpus_per_node", None)
-    for key in ("qos", "constraint", "partition"):
+    for key in ("account", "qos", "constraint", "partition"):
         if getattr(st, key):
             params[key] = getattr(st, key)
     if st.extra is not None:

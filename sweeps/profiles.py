@@ -180,6 +180,9 @@ class StagingSettings:
     queue: str = ""  # Flux: flux batch --queue
     extra: dict | None = None  # other #SBATCH / flux batch options in place of the runs' extra (None: the runs')
     memory_budget: str = ""  # stage out of core within this size (`data shard --memory-budget`; "": in memory)
+    # The account (SLURM) or bank (Flux) it is charged to: a site may charge CPU and GPU
+    # hours to different accounts (Perlmutter: <project> and <project>_g); --staging-account.
+    account: str = ""
 
     SLURM_ONLY = ("qos", "constraint", "partition")
     FLUX_ONLY = ("queue",)
@@ -251,7 +254,8 @@ class ClusterProfile:
         fix = f"correct it in {self.source or 'the profile ' + self.name}"
         for table, settings, keys in (("slurm", self.slurm, ("account", "qos", "partition", "constraint")),
                                       ("flux", self.flux, ("bank", "queue")),
-                                      ("staging", self.staging, ("qos", "partition", "constraint", "queue"))):
+                                      ("staging", self.staging, ("account", "qos", "partition", "constraint",
+                                                                 "queue"))):
             for key in keys:
                 check_script_value(f"{table}.{key}", getattr(settings, key), FIELD_PUNCT[key], fix, placeholder=True)
             for key, value in (settings.extra or {}).items():
@@ -353,19 +357,27 @@ class ClusterProfile:
         return str(Path(text).expanduser())
 
     def placeholders(self) -> list[str]:
-        if self.scheduler == "slurm":
-            return self.slurm.placeholders()
-        return self.flux.placeholders() if self.scheduler == "flux" else []
+        if self.scheduler == "local":
+            return []
+        held = self.slurm.placeholders() if self.scheduler == "slurm" else self.flux.placeholders()
+        return held + (["staging.account"] if self.staging.account.startswith(PLACEHOLDER_PREFIX) else [])
 
     def with_overrides(self, **changes) -> "ClusterProfile":
         """A copy with top-level fields or ``slurm`` fields (account, qos, partition,
         constraint) replaced; None values are ignored. On a Flux profile ``account``
-        is the bank and ``partition`` the queue."""
+        is the bank and ``partition`` the queue. ``staging_account`` is the staging
+        job's account (bank): ``[staging] account``."""
         changes = {k: v for k, v in changes.items() if v is not None}
         for key in ("account", "qos", "partition", "constraint"):
             if key in changes:
                 check_script_value(f"--{key}", changes[key], FIELD_PUNCT[key],
                                    f"give the {key} alone, e.g. --{key} {_EXAMPLES[key]}")
+        if "staging_account" in changes:
+            account = changes.pop("staging_account")
+            check_script_value("--staging-account", account, FIELD_PUNCT["account"],
+                               "give the account alone, e.g. --staging-account m1234")
+            return dataclasses.replace(self, staging=dataclasses.replace(self.staging, account=account)) \
+                .with_overrides(**changes)
         if self.scheduler == "flux":
             flux_changes = {f: changes.pop(k) for k, f in (("account", "bank"), ("partition", "queue"))
                             if k in changes}

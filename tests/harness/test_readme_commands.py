@@ -39,7 +39,8 @@ SKIPPED = {
         "the 4-GPU command: downloads ogbn-products (network)",
     "srun -N 2 --ntasks-per-node 4 --gpus-per-task 1 python -m scalegnn train --dataset ogbn-products --grid 2x1x2x2":
         "needs a SLURM cluster with GPUs",
-    "scalegnn sweep fig7 --cluster perlmutter --account m1234": "a real submission: sbatch on Perlmutter",
+    "scalegnn sweep fig7 --cluster perlmutter --account m1234_g --staging-account m1234":
+        "a real submission: sbatch on Perlmutter",
     "scalegnn sweep fig7 --cluster frontier --account abc123": "a real submission: sbatch on Frontier",
     "scalegnn sweep fig7 --cluster tuolumne --account mybank": "a real submission: flux batch on Tuolumne",
 }

@@ -269,6 +269,45 @@ def test_staging_is_cpu_work_on_the_sites_staging_resources():
     assert "additional_parameters" not in stage_parameters(strict, "s")
 
 
+def _printed_jobs(printed: str) -> tuple[list[str], list[str]]:
+    """(staging jobs, run jobs) of what a dry run printed, each job as printed: header, lines, script."""
+    jobs = printed.split("\n# ---- ")[1:]
+    return ([job for job in jobs if "staging" in job.splitlines()[0]],
+            [job for job in jobs if "staging" not in job.splitlines()[0]])
+
+
+@pytest.mark.parametrize("cluster, directive", [("perlmutter", "#SBATCH --account="),
+                                                ("frontier", "#SBATCH --account="), ("tuolumne", "# flux: --bank=")])
+def test_the_staging_jobs_are_charged_to_the_staging_account(tmp_path, capsys, cluster, directive):
+    """Perlmutter charges GPU jobs to <project>_g and CPU jobs to <project>: --staging-account
+    (or the profile's [staging] account) charges the staging jobs (CPU work), --account the
+    run jobs. Without either, both are charged to --account, as before the flag existed."""
+    from scalegnn.sweeps.jobs import refuse_placeholders
+
+    def charged(*flags, profile=cluster) -> tuple[set[str], set[str]]:
+        argv = ["sweep", "fig7", "--cluster", str(profile), "--out", str(tmp_path / "o"), "--dry-run", *flags]
+        assert main(argv) == 0
+        jobs = _printed_jobs(capsys.readouterr().out)
+        assert all(jobs)  # staging jobs and run jobs
+        return tuple({line.removeprefix(directive) for job in kind for line in job.splitlines()
+                      if line.startswith(directive)} for kind in jobs)
+
+    assert charged("--account", "m1_g", "--staging-account", "m1") == ({"m1"}, {"m1_g"})
+    assert charged("--account", "m1_g") == ({"m1_g"}, {"m1_g"})
+    own = _edited_profile(tmp_path, cluster, "time_min = 120", 'account = "m9"\ntime_min = 120')  # in [staging]
+    assert charged("--account", "m1_g", profile=own) == ({"m9"}, {"m1_g"})
+    assert charged("--account", "m1_g", "--staging-account", "m1", profile=own) == ({"m1"}, {"m1_g"})
+    held = load_profile(_edited_profile(tmp_path, cluster, "time_min = 120",
+                                        'account = "<CPU ACCOUNT>"\ntime_min = 120'))
+    assert held.with_overrides(account="m1_g").placeholders() == ["staging.account"]
+    with pytest.raises(ValueError, match="staging.account.*--staging-account"):
+        refuse_placeholders(held.with_overrides(account="m1_g"))
+    refuse_placeholders(held.with_overrides(account="m1_g", staging_account="m1"))
+    err = one_line_error(capsys, ["sweep", "fig7", "--cluster", cluster, "--dry-run", "--staging-account", "m1\nid"])
+    assert "--staging-account 'm1\\nid': '\\n' cannot go into a batch script line" in err
+    assert err.rstrip().endswith("give the account alone, e.g. --staging-account m1234")
+
+
 def test_one_staging_task_writes_every_grid_of_its_graph_from_one_load(isolated_data, monkeypatch):
     """The shard sets of one graph are one task: the graph is loaded once and each set
     written as a task of its own would write it; sets of two graphs are two tasks."""
