@@ -14,6 +14,10 @@ component, each owned by its component's module::
     perf        PerfConfig        scalegnn.perf           prefetch, compile, comm_overlap, ...: speed only
     options     the system's own options dataclass (scalegnn.systems; None for ScaleGNN)
 
+The sections are declared in :mod:`scalegnn.sections` (numerics in its own module), where
+no torch loads: this module and the parser load none, so ``--help`` and a refused flag
+take a fraction of a second and a run says what it starts before the heavy imports.
+
 A setting has one name: its field. The run record stores ``config.<section>.<field>``
 (:meth:`RunConfig.to_dict`, read back by :meth:`RunConfig.from_dict`), and the
 ``scalegnn train`` parser is built from the fields (:func:`add_train_arguments`): the
@@ -40,21 +44,22 @@ from pathlib import Path
 from typing import Any
 
 from . import systems as registry
-from .checkpoint import CheckpointConfig
-from .datasets import DataConfig
 from .fileio import check_declared_size
-from .loop import LoopConfig
-from .model import ModelConfig
 from .numerics import NumericsConfig
-from .optim import OptimConfig
-from .parallel.grid import PMM_AXES, ParallelConfig, cube_3d
-from .perf import PerfConfig
-from .sampling import SamplingConfig
+from .sections.checkpoint import CheckpointConfig
+from .sections.data import DataConfig
+from .sections.loop import LoopConfig
+from .sections.model import ModelConfig
+from .sections.optim import OptimConfig
+from .sections.parallel import PMM_AXES, ParallelConfig, cube_3d, format_grid
+from .sections.perf import PerfConfig
+from .sections.sampling import SamplingConfig
 from .settings import flag_of, is_setting, render_of, setting
 from .systems import SCALEGNN_SYSTEMS
 
 __all__ = ["RunConfig", "SECTIONS", "SCALEGNN_SYSTEMS", "add_train_arguments", "parse_train_args",
-           "config_from_given", "make_config", "command_line", "flag_table", "flag_table_markdown", "train_flags"]
+           "config_from_given", "make_config", "command_line", "flag_table", "flag_table_markdown", "train_flags",
+           "nproc_grid"]
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "sampling": SamplingConfig, "model": ModelConfig,
                              "optim": OptimConfig, "loop": LoopConfig, "parallel": ParallelConfig,
@@ -113,8 +118,11 @@ class RunConfig:
         if self.system in SCALEGNN_SYSTEMS:
             if self.system == "scalegnn" and self.sampling.batch_ratio == 1.0:
                 self.system = "fullgraph-3d"  # B = N: full-graph training, recorded as the Plexus baseline
-            if self.system == "fullgraph-3d" and p.nproc and p.nproc > 1 and p.grid == (1, 1, 1, 1):
-                p.grid = (1, *cube_3d(p.nproc))  # --nproc N alone: the most cube-like 3D grid
+            if p.nproc and p.nproc > 1 and p.grid == (1, 1, 1, 1):
+                p.grid = nproc_grid(self.system, p.nproc)[0]  # --nproc N alone
+            if p.nproc is not None and p.nproc != p.world_size:
+                raise ValueError(f"--nproc {p.nproc} does not match the grid {format_grid(p.grid)} (Gd*Gx*Gy*Gz = "
+                                 f"{p.world_size}); pass --nproc {p.world_size} or change --grid")
             _check_model_size(self.model, p.grid)
             widest = max(zip(p.grid[1:], PMM_AXES))
             if self.model.hidden < widest[0]:
@@ -180,6 +188,24 @@ class RunConfig:
         if unknown:
             raise ValueError(f"config has unknown fields {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+def nproc_grid(system: str, nproc: int) -> tuple[tuple[int, int, int, int], str]:
+    """The grid ``--nproc N`` without ``--grid`` gives ``system``, and that rule in words
+    (the first line of a run states it: :func:`scalegnn.launch.first_line`).
+
+    ScaleGNN: ``N x 1 x 1 x 1``, data parallel. The grid ``scalegnn plan --recommend``
+    ranks first depends on the graph's sizes, known only once it is loaded, after that
+    first line; data parallelism needs none of them, splits nothing of the model (any
+    ``--hidden`` runs), and the model (:mod:`scalegnn.perfmodel`, the local profile) ranks
+    it first or within 1.1 % of the first at N = 2 for the paper's six graphs, within 16 %
+    at N = 4 (at N = 8, 3D axes gain up to 1.5x: then give ``--grid``).
+    The full graph (fullgraph-3d): B = N is one batch per epoch, which data parallelism
+    cannot split: the most cube-like 3D grid ``1 x Gx x Gy x Gz`` (:func:`cube_3d`).
+    The compared systems are data parallel only: ``N x 1 x 1 x 1``."""
+    if system == "fullgraph-3d":
+        return (1, *cube_3d(nproc)), "the most cube-like 3D grid"
+    return (nproc, 1, 1, 1), "data parallel"
 
 
 def _check_model_size(model, grid) -> None:

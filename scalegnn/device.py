@@ -24,24 +24,12 @@ import resource
 
 import torch
 
+# --device and --backend's names, declared where no torch loads (scalegnn.sections)
+from .sections.parallel import BACKENDS, DEVICES, check_device_spec
+
 __all__ = ["DEVICES", "BACKENDS", "resolve_device", "resolve_backend", "indexed_device", "device_info",
            "synchronize", "peak_memory_bytes", "peak_rss_bytes", "peak_device_memory_bytes", "reset_peak_memory",
            "to_device", "check_device_spec"]
-
-DEVICES = ("auto", "cpu", "cuda")
-BACKENDS = ("auto", "gloo", "nccl")
-
-
-def check_device_spec(spec: str) -> str:
-    """``spec`` if it names a device this module understands ("auto", "cpu", "cuda",
-    "cuda:N"); a one-line error naming the choices otherwise. Does not look at the
-    hardware (configurations are validated before any process starts)."""
-    text = str(spec).strip().lower()
-    if text in DEVICES:
-        return text
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return text
-    raise ValueError(f"--device must be one of auto, cpu, cuda or cuda:N (a GPU index), got {spec!r}")
 
 
 def resolve_device(spec: str = "auto", local_rank: int = 0) -> torch.device:

@@ -41,14 +41,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .settings import setting
 
 __all__ = ["NumericsConfig", "COMM_DTYPES", "GEMM_DTYPES", "PERMUTATIONS"]
 
-COMM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
-# None: as is (the operands' own dtype); tf32 keeps FP32 operands (the products' precision is a GPU setting)
+# Each value's torch dtype, by name (the configuration loads no torch: scalegnn.sections). None: as is (the
+# operands' own dtype); tf32 keeps FP32 operands (the products' precision is a GPU setting)
+COMM_DTYPES = {"fp32": None, "bf16": "bfloat16"}
 GEMM_DTYPES = {**COMM_DTYPES, "tf32": None}
 PERMUTATIONS = ("none", "single", "double")
 
@@ -78,11 +77,11 @@ class NumericsConfig:
 
     @property
     def pmm_comm_dtype(self) -> torch.dtype | None:
-        return COMM_DTYPES[self.comm_dtype]
+        return _torch_dtype(COMM_DTYPES[self.comm_dtype])
 
     @property
     def local_gemm_dtype(self) -> torch.dtype | None:
-        return GEMM_DTYPES[self.gemm_dtype]
+        return _torch_dtype(GEMM_DTYPES[self.gemm_dtype])
 
     @property
     def tf32(self) -> bool:
@@ -95,3 +94,12 @@ class NumericsConfig:
         if self.tf32 and device == "cpu":
             raise ValueError("--gemm-dtype tf32 needs a CUDA GPU (TF32 is a tensor-core format; a CPU has none): "
                              "use --gemm-dtype fp32 or bf16 on the CPU, or --device cuda")
+
+
+def _torch_dtype(name: str | None) -> torch.dtype | None:
+    """``torch.<name>`` (None stays None), looked up when a run computes, not when it is configured."""
+    if name is None:
+        return None
+    import torch
+
+    return getattr(torch, name)

@@ -189,6 +189,12 @@ class Phases:
         if self.rank == 0:
             _ensure_configured()
 
+    def say(self, line: str) -> None:
+        """One line now, outside any phase: a run's first, what it starts
+        (:func:`scalegnn.launch.launch`, before torch loads)."""
+        if self.rank == 0:
+            self.log.info("%s", line)
+
     @contextlib.contextmanager
     def __call__(self, what: str):
         detail: list[str] = []

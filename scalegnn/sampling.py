@@ -22,7 +22,7 @@ import torch
 
 from .csr import _csr, _row_runs, _transpose_csr, select_rows, sparse_if_enough
 from .graph import Graph
-from .settings import fraction, setting
+from .sections.sampling import SAMPLER_BACKENDS, SamplingConfig  # declared where no torch loads (scalegnn.sections)
 
 __all__ = [
     "SamplingConfig",
@@ -40,23 +40,6 @@ __all__ = [
     "UniformVertexSampler",
 ]
 
-
-
-@dataclass(kw_only=True)
-class SamplingConfig:
-    """B, the vertices sampled per step: a count, or a ratio of N (one of the two)."""
-
-    batch_size: int | None = setting(None, scope="scalegnn", help="sampled vertices per step B (a count)")
-    batch_ratio: float | None = setting(0.1, scope="scalegnn", type=fraction,
-                                        help="B as a fraction of N; 1.0 is full-graph training (fullgraph-3d)")
-
-    def __post_init__(self):
-        if self.batch_size is not None:
-            self.batch_ratio = None  # a count given: the ratio's default does not apply
-        elif self.batch_ratio is None:
-            raise ValueError("give the batch as --batch-size (a vertex count) or --batch-ratio (a fraction of N)")
-        if self.batch_ratio is not None:
-            fraction(self.batch_ratio)
 
 
 def resolve_batch_size(num_nodes: int, batch_size: int | None = None, batch_ratio: float | None = None) -> int:
@@ -298,7 +281,6 @@ def training_features(x: torch.Tensor) -> torch.Tensor:
 # blocks with at least this many stored entries and the vectorized torch path
 # otherwise (any device; small blocks, where JIT start-up would dominate). Both give
 # bit-identical results (tests/unit/test_sampling_kernel.py checks it).
-SAMPLER_BACKENDS = ("auto", "torch", "numba")
 NUMBA_MIN_NNZ = 1 << 15
 NUMBA_MIN_SAMPLE = 1 << 12  # the sample draw (same result either way) from this B on
 

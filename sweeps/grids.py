@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from scalegnn.parallel.grid import cube_3d, factorizations_3d, parse_grid
+from scalegnn.sections.parallel import cube_3d, factorizations_3d, parse_grid
 
 __all__ = ["grids_for", "all_4d", "POLICIES"]
 

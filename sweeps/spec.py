@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalegnn import systems as registry
-from scalegnn.parallel.grid import format_grid
+from scalegnn.sections.parallel import format_grid
 
 from .grids import grids_for
 from .profiles import check_script_value

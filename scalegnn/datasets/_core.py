@@ -17,6 +17,7 @@ import torch
 
 from scalegnn.csr import csr_matrix, feature_layout, unique_keys
 from scalegnn.graph import Graph, GraphValidationError, random_split
+from scalegnn.sections.data import SPLIT_FRACTIONS, split_flag, split_fractions  # the --split flag's parser
 
 __all__ = [
     "DatasetError",
@@ -40,7 +41,6 @@ __all__ = [
 # The papers' protocol for graphs without node data (ScaleGNN VII-A, Plexus Table 2).
 FEATURELESS_FEATURE_DIM = 128
 FEATURELESS_CLASSES = 32
-SPLIT_FRACTIONS = (0.5, 0.25, 0.25)
 
 # Independent random streams derived from the user seed, one per purpose, so that e.g.
 # changing the feature dimension never changes the graph or the labels.
@@ -138,40 +138,6 @@ def missing_files_error(name: str, root: Path, expected: Path, partial: list[Pat
     )
 
 
-# ---------------------------------------------------------------- the --split flag
-SPLIT_HELP = ("random:TRAIN,VAL,TEST, fractions > 0 of the labeled vertices summing to at most 1, "
-              "e.g. random:0.5,0.25,0.25")
-
-
-def _split_fractions(text: str) -> tuple[float, float, float]:
-    kind, _, rest = str(text).strip().partition(":")
-    if kind.strip().lower() != "random":
-        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} (the only kind is 'random')")
-    if not rest.strip():
-        return SPLIT_FRACTIONS
-    parts = [p.strip() for p in rest.split(",")]
-    try:
-        fractions = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} (not three numbers)") from None
-    if len(fractions) != 3:
-        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} ({len(fractions)} fractions, not 3)")
-    if not all(0.0 < f <= 1.0 for f in fractions):
-        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} (every fraction must be in (0, 1]: "
-                         "each split needs vertices)")
-    if sum(fractions) > 1 + 1e-9:
-        raise ValueError(f"--split must be {SPLIT_HELP}; got {text!r} (they sum to {sum(fractions):g} > 1: "
-                         "a vertex would be in two splits)")
-    return fractions
-
-
-def split_flag(text) -> str:
-    """``--split``'s parse function: the canonical ``random:TRAIN,VAL,TEST`` of ``text``
-    (``random`` alone is ``random:0.5,0.25,0.25``); a ValueError naming the fix for a
-    malformed kind, count, range or sum."""
-    return "random:" + ",".join(repr(float(f)) for f in _split_fractions(text))  # repr: exact when re-parsed
-
-
 def apply_split(graph: Graph, split: str, seed: int) -> Graph:
     """``graph`` with the ``--split`` random split of its labeled vertices (seeded by
     ``seed``) in place of its own; ``meta["split"]`` says so and names the split it
@@ -187,7 +153,7 @@ def draw_split(split: str, seed: int, num_nodes: int, labeled, name: str, before
     ``seed``: its three index tensors and the provenance note that says it replaces
     ``before``. A split that would come out empty is a DatasetError naming ``name``. What
     :func:`apply_split` gives a graph, and out-of-core staging its shards."""
-    fractions = _split_fractions(split)
+    fractions = split_fractions(split)
     parts = random_split(num_nodes, fractions, seed=seed, labeled=labeled)
     if any(p.numel() == 0 for p in parts):
         sizes = "/".join(str(p.numel()) for p in parts)

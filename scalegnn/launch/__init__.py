@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # names for the annotations only: importing this package load
     from ..records import RunRecord
     from .environment import DistEnv
 
-__all__ = ["launch", "train_rank", "local_rank"]
+__all__ = ["launch", "first_line", "train_rank", "local_rank"]
 
 
 def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | None = None,
@@ -58,7 +58,7 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
 
     from .. import systems as registry
     from ..fileio import check_output_folder
-    from ..session import write_interruption
+    from ..progress import Phases
     from ..signals import Interrupted, stop_on_signals, stop_under_way
     from .environment import detect_env, launched_rank, run_mode, run_threads
 
@@ -74,6 +74,10 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
         raise ValueError(f"--system {cfg.system} starts its own processes on this one host, but this process is "
                          f"rank {env.rank} of {env.world_size} that {env.source} started: run it as one task "
                          "(srun -N 1 -n 1, or no launcher) with --nproc for its trainers")
+    if mode != "joined" or env.world_size == cfg.world_size:  # else _joined refuses it: nothing starts
+        Phases(env.rank if mode == "joined" else 0, quiet=cfg.loop.progress is False).say(first_line(cfg, mode, env))
+    from ..session import write_interruption  # the run's heavy imports (torch) begin here, after its first line
+
     with nullcontext() if mode == "joined" else stop_on_signals(), run_threads(cfg.parallel):
         try:
             if system.self_launching:
@@ -93,6 +97,30 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
             stop.run_record = getattr(exc, "run_record", None)
             write_interruption(cfg, stop)
             raise stop from exc
+
+
+def first_line(cfg: RunConfig, mode: str, env: DistEnv) -> str:
+    """What a run starts, in one line, logged before anything heavy loads (within a
+    second of the command; rank 0 of a launched job alone)::
+
+        scalegnn on cora: starting 2 local workers, grid 2x1x1x1 (what --nproc 2 alone gives: data
+        parallel), 100 epochs
+
+    ``mode``: :func:`~scalegnn.launch.environment.run_mode`'s. The grid's rule is named
+    when ``--nproc N`` alone gives that grid (:func:`scalegnn.config.nproc_grid`)."""
+    from ..config import nproc_grid
+    from ..sections.parallel import format_grid
+
+    p = cfg.parallel
+    who = {"local": f"{p.nproc} local workers", "in process": "in this process"}.get(
+        mode, f"rank {env.rank} of {env.world_size} ({env.source})")
+    rule = ""
+    if p.nproc and p.nproc > 1:
+        grid, why = nproc_grid(cfg.system, p.nproc)
+        rule = f" (what --nproc {p.nproc} alone gives: {why})" if tuple(p.grid) == grid else ""
+    epochs = cfg.loop.epochs
+    return f"{cfg.system} on {cfg.data.dataset}: starting {who}, grid {format_grid(p.grid)}{rule}, " \
+        f"{epochs} epoch{'' if epochs == 1 else 's'}"
 
 
 def train_rank(cfg: RunConfig, graph: Graph | None, env: DistEnv, *, run_id: str | None = None,
@@ -175,10 +203,7 @@ def _local_job(cfg: RunConfig, graph: Graph | None, timeout_s: float | None, ran
     from .environment import local_backend, threads_of_run
     from .job import LocalJob, WorkerError
 
-    nproc, world = cfg.parallel.nproc, cfg.world_size
-    if nproc != world:
-        raise ValueError(f"--nproc {nproc} does not match the grid {'x'.join(map(str, cfg.parallel.grid))} "
-                         f"(Gd*Gx*Gy*Gz = {world}); pass --nproc {world} or change --grid")
+    nproc = cfg.parallel.nproc  # the grid's world: RunConfig checks --nproc against --grid
     run_id = new_run_id(cfg)
     backend = local_backend(cfg.parallel, nproc)
     try:

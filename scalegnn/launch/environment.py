@@ -28,10 +28,8 @@ import logging
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass
-
-import torch
-import torch.distributed as dist
 
 from .. import threads as thread_policy
 
@@ -122,12 +120,29 @@ MIN_TORCH = (2, 6)  # pyproject.toml's floor: the oldest torch a cluster profile
 def check_torch(version: str | None = None) -> None:
     """Refuse a torch older than :data:`MIN_TORCH` in one line naming both versions and the
     fix: a site module or a venv can bring an older one than pip's resolver would."""
-    text = version if version is not None else torch.__version__
+    text = version if version is not None else _torch_version()
     found = tuple(int(p) for p in re.findall(r"\d+", text.split("+")[0])[:2])
     if found < MIN_TORCH:
         need = ".".join(map(str, MIN_TORCH))
         raise RuntimeError(f"scalegnn needs torch >= {need}, this python has torch {text}; load a newer module "
                            f"(e.g. `module load pytorch/{need}.0`) or `pip install 'torch>={need}'`")
+
+
+def _torch_version() -> str:
+    """The version of the torch this process runs: the loaded module's, else that of the
+    installation ``import torch`` will load (the first on ``sys.path``), read from its
+    metadata without loading it: torch loads after a run's first line
+    (:func:`scalegnn.launch.launch`), this module at none of its imports."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].__version__
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:  # a torch without metadata (a source tree on the path)
+        import torch
+
+        return torch.__version__
 
 
 def detect_env() -> DistEnv:
@@ -207,6 +222,9 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
     local rank; ``backend`` the run's ``--backend`` (default: the device's). A single
     process (no launcher variables) is left uninitialized: use ``ProcessGrid.single()``.
     """
+    import torch
+    import torch.distributed as dist
+
     from ..device import resolve_backend, resolve_device
 
     info = detect_env()
@@ -248,6 +266,9 @@ def init_process_group(backend: str, device: torch.device, **kwargs) -> None:
     NCCL for CPU tensors (the control traffic: checkpoint agreement, object gathers)
     and are bound to ``device``, which makes NCCL create its communicator at once and
     lets torch split it for the grid's axis groups instead of building each anew."""
+    import torch
+    import torch.distributed as dist
+
     if backend == "nccl":
         torch.cuda.set_device(device)
         dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, **kwargs)
@@ -260,6 +281,8 @@ def gather_placement(env: DistEnv) -> list[dict]:
     """Where every rank runs (:func:`scalegnn.records.placement_of`: host, local rank,
     device), in rank order (a collective: every rank of an initialized world calls it;
     a single process has its own entry alone)."""
+    import torch.distributed as dist
+
     from ..records import placement_of
 
     mine = placement_of(env.rank, env.local_rank, env.device)
@@ -402,6 +425,8 @@ def local_backend(parallel, nproc: int) -> str:
     """The backend of ``nproc`` local workers of a run (``parallel``: its
     :class:`~scalegnn.parallel.grid.ParallelConfig`; rank r on GPU r % count). NCCL
     refuses two ranks on one GPU, so more GPU ranks than GPUs need ``--backend gloo``."""
+    import torch
+
     from ..device import resolve_backend, resolve_device
 
     device = resolve_device(parallel.device, local_rank=0)

@@ -22,134 +22,23 @@ node, which keeps the most frequent 3D-PMM all-reduces intra-node).
 from __future__ import annotations
 
 import itertools
-import re
-from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ..device import BACKENDS, check_device_spec
-from ..settings import setting
-from ..threads import AUTO, thread_setting
+# The grid's shape arithmetic and the parallel section, declared where no torch loads (scalegnn.sections)
+from ..sections.parallel import (AXES, DEFAULT_COLLECTIVE_TIMEOUT_S, PMM_AXES, ParallelConfig, cube_3d,
+                                 factorizations_3d, format_grid, grid_flag, parse_grid)
 
 
 __all__ = ["AXES", "PMM_AXES", "ProcessGrid", "ParallelConfig", "DEFAULT_COLLECTIVE_TIMEOUT_S", "parse_grid",
            "grid_flag", "format_grid", "cube_3d", "factorizations_3d",
            "third_axis"]
 
-AXES = ("dp", "x", "y", "z")
-PMM_AXES = ("x", "y", "z")
-
 
 def third_axis(a: str, b: str) -> str:
     """The 3D-PMM axis that is neither ``a`` nor ``b``."""
     (t,) = [ax for ax in PMM_AXES if ax not in (a, b)]
     return t
-
-
-def parse_grid(spec: str) -> tuple[int, int, int, int]:
-    """``"1x2x2x2"`` -> ``(Gd, Gx, Gy, Gz)``; every factor a positive integer."""
-    if not isinstance(spec, str):
-        raise ValueError(f"grid must be a string like '1x2x2x2' (Gd x Gx x Gy x Gz), got {spec!r}")
-    parts = re.split(r"[x,*X]", spec.strip())
-    if len(parts) != 4:
-        raise ValueError(
-            f"grid {spec!r} must be GdxGxxGyxGz, 4 factors Gd x Gx x Gy x Gz, e.g. '1x2x2x2' (use 1 for unused "
-            f"axes), got {len(parts)}"
-        )
-    out = []
-    for name, p in zip(AXES, parts):
-        if not p.strip().isdigit() or int(p) < 1:
-            raise ValueError(f"grid {spec!r}: factor for axis {name} must be a positive integer, got {p!r}")
-        out.append(int(p))
-    return tuple(out)
-
-
-def format_grid(grid) -> str:
-    return "x".join(str(int(g)) for g in grid)
-
-
-def factorizations_3d(g: int) -> list[tuple[int, int, int]]:
-    """All ordered (Gx, Gy, Gz) with Gx * Gy * Gz = g."""
-    if g < 1:
-        raise ValueError(f"GPU count must be >= 1, got {g}")
-    out = []
-    for gx in range(1, g + 1):
-        if g % gx:
-            continue
-        for gy in range(1, g // gx + 1):
-            if (g // gx) % gy == 0:
-                out.append((gx, gy, g // gx // gy))
-    return out
-
-
-def cube_3d(g: int) -> tuple[int, int, int]:
-    """The grid chooser: the most cube-like (Gx, Gy, Gz) for g ranks (paper VII-C,
-    following Agarwal et al. and Plexus), the factorization with the smallest max/min
-    ratio, ties by the smallest sum of squares; the larger factors go to the slower
-    axes (x, then y, then z), so that z and y groups, runs of consecutive ranks,
-    stay inside a node longest."""
-    best = min({tuple(sorted(f, reverse=True)) for f in factorizations_3d(g)},
-               key=lambda f: (max(f) / min(f), sum(v * v for v in f)))
-    return best
-
-
-def grid_flag(text: str) -> tuple[int, int, int, int]:
-    """``--grid``'s parser: :func:`parse_grid` with the flag's own message."""
-    try:
-        return parse_grid(text)
-    except ValueError:
-        raise ValueError(f"--grid must be GdxGxxGyxGz with four positive integers, e.g. 1x2x2x2; got {text!r}") \
-            from None
-
-
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-
-
-@dataclass(kw_only=True)
-class ParallelConfig:
-    """Where and how many: the 4D grid, local worker processes, the device, the
-    collective backend, the time after which a silent peer fails the run, and the
-    threads of each process."""
-
-    grid: tuple[int, int, int, int] = setting((1, 1, 1, 1), type=grid_flag, render=format_grid,
-                                              metavar="GdxGxxGyxGz",
-                                              help="4D process grid GdxGxxGyxGz (data parallel x 3D PMM; the "
-                                              "compared systems: Gdx1x1x1, data parallel only)")
-    nproc: int | None = setting(None, help="spawn this many local worker processes; without it, a multi-rank grid "
-                                "expects to be started by torchrun, srun or submitit")
-    device: str = setting("auto", metavar="{auto,cpu,cuda,cuda:N}",
-                          help="where to compute: auto takes the local rank's GPU when CUDA or ROCm is visible, "
-                          "else the CPU")
-    backend: str = setting("auto", choices=BACKENDS,
-                           help="torch.distributed backend: auto follows the device (NCCL/RCCL for GPUs, gloo for "
-                           "CPU); gloo with GPUs lets several ranks share one GPU (tests)")
-    collective_timeout_s: float = setting(DEFAULT_COLLECTIVE_TIMEOUT_S, flag="--collective-timeout",
-                                          metavar="SECONDS", help="a collective that waits longer (a rank died or "
-                                          "hangs) fails the run")
-    threads: int | str = setting(AUTO, type=thread_setting, metavar="auto|N",
-                                 help="intra-op threads of each process: auto takes the cores that are free now "
-                                 "(affinity, CPU quota, other processes' load), shared among the run's ranks on "
-                                 "the node, at most OMP_NUM_THREADS if set; N: exactly N (scalegnn.threads)")
-
-    def __post_init__(self):
-        self.grid = parse_grid(self.grid) if isinstance(self.grid, str) else tuple(int(g) for g in self.grid)
-        if len(self.grid) != 4 or min(self.grid) < 1:
-            raise ValueError(f"grid must be four positive sizes (Gd, Gx, Gy, Gz), got {self.grid}")
-        if self.nproc is not None and self.nproc < 1:
-            raise ValueError(f"--nproc must be >= 1, got {self.nproc}")
-        self.device = check_device_spec(self.device)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.backend == "nccl" and self.device == "cpu":
-            raise ValueError("--backend nccl needs GPU tensors but --device is cpu; use --backend gloo or "
-                             "--device cuda")
-        self.threads = thread_setting(self.threads)
-        if not self.collective_timeout_s > 0:
-            raise ValueError(f"--collective-timeout must be > 0 seconds, got {self.collective_timeout_s}")
-
-    @property
-    def world_size(self) -> int:
-        return self.grid[0] * self.grid[1] * self.grid[2] * self.grid[3]
 
 
 def _world_timeout():

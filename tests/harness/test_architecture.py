@@ -23,7 +23,9 @@ FLOORS = [
                      "scalegnn._sampling_kernel", "scalegnn._elementwise", "scalegnn._compiled",
                      "scalegnn.datasets.*", "scalegnn.sampling", "scalegnn.systems", "scalegnn.signals",
                      "scalegnn.threads", "scalegnn.timing", "scalegnn.metrics",
-                     "scalegnn.rowsparse", "scalegnn.functional"]),
+                     "scalegnn.rowsparse", "scalegnn.functional",
+                     # the run configuration's sections, declared where no torch loads (imported by their owners)
+                     "scalegnn.sections", "scalegnn.sections.*"]),
     # Where a process stands in a run and its local workers: threads, signals and devices only.
     ("process launch", ["scalegnn.launch.environment", "scalegnn.launch.job", "scalegnn.launch.liveness"]),
     # The parallel core: below every application component, so none of them leaks into it.
@@ -181,7 +183,7 @@ def test_the_checks_can_fail():
         > floor_of("scalegnn.parallel.engine") > floor_of("scalegnn.model") > floor_of("scalegnn.parallel.products") \
         > floor_of("scalegnn.parallel.context") > floor_of("scalegnn.parallel.grid") > floor_of("scalegnn.graph")
     assert floor_of("scalegnn.parallel.unlisted") is None and floor_of("scalegnn.unlisted") is None
-    assert "scalegnn.parallel.grid" in GRAPH["scalegnn.config"]  # imports are really read
+    assert "scalegnn.sections.parallel" in GRAPH["scalegnn.config"]  # imports are really read
     assert _resolve("scalegnn.parallel.grid.cube_3d") == "scalegnn.parallel.grid"
 
 

@@ -134,7 +134,8 @@ def test_baseline_epoch_loop_logs_one_line_per_epoch(logged, tmp_path, monkeypat
                       eval_every=2, data_root=str(tmp_path), out_dir=str(tmp_path / "runs"))
     record = launch(cfg)
     assert record["status"] == "ok"
-    lines = logged.getvalue().strip().splitlines()
+    first, *lines = logged.getvalue().strip().splitlines()
+    assert f"graphsage on {tiny}: starting in this process, grid 1x1x1x1, 3 epochs" in first  # the launcher's
     assert len(record["epochs"]) == 3 and len(lines) == 3
     assert f"graphsage {tiny} epoch 1/3: loss 1.0000, batch acc 0.5000" in lines[0]
     assert "test acc 0.5000" in lines[1] and "test acc" not in lines[0]
@@ -157,8 +158,10 @@ def fixed_trainer(cfg, graph, env):
 
 
 def test_the_first_minute_is_one_line_per_phase_before_the_first_epoch(logged, tmp_path):
-    """A ScaleGNN run logs loading the graph (its sizes) and building the engine (grid,
-    batch, steps) with their seconds, before its first epoch line; other ranks do not."""
+    """A ScaleGNN run logs what it starts (the launcher's first line, before torch loads:
+    tests/integration/test_start.py), then loading the graph (its sizes) and building the
+    engine (grid, batch, steps) with their seconds, before its first epoch line; other
+    ranks do not."""
     import re
 
     import scalegnn
@@ -166,7 +169,9 @@ def test_the_first_minute_is_one_line_per_phase_before_the_first_epoch(logged, t
 
     scalegnn.train(dataset="csbm:n=200,avg_degree=4,classes=2,feature_dim=4", epochs=1, hidden=8,
                    data_root=str(tmp_path), out_dir=str(tmp_path / "runs"))
-    lines = logged.getvalue().strip().splitlines()
+    first, *lines = logged.getvalue().strip().splitlines()
+    assert first.endswith("scalegnn on csbm:n=200,avg_degree=4,classes=2,feature_dim=4: starting in this process, "
+                          "grid 1x1x1x1, 1 epoch"), first
     assert re.search(r"loading the graph: csbm:n=200,.*, 200 vertices, [\d,]+ adjacency entries, 4 features "
                      r"\(\d+\.\d s\)$", lines[0]), lines
     assert re.search(r"building the engine: grid 1x1x1x1, batch 20, 10 steps per epoch, on cpu \(\d+\.\d s\)$",
