@@ -42,6 +42,7 @@ from scalegnn.settings import setting
 
 from .common import BaselineData, DataParallelTrainer, EpochStats, baseline_data, broadcast_floats
 from .graphsage import split_accuracies_local
+from .models import FullGraphModel
 from .partition import PARTITION_METHODS, partition_vertices
 
 __all__ = ["BNSOptions", "BNSTrainer", "BoundaryExchange", "BNSModel", "make_trainer"]
@@ -102,7 +103,7 @@ def _project(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
     return torch.sparse.mm(x, w.t().contiguous()) if x.layout != torch.strided else x @ w.t()
 
 
-class BNSModel(nn.Module):
+class BNSModel(FullGraphModel):
     """GraphSAGE-mean layers; ``neigh[l]`` carries the bias, ``self_[l]`` none."""
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, layers: int, dropout: float):
@@ -111,6 +112,12 @@ class BNSModel(nn.Module):
         self.neigh = nn.ModuleList(nn.Linear(dims[i], dims[i + 1]) for i in range(layers))
         self.self_ = nn.ModuleList(nn.Linear(dims[i], dims[i + 1], bias=False) for i in range(layers))
         self.dropout = dropout
+        self.architecture = dict(in_dim=in_dim, hidden=hidden, out_dim=out_dim, layers=layers, dropout=dropout)
+
+    def logits(self, graph) -> torch.Tensor:
+        """Single-process full-graph inference, as its evaluation: every neighbour, weights 1/deg."""
+        x, edge_index = self.inputs(graph)
+        return self(x, full_mean_operator(edge_index, graph.num_nodes), None)
 
     def forward(self, x, agg: torch.Tensor, exchange=None):
         """x (n_in, F) dense or CSR; agg (n_in, n_in + n_b) CSR; exchange(P) -> boundary rows."""
@@ -122,6 +129,13 @@ class BNSModel(nn.Module):
             if i < len(self.neigh) - 1:
                 h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
         return h
+
+
+def full_mean_operator(edge_index: torch.Tensor, n: int) -> torch.Tensor:
+    """The (n, n) CSR mean over every in-neighbour (weights 1/deg_in): full-graph inference."""
+    src, dst = edge_index
+    deg = torch.bincount(dst, minlength=n).clamp(min=1).to(torch.float32)
+    return _csr(dst, src, 1.0 / deg[dst], (n, n))
 
 
 def _csr(rows, cols, vals, shape) -> torch.Tensor:
@@ -258,10 +272,7 @@ class BNSTrainer(DataParallelTrainer):
     def full_logits(self) -> torch.Tensor:
         """Single-process full-graph inference: every neighbor, weights 1/deg."""
         if self._full is None:
-            src, dst = self.data.edge_index
-            n = self.data.num_nodes
-            deg = torch.bincount(dst, minlength=n).clamp(min=1).to(torch.float32)
-            self._full = _csr(dst, src, 1.0 / deg[dst], (n, n)).to(self.device)
+            self._full = full_mean_operator(self.data.edge_index, self.data.num_nodes).to(self.device)
         self.model.eval()
         return self.model(to_device(self.data.features, self.device), self._full, None).cpu()
 

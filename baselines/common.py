@@ -37,8 +37,10 @@ import torch.distributed as dist
 from scalegnn.config import RunConfig
 from scalegnn.device import synchronize
 from scalegnn.graph import Graph
-from scalegnn.loop import EpochStats, Trainer
+from scalegnn.loop import Callback, EpochStats, LoopStart, Trainer
 from scalegnn.metrics import accuracy_counts
+
+from .models import FullGraphModel, graph_edge_index
 
 __all__ = ["EpochStats", "BaselineData", "DataParallelTrainer", "baseline_data", "load_data", "split_accuracies",
            "world_info", "ddp", "all_reduce_sum"]
@@ -147,10 +149,8 @@ def load_data(cfg: RunConfig, graph: Graph | None = None) -> BaselineData:
     check_graph(cfg.system, graph)
     if graph.meta.get("normalized"):
         raise ValueError("baselines need the raw graph (each system normalizes its own way), not a normalized one")
-    rows = graph.row_ids()
-    keep = rows != graph.indices  # the raw graph has no self loops; be safe for bring-your-own data
-    edge_index = torch.stack([graph.indices[keep], rows[keep]])  # PyG: row 0 source, row 1 target
-    return BaselineData(graph=graph, edge_index=edge_index, features=training_features(graph.x))
+    # PyG: row 0 source, row 1 target; self loops left out (the raw graph has none; be safe for a user's)
+    return BaselineData(graph=graph, edge_index=graph_edge_index(graph), features=training_features(graph.x))
 
 
 def split_accuracies(logits_of, graph: Graph, nodes: torch.Tensor | None = None) -> tuple[float, float, float]:
@@ -210,6 +210,54 @@ class DataParallelTrainer(Trainer):
 
     def slowest(self, seconds: float) -> float:
         return all_reduce_sum([seconds], op=dist.ReduceOp.MAX)[0]
+
+    # ------------------------------------------------------------ the trained model
+    # A data-parallel replica holds the whole model: rank 0 writes it (--save-model, the
+    # Python API's default) beside the record, the last epoch's and the best validation
+    # epoch's, as scalegnn.trained does for ScaleGNN. A system whose model is no
+    # FullGraphModel (CAGNET's sharded GCN) writes none.
+    def begin(self, record: dict) -> LoopStart:
+        self.best = _BestState(self.saved_model()) if self.saved_model() is not None else None
+        return LoopStart(callbacks=(self.best,) if self.best is not None else ())
+
+    def saved_model(self):
+        """The model a run saves, or None."""
+        model = getattr(self, "model", None)
+        cfg = getattr(self, "cfg", None)
+        keep = isinstance(model, FullGraphModel) and cfg is not None and cfg.loop.save_model and self.rank == 0
+        return model if keep else None
+
+    def end(self, record: dict) -> None:
+        from scalegnn.trained import model_file_of, save_system_model
+
+        model = self.saved_model()
+        if model is None:
+            return
+        cfg, last = self.cfg, (record["epochs"][-1]["epoch"] if record["epochs"] else 0)
+
+        def write(state, epoch: int, kind: str) -> str:
+            about = {"run_id": record["run_id"], "system": cfg.system, "dataset": cfg.data.dataset,
+                     "world_size": self.world, "epoch": epoch}
+            return str(save_system_model(model_file_of(cfg.loop.out_dir, record["run_id"], kind), cfg.system,
+                                         model.architecture, state, about))
+
+        record["model_file"] = write(model.state_dict(), last, "model")
+        if self.best.kept is not None:
+            epoch, state = self.best.kept
+            record["best_model_file"] = record["model_file"] if epoch == last else write(state, epoch, "best.model")
+
+
+class _BestState(Callback):
+    """The best validation epoch's weights (the summary's model selection: highest
+    ``val_acc``, earliest on ties), copied when an evaluation beats the best so far."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.best_val, self.kept = model, float("-inf"), None
+
+    def on_epoch_end(self, row: dict) -> None:
+        if row.get("val_acc") is not None and row["val_acc"] > self.best_val:
+            self.best_val = row["val_acc"]
+            self.kept = (row["epoch"], {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()})
 
 
 def baseline_data(cfg: RunConfig, graph: Graph | None = None) -> BaselineData:

@@ -22,7 +22,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["InputConv", "SAGENet", "SAINTNet", "make_conv"]
+__all__ = ["InputConv", "SAGENet", "SAINTNet", "make_conv", "graph_edge_index", "FullGraphModel"]
+
+
+def graph_edge_index(graph) -> torch.Tensor:
+    """PyG's (2, E) ``[source; target]`` of a raw graph's stored entries, self loops left
+    out (the raw graph has none; a user's may): what the baselines aggregate over."""
+    rows = graph.row_ids()
+    keep = rows != graph.indices
+    return torch.stack([graph.indices[keep], rows[keep]])
+
+
+class FullGraphModel(nn.Module):
+    """A compared system's model that a run saves and ``scalegnn.predict`` runs on a whole
+    graph: ``architecture`` (its constructor's arguments, saved in the model file) and
+    :meth:`logits`, exact full-graph inference on a raw graph (every neighbour: the
+    sampled systems' neighbour sampling is for training speed, not part of the model)."""
+
+    architecture: dict
+
+    def logits(self, graph) -> torch.Tensor:
+        raise NotImplementedError
+
+    @staticmethod
+    def inputs(graph) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features as training reads them, CSR when sparse; :func:`graph_edge_index`)."""
+        from scalegnn.sampling import training_features
+
+        if graph.meta.get("normalized"):
+            raise ValueError("predict takes the raw graph (as scalegnn.Graph.from_pyg or load_dataset gives it); "
+                             "a compared system normalizes it its own way")
+        return training_features(graph.x), graph_edge_index(graph)
 
 
 def make_conv(kind: str, in_dim: int, out_dim: int):
@@ -79,7 +109,7 @@ class InputConv(nn.Module):
         raise AssertionError(self.kind)
 
 
-class SAGENet(nn.Module):
+class SAGENet(FullGraphModel):
     """GraphSAGE (SALIENT++ / PyG ``graph_sage`` setup): L convolutions, ReLU and dropout between.
 
     ``conv`` = ``sage`` (SAGEConv, mean aggregation) or ``gcn`` (GCNConv). The last
@@ -93,6 +123,8 @@ class SAGENet(nn.Module):
         self.first = InputConv(conv, dims[0], dims[1])
         self.convs = nn.ModuleList(make_conv(conv, dims[i], dims[i + 1]) for i in range(1, layers))
         self.kind, self.dropout = conv, dropout
+        self.architecture = dict(in_dim=in_dim, hidden=hidden, out_dim=out_dim, layers=layers, dropout=dropout,
+                                 conv=conv)
 
     @property
     def num_layers(self) -> int:
@@ -111,8 +143,12 @@ class SAGENet(nn.Module):
             h = self.layer(i, h, edge_index)
         return h
 
+    def logits(self, graph) -> torch.Tensor:
+        """Every vertex, every neighbour (``--eval-mode layerwise``'s exact inference)."""
+        return self(*self.inputs(graph))
 
-class SAINTNet(nn.Module):
+
+class SAINTNet(FullGraphModel):
     """GraphSAINT's GCN (PyG ``examples/graph_saint.py``): L GraphConv layers with
     ReLU and dropout, their outputs concatenated (jumping knowledge) and a linear head.
 
@@ -127,6 +163,7 @@ class SAINTNet(nn.Module):
         self.convs = nn.ModuleList(make_conv("graphconv", hidden, hidden) for _ in range(layers - 1))
         self.head = nn.Linear(layers * hidden, out_dim)
         self.dropout = dropout
+        self.architecture = dict(in_dim=in_dim, hidden=hidden, out_dim=out_dim, layers=layers, dropout=dropout)
 
     def forward(self, x, edge_index, edge_weight):
         outs = []
@@ -137,3 +174,10 @@ class SAINTNet(nn.Module):
             h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
             outs.append(h)
         return self.head(torch.cat(outs, dim=-1))
+
+    def logits(self, graph) -> torch.Tensor:
+        """The full-graph evaluation of GraphSAINT: every neighbour, weights ``1/deg_in``."""
+        x, edge_index = self.inputs(graph)
+        target = edge_index[1]
+        deg = torch.bincount(target, minlength=graph.num_nodes).clamp(min=1).to(torch.float32)
+        return self(x, edge_index, 1.0 / deg[target])

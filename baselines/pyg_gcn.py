@@ -30,7 +30,7 @@ from scalegnn.config import RunConfig
 from scalegnn.device import synchronize, to_device
 from .common import BaselineData, DataParallelTrainer, EpochStats, baseline_data, step_on_labeled_rows
 from .graphsage import split_accuracies_local
-from .models import _sparse_mm
+from .models import FullGraphModel, _sparse_mm
 
 __all__ = ["PyGGCNOptions", "GCN", "PyGGCNTrainer", "make_trainer"]
 
@@ -45,7 +45,7 @@ class PyGGCNOptions:
                              "(full-graph training on several ranks: --system fullgraph-3d, bns-gcn or cagnet-*)")
 
 
-class GCN(nn.Module):
+class GCN(FullGraphModel):
     """L GCNConv layers (bias), ReLU and dropout between them, over a normalized ``adj_t``."""
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, layers: int, dropout: float):
@@ -56,6 +56,12 @@ class GCN(nn.Module):
         self.convs = nn.ModuleList(GCNConv(a, b, normalize=False, add_self_loops=False)
                                    for a, b in zip(dims[:-1], dims[1:]))
         self.dropout = dropout
+        self.architecture = dict(in_dim=in_dim, hidden=hidden, out_dim=out_dim, layers=layers, dropout=dropout)
+
+    def logits(self, graph) -> torch.Tensor:
+        """The whole graph's logits, on its GCN normalization (as training)."""
+        x, _ = self.inputs(graph)
+        return self(x, graph.gcn_normalize().to_torch_csr())
 
     def forward(self, x: torch.Tensor, adj_t: torch.Tensor) -> torch.Tensor:
         for i, conv in enumerate(self.convs):
@@ -70,6 +76,7 @@ class GCN(nn.Module):
 
 class PyGGCNTrainer(DataParallelTrainer):
     def __init__(self, cfg: RunConfig, data: BaselineData, env):
+        self.cfg = cfg
         super().__init__(data, env)
         g = data.graph
         t = time.perf_counter()

@@ -56,6 +56,7 @@ class System:
     unavailable: str = ""  # why it cannot run here (paper-only systems): sweeps and reports say so
     edge_weights: bool = False  # trains the GCN normalization of a weighted adjacency (else refuses weights)
     batch: str = "seed vertices"  # what a record's batch_size counts (analysis' batch column); full graph: all
+    model: str | None = None  # "module:Class" of the model a run saves (scalegnn.trained), None: it saves none
 
     def __post_init__(self):
         if self.grids not in ("spec", "dp"):
@@ -147,18 +148,22 @@ def _compared(name: str, display: str, color: str, marker: str, module: str, opt
 
 for _system in (
     _compared("graphsaint", "GraphSAINT", "#17becf", "X", "graphsaint", "GraphSAINTOptions",
-              batch="vertices per sampled subgraph (the node budget)"),
-    _compared("graphsage", "GraphSAGE", "#ff7f0e", "P", "graphsage", "GraphSAGEOptions"),
+              batch="vertices per sampled subgraph (the node budget)", model="scalegnn.baselines.models:SAINTNet"),
+    _compared("graphsage", "GraphSAGE", "#ff7f0e", "P", "graphsage", "GraphSAGEOptions",
+              model="scalegnn.baselines.models:SAGENet"),
     _compared("distdgl", "DistDGL", "#9467bd", "D", "distdgl.harness", "DistDGLOptions", devices=("cpu",),
               multi_node=False, self_launching=True),
     System(name="massivegnn", display="MassiveGNN", color="#8c564b", marker="v",
            sweep_defaults=(("system", "massivegnn"),),
            unavailable="MassiveGNN is in the paper's figures only: no adapter in baselines/"),
-    _compared("salient", "SALIENT++", "#1f77b4", "s", "salient", "SalientOptions"),
-    _compared("fastsample", "FastSample", "#aec7e8", "d", "fastsample", "FastSampleOptions"),
+    _compared("salient", "SALIENT++", "#1f77b4", "s", "salient", "SalientOptions",
+              model="scalegnn.baselines.models:SAGENet"),
+    _compared("fastsample", "FastSample", "#aec7e8", "d", "fastsample", "FastSampleOptions",
+              model="scalegnn.baselines.models:SAGENet"),
     _compared("pyg-gcn", "PyG GCN (full batch)", "#8c8c00", "h", "pyg_gcn", "PyGGCNOptions", full_graph=True,
-              multi_node=False, edge_weights=True),
-    _compared("bns-gcn", "BNS-GCN", "#2ca02c", "^", "bns_gcn", "BNSOptions", full_graph=True),
+              multi_node=False, edge_weights=True, model="scalegnn.baselines.pyg_gcn:GCN"),
+    _compared("bns-gcn", "BNS-GCN", "#2ca02c", "^", "bns_gcn", "BNSOptions", full_graph=True,
+              model="scalegnn.baselines.bns_gcn:BNSModel"),
     _compared("cagnet-1d", "CAGNET 1D", "#bcbd22", "<", "cagnet", "Cagnet1DOptions", full_graph=True,
               edge_weights=True),
     _compared("cagnet-1.5d", "CAGNET 1.5D", "#dbdb8d", ">", "cagnet", "Cagnet15DOptions", full_graph=True,
@@ -167,9 +172,9 @@ for _system in (
               edge_weights=True),
     System(name="fullgraph-3d", display="full-graph 3D", color="#7f7f7f", marker="*", full_graph=True,
            trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all", edge_weights=True,
-           sweep_defaults=(("batch-ratio", 1.0),)),
+           sweep_defaults=(("batch-ratio", 1.0),), model="scalegnn.model:ScaleGNN"),
     System(name="scalegnn", display="ScaleGNN", color="#d62728", marker="o",
            trainer="scalegnn.trainer:make_trainer", grids="spec", sweep_options="all", edge_weights=True,
-           batch="vertices sampled uniformly (batch_ratio x N)"),
+           batch="vertices sampled uniformly (batch_ratio x N)", model="scalegnn.model:ScaleGNN"),
 ):
     register(_system)

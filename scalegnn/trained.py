@@ -24,6 +24,13 @@ only, so loading it runs no code) holds::
 :func:`load_model` gives a plain ``torch.nn.Module`` on the CPU in eval mode;
 :func:`predict` its (N, C) logits on a graph, GCN-normalized as training normalizes it.
 :class:`TrainResult` is what :func:`scalegnn.train` returns.
+
+A compared system's run saves its own model the same way (``kind``
+``"scalegnn-system-model"``: ``system``, ``architecture`` (its constructor's arguments),
+``state``, ``about``; the class is the registry's ``model``, a
+``scalegnn.baselines.models.FullGraphModel``): rank 0's data-parallel replica, whose
+``logits(graph)`` is the system's own exact full-graph inference. CAGNET's sharded GCN
+and DistDGL's processes save none.
 """
 
 from __future__ import annotations
@@ -38,13 +45,23 @@ from .fileio import load_error
 from .graph import as_graph
 from .model import ModelConfig, ScaleGNN
 
-__all__ = ["MODEL_FORMAT", "ModelFileError", "save_model", "load_model", "predict", "checkpoint_model",
-           "export_checkpoint", "model_file_of", "TrainResult", "MODEL_SYSTEMS"]
+__all__ = ["MODEL_FORMAT", "ModelFileError", "save_model", "save_system_model", "load_model", "predict",
+           "checkpoint_model", "export_checkpoint", "model_file_of", "TrainResult", "MODEL_SYSTEMS"]
 
 MODEL_FORMAT = 1
 _KIND = "scalegnn-model"
-# The systems whose trainer is ScaleGNN's engine: their parameters consolidate into ScaleGNN.
-MODEL_SYSTEMS = ("scalegnn", "fullgraph-3d")
+_SYSTEM_KIND = "scalegnn-system-model"  # a compared system's model: its class is the registry's ``model``
+
+
+def _model_systems() -> tuple[str, ...]:
+    from . import systems as registry
+
+    return tuple(s.name for s in registry.systems(available=True) if s.model)
+
+
+# The systems whose runs save a model: ScaleGNN's (consolidated from the ranks) and the compared systems whose
+# model is a whole replica (the registry's ``model``; CAGNET's sharded GCN and DistDGL's processes save none).
+MODEL_SYSTEMS = _model_systems()
 
 
 class ModelFileError(ValueError):
@@ -70,10 +87,41 @@ def save_model(path: str | os.PathLike, state: dict[str, torch.Tensor], *, in_di
     return atomic_torch_save(payload, path)
 
 
-def load_model(path: str | os.PathLike) -> ScaleGNN:
-    """The model in ``path`` (:func:`save_model`, ``scalegnn export``) as a plain
-    :class:`~scalegnn.model.ScaleGNN` on the CPU, in eval mode; its ``about`` attribute
-    says where it came from. Loading runs no code from the file (``weights_only``)."""
+def save_system_model(path: str | os.PathLike, system: str, architecture: dict, state: dict[str, torch.Tensor],
+                      about: dict) -> Path:
+    """Write a compared system's model (its registry ``model`` class, built again from
+    ``architecture``, plain numbers and strings) as a model file, atomically."""
+    from .checkpoint import atomic_torch_save
+
+    payload = {"format": MODEL_FORMAT, "kind": _SYSTEM_KIND, "system": system, "architecture": dict(architecture),
+               "state": {k: v.detach().cpu().contiguous() for k, v in state.items()}, "about": about}
+    return atomic_torch_save(payload, path)
+
+
+def _system_model(path: Path, payload: dict) -> torch.nn.Module:
+    from . import systems as registry
+
+    system = payload.get("system")
+    try:
+        cls = registry.resolve(registry.get(system).model or "")
+    except (registry.UnknownSystem, ValueError, ImportError, AttributeError):
+        raise ModelFileError(f"{path}: a model of system {system!r}, which has no model class here "
+                             f"(systems with one: {', '.join(MODEL_SYSTEMS)})") from None
+    try:
+        model = cls(**payload["architecture"])
+        model.load_state_dict(payload["state"])
+    except (TypeError, KeyError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelFileError(f"{path}: its parameters do not fit its own architecture ({first})") from None
+    return model
+
+
+def load_model(path: str | os.PathLike) -> torch.nn.Module:
+    """The model in ``path`` (:func:`save_model`, ``scalegnn export``, or a compared
+    system's run) as a plain module on the CPU, in eval mode: a
+    :class:`~scalegnn.model.ScaleGNN`, or the system's own model (GraphSAGE's, ...); its
+    ``about`` attribute says where it came from. Loading runs no code from the file
+    (``weights_only``)."""
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file (write one with --save-model, or `scalegnn export "
@@ -82,12 +130,16 @@ def load_model(path: str | os.PathLike) -> ScaleGNN:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a file that is not ours or is damaged
         raise ModelFileError(f"{path}: cannot be read as a model file ({load_error(exc)})") from None
-    if not isinstance(payload, dict) or payload.get("kind") != _KIND:
+    if not isinstance(payload, dict) or payload.get("kind") not in (_KIND, _SYSTEM_KIND):
         raise ModelFileError(f"{path}: not a scalegnn model file (a checkpoint folder is exported with "
                              "`scalegnn export CKPT_DIR --out FILE`)")
     if not isinstance(payload.get("format"), int) or payload["format"] > MODEL_FORMAT:
         raise ModelFileError(f"{path}: model format {payload.get('format')!r} is newer than this scalegnn reads "
                              f"({MODEL_FORMAT}); upgrade scalegnn")
+    if payload["kind"] == _SYSTEM_KIND:
+        model = _system_model(path, payload)
+        model.about = payload.get("about", {})
+        return model.eval()
     model = ScaleGNN(payload["in_dim"], payload["num_classes"], ModelConfig.from_dict(payload["model"]))
     try:
         model.load_state_dict(payload["state"])
@@ -99,14 +151,28 @@ def load_model(path: str | os.PathLike) -> ScaleGNN:
 
 
 @torch.no_grad()
-def predict(model: ScaleGNN, graph) -> torch.Tensor:
+def predict(model: torch.nn.Module, graph) -> torch.Tensor:
     """Logits (N, C) of ``model`` for every vertex of ``graph`` (a :class:`Graph`, a PyG
-    ``Data`` or a DGL graph; a full-graph forward, no sampling, no dropout), on the graph's
-    GCN normalization as training uses it (self loops added; a normalized graph as is).
-    Vertex order is the graph's own."""
+    ``Data`` or a DGL graph; a full-graph forward, no sampling, no dropout). A ScaleGNN
+    runs on the graph's GCN normalization as training uses it (self loops added; a
+    normalized graph as is); a compared system's model on the raw graph, aggregating as
+    its own full-graph evaluation does (every neighbour). Vertex order is the graph's own."""
     from .sampling import training_features
 
     graph = as_graph(graph)
+    if not isinstance(model, ScaleGNN):
+        if not hasattr(model, "logits"):
+            raise ValueError(f"predict runs a model that scalegnn.load_model or a run gives, not a "
+                             f"{type(model).__name__}")
+        if graph.num_features != model.architecture["in_dim"]:
+            raise ValueError(f"the graph has {graph.num_features} features per vertex, the model was trained on "
+                             f"{model.architecture['in_dim']}")
+        was_training = model.training
+        model.eval()
+        try:
+            return model.logits(graph)
+        finally:
+            model.train(was_training)
     if graph.num_features != model.w_in.shape[0]:
         raise ValueError(f"the graph has {graph.num_features} features per vertex, the model was trained on "
                          f"{model.w_in.shape[0]}")
@@ -166,7 +232,7 @@ class TrainResult(dict):
 
     def __init__(self, record: dict):
         super().__init__(record)
-        self._models: dict[str, ScaleGNN] = {}
+        self._models: dict[str, torch.nn.Module] = {}
 
     @property
     def record(self) -> dict:
@@ -177,21 +243,22 @@ class TrainResult(dict):
                 f"epochs={len(self.get('epochs') or [])}, model_file={self.get('model_file')!r})")
 
     @property
-    def model(self) -> ScaleGNN:
-        """The last epoch's :class:`~scalegnn.model.ScaleGNN` (loaded once from the record's ``model_file``)."""
+    def model(self) -> torch.nn.Module:
+        """The last epoch's model (a :class:`~scalegnn.model.ScaleGNN`, or the compared
+        system's own; loaded once from the record's ``model_file``)."""
         return self._load("model_file", "result.model")
 
     @property
-    def best_model(self) -> ScaleGNN:
-        """The best validation epoch's :class:`~scalegnn.model.ScaleGNN` (the record's
-        ``best_model_file``; the summary's ``best_epoch``)."""
+    def best_model(self) -> torch.nn.Module:
+        """The best validation epoch's model (the record's ``best_model_file``; the
+        summary's ``best_epoch``)."""
         return self._load("best_model_file", "result.best_model")
 
-    def _load(self, key: str, what: str) -> ScaleGNN:
+    def _load(self, key: str, what: str) -> torch.nn.Module:
         if key not in self._models:
             if self.get("system") not in MODEL_SYSTEMS:
-                raise ModelFileError(f"{what}: a {self.get('system')} run has no ScaleGNN model to consolidate "
-                                     f"(systems with one: {', '.join(MODEL_SYSTEMS)})")
+                raise ModelFileError(f"{what}: a {self.get('system')} run saves no model (systems that do: "
+                                     f"{', '.join(MODEL_SYSTEMS)})")
             if not self.get(key):
                 if self.get("status") != "ok":
                     why = f"the run ended {self.get('status')}"

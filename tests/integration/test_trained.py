@@ -89,13 +89,38 @@ def test_the_best_validation_epochs_model_is_kept_beside_the_last_epochs(graph, 
     assert short["best_model_file"] == short["model_file"]
 
 
+@pytest.mark.parametrize("system, options", [("graphsage", {"eval_mode": "layerwise"}), ("graphsaint", {}),
+                                             ("pyg-gcn", {}), ("bns-gcn", {}), ("salient", {})])
+def test_a_compared_systems_run_returns_its_model_and_predicts(graph, tmp_path, system, options):
+    """The compared systems save their own model too (the last epoch's and the best
+    validation epoch's), loaded by scalegnn.load_model without their trainer, and
+    predict on a whole graph: where their evaluation is exact full-graph inference, the
+    predictions give the record's accuracies exactly (SALIENT++ evaluates by neighbour
+    sampling: its full-graph predictions are the model's, not its evaluation's)."""
+    result = scalegnn.train(graph, system=system, epochs=3, out_dir=str(tmp_path), layers=2, hidden=16,
+                            dropout=0.0, progress=False, **options)
+    assert result["status"] == "ok" and Path(result["model_file"]).is_file() and result["best_model_file"]
+    model = load_model(result["model_file"])
+    assert model.about["run_id"] == result["run_id"] and model.about["epoch"] == 3
+    logits = predict(model, graph.to_pyg())
+    torch.testing.assert_close(logits, result.predict(graph))
+    assert logits.shape == (graph.num_nodes, graph.num_classes)
+    assert result.best_model.about["epoch"] == result["summary"]["best_epoch"]
+    if system != "salient":
+        last = result["epochs"][-1]
+        for split in ("train", "val", "test"):
+            idx = getattr(graph, f"{split}_idx")
+            assert int((logits[idx].argmax(1) == graph.y[idx]).sum()) / len(idx) == pytest.approx(last[f"{split}_acc"],
+                                                                                                 abs=1e-9), split
+
+
 def test_a_result_without_a_model_says_why(graph, tmp_path):
     off = scalegnn.train(graph, epochs=1, out_dir=str(tmp_path), save_model=False, **COMMON)
     assert "model_file" not in off.record
     with pytest.raises(ModelFileError, match="wrote no such model .*save_model=False"):
         off.model
-    sage = TrainResult({"system": "graphsage", "run_id": "r", "status": "ok"})
-    with pytest.raises(ModelFileError, match="a graphsage run has no ScaleGNN model"):
+    sage = TrainResult({"system": "cagnet-1d", "run_id": "r", "status": "ok"})
+    with pytest.raises(ModelFileError, match="a cagnet-1d run saves no model .systems that do: graphsaint, .*scalegnn"):
         sage.model
 
 
