@@ -18,12 +18,41 @@ from pathlib import Path
 __all__ = ["main", "build_parser"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose error for a flag it does not know names the closest one
+    (``--hiden``: did you mean ``--hidden``?), as the Python API does for a setting."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            import difflib
+
+            known = sorted(_option_strings(self))
+            for token in message[len("unrecognized arguments: "):].split():
+                flag = token.split("=", 1)[0]
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("--") else []
+                if close:
+                    message += f" (did you mean {close[0]}?)"
+                    break
+        super().error(message)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every flag of ``parser`` and of its subcommands' parsers."""
+    out = set()
+    for action in parser._actions:
+        out.update(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                out |= _option_strings(sub)
+    return out
+
+
 def build_parser(system: str = "scalegnn") -> argparse.ArgumentParser:
     """The ``scalegnn`` parser; ``train`` carries the common flags and ``system``'s own
     (:func:`scalegnn.config.add_train_arguments`)."""
     from .config import add_train_arguments
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="scalegnn",
         description="ScaleGNN: mini-batch GCN training with communication-free uniform vertex sampling "
         "and 4D parallelism, plus the harness that compares it with other systems.",

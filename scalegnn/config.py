@@ -296,11 +296,23 @@ def _system_settings(system: str):
     return out
 
 
+# Other frameworks' names for a setting (PyG's examples, DGL's, Lightning's), answered with ours.
+SYNONYMS = {"learning_rate": "lr", "num_layers": "layers", "n_layers": "layers", "hidden_channels": "hidden",
+            "hidden_dim": "hidden", "hidden_size": "hidden", "num_hidden": "hidden", "num_epochs": "epochs",
+            "max_epochs": "epochs", "n_epochs": "epochs", "dropout_rate": "dropout", "wd": "weight_decay",
+            "batchsize": "batch_size", "output_dir": "out_dir", "nprocs": "nproc", "num_processes": "nproc",
+            "random_seed": "seed", "data": "dataset", "dataset_name": "dataset"}
+
+
 def _setting_hint(name: str, known) -> str:
     """How ``name`` is spelled in Python: the setting whose command-line flag it is
-    (``quiet`` is ``--quiet``, the setting ``progress=False``), else the closest name."""
+    (``quiet`` is ``--quiet``, the setting ``progress=False``), another framework's name
+    for one of ours (``learning_rate`` is ``lr``), else the closest name."""
     import difflib
 
+    names = {f.name for _, _, f in known}
+    if SYNONYMS.get(name) in names:
+        return f" (did you mean {SYNONYMS[name]!r}?)"
     for _, _, f in known:
         flag = flag_of(f)
         if flag.lstrip("-").replace("-", "_") == name and f.name != name:
@@ -510,7 +522,7 @@ def make_config(system: str = "scalegnn", **settings) -> RunConfig:
     settings = _flag_names_as_fields(settings, known)
     unknown = sorted(set(settings) - set(dests))
     if unknown:
-        raise ValueError(f"--system {system} has no setting {unknown[0]!r}{_setting_hint(unknown[0], known)}; "
+        raise ValueError(f"system={system!r} has no setting {unknown[0]!r}{_setting_hint(unknown[0], known)}; "
                          f"its settings: {', '.join(sorted(dests))}")
     given = {"system": system, **{dests[name]: value for name, value in settings.items()}}
     twice = sorted({key.split(".")[0] for key in given if "." in key} & set(whole))

@@ -126,6 +126,11 @@ def load_model(path: str | os.PathLike) -> torch.nn.Module:
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file (write one with --save-model, or `scalegnn export "
                              "CKPT_DIR --out FILE` from a checkpoint folder)")
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    if head.startswith(b"{"):  # JSON: a run record, whose model_file names its model
+        raise ModelFileError(f"{path}: a run record (JSON), not a model file; the record's model_file (and "
+                             "best_model_file) names its model: scalegnn.load_model(record['model_file'])")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a file that is not ours or is damaged

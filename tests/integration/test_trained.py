@@ -159,6 +159,9 @@ def test_a_model_file_that_is_no_model_is_one_line_and_runs_nothing(tmp_path):
         load_model(tmp_path / "other.pt")
     with pytest.raises(ModelFileError, match="no such model file"):
         load_model(tmp_path / "absent.pt")
+    (tmp_path / "run.json").write_text('{"schema_version": 4, "run_id": "r"}')  # the record, not its model
+    with pytest.raises(ModelFileError, match=r"a run record \(JSON\), not a model file; the record's model_file"):
+        load_model(tmp_path / "run.json")
 
 
 def _checkpointed(graph, tmp_path, name: str, grid: str, nproc: int, every: str) -> Path:

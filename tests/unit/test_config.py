@@ -45,6 +45,24 @@ def test_a_setting_python_does_not_know_says_what_it_is_called():
         make_config(dataset="cora", epoch=3)
     with pytest.raises(ValueError, match=r"has no setting 'zzz'; its settings: backend, "):
         make_config(dataset="cora", zzz=1)
+    # in Python's words (system=, not --system), another framework's name answered with ours
+    with pytest.raises(ValueError, match=r"^system='graphsage' has no setting 'learning_rate' \(did you mean 'lr'\?\)"):
+        make_config("graphsage", dataset="cora", learning_rate=0.1)
+    with pytest.raises(ValueError, match=r"has no setting 'num_layers' \(did you mean 'layers'\?\)"):
+        make_config(dataset="cora", num_layers=3)
+
+
+def test_a_flag_the_command_line_does_not_know_says_what_it_is_called(capsys):
+    """``--hiden`` is close to ``--hidden``: argparse's one line, with the flag it meant."""
+    from scalegnn.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--dataset", "cora", "--hiden", "8"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and err == "scalegnn: error: unrecognized arguments: --hiden 8 (did you mean --hidden?)"
+    with pytest.raises(SystemExit):
+        main(["sweep", "fig7", "--cluster", "local", "--dryrun"])
+    assert capsys.readouterr().err.strip().endswith("unrecognized arguments: --dryrun (did you mean --dry-run?)")
 
 
 def test_a_setting_has_its_flags_name_in_python_too():
