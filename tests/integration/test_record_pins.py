@@ -86,8 +86,9 @@ def comparable(record: dict) -> dict:
     config["loop"]["out_dir"] = "<out>"
     rec["config"] = config
     rec["epochs"] = [_unmeasured(row) for row in record["epochs"]]
-    if "model_file" in rec:  # beside the record, wherever that is: its name only
-        rec["model_file"] = Path(rec["model_file"]).name.replace(record["run_id"], "<run id>")
+    for key in ("model_file", "best_model_file"):  # beside the record, wherever that is: its name only
+        if key in rec:
+            rec[key] = Path(rec[key]).name.replace(record["run_id"], "<run id>")
     if rec.get("summary"):
         rec["summary"] = _unmeasured(rec["summary"])
     return json.loads(json.dumps(rec))  # tuples as lists, as on disk
