@@ -283,6 +283,10 @@ class CagnetTrainer(DataParallelTrainer):
         return out
 
     @torch.no_grad()
+    def saved_model(self):
+        """The serial ScaleGNN whose parameters every rank holds whole (CAGNET replicates them)."""
+        return self.model.module if self.cfg.loop.save_model and self.rank == 0 else None
+
     def evaluate(self):
         logits = self.model.forward(False).cpu()
         r0, r1 = self.model.plan.rows

@@ -39,6 +39,7 @@ from scalegnn.device import synchronize
 from scalegnn.graph import Graph
 from scalegnn.loop import Callback, EpochStats, LoopStart, Trainer
 from scalegnn.metrics import accuracy_counts
+from scalegnn.model import ScaleGNN
 
 from .models import FullGraphModel, graph_edge_index
 
@@ -214,21 +215,22 @@ class DataParallelTrainer(Trainer):
     # ------------------------------------------------------------ the trained model
     # A data-parallel replica holds the whole model: rank 0 writes it (--save-model, the
     # Python API's default) beside the record, the last epoch's and the best validation
-    # epoch's, as scalegnn.trained does for ScaleGNN. A system whose model is no
-    # FullGraphModel (CAGNET's sharded GCN) writes none.
+    # epoch's, as scalegnn.trained does for ScaleGNN: a FullGraphModel as the system's own
+    # model file, a ScaleGNN (CAGNET's replicated parameters) as ScaleGNN's.
     def begin(self, record: dict) -> LoopStart:
         self.best = _BestState(self.saved_model()) if self.saved_model() is not None else None
         return LoopStart(callbacks=(self.best,) if self.best is not None else ())
 
-    def saved_model(self):
-        """The model a run saves, or None."""
+    def saved_model(self) -> torch.nn.Module | None:
+        """The model a run saves (rank 0's, with --save-model), or None."""
         model = getattr(self, "model", None)
         cfg = getattr(self, "cfg", None)
-        keep = isinstance(model, FullGraphModel) and cfg is not None and cfg.loop.save_model and self.rank == 0
+        keep = isinstance(model, (FullGraphModel, ScaleGNN)) and cfg is not None and cfg.loop.save_model \
+            and self.rank == 0
         return model if keep else None
 
     def end(self, record: dict) -> None:
-        from scalegnn.trained import model_file_of, save_system_model
+        from scalegnn.trained import model_file_of, save_model, save_system_model
 
         model = self.saved_model()
         if model is None:
@@ -236,10 +238,13 @@ class DataParallelTrainer(Trainer):
         cfg, last = self.cfg, (record["epochs"][-1]["epoch"] if record["epochs"] else 0)
 
         def write(state, epoch: int, kind: str) -> str:
+            path = model_file_of(cfg.loop.out_dir, record["run_id"], kind)
             about = {"run_id": record["run_id"], "system": cfg.system, "dataset": cfg.data.dataset,
                      "world_size": self.world, "epoch": epoch}
-            return str(save_system_model(model_file_of(cfg.loop.out_dir, record["run_id"], kind), cfg.system,
-                                         model.architecture, state, about))
+            if isinstance(model, ScaleGNN):
+                return str(save_model(path, state, in_dim=model.w_in.shape[0], num_classes=model.w_out.shape[1],
+                                      model_cfg=model.config, about=about))
+            return str(save_system_model(path, cfg.system, model.architecture, state, about))
 
         record["model_file"] = write(model.state_dict(), last, "model")
         if self.best.kept is not None:

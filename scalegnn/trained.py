@@ -29,8 +29,9 @@ A compared system's run saves its own model the same way (``kind``
 ``"scalegnn-system-model"``: ``system``, ``architecture`` (its constructor's arguments),
 ``state``, ``about``; the class is the registry's ``model``, a
 ``scalegnn.baselines.models.FullGraphModel``): rank 0's data-parallel replica, whose
-``logits(graph)`` is the system's own exact full-graph inference. CAGNET's sharded GCN
-and DistDGL's processes save none.
+``logits(graph)`` is the system's own exact full-graph inference. CAGNET saves the
+ScaleGNN whose parameters its ranks replicate (a ScaleGNN model file); DistDGL, whose
+model lives in its own DGL processes, saves none.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _model_systems() -> tuple[str, ...]:
 
 
 # The systems whose runs save a model: ScaleGNN's (consolidated from the ranks) and the compared systems whose
-# model is a whole replica (the registry's ``model``; CAGNET's sharded GCN and DistDGL's processes save none).
+# model is a whole replica (the registry's ``model``); DistDGL, whose model lives in its DGL processes, saves none.
 MODEL_SYSTEMS = _model_systems()
 
 

@@ -22,12 +22,12 @@ class LoopConfig:
     stop_at_target: bool = setting(False, action="store_true", help="stop once --target-acc is reached")
     out_dir: str = setting("results/runs", flag="--out", output=True, help="folder for the run record")
     # The Python API turns it on (scalegnn.train's result.model); a sweep's hundreds of runs need no model each.
-    # Every system's flag: the ones without a whole model to save (CAGNET's sharded GCN, DistDGL) write none.
+    # Every system's flag: DistDGL, whose model lives in its own DGL processes, writes none.
     save_model: bool = setting(False, action="store_true",
                                help="write the trained model (ScaleGNN's consolidated from the ranks) into one file "
                                "beside the record, the last epoch's and the best validation epoch's (<out>/<run "
-                               "id>.model.pt, .best.model.pt; load them with scalegnn.load_model); CAGNET and "
-                               "DistDGL save none")
+                               "id>.model.pt, .best.model.pt; load them with scalegnn.load_model); DistDGL saves "
+                               "none")
     progress: bool | None = setting(None, flag="--quiet", action="store_const", const=False,
                                     help="no progress at all (no bar, no epoch or phase lines; warnings and errors "
                                     "still show); default: a bar on a terminal, log lines elsewhere (a batch log)")
