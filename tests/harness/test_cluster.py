@@ -323,10 +323,11 @@ def _first_checkpoint(tmp_path: Path):
 
 
 def _record_with_status(out: Path, status: str) -> dict | None:
-    """The run's one record in ``out`` once it has ``status``, else None."""
-    paths = list(out.glob("*.json"))
-    rec = records.read_record(paths[0]) if len(paths) == 1 else None
-    return rec if rec is not None and rec["status"] == status else None
+    """The run's one record in ``out`` with ``status``, once there is one, else None (a
+    requeued job's attempts each write their own record: the resumed one names its
+    parent in ``resumed_from``)."""
+    found = [rec for rec in map(records.read_record, out.glob("*.json")) if rec["status"] == status]
+    return found[0] if len(found) == 1 else None
 
 
 def test_every_process_of_one_node_killed(cluster, tmp_path, data):
@@ -409,6 +410,8 @@ def test_a_drained_node_and_a_requeue_resume_on_other_nodes_exactly(cluster, tmp
     rec = wait_for(lambda: _record_with_status(out, "ok"), 600, "the resumed run's record",
                 every_s=2)
     assert rec.get("resumed"), "the requeued job started from scratch"
+    first = [other for other in map(records.read_record, out.glob("*.json")) if other["run_id"] != rec["run_id"]]
+    assert rec["resumed_from"] and all(other["run_id"] == rec["resumed_from"] for other in first)  # kept as written
     assert sorted(_hosts(rec)) == [cluster[0], third]  # the drained node left out
     reference = tmp_path / "reference"
     _here(_train_argv(LONG, "1x2x1x2", reference, data, 6, "--nproc", "4"), timeout_s=600)
