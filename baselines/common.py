@@ -37,7 +37,7 @@ import torch.distributed as dist
 from scalegnn.config import RunConfig
 from scalegnn.device import synchronize
 from scalegnn.graph import Graph
-from scalegnn.loop import Callback, EpochStats, LoopStart, Trainer
+from scalegnn.loop import BestValidation, EpochStats, LoopStart, Trainer
 from scalegnn.metrics import accuracy_counts
 from scalegnn.model import ScaleGNN
 
@@ -218,7 +218,9 @@ class DataParallelTrainer(Trainer):
     # epoch's, as scalegnn.trained does for ScaleGNN: a FullGraphModel as the system's own
     # model file, a ScaleGNN (CAGNET's replicated parameters) as ScaleGNN's.
     def begin(self, record: dict) -> LoopStart:
-        self.best = _BestState(self.saved_model()) if self.saved_model() is not None else None
+        model = self.saved_model()
+        snapshot = lambda: {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}  # noqa: E731
+        self.best = BestValidation(snapshot, record) if model is not None else None
         return LoopStart(callbacks=(self.best,) if self.best is not None else ())
 
     def saved_model(self) -> torch.nn.Module | None:
@@ -250,19 +252,6 @@ class DataParallelTrainer(Trainer):
         if self.best.kept is not None:
             epoch, state = self.best.kept
             record["best_model_file"] = record["model_file"] if epoch == last else write(state, epoch, "best.model")
-
-
-class _BestState(Callback):
-    """The best validation epoch's weights (the summary's model selection: highest
-    ``val_acc``, earliest on ties), copied when an evaluation beats the best so far."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model, self.best_val, self.kept = model, float("-inf"), None
-
-    def on_epoch_end(self, row: dict) -> None:
-        if row.get("val_acc") is not None and row["val_acc"] > self.best_val:
-            self.best_val = row["val_acc"]
-            self.kept = (row["epoch"], {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()})
 
 
 def baseline_data(cfg: RunConfig, graph: Graph | None = None) -> BaselineData:

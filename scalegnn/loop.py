@@ -51,7 +51,7 @@ from .records import EpochRow, new_epoch_row
 from .sections.loop import LoopConfig  # declared where no torch loads (scalegnn.sections)
 
 __all__ = ["LoopConfig", "EpochStats", "StepResult", "EpochSums", "EvalResult", "Trainer", "LoopStart", "Callback",
-           "Progress", "DivergedError", "epoch_row", "train_epochs", "reached_target"]
+           "BestValidation", "Progress", "DivergedError", "epoch_row", "train_epochs", "reached_target"]
 
 
 class DivergedError(RuntimeError):
@@ -240,6 +240,25 @@ class Callback:
 
     def close(self) -> None:
         """The loop ended (normally or not)."""
+
+
+class BestValidation(Callback):
+    """The weights of the best validation epoch so far (the record summary's model
+    selection: the highest ``val_acc``, the earliest on ties), taken by ``snapshot()``
+    when an evaluation beats the best: ``kept`` is (epoch, what it returned). A resumed
+    run starts from the best of the epochs it continues (``record``'s), whose weights it
+    does not have: it keeps weights only when it does better."""
+
+    def __init__(self, snapshot, record: dict):
+        self.snapshot = snapshot
+        self.best_val = max((r["val_acc"] for r in record["epochs"] if r.get("val_acc") is not None),
+                            default=float("-inf"))
+        self.kept: tuple[int, dict] | None = None
+
+    def on_epoch_end(self, row: dict) -> None:
+        if row.get("val_acc") is not None and row["val_acc"] > self.best_val:
+            self.best_val = row["val_acc"]
+            self.kept = (row["epoch"], self.snapshot())
 
 
 class Progress(Callback):

@@ -33,7 +33,7 @@ from . import checkpoint as ckpt_mod
 from .checkpoint import CheckpointError, Checkpointer, Preempted
 from .config import RunConfig
 from .graph import Graph
-from .loop import Callback, DivergedError, EpochStats, EpochSums, LoopStart, Trainer, reached_target
+from .loop import BestValidation, Callback, DivergedError, EpochStats, EpochSums, LoopStart, Trainer, reached_target
 from .progress import Heartbeat, Phases, mode_from_progress
 from .device import peak_rss_bytes
 from .sampling import resolve_batch_size
@@ -163,7 +163,8 @@ class ScaleGNNTrainer(Trainer):
         self.start: dict | None = None  # the checkpoint's loop position, when resumed
         self.stage = "setup"
         self.time_to_first_step_s: float | None = None  # set by this process's first step
-        self.best_model: _BestModel | None = None  # --save-model: the best validation epoch's weights
+        # --save-model: the best validation epoch's weights, each rank's own shards (gathered once, at the end)
+        self.best_model: BestValidation | None = None
 
     # ------------------------------------------------------------------ the record
     def record_fields(self) -> dict:
@@ -186,7 +187,7 @@ class ScaleGNNTrainer(Trainer):
             self.step, self.train_time = int(self.start["step"]), float(self.start["train_time"])
         finished = bool(self.start and last and self.cfg.loop.stop_at_target
                         and reached_target(last, self.cfg.loop.target_acc) and self.step % spe == 0)
-        self.best_model = _BestModel(self.engine, record) if self.cfg.loop.save_model else None
+        self.best_model = BestValidation(self.engine.owned_state, record) if self.cfg.loop.save_model else None
         return LoopStart(first_epoch=self.step // spe + 1, train_time_s=self.train_time, finished=finished,
                          callbacks=(_EpochEndCheckpoint(self),) + ((self.best_model,) if self.best_model else ()))
 
@@ -369,25 +370,6 @@ class _EpochEndCheckpoint(Callback):
 
     def close(self) -> None:
         ckpt_mod.PREEMPTION.listening = False
-
-
-class _BestModel(Callback):
-    """The weights of the best validation epoch so far (the record summary's model
-    selection: the highest ``val_acc``, the earliest on ties), each rank's own shards
-    copied on the CPU when an evaluation beats the best (no collective: they are gathered
-    once, at the end). A resumed run starts from the best of the epochs it continues,
-    whose weights it does not have: it keeps weights only when it does better."""
-
-    def __init__(self, engine, record: dict):
-        self.engine = engine
-        self.best_val = max((r["val_acc"] for r in record["epochs"] if r.get("val_acc") is not None),
-                            default=float("-inf"))
-        self.kept: tuple[int, dict] | None = None  # (epoch, this rank's shards)
-
-    def on_epoch_end(self, row: dict) -> None:
-        if row.get("val_acc") is not None and row["val_acc"] > self.best_val:
-            self.best_val = row["val_acc"]
-            self.kept = (row["epoch"], self.engine.owned_state())
 
 
 def _check_finite(first_bad_step: int, epoch: int) -> None:
