@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import errno
 import json
 import os
 import sys
@@ -177,14 +178,17 @@ def _cmd_train(args) -> int:
         print(f"record: {record['path']}")
     if record.get("model_file"):
         print(f"model: {record['model_file']}")
+    asked = record.get("config", {}).get("loop", {}).get("out_dir")
+    if record.get("path") and asked and Path(record["path"]).parent.resolve() != Path(asked).resolve():
+        return 1  # rescued to another folder (records.write_record said where, on stderr): not where it was asked
     return 0 if record["status"] == "ok" else 1
 
 
 def _cmd_export(args) -> int:
-    from .fileio import check_output_folder
+    from .fileio import check_output_file
     from .trained import export_checkpoint, load_model
 
-    check_output_folder(str(Path(args.out).parent), "--out")
+    check_output_file(args.out, "--out", inputs=(args.ckpt_dir,))  # never over the checkpoint it reads
     path = export_checkpoint(args.ckpt_dir, args.out)
     about = load_model(path).about  # read back: the file is whole and loads
     print(f"wrote {path}: the model of run {about['run_id']} at step {about['step']} (epoch {about['epoch']}), "
@@ -202,8 +206,16 @@ def _cmd_data(args) -> int:
         return 0
     if args.data_command == "generate":
         from .datasets.streaming import generate
+        from .fileio import check_output_folder
+        from .signals import Interrupted, stop_on_signals
 
-        info = generate(args.kind, args.out, seed=args.seed, chunk_edges=args.chunk_edges)
+        check_output_folder(args.out, "--out")
+        try:
+            with stop_on_signals():
+                info = generate(args.kind, args.out, seed=args.seed, chunk_edges=args.chunk_edges)
+        except Interrupted as stop:  # generate removed what it had written
+            print(f"scalegnn: {stop}: nothing was left in {args.out}; run the command again", file=sys.stderr)
+            return stop.exit_code
         print(f"wrote {info['num_nodes']:,} vertices, {info['stored_entries']:,} stored entries to {args.out}; "
               f"read it as dir:{args.out}")
         return 0
@@ -265,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     then ends the process once the command's output is out (:func:`_end_process`)."""
     if argv is not None:
         return _main(list(argv))
+    from .signals import defer_stops
+
+    defer_stops()  # a stop while the command starts is acted on once it can be (a run records it)
     _end_process(_main(sys.argv[1:]))
 
 
@@ -283,13 +298,36 @@ def _end_process(code: int) -> typing.NoReturn:
     os._exit(code)
 
 
+# The errors of writing an output that the checks before the work cannot rule out (a disk
+# that fills while the command runs): one line naming the file and what to do, not a traceback.
+_OUTPUT_ERRORS = {errno.ENOSPC: "free space there, or pass an output on another disk, and run the command again",
+                  errno.EDQUOT: "your quota there is used up: free some, or pass an output elsewhere",
+                  errno.ENAMETOOLONG: "pass a shorter path", errno.EROFS: "pass an output on a writable file system",
+                  errno.EACCES: "pass an output you can write to", errno.EPERM: "pass an output you can write to"}
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: once its reader has left, the interpreter's last flush
+    would raise BrokenPipeError again, as a traceback, at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout with no descriptor (pytest's capture)
+        pass
+
+
 def _main(argv: list[str]) -> int:
     from .threads import prepare_process
 
     prepare_process()  # first: OpenMP reads its wait policy once, when torch (imported below) loads it
+    from .signals import Interrupted, release_deferred
+
     parser = build_parser(_system_of(argv))
     args = parser.parse_args(argv)
     try:
+        if args.command != "train":  # only a run records a stop; any other command ends on it, in one line
+            release_deferred()
         if getattr(args, "log_level", None):
             from .progress import configure_logging
 
@@ -312,11 +350,25 @@ def _main(argv: list[str]) -> int:
             return run_harness_command(args)
         if args.command == "demo":
             from .demo import run_demo
+            from .fileio import check_output_folder
 
+            check_output_folder(args.out, "--out")
             return run_demo(args.out, args.data_root, args.epochs)
     except (ValueError, FileNotFoundError) as exc:  # user errors: one clear line, no traceback
         print(f"scalegnn: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as stop:  # a stop signal outside a run (a run records its own, in _cmd_train)
+        print(f"scalegnn: {stop}", file=sys.stderr)
+        return stop.exit_code
+    except BrokenPipeError:  # stdout's reader left (`scalegnn ... | head`): the work and its files are done
+        _quiet_stdout()
+        return 128 + 13  # as a process ended by SIGPIPE
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRORS:
+            raise
+        print(f"scalegnn: error: {exc.filename or 'an output'}: {exc.strerror}; {_OUTPUT_ERRORS[exc.errno]}",
+              file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - an out-of-memory or a failed distributed job
         from .launch.job import WorkerError
         from .session import OutOfMemory

@@ -3,7 +3,8 @@
 Every file this project writes for later reading (run records, checkpoints, shard
 files, sweep manifests, the dataset cache) goes through :func:`atomic_write`; when
 reading one back fails, :func:`load_error` is the reason in one line. Before any work,
-:func:`check_output_folder` makes sure a folder the work will write to can be written.
+:func:`check_output_folder` and :func:`check_output_file` make sure what the work will write can be written
+(and overwrites nothing it reads).
 
 Sizes that a file (or a flag) declares are checked before memory is spent on them
 (:func:`check_declared_size`): against the file's own size where the data must be in
@@ -16,12 +17,12 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write", "NpyAppender", "drop_pages", "load_error", "check_output_folder", "memory_budget",
-           "check_declared_size",
-           "human_bytes", "MEMORY_BUDGET_ENV"]
+__all__ = ["atomic_write", "NpyAppender", "drop_pages", "load_error", "check_output_folder", "check_output_file",
+           "memory_budget", "check_declared_size", "human_bytes", "MEMORY_BUDGET_ENV", "MIN_FREE_BYTES"]
 
 MEMORY_BUDGET_ENV = "SCALEGNN_MEMORY_BUDGET"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -110,9 +111,46 @@ def load_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {reason[:300]}"
 
 
-def check_output_folder(path: str | os.PathLike, flag: str) -> None:
+# Room a command needs in its output folder before it starts: the run record's reserve
+# (records.RESERVE_BASE_BYTES, 256 KiB) and more; a disk with less is full for our purposes,
+# and finding it at the start loses nothing, where finding it at the end loses the run.
+MIN_FREE_BYTES = 1 << 20
+_NAME_MAX = 255  # bytes per path component (ext4, xfs, Lustre, GPFS); longer is ENAMETOOLONG
+_PATH_MAX = 4095
+
+
+def _check_path_text(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` made absolute, refused in one line when it cannot name a file on POSIX
+    (a component over 255 bytes, the whole over 4095, a NUL): asked of the file system,
+    those are ENAMETOOLONG or ValueError tracebacks from the first ``stat``."""
+    text = os.fspath(path)
+    if not text or "\0" in text:
+        raise ValueError(f"{flag} {text!r} is not a file name; pass a path")
+    target = Path(text).absolute()
+    long = [part for part in target.parts if len(os.fsencode(part)) > _NAME_MAX]
+    if long:
+        raise ValueError(f"{flag} {text[:60]}...: a folder or file name of {len(os.fsencode(long[0]))} bytes, longer "
+                         f"than the {_NAME_MAX} a file system allows; pass a shorter name")
+    if len(os.fsencode(str(target))) > _PATH_MAX:
+        raise ValueError(f"{flag} {text[:60]}...: a path of {len(os.fsencode(str(target)))} bytes, longer than the "
+                         f"{_PATH_MAX} a file system allows; pass a shorter path")
+    return target
+
+
+def _dangling_link(target: Path) -> Path | None:
+    """The first of ``target`` and its ancestors that is a symbolic link to nothing."""
+    for candidate in (target, *target.parents):
+        if os.path.islink(candidate) and not candidate.exists():
+            return candidate
+    return None
+
+
+def check_output_folder(path: str | os.PathLike, flag: str, *, min_free: int = MIN_FREE_BYTES) -> None:
     """Refuse, before any work, a folder that the work could not write to: ``ValueError``
-    with one line naming ``flag``, the path, the problem and the fix.
+    with one line naming ``flag``, the path, the problem and the fix: a file in the way,
+    a name too long for the file system, a symbolic link to nothing (on it or on the way
+    to it: creating the folder would fail at the end of the run), no write permission,
+    or less than ``min_free`` bytes free on its disk.
 
     Writability is tried, not read from permission bits (root ignores them, and /proc
     or /sys refuse what the bits allow): a probe file is created and removed in the
@@ -120,21 +158,54 @@ def check_output_folder(path: str | os.PathLike, flag: str) -> None:
     where the folder would be created. Nothing is left behind, so a refused or failed
     run leaves no empty folder, and ranks that check the same folder at once cannot
     disturb each other."""
-    target = Path(path)
-    folder = target.absolute()
+    target = _check_path_text(path, flag)
+    fix = "pass a folder you can write to (it is created if missing)"
+    link = _dangling_link(target)
+    if link is not None:
+        raise ValueError(f"{flag} {path}: {link} is a symbolic link to {os.readlink(link)}, which does not exist; "
+                         f"create that folder or {fix}")
+    folder = target
     while not folder.exists() and folder.parent != folder:
         folder = folder.parent
-    fix = "pass a folder you can write to (it is created if missing)"
     if not folder.is_dir():
-        what = "is an existing file" if folder == target.absolute() else f"cannot be created: {folder} is a file"
+        what = "is an existing file" if folder == target else f"cannot be created: {folder} is a file"
         raise ValueError(f"{flag} {path} {what}, not a folder; {fix}")
     try:
         fd, probe = tempfile.mkstemp(prefix=".scalegnn-write-probe-", dir=folder)
     except OSError as exc:
-        where = "is not writable" if folder == target.absolute() else f"cannot be created in {folder}"
+        where = "is not writable" if folder == target else f"cannot be created in {folder}"
         raise ValueError(f"{flag} {path} {where} ({exc.strerror or exc}); {fix}") from None
     os.close(fd)
     os.unlink(probe)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:  # a file system that does not say: the writes will tell
+        return
+    if free < min_free:
+        raise ValueError(f"{flag} {path}: its disk has {human_bytes(free)} free, less than the {human_bytes(min_free)} "
+                         f"this command needs before it starts; free space there or {fix}")
+
+
+def check_output_file(path: str | os.PathLike, flag: str, *, inputs: tuple = (), min_free: int = MIN_FREE_BYTES) \
+        -> None:
+    """Refuse, before any work, a file path that the work could not write, or must not:
+    a folder in the way, a symbolic link to nothing, a folder it cannot be created in
+    (:func:`check_output_folder` on its folder), or a path that is, or lies inside, one
+    of ``inputs`` (the files and folders the command reads: a checkpoint folder, whose
+    own rank files an export must never overwrite)."""
+    target = _check_path_text(path, flag)
+    if target.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; pass a file name (e.g. {Path(path) / 'model.pt'})")
+    if os.path.islink(target) and not target.exists():
+        raise ValueError(f"{flag} {path} is a symbolic link to {os.readlink(target)}, which does not exist; pass "
+                         "another file name")
+    real = target.resolve()
+    for source in inputs:
+        source_real = Path(source).resolve()
+        if real == source_real or source_real in real.parents:
+            raise ValueError(f"{flag} {path} is {'inside ' if real != source_real else ''}{source}, which this "
+                             "command reads; pass a path outside it")
+    check_output_folder(target.parent, flag, min_free=min_free)
 
 
 def human_bytes(n: float) -> str:

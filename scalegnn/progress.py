@@ -51,7 +51,17 @@ class _StdoutHandler(logging.StreamHandler):
             self.follow = stream is None
             self.stream = stream
 
+    reader_gone = False  # stdout's reader left (`scalegnn train ... | head`): the run goes on, unheard
+
+    def handleError(self, record):
+        if isinstance(sys.exc_info()[1], BrokenPipeError):
+            self.reader_gone = True  # not a "--- Logging error ---" traceback per line for the rest of the run
+            return
+        super().handleError(record)
+
     def emit(self, record):
+        if self.reader_gone:
+            return
         if not self.follow:
             return super().emit(record)
         with self.lock:

@@ -407,10 +407,14 @@ def reserve_record_space(out_dir: str | os.PathLike, run_id: str, epochs: int) -
 
 def rescue_folders() -> list[Path]:
     """Where a record goes when its own folder is full: ``$SCALEGNN_RESCUE_DIR``, then
+    ``$SCALEGNN_CACHE_DIR/rescued-records`` (a user who moved the cache off the home folder
+    moved it for a reason: a quota, a node without one), then
     ``~/.cache/scalegnn/rescued-records``, then the temporary folder."""
     import tempfile
 
     out = [Path(os.environ["SCALEGNN_RESCUE_DIR"])] if os.environ.get("SCALEGNN_RESCUE_DIR") else []
+    if os.environ.get("SCALEGNN_CACHE_DIR"):
+        out.append(Path(os.environ["SCALEGNN_CACHE_DIR"]) / "rescued-records")
     return out + [Path.home() / ".cache" / "scalegnn" / "rescued-records",
                   Path(tempfile.gettempdir()) / f"scalegnn-rescued-records-{os.getuid()}"]
 

@@ -40,7 +40,8 @@ import sys
 import threading
 
 __all__ = ["Interrupted", "Terminated", "JobEnded", "STOP_SIGNALS", "DUMP_SIGNAL", "stop_on_signals", "held", "signal_text",
-           "stop_under_way", "terminate_raises", "sigterm_ignored"]
+           "stop_under_way", "terminate_raises", "sigterm_ignored", "defer_stops", "raise_deferred",
+           "release_deferred"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 DUMP_SIGNAL = signal.SIGUSR1  # faulthandler: every thread's Python stack on stderr, the run goes on
@@ -91,6 +92,7 @@ def signal_text(signum: int) -> str:
 class _State:
     stopping: int | None = None  # the signal of the Interrupted raised: later signals are ignored
     held = 0  # inside held(): signals are ignored
+    deferred: int | None = None  # a stop signal that came before the run could record it (defer_stops)
 
 
 _STATE = _State()
@@ -113,6 +115,43 @@ def stop_under_way() -> int | None:
     return _STATE.stopping
 
 
+def _defer(signum, frame):
+    if _STATE.deferred is None:
+        _STATE.deferred = int(signum)
+
+
+def defer_stops() -> None:
+    """From a command's first line (``scalegnn.cli.main``) until it can act on them, the
+    stop signals are noted, not acted on: a SIGTERM while torch and the data load (the
+    first seconds of a run) then ends the run as an ``interrupted`` record
+    (:func:`raise_deferred` in :func:`scalegnn.launch.launch`), and any other command in
+    one line, instead of a silent death. The interpreter's own start and ``import
+    scalegnn.cli`` (about 0.1 s) come before it: a stop there ends the process as the
+    signal's default does, with nothing written (it had nothing to write)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(sig, _defer)
+
+
+def raise_deferred() -> None:
+    """Raise :class:`Interrupted` for a stop signal :func:`defer_stops` noted, if one came."""
+    signum, _STATE.deferred = _STATE.deferred, None
+    if signum is not None:
+        _STATE.stopping = signum
+        raise Interrupted(signum)
+
+
+def release_deferred() -> None:
+    """The stop signals back to their defaults (a launched rank's own handlers take over
+    from there); one noted meanwhile is raised (:func:`raise_deferred`)."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is _defer:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    raise_deferred()
+
+
 @contextlib.contextmanager
 def stop_on_signals():
     """The stop signals (:data:`STOP_SIGNALS`) raise :class:`Interrupted` (once) inside
@@ -125,7 +164,7 @@ def stop_on_signals():
     dumping = False
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:
-            if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler, None):
+            if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler, None, _defer):
                 installed[sig] = signal.signal(sig, _raise_once)
         if signal.getsignal(DUMP_SIGNAL) in (signal.SIG_DFL, None):
             for stream in (sys.stderr, sys.__stderr__):  # a captured stderr (pytest, a notebook) has no descriptor

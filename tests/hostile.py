@@ -53,6 +53,12 @@ class Case:
     kind: str = "input"  # or "fault" (the fault suites: signals, disks, locks, ports)
     canary: bool = False  # a crafted payload would create <folder>/CANARY if it ran
     notes: str = ""
+    command: str = ""  # the scalegnn command it runs ("train", "data info", "export", ...): the counts' rows
+    env: tuple[tuple[str, str], ...] = ()  # environment variables set for the case (a launcher's RANK, ...)
+
+    def __post_init__(self):
+        if not self.command:  # the rows of the first rounds: train's flags and checkpoints, else `data info`'s files
+            object.__setattr__(self, "command", "train" if self.category in ("flag", "checkpoint") else "data info")
 
 
 CASES: list[Case] = []
@@ -672,6 +678,78 @@ for _flag, _more in (("--out", ()), ("--checkpoint-dir", ("--checkpoint-every", 
     case(f"train {_flag} under /proc", "flag", _output_at(_flag, "/proc/scalegnn-x", *_more), _flag, "/proc")
 
 
+# ---------------------------------------------------------------- outputs of every command
+# Where an output cannot be: a file in the way, a folder where a file goes, a symbolic link
+# to nothing, a name longer than a file system allows, a place nobody can write (/proc), and
+# an output that would overwrite what the command reads. Each refused before any work.
+LONG = "x" * 300
+
+
+def _fake_checkpoint(tmp: Path) -> Path:
+    """A checkpoint folder shaped like a real one (the output checks come before it is read)."""
+    step = tmp / "ck" / "step-000000004"
+    step.mkdir(parents=True)
+    (step / "rank-00000.pt").write_bytes(b"")
+    (step / "meta.json").write_text("{}")
+    return tmp / "ck"
+
+
+def _out_cases(command: str, argv, flag: str = "--out", proc: bool = True):
+    """Rows for one command's output path; ``argv(tmp, out)`` is its command line writing to ``out``."""
+    def at(target):
+        def build(tmp: Path) -> list[str]:
+            (tmp / "a-file").write_text("")
+            (tmp / "a-folder").mkdir(exist_ok=True)
+            if not (tmp / "dangling").is_symlink():
+                (tmp / "dangling").symlink_to(tmp / "nowhere" / "x")
+            return argv(tmp, target.format(tmp=tmp))
+        return build
+    rows = [("a symbolic link to nothing", "{tmp}/dangling", ("dangling", "symbolic link", "does not exist")),
+            ("a 300-byte name", "{tmp}/" + LONG, ("300 bytes", "shorter")),
+            ("under /proc", "/proc/scalegnn-x", ("/proc",))][:3 if proc else 2]
+    for what, target, expect in rows:
+        case(f"{command} {flag} {what}", "output", at(target), flag, *expect, command=command)
+    return at
+
+
+def _export(tmp: Path, out: str) -> list[str]:
+    return ["export", str(_fake_checkpoint(tmp)), "--out", out]
+
+
+def _generate(tmp: Path, out: str) -> list[str]:
+    return ["data", "generate", "csbm:n=1000", "--out", out]
+
+
+def _shard(tmp: Path, out: str) -> list[str]:
+    return ["data", "shard", TINY, "--grid", "1x1x1x1", "--data-root", str(tmp), "--out", out]
+
+
+def _demo(tmp: Path, out: str) -> list[str]:
+    return ["demo", "--out", out, "--data-root", str(tmp)]
+
+
+def _train_out(flag, *more):
+    return lambda tmp, out: train(flag, out, *more)(tmp)
+
+
+_at = {command: _out_cases(command, argv) for command, argv in
+       (("export", _export), ("data generate", _generate), ("data shard", _shard), ("demo", _demo))}
+for _flag, _more in (("--out", ()), ("--checkpoint-dir", ("--checkpoint-every", "5")), ("--profile", ())):
+    _out_cases("train", _train_out(_flag, *_more), _flag, proc=False)  # /proc: the rows above
+case("export --out a folder", "output", _at["export"]("{tmp}/a-folder"), "--out", "a-folder", "is a folder",
+     command="export")
+case("export --out its checkpoint's own rank file", "output",
+     _at["export"]("{tmp}/ck/step-000000004/rank-00000.pt"), "--out", "rank-00000.pt", "which this command reads",
+     command="export")
+case("export --out inside its checkpoint folder", "output", _at["export"]("{tmp}/ck/model.pt"), "--out",
+     "inside", "which this command reads", command="export")
+case("export --out a file's child", "output", _at["export"]("{tmp}/a-file/model.pt"), "--out", "a-file",
+     command="export")
+for _command in ("data generate", "data shard", "demo"):
+    case(f"{_command} --out a file", "output", _at[_command]("{tmp}/a-file"), "--out", "a-file", "not a folder",
+         command=_command)
+
+
 # ---------------------------------------------------------------- checkpoint metadata (--resume)
 def _meta(change):
     """Build: a checkpoint folder whose meta.json is a valid-looking one changed by
@@ -721,6 +799,7 @@ class Fault:
     test: str  # "<file>::<test>" or "<file>::<test>[<param id>]"
     shows: str
     resumed_equal: bool = False  # the test resumes the run and compares epoch rows with ==
+    command: str = "train"
 
 
 # (launch, signal) of the stop-signal runs of tests/integration/test_signals.py (its LAUNCHES' names)
@@ -788,4 +867,13 @@ def counts() -> dict[str, int]:
     for kind, category in [(c.kind, c.category) for c in CASES] + [("fault", f.category) for f in FAULTS]:
         key = f"{kind}:{category}"
         out[key] = out.get(key, 0) + 1
+    return out
+
+
+def counts_by_command() -> dict[str, dict[str, int]]:
+    """Cases per command and kind (``input``, ``fault``): every command is in the table."""
+    out: dict[str, dict[str, int]] = {}
+    for command, kind in [(c.command, c.kind) for c in CASES] + [(f.command, "fault") for f in FAULTS]:
+        row = out.setdefault(command, {"input": 0, "fault": 0})
+        row[kind] += 1
     return out

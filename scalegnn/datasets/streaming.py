@@ -268,7 +268,9 @@ def _powerlaw_draws(p: dict, seed: int, e0: int, e1: int, perm) -> tuple[np.ndar
 def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progress=None) -> dict:
     """Write the graph ``text`` (``KIND:params``) to folder ``out`` in chunks of at most
     ``chunk_edges`` edge draws; returns ``graph.json``'s content. ``out`` must be absent
-    or empty; a folder left by a killed run (no graph.json) is written again."""
+    or empty; a folder left by a killed run (no graph.json) is written again. A generation
+    that does not finish (a stop signal, a full disk) removes what it wrote, and ``out``
+    itself if it created it."""
     kind, p = parse_kind(text)
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -279,7 +281,21 @@ def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progr
         raise DatasetError(f"{out} is not empty; pass an empty or new folder to --out")
     if chunk_edges < 1:
         raise DatasetError(f"chunk_edges={chunk_edges} must be >= 1")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _generate_into(out, kind, p, seed, chunk_edges, progress or (lambda msg: None))
+    except BaseException:  # a stop signal, a full disk: no half-written graph, no bucket files left behind
+        for name in _OUR_FILES:
+            path = out / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            (out / f"{name}.tmp").unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _generate_into(out: Path, kind: str, p: dict, seed: int, chunk_edges: int, say) -> dict:
     tmp = out / ".buckets"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -290,7 +306,6 @@ def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progr
     buckets = max(1, math.ceil(2 * m / chunk_edges))
     rows_per = math.ceil(n / buckets)
     buckets = math.ceil(n / rows_per)
-    say = progress or (lambda msg: None)
 
     # 1. draws, both directions, into buckets of source rows (keys src * n + dst)
     for e0 in range(0, m, max(1, chunk_edges // 2)):

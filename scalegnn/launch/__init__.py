@@ -59,7 +59,7 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
     from .. import systems as registry
     from ..fileio import check_output_folder
     from ..progress import Phases
-    from ..signals import Interrupted, stop_on_signals, stop_under_way
+    from ..signals import Interrupted, raise_deferred, release_deferred, stop_on_signals, stop_under_way
     from .environment import detect_env, launched_rank, run_mode, run_threads
 
     for flag, folder in cfg.output_folders():
@@ -78,8 +78,11 @@ def launch(cfg: RunConfig, graph: Graph | None = None, *, timeout_s: float | Non
         Phases(env.rank if mode == "joined" else 0, quiet=cfg.loop.progress is False).say(first_line(cfg, mode, env))
     from ..session import write_interruption  # the run's heavy imports (torch) begin here, after its first line
 
+    if mode == "joined":
+        release_deferred()  # a launched rank: its launcher's SIGTERM is a failure the rank records (terminate_raises)
     with nullcontext() if mode == "joined" else stop_on_signals(), run_threads(cfg.parallel):
         try:
+            raise_deferred()  # a stop that came while the command started: recorded as this run's interruption
             if system.self_launching:
                 return registry.resolve(system.job)(cfg, graph)
             if mode == "in process":
