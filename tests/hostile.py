@@ -807,6 +807,7 @@ STOPS = [(launch, sig) for launch in ("one process", "--nproc 2") for sig in (si
                                                                               signal.SIGHUP)] \
     + [("--nproc 2", signal.SIGQUIT)]
 SIGNALS = "tests/integration/test_signals.py::test_a_stop_signal_leaves_an_interrupted_record_and_resumes_exactly"
+FULL_DISK = "tests/integration/test_disk_full.py::test_a_full_disk_is_one_line_before_any_work_on_every_command"
 FAULTS = [
     *[Fault(f"{sig} to {who}", "signal", f"{SIGNALS}[{who}-{sig}]",
             "interrupted record, one line, exit 128 + signal; --resume gives the uninterrupted rows", True)
@@ -852,6 +853,25 @@ FAULTS = [
     Fault("no room for the record anywhere in its folder", "disk", "tests/integration/test_disk_full.py::"
           "test_a_record_with_no_room_anywhere_in_its_folder_goes_to_a_rescue_folder",
           "the record in the rescue folder, one line saying where"),
+    *[Fault(f"a full disk before `{command}` starts", "disk", f"{FULL_DISK}[{command}]",
+            "one line naming the folder and its free space, before any work; nothing written",
+            command=command.split(" -")[0])
+      for command in ("train", "train --checkpoint-dir", "export", "data generate", "data shard", "demo", "report",
+                      "sweep", "tune")],
+    Fault("the disk fills during `data generate`", "disk", "tests/integration/test_disk_full.py::"
+          "test_a_disk_that_fills_during_data_generate_is_one_line_and_leaves_nothing",
+          "one line naming the full disk; the half-written graph removed", command="data generate"),
+    Fault("the disk fills during `export`", "disk",
+          "tests/integration/test_disk_full.py::test_a_disk_that_fills_during_export_is_one_line",
+          "one line naming the full disk; no partial model file", command="export"),
+    Fault("stdout's reader leaves (`| head`)", "signal", "tests/integration/test_output_safety.py::"
+          "test_a_closed_stdout_ends_the_command_quietly_with_its_record",
+          "exit 141, nothing on stderr, the record ok"),
+    Fault("SIGTERM while the command imports", "signal", "tests/integration/test_output_safety.py::"
+          "test_sigterm_while_the_command_starts_leaves_an_interrupted_record", "an interrupted record, one line"),
+    Fault("SIGTERM during `data generate`", "signal", "tests/integration/test_output_safety.py::"
+          "test_sigterm_during_data_generate_leaves_nothing_behind", "one line, exit 143, nothing left behind",
+          command="data generate"),
     Fault("a second run on a checkpoint folder", "folder",
           "tests/integration/test_disk_full.py::test_one_run_per_checkpoint_folder",
           "one line naming the holder's host and pid"),

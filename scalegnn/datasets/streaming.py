@@ -59,6 +59,7 @@ Memory: the edge draws are bucketed by source row range into temporary files of 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -285,14 +286,25 @@ def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progr
     out.mkdir(parents=True, exist_ok=True)
     try:
         return _generate_into(out, kind, p, seed, chunk_edges, progress or (lambda msg: None))
-    except BaseException:  # a stop signal, a full disk: no half-written graph, no bucket files left behind
+    except BaseException as exc:  # a stop signal, a full disk: no half-written graph, no bucket files left behind
+        full = isinstance(exc, OSError) and exc.errno is None and _disk_full(out)  # before the clean-up frees it
         for name in _OUR_FILES:
             path = out / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             (out / f"{name}.tmp").unlink(missing_ok=True)
         if created:
             shutil.rmtree(out, ignore_errors=True)
+        if full:
+            # numpy's tofile says only "N requested and M written": the full disk it met, said as such
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({exc})", str(out)) from None
         raise
+
+
+def _disk_full(folder: Path) -> bool:
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return shutil.disk_usage(candidate).free < (1 << 20)
+    return False
 
 
 def _generate_into(out: Path, kind: str, p: dict, seed: int, chunk_edges: int, say) -> dict:

@@ -169,3 +169,86 @@ def test_one_run_per_checkpoint_folder(tmp_path, isolated_data, capsys):
         holder.release()
     assert main(argv + ["--epochs", "1"]) == 0
     FolderLock(ck).acquire().release()  # the finished run let go
+
+
+def _fill(disk: Path) -> None:
+    """``disk`` full to the last byte (what a run that started on it would meet)."""
+    _fill_when(disk, lambda: True).join(60)
+
+
+def _record_folder(tmp_path: Path) -> Path:
+    """A folder holding one run record, for the commands that read records."""
+    from tests.files import minimal_record
+
+    folder = tmp_path / "records"
+    records.write_record(minimal_record(), folder)
+    return folder
+
+
+# Every command's outputs on a full disk (issue X): refused before any work in one line
+# naming the folder and its free space; nothing half-written left on the disk.
+FULL_AT_START = {
+    "train": lambda tmp, disk: _argv(tmp, disk / "runs"),
+    "train --checkpoint-dir": lambda tmp, disk: _argv(tmp, tmp / "runs", "--checkpoint-dir", str(disk / "ck"),
+                                                      "--checkpoint-every", "4"),
+    "export": lambda tmp, disk: ["export", str(_checkpoint(tmp)), "--out", str(disk / "model.pt")],
+    "data generate": lambda tmp, disk: ["data", "generate", "csbm:n=1000", "--out", str(disk / "gen")],
+    "data shard": lambda tmp, disk: ["data", "shard", TINY, "--grid", "1x1x1x1", "--data-root", str(tmp / "data"),
+                                     "--out", str(disk / "shards")],
+    "demo": lambda tmp, disk: ["demo", "--out", str(disk / "demo")],
+    "report": lambda tmp, disk: ["report", str(_record_folder(tmp)), "--out", str(disk / "report")],
+    "sweep": lambda tmp, disk: ["sweep", "fig5", "--cluster", "local", "--gpus", "1", "--epochs", "1", "--systems",
+                                "scalegnn", "--out", str(disk / "sweep")],
+    "tune": lambda tmp, disk: ["tune", "--dataset", TINY, "--target", "0.5", "--epochs", "1", "--budget", "12",
+                               "--out", str(disk / "tune")],
+}
+
+
+def _checkpoint(tmp: Path) -> Path:
+    assert main(_argv(tmp, tmp / "runs", "--checkpoint-dir", str(tmp / "ck"), "--checkpoint-every", "4")) == 0
+    return tmp / "ck"
+
+
+@pytest.mark.parametrize("command", sorted(FULL_AT_START))
+def test_a_full_disk_is_one_line_before_any_work_on_every_command(command, tmp_path, small_disk, isolated_data,
+                                                                   capsys, monkeypatch):
+    import scalegnn.launch
+
+    argv = FULL_AT_START[command](tmp_path, small_disk)
+    _fill(small_disk)
+    monkeypatch.setattr(scalegnn.launch, "first_line", lambda *a: pytest.fail("a run started on a full disk"))
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code not in (0, None) and len(lines) == 1 and "Traceback" not in err, (command, err)
+    assert lines[0].startswith("scalegnn: error: ") and str(small_disk) in lines[0] and "free" in lines[0], lines
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"], "something was written on the full disk"
+
+
+def test_a_disk_that_fills_during_data_generate_is_one_line_and_leaves_nothing(tmp_path, small_disk, capsys):
+    """Room at the start (the 4 MiB disk is empty), not for the whole graph: the write that
+    finds the disk full is one line naming the file, and the half-written graph is removed."""
+    out = small_disk / "gen"
+    code = main(["data", "generate", "csbm:n=400000,avg_degree=16", "--out", str(out), "--chunk-edges", "100000"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("scalegnn: error: ") and "No space left on device" in lines[0], lines
+    assert not out.exists()
+
+
+def test_a_disk_that_fills_during_export_is_one_line(tmp_path, small_disk, isolated_data, capsys):
+    ck = tmp_path / "ck"
+    argv = _argv(tmp_path, tmp_path / "runs", "--checkpoint-dir", str(ck), "--checkpoint-every", "4")
+    argv[argv.index("--hidden") + 1] = "1024"  # a model file of about 9 MB: more than the disk holds
+    assert main(argv) == 0
+    capsys.readouterr()
+    code = main(["export", str(ck), "--out", str(small_disk / "model.pt")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert "No space left on device" in lines[0] and not list(small_disk.iterdir())
