@@ -750,6 +750,36 @@ for _command in ("data generate", "data shard", "demo"):
          command=_command)
 
 
+# ---------------------------------------------------------------- the inputs of the other commands
+def _command(*argv: str):
+    """Build: a command line; ``{tmp}`` in an argument is the case's folder."""
+    def build(tmp: Path) -> list[str]:
+        (tmp / "a-file").write_text("")
+        (tmp / "empty").mkdir(exist_ok=True)
+        return [a.format(tmp=tmp) for a in argv]
+    return build
+
+
+for _argv, _category, _expect in (
+        (("data", "generate", "csbm:n=abc"), "value", ("csbm", "'abc'")),
+        (("data", "generate", "nope:n=5"), "value", ("unknown generator", "csbm, powerlaw")),
+        (("data", "generate", "csbm:n=1000", "--chunk-edges", "0"), "flag", ("--chunk-edges", ">= 1")),
+        (("data", "generate", "csbm:n=1000000000000000"), "size", ("csbm", "n=", "3e9")),
+        (("data", "generate", "csbm:n=-5"), "value", ("csbm", "n=-5")),
+        (("data", "generate", "powerlaw:n=100,exponent=0.5"), "value", ("exponent", "> 2")),
+        (("data", "generate", "csbm:n=1000,avg_degree=nan"), "value", ("avg_degree",)),
+        (("data", "generate", "csbm:n=1000,classes=0"), "value", ("classes",)),
+        (("data", "shard", TINY, "--grid", "1x0x1x1"), "flag", ("--grid", "positive")),
+        (("data", "shard", TINY, "--grid", "1x1x1x1", "--memory-budget", "5Q"), "flag", ("--memory-budget", "5Q")),
+        (("export", "{tmp}/nowhere"), "checkpoint", ("nowhere", "no such checkpoint folder")),
+        (("export", "{tmp}/a-file"), "checkpoint", ("a-file", "checkpoint folder")),
+        (("export", "{tmp}/empty"), "checkpoint", ("empty", "no complete checkpoint")),
+):
+    _name = " ".join(_argv[:2] if _argv[0] == "data" else _argv[:1])
+    _out = ("--out", "{tmp}/out" + (".pt" if _argv[0] == "export" else ""))
+    case(f"{' '.join(_argv).replace('{tmp}/', '')}", _category, _command(*_argv, *_out), *_expect, command=_name)
+
+
 # ---------------------------------------------------------------- checkpoint metadata (--resume)
 def _meta(change):
     """Build: a checkpoint folder whose meta.json is a valid-looking one changed by

@@ -281,7 +281,7 @@ def generate(text: str, out, *, seed: int = 0, chunk_edges: int = 1 << 22, progr
     if out.exists() and any(f.name not in _OUR_FILES for f in out.iterdir()):
         raise DatasetError(f"{out} is not empty; pass an empty or new folder to --out")
     if chunk_edges < 1:
-        raise DatasetError(f"chunk_edges={chunk_edges} must be >= 1")
+        raise DatasetError(f"--chunk-edges {chunk_edges}: must be >= 1 (edge draws per chunk)")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
