@@ -780,6 +780,31 @@ for _argv, _category, _expect in (
     case(f"{' '.join(_argv).replace('{tmp}/', '')}", _category, _command(*_argv, *_out), *_expect, command=_name)
 
 
+# ---------------------------------------------------------------- the launch environment
+# What a launcher (torchrun, srun, flux) or a user's shell sets, checked before any rendezvous:
+# a rank outside its job waited for ever; now one line naming the variable and the fix.
+_ADDR = (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29555"))
+for _name, _env, _expect in (
+        ("rank beyond world", (("RANK", "5"), ("WORLD_SIZE", "2"), *_ADDR), ("RANK=5", "0..1", "WORLD_SIZE=2",
+                                                                             "torchrun")),
+        ("negative rank", (("RANK", "-1"), ("WORLD_SIZE", "2"), *_ADDR), ("RANK=-1", "0..1")),
+        ("local rank beyond node", (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "99"),
+                                    ("LOCAL_WORLD_SIZE", "1"), *_ADDR), ("LOCAL_RANK=99", "LOCAL_WORLD_SIZE=1")),
+        ("world 0", (("RANK", "0"), ("WORLD_SIZE", "0"), *_ADDR), ("WORLD_SIZE=0", "at least 1")),
+        ("port 70000", (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "70000")),
+         ("MASTER_PORT=70000", "1..65535")),
+        ("port text", (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "abc")),
+         ("MASTER_PORT='abc'", "integer")),
+        ("empty address", (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", ""), ("MASTER_PORT", "29555")),
+         ("MASTER_ADDR is empty", "host of rank 0")),
+        ("srun rank beyond tasks", (("SLURM_PROCID", "4"), ("SLURM_NTASKS", "2"), ("SLURM_STEP_ID", "0"),
+                                    ("SLURM_NODELIST", "n1")), ("SLURM_PROCID=4", "SLURM_NTASKS=2", "srun")),
+        ("flux rank beyond job", (("FLUX_TASK_RANK", "3"), ("FLUX_JOB_SIZE", "2")),
+         ("FLUX_TASK_RANK=3", "FLUX_JOB_SIZE=2", "flux run")),
+):
+    case(f"train under a launcher: {_name}", "launch", train(), *_expect, command="train", env=_env)
+
+
 # ---------------------------------------------------------------- checkpoint metadata (--resume)
 def _meta(change):
     """Build: a checkpoint folder whose meta.json is a valid-looking one changed by
@@ -905,6 +930,12 @@ FAULTS = [
     Fault("a second run on a checkpoint folder", "folder",
           "tests/integration/test_disk_full.py::test_one_run_per_checkpoint_folder",
           "one line naming the holder's host and pid"),
+    Fault("a rank missing at the rendezvous", "network", "tests/integration/test_launch_environment.py::"
+          "test_a_missing_peer_ends_the_rendezvous_in_one_line_naming_it",
+          "one line naming the ranks that did not come and the fix"),
+    Fault("rank 0 never opens the rendezvous", "network", "tests/integration/test_launch_environment.py::"
+          "test_a_rank_whose_rank_0_never_opens_the_rendezvous_says_so_in_one_line",
+          "one line on the other ranks naming the address and the fix"),
     Fault("a rendezvous port in use", "network",
           "tests/integration/test_launch_environment.py::test_a_rendezvous_port_in_use_is_one_line",
           "one line naming the port and the fix"),

@@ -4,7 +4,8 @@ SLURM, submitit, Flux), the starter of local workers, or the whole run in proces
 :func:`detect_env` reads rank, world size, local rank and the rendezvous address
 from the launcher's variables; :func:`run_mode` decides how this process takes part
 in a run of a given grid; :func:`init_from_env` initializes ``torch.distributed``
-from the environment, always with an explicit timeout; :func:`local_rank_env` is the
+from the environment, always with an explicit timeout, once every rank has come to the
+:func:`rendezvous` (which names those that did not); :func:`local_rank_env` is the
 :class:`DistEnv` of a worker of a local job (:mod:`scalegnn.launch.job`).
 
 Device and backend. Each rank computes on the device its run asks for
@@ -36,7 +37,7 @@ from .. import threads as thread_policy
 __all__ = ["DistEnv", "detect_env", "run_mode", "RUN_MODES", "init_from_env", "init_process_group", "first_host",
            "single_env", "local_rank_env", "local_backend", "free_port", "run_threads", "threads_of_run", "local_ranks_of_run",
            "slurm_tasks_on_node", "launched_rank", "gather_placement", "check_socket_ifnames", "check_one_gpu_per_rank",
-           "check_torch", "MIN_TORCH"]
+           "check_torch", "MIN_TORCH", "rendezvous", "RendezvousTimeout"]
 
 log = logging.getLogger("scalegnn.launch")
 
@@ -83,11 +84,73 @@ def _default_port(job_id: str | None) -> int:
     return 20000 + int(job_id) % 20000 if job_id and job_id.isdigit() else 29500
 
 
-def _env_int(name: str) -> int:
+def _env_int(name: str, fix: str = "") -> int:
     try:
         return int(os.environ[name])
     except ValueError as e:
-        raise ValueError(f"environment variable {name}={os.environ[name]!r} must be an integer") from e
+        raise ValueError(f"environment variable {name}={os.environ[name]!r} must be an integer"
+                         + (f"; {fix}" if fix else "")) from e
+
+
+_PORT_FIX = "give every rank the same free port, e.g. MASTER_PORT=$((20000 + RANDOM % 20000))"
+
+
+def _env_port(derived: int) -> int:
+    """``MASTER_PORT`` when set (an integer in 1..65535), else ``derived`` (the launcher's job id's)."""
+    if not os.environ.get("MASTER_PORT", "").strip():
+        return derived
+    port = _env_int("MASTER_PORT", _PORT_FIX)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"MASTER_PORT={port} is no TCP port (1..65535); {_PORT_FIX}")
+    return port
+
+
+# What each launcher's users should do when its variables do not describe a job (named in detect_env's errors).
+_FIX = {"torchrun": "start the ranks with torchrun, which sets RANK, WORLD_SIZE and LOCAL_RANK, or give each "
+                    "process its own RANK in 0..WORLD_SIZE-1",
+        "slurm": "start the tasks with srun, which sets SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; do not set them "
+                 "by hand",
+        "flux": "start the tasks with `flux run`, which sets FLUX_TASK_RANK/FLUX_JOB_SIZE/FLUX_TASK_LOCAL_ID",
+        "submitit": "start the job with submitit's SLURM executor, whose JobEnvironment gives each task its rank"}
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The launcher's variables a :class:`DistEnv` came from, named in its errors;
+    ``local_world`` None where the ranks per node are estimated (tasks over nodes), not read."""
+
+    rank: str
+    world: str
+    local_rank: str
+    local_world: str | None
+
+
+def _checked(info: DistEnv, names: _Source) -> DistEnv:
+    """Refuse, in one line naming the variables, their values and the fix, a rank outside
+    its world: a rank beyond WORLD_SIZE would wait for a rendezvous that never completes
+    (rank 5 of 2 waits for ever), a local rank beyond the node's ranks takes another's GPU.
+    Invariants: 0 <= rank < world, 0 <= local rank < ranks on the node <= world."""
+    fix = _FIX[info.source]
+    world, rank = info.world_size, info.rank
+    if world < 1:
+        raise ValueError(f"{names.world}={world} must be at least 1 (the job's ranks); {fix}")
+    if not 0 <= rank < world:
+        raise ValueError(f"{names.rank}={rank} is outside 0..{world - 1} ({names.world}={world}): each of the job's "
+                         f"{world} ranks needs its own {names.rank} in that range; {fix}")
+    bound, bound_name = world, names.world
+    if names.local_world is not None:
+        local_world = info.local_world_size
+        if not 1 <= local_world <= world:
+            raise ValueError(f"{names.local_world}={local_world} is outside 1..{world} ({names.world}={world}): a "
+                             f"node runs at least one and at most all of the job's ranks; {fix}")
+        bound, bound_name = local_world, names.local_world
+    if not 0 <= info.local_rank < bound:
+        raise ValueError(f"{names.local_rank}={info.local_rank} is outside 0..{bound - 1} ({bound_name}={bound}): "
+                         f"each rank on a node needs its own {names.local_rank} in that range; {fix}")
+    if not info.master_addr.strip():
+        raise ValueError("MASTER_ADDR is empty; set it to the host of rank 0, the same on every rank (torchrun "
+                         "--master-addr)")
+    return info
 
 
 def _flux_hostlist() -> str:
@@ -161,36 +224,62 @@ def detect_env() -> DistEnv:
     if "RANK" in env and "WORLD_SIZE" in env:
         if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
             raise ValueError("RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; launch with torchrun")
-        world = _env_int("WORLD_SIZE")  # LOCAL_WORLD_SIZE is torchrun's; without it, assume one node
-        return DistEnv(_env_int("RANK"), world, int(env.get("LOCAL_RANK", 0)), backend,
-                       env["MASTER_ADDR"], _env_int("MASTER_PORT"), "torchrun",
-                       local_world_size=_env_int("LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world)
+        fix = _FIX["torchrun"]
+        if not env["MASTER_PORT"].strip():
+            raise ValueError(f"MASTER_PORT is empty; {_PORT_FIX}")
+        world = _env_int("WORLD_SIZE", fix)  # LOCAL_WORLD_SIZE is torchrun's; without it, assume one node
+        read_local_world = bool(env.get("LOCAL_WORLD_SIZE"))
+        info = DistEnv(_env_int("RANK", fix), world, _env_int("LOCAL_RANK", fix) if "LOCAL_RANK" in env else 0,
+                       backend, env["MASTER_ADDR"].strip(), _env_port(0), "torchrun",
+                       local_world_size=_env_int("LOCAL_WORLD_SIZE", fix) if read_local_world else world)
+        return _checked(info, _Source("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE" if read_local_world
+                                      else None))
     if env.get("SUBMITIT_EXECUTOR"):
         import submitit
 
         job = submitit.JobEnvironment()
-        addr = env.get("MASTER_ADDR") or job.hostnames[0]
-        port = int(env.get("MASTER_PORT") or _default_port(str(job.raw_job_id)))
-        return DistEnv(job.global_rank, job.num_tasks, job.local_rank, backend, addr, port, "submitit",
-                       local_world_size=-(-job.num_tasks // max(1, job.num_nodes)))
+        addr = env.get("MASTER_ADDR", "").strip() or job.hostnames[0]
+        port = _env_port(_default_port(str(job.raw_job_id)))
+        # the ranks per node are estimated (tasks over nodes); a node holding local rank k holds k + 1 at least
+        info = DistEnv(job.global_rank, job.num_tasks, job.local_rank, backend, addr, port, "submitit",
+                       local_world_size=max(-(-job.num_tasks // max(1, job.num_nodes)), job.local_rank + 1))
+        return _checked(info, _Source("submitit's global_rank", "submitit's num_tasks", "submitit's local_rank", None))
     if "FLUX_TASK_RANK" in env:
         if "FLUX_JOB_SIZE" not in env:
             raise ValueError("FLUX_TASK_RANK is set but FLUX_JOB_SIZE is not; launch the tasks with `flux run`")
-        rank, world = _env_int("FLUX_TASK_RANK"), _env_int("FLUX_JOB_SIZE")
-        local = _env_int("FLUX_TASK_LOCAL_ID") if "FLUX_TASK_LOCAL_ID" in env else 0
-        addr = env.get("MASTER_ADDR") or first_host(_flux_hostlist())
-        port = int(env.get("MASTER_PORT") or _flux_port(env.get("FLUX_JOB_ID")))
-        nodes = _env_int("FLUX_JOB_NNODES") if env.get("FLUX_JOB_NNODES") else 1
-        return DistEnv(rank, world, local, backend, addr, port, "flux", local_world_size=-(-world // max(1, nodes)))
+        fix = _FIX["flux"]
+        rank, world = _env_int("FLUX_TASK_RANK", fix), _env_int("FLUX_JOB_SIZE", fix)
+        local = _env_int("FLUX_TASK_LOCAL_ID", fix) if "FLUX_TASK_LOCAL_ID" in env else 0
+        if not 0 <= rank < world:  # before asking flux for its host list: the variables are wrong anyway
+            _checked(DistEnv(rank, world, local, backend, "-", 1, "flux"), _Source(
+                "FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID", None))
+        addr = env.get("MASTER_ADDR", "").strip() or first_host(_flux_hostlist())
+        port = _env_port(_flux_port(env.get("FLUX_JOB_ID")))
+        nodes = _env_int("FLUX_JOB_NNODES", fix) if env.get("FLUX_JOB_NNODES") else 1
+        # the ranks per node are estimated (tasks over nodes; Flux may place them unevenly): bound the local id by
+        # the job's tasks alone, and a node holding local id k holds k + 1 tasks at least
+        info = DistEnv(rank, world, local, backend, addr, port, "flux",
+                       local_world_size=max(-(-world // max(1, nodes)), local + 1))
+        return _checked(info, _Source("FLUX_TASK_RANK", "FLUX_JOB_SIZE", "FLUX_TASK_LOCAL_ID", None))
     if "SLURM_PROCID" in env:
         if "SLURM_NTASKS" not in env:
             raise ValueError("SLURM_PROCID is set but SLURM_NTASKS is not; launch the job step with srun")
+        fix = _FIX["slurm"]
+        rank, world = _env_int("SLURM_PROCID", fix), _env_int("SLURM_NTASKS", fix)
+        local = _env_int("SLURM_LOCALID", fix) if "SLURM_LOCALID" in env else 0
+        if not 0 <= rank < world:  # before reading the node list: the variables are wrong anyway
+            _checked(DistEnv(rank, world, local, backend, "-", 1, "slurm"), _Source(
+                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None))
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
-        addr = env.get("MASTER_ADDR") or first_host(nodelist)
-        port = int(env.get("MASTER_PORT") or _default_port(env.get("SLURM_JOB_ID")))
-        world = _env_int("SLURM_NTASKS")
-        return DistEnv(_env_int("SLURM_PROCID"), world, int(env.get("SLURM_LOCALID", 0)),
-                       backend, addr, port, "slurm", local_world_size=slurm_tasks_on_node(env) or world)
+        addr = env.get("MASTER_ADDR", "").strip() or first_host(nodelist)
+        port = _env_port(_default_port(env.get("SLURM_JOB_ID")))
+        on_node = slurm_tasks_on_node(env)
+        # a job step's tasks per node are SLURM's own; the batch script (no step) sees its allocation's, which
+        # need not bound anything of a rank, for it is none
+        per_node = next((v for v in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
+                         if env.get(v)), None) if on_node and "SLURM_STEP_ID" in env else None
+        info = DistEnv(rank, world, local, backend, addr, port, "slurm", local_world_size=on_node or world)
+        return _checked(info, _Source("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", per_node))
     return DistEnv(0, 1, 0, backend, "127.0.0.1", 0, "single")
 
 
@@ -238,16 +327,105 @@ def init_from_env(timeout: datetime.timedelta = datetime.timedelta(minutes=10), 
     if info.source == "single" or dist.is_initialized():
         return info
     check_socket_ifnames()
+    store = rendezvous(info, timeout)
+    init_process_group(info.backend, dev, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout)
+    return info
+
+
+class RendezvousTimeout(ValueError):
+    """Not every rank of a launched job reached the rendezvous within the collective
+    timeout; the message names who is missing (a user's error to fix: one line)."""
+
+
+_POLL_S = 0.2  # how often a waiting rank asks the store who has joined (one small request)
+
+
+def rendezvous(info: DistEnv, timeout: datetime.timedelta):
+    """The job's store at MASTER_ADDR:MASTER_PORT once every rank has joined it, for
+    ``torch.distributed`` to start from (what its ``tcp://`` rendezvous makes, without
+    its wait: that one ends in a 40-line traceback saying only how many clients came).
+
+    Rank 0 hosts the store (torchrun's agent does, under torchrun); each rank marks its
+    arrival, then waits up to ``timeout`` for the others. Past it, a
+    :class:`RendezvousTimeout` names the ranks that did not come; the first rank to time
+    out leaves its message in the store, so that every rank that came ends with it at
+    once. A rank that cannot reach the store within ``timeout`` says rank 0 did not open it."""
+    import time
+
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + timeout.total_seconds()
+    where, seconds = f"{info.master_addr}:{info.master_port}", f"{timeout.total_seconds():g} s"
+    hosts = info.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    if not hosts:  # wait for rank 0's store here: the store client's own wait logs C++ stack frames on stderr
+        _wait_for_listener(info, deadline, where, seconds)
     try:
-        init_process_group(info.backend, dev, init_method=f"tcp://{info.master_addr}:{info.master_port}",
-                           rank=info.rank, world_size=info.world_size, timeout=timeout)
+        store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=hosts, timeout=timeout,
+                              wait_for_workers=False, multi_tenant=True)
     except dist.DistNetworkError as exc:
         if "EADDRINUSE" not in str(exc) and "address already in use" not in str(exc).lower():
             raise
         raise ValueError(f"MASTER_PORT {info.master_port} on {info.master_addr} is already in use (another job or "
                          "process listens there), so rank 0 cannot open the rendezvous: give the job a free port, "
                          "e.g. MASTER_PORT=$((20000 + RANDOM % 20000)), or torchrun --master-port") from None
-    return info
+    # torchrun's agent keeps its store across restarts of the workers: each attempt joins under its own keys
+    prefix = (f"scalegnn/rendezvous/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+              f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    count, failed = f"{prefix}/joined", f"{prefix}/failed"
+    store.set(f"{prefix}/rank/{info.rank}", socket.gethostname())
+    joined = store.add(count, 1)
+    while joined < info.world_size:
+        if store.check([failed]):
+            raise RendezvousTimeout(store.get(failed).decode())
+        if time.monotonic() >= deadline:
+            message = _rendezvous_timeout(store, prefix, store.add(count, 0), info.world_size, where, seconds)
+            if message is None:  # the last rank came just now
+                break
+            store.set(failed, message)
+            time.sleep(2 * _POLL_S)  # the ranks that came read it before this rank (rank 0: the store) goes
+            raise RendezvousTimeout(message)
+        time.sleep(_POLL_S)
+        joined = store.add(count, 0)
+    return store
+
+
+def _wait_for_listener(info: DistEnv, deadline: float, where: str, seconds: str) -> None:
+    """Wait until rank 0's store accepts connections at ``where`` (or the deadline passes)."""
+    import time
+
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((info.master_addr, info.master_port), timeout=max(0.1, min(left, 2.0))):
+                return
+        except socket.gaierror as exc:
+            raise ValueError(f"MASTER_ADDR={info.master_addr} names no host this one can resolve ({exc.strerror}); "
+                             "set it to the host of rank 0, the same on every rank") from None
+        except OSError:  # refused (rank 0 not started yet), unreachable for now, or slow: try again
+            pass
+        if time.monotonic() >= deadline:
+            raise RendezvousTimeout(
+                f"rendezvous at {where} timed out after {seconds}: rank {info.rank} of {info.world_size} found no "
+                f"store there (rank 0 opens it); check that rank 0 was started, with the same MASTER_ADDR/MASTER_PORT "
+                "as this rank, and that this host reaches it, or raise --collective-timeout")
+        time.sleep(_POLL_S)
+
+
+_NAMED_AT_MOST = 16  # missing ranks a timeout names; more are counted
+
+
+def _rendezvous_timeout(store, prefix: str, joined: int, world: int, where: str, seconds: str) -> str | None:
+    """The message of a rendezvous that timed out with ``joined`` of ``world`` ranks, naming
+    the missing ranks (the store holds a key per rank that came); None if none is missing."""
+    if joined >= world:
+        return None
+    head = f"rendezvous at {where} timed out after {seconds}: {joined} of {world} ranks joined"
+    missing = [r for r in range(world) if not store.check([f"{prefix}/rank/{r}"])] if world <= 1024 else []
+    named = ", ".join(map(str, missing[:_NAMED_AT_MOST])) + (f", ... ({len(missing)} in all)"
+                                                            if len(missing) > _NAMED_AT_MOST else "")
+    who = f"; rank{'s' if len(missing) > 1 else ''} {named} missing" if missing else ""
+    return (f"{head}{who}; check that every rank was started, with the same MASTER_ADDR/MASTER_PORT and "
+            "WORLD_SIZE, or raise --collective-timeout")
 
 
 def check_one_gpu_per_rank(spec: str, backend: str, ranks_on_node: int, source: str) -> None:

@@ -197,3 +197,105 @@ def test_an_older_torch_is_refused_at_start_and_the_floor_is_pyproject_s():
         check_torch("2.5.1+rocm6.2")
     with pytest.raises(RuntimeError, match="torch 1.13.1"):
         check_torch("1.13.1")
+
+
+# ----------------------------------------------------------------------------- a job's variables, its peers
+TINY = "csbm:n=400,avg_degree=8,classes=3,feature_dim=8"
+
+
+def _train_as_rank(tmp_path, variables: dict, *flags: str, timeout: float = 60):
+    """``scalegnn train`` on a tiny graph as a process a launcher started with ``variables``
+    (and no other launcher's): the finished process and its wall time."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.files import REPO
+    from tests.launchers import LAUNCHER_VARS
+
+    env = {k: v for k, v in os.environ.items() if k not in (*LAUNCHER_VARS, "LOCAL_WORLD_SIZE", "SLURM_STEP_ID")}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **variables})
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "scalegnn", "train", "--dataset", TINY, "--epochs", "1", "--hidden",
+                           "8", "--layers", "2", "--quiet", "--out", str(tmp_path / "runs"), "--data-root",
+                           str(tmp_path / "data"), *flags], env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.parametrize("variables, message", [
+    (dict(RANK="5", WORLD_SIZE="2"), "RANK=5 is outside 0..1 (WORLD_SIZE=2)"),  # was: waited for ever
+    (dict(RANK="-1", WORLD_SIZE="2"), "RANK=-1 is outside 0..1 (WORLD_SIZE=2)"),
+    (dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="99", LOCAL_WORLD_SIZE="1"),
+     "LOCAL_RANK=99 is outside 0..0 (LOCAL_WORLD_SIZE=1)"),  # was: trained, as if it were local rank 0
+], ids=["rank-beyond-world", "negative-rank", "local-rank-beyond-node"])
+def test_a_rank_outside_its_job_is_refused_at_once_in_one_line(tmp_path, variables, message):
+    from scalegnn.launch.environment import free_port
+
+    proc, _ = _train_as_rank(tmp_path, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **variables})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"scalegnn: error: {message}: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "start the ranks with torchrun" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_peer_ends_the_rendezvous_in_one_line_naming_it(tmp_path):
+    """Rank 0 of 2, whose rank 1 never starts: after --collective-timeout, one line naming
+    the rendezvous, how many ranks joined and which one is missing (was a 39-line
+    DistStoreError traceback saying "1/2 clients joined")."""
+    from scalegnn.launch.environment import free_port
+
+    port = free_port()
+    proc, took = _train_as_rank(tmp_path, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
+                                           "WORLD_SIZE": "2"}, "--grid", "2x1x1x1", "--collective-timeout", "5")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"scalegnn: error: rendezvous at 127.0.0.1:{port} timed out after 5 s: 1 of 2 "
+                                  "ranks joined; rank 1 missing; check that every rank was started, with the same "
+                                  "MASTER_ADDR/MASTER_PORT"), proc.stderr
+    assert "--collective-timeout" in proc.stderr
+    assert took < 5 + 20, took
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*.json"))
+
+
+def test_a_rank_whose_rank_0_never_opens_the_rendezvous_says_so_in_one_line(tmp_path):
+    from scalegnn.launch.environment import free_port
+
+    port = free_port()
+    proc, took = _train_as_rank(tmp_path, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "1",
+                                           "WORLD_SIZE": "2"}, "--grid", "2x1x1x1", "--collective-timeout", "3")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr == (f"scalegnn: error: rendezvous at 127.0.0.1:{port} timed out after 3 s: rank 1 of 2 found "
+                           "no store there (rank 0 opens it); check that rank 0 was started, with the same "
+                           "MASTER_ADDR/MASTER_PORT as this rank, and that this host reaches it, or raise "
+                           "--collective-timeout\n")
+    assert took < 3 + 20, took
+
+
+def test_every_rank_that_came_names_the_missing_ones():
+    """Ranks 0 and 1 of 3 (threads of this process): both end with the same message, naming
+    rank 2, within the timeout and a poll or two."""
+    import datetime
+    import threading
+    import time
+
+    from scalegnn.launch.environment import DistEnv, RendezvousTimeout, free_port, rendezvous
+
+    port, errors = free_port(), {}
+
+    def rank(r):
+        try:
+            rendezvous(DistEnv(r, 3, r, "gloo", "127.0.0.1", port, "torchrun"), datetime.timedelta(seconds=3))
+        except RendezvousTimeout as exc:
+            errors[r] = str(exc)
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert time.monotonic() - start < 3 + 5
+    assert errors[0] == errors[1]
+    assert errors[0].startswith(f"rendezvous at 127.0.0.1:{port} timed out after 3 s: 2 of 3 ranks joined; rank 2 "
+                                "missing; ")
