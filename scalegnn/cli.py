@@ -190,7 +190,11 @@ def _cmd_export(args) -> int:
 
     check_output_file(args.out, "--out", inputs=(args.ckpt_dir,))  # never over the checkpoint it reads
     path = export_checkpoint(args.ckpt_dir, args.out)
-    about = load_model(path).about  # read back: the file is whole and loads
+    try:
+        about = load_model(path).about  # read back: the file is whole and loads
+    except ValueError:  # not a model anyone could use (weights gone non-finite before that checkpoint): not kept
+        path.unlink(missing_ok=True)
+        raise
     print(f"wrote {path}: the model of run {about['run_id']} at step {about['step']} (epoch {about['epoch']}), "
           f"consolidated from the grid {about['grid']}")
     return 0
