@@ -26,6 +26,11 @@ be on storage every rank can reach)::
     D/step-000000120/rank-00001.pt
     D/step-000000120/meta.json        present <=> the checkpoint is complete
 
+``meta.json`` lists every rank file (``files``: its size, SHA-256 and step), so that a
+resume or an export reads only the bytes that were saved: a rank file truncated, edited
+or copied from another step is refused in one line naming it, before it is unpickled.
+Checkpoints written before the list are read too; their rank files' steps are checked.
+
 Every file is written to a temporary name in the same folder, flushed, fsynced and
 renamed over its target (``os.replace``), so a reader sees a whole file or none. A
 save interrupted by a kill leaves a folder without ``meta.json``: :func:`latest`
@@ -43,6 +48,8 @@ resume would pick up.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import os
 import random
@@ -86,6 +93,16 @@ __all__ = [
 
 CHECKPOINT_FORMAT = 1
 _STEP_DIR = re.compile(r"^step-(\d{9,})$")
+_RANK_FILE = re.compile(r"^rank-(\d{5,})\.pt$")
+# Bounds on what meta.json may say, checked before anything is sized by it: more ranks than
+# any job has, or counts past what a JSON number holds exactly, are a damaged file (a
+# world_size of 10**9 made a resume build a list of 10**9 file names).
+_MAX_WORLD = 2 ** 20
+_MAX_COUNT = 2 ** 53
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# What a resume reads of a rank file besides its engine state, by type (rng_state's layout).
+_RNG_PARTS = {"torch": torch.Tensor, "numpy": dict, "python": dict}
+_REMOVE = "Remove this checkpoint folder to resume from an older one"
 # Config fields (dotted) that may differ between the interrupted run and its
 # resumption: where things are, how they are shown or timed, never what is computed
 # (the sampler kernels and prefetching give bit-identical batches).
@@ -157,6 +174,30 @@ def _rank_file(ckpt: Path, rank: int) -> Path:
     return ckpt / f"rank-{rank:05d}.pt"
 
 
+def _ranks_present(ckpt: Path) -> set[int]:
+    """The ranks whose file is in ``ckpt``: what a world_size is bounded by before it sizes anything."""
+    out = set()
+    with os.scandir(ckpt) as entries:
+        for entry in entries:
+            m = _RANK_FILE.match(entry.name)
+            if m and entry.name == _rank_file(ckpt, int(m.group(1))).name:
+                out.add(int(m.group(1)))
+    return out
+
+
+def _missing(ckpt: Path, world: int, present: set[int]) -> list[str]:
+    """Up to four names of rank files below ``world`` that ``ckpt`` lacks (lazy: ``world`` may be anything)."""
+    return [_rank_file(ckpt, r).name for r in itertools.islice((r for r in range(world) if r not in present), 4)]
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def list_checkpoints(directory) -> list[tuple[int, Path, bool]]:
     """(step, folder, complete) of every checkpoint folder under ``directory``, by step."""
     return [(step, path, problem is None) for step, path, problem in _scan(directory)]
@@ -178,6 +219,9 @@ def _scan(directory) -> list[tuple[int, Path, str | None]]:
 
 
 def _problem(ckpt: Path) -> str | None:
+    """Why ``ckpt`` is no complete checkpoint, cheaply: its meta.json unreadable, or rank
+    files it counts missing. What :func:`read_meta` refuses field by field is left to it
+    (a resume names the field); the rank files' bytes are checked on reading them."""
     meta = ckpt / "meta.json"
     if not meta.is_file():
         return ""
@@ -187,10 +231,18 @@ def _problem(ckpt: Path) -> str | None:
         return f"{meta}: not valid JSON (truncated or corrupt: {exc})"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"{meta}: unreadable or without a world_size ({type(exc).__name__}: {exc})"
-    missing = [_rank_file(ckpt, r).name for r in range(world) if not _rank_file(ckpt, r).is_file()]
+    if world > _MAX_WORLD:  # no job's world size: a damaged meta.json, which read_meta refuses by the field's name
+        return None
+    try:
+        present = _ranks_present(ckpt)
+    except OSError as exc:
+        return f"{ckpt}: cannot be listed ({exc})"
+    missing = _missing(ckpt, world, present)
+    names = f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+    if world > len(present):
+        return f"{meta}: 'world_size' is {world} but the folder holds {len(present)} rank files ({names} missing)"
     if missing:
-        return f"{ckpt}: {meta.name} is present but {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} " \
-               "is missing"
+        return f"{ckpt}: {meta.name} is present but {names} is missing"
     return None
 
 
@@ -212,8 +264,12 @@ def latest(directory) -> Path | None:
 
 
 def read_meta(ckpt) -> dict:
-    """The ``meta.json`` of a checkpoint folder; :class:`CheckpointError` names what is wrong."""
-    path = Path(ckpt) / "meta.json"
+    """The ``meta.json`` of a checkpoint folder; :class:`CheckpointError` names what is wrong.
+    Every field a resume or an export reads is checked here, bounded before it sizes
+    anything (``world_size`` by the rank files present), with the list of rank files
+    (``files``) and their sizes: a truncated rank file is refused before any is loaded."""
+    ckpt = Path(ckpt)
+    path = ckpt / "meta.json"
     try:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
@@ -227,34 +283,138 @@ def read_meta(ckpt) -> dict:
         raise CheckpointError(f"{path}: checkpoint format {version} is newer than this scalegnn understands "
                               f"({CHECKPOINT_FORMAT}); upgrade scalegnn to resume it")
     # Every field a resume reads, checked here: a missing or mistyped one is one line, not a KeyError later.
-    fix = f"the file is damaged or not written by scalegnn; remove {Path(ckpt)} to resume from an older checkpoint"
-    for key, kind, low in (("step", int, 0), ("epoch", int, 0), ("steps_per_epoch", int, 1), ("world_size", int, 1),
-                           ("config", dict, None), ("record", dict, None), ("loop", dict, None)):
+    fix = f"the file is damaged or not written by scalegnn; remove {ckpt} to resume from an older checkpoint"
+    for key, kind, low, high in (("step", int, 0, _MAX_COUNT), ("epoch", int, 0, _MAX_COUNT),
+                                 ("steps_per_epoch", int, 1, _MAX_COUNT), ("world_size", int, 1, _MAX_WORLD),
+                                 ("config", dict, None, None), ("record", dict, None, None),
+                                 ("loop", dict, None, None)):
         if key not in meta:
             raise CheckpointError(f"{path}: no {key!r}; {fix}")
         value = meta[key]
-        if not isinstance(value, kind) or isinstance(value, bool) or (low is not None and value < low):
-            want = f"an integer >= {low}" if kind is int else "an object"
+        if not isinstance(value, kind) or isinstance(value, bool) or (low is not None and not low <= value <= high):
+            want = f"an integer from {low} to {high}" if kind is int else "an object"
             raise CheckpointError(f"{path}: {key!r} must be {want}, got {value!r}; {fix}")
     if not isinstance(meta["record"].get("run_id"), str) or not isinstance(meta["record"].get("epochs"), list):
         raise CheckpointError(f"{path}: 'record' needs a run_id string and an epochs list; {fix}")
+    step, spe = meta["step"], meta["steps_per_epoch"]
+    if meta["epoch"] != step // spe:  # the trainer saves the epochs done at step `step`
+        raise CheckpointError(f"{path}: 'epoch' {meta['epoch']} does not fit 'step' {step} at {spe} "
+                              f"'steps_per_epoch' (epoch {step // spe}); {fix}")
+    loop = meta["loop"]
+    if loop.get("step", step) != step or not _number(loop.get("train_time")):
+        raise CheckpointError(f"{path}: 'loop' needs a numeric train_time (and its step, if any, {step}); {fix}")
+    if step % spe and not (all(_number(loop.get(k)) for k in ("loss_sum", "loss_n", "correct", "count"))
+                           and "components" in loop and "comm_bytes" in loop):
+        raise CheckpointError(f"{path}: 'loop' of a checkpoint mid-epoch needs the epoch's sums (loss_sum, loss_n, "
+                              f"correct, count, components, comm_bytes); {fix}")
+    world = meta["world_size"]
+    try:
+        present = _ranks_present(ckpt)
+    except OSError as exc:
+        raise CheckpointError(f"{ckpt}: cannot be listed ({exc})") from None
+    missing = _missing(ckpt, world, present)
+    if missing:
+        raise CheckpointError(f"{path}: 'world_size' is {world} but {ckpt} holds {len(present)} rank files "
+                              f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} missing); {fix}")
+    _check_manifest(ckpt, meta, fix)
     return meta
 
 
-def load_rank_state(ckpt, rank: int, map_location="cpu") -> dict:
-    """This rank's state file, loaded with ``weights_only=True`` (tensors and plain containers only)."""
-    path = _rank_file(Path(ckpt), rank)
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_manifest(ckpt: Path, meta: dict, fix: str) -> None:
+    """``files``, when the checkpoint has it (those before it do not): one entry per rank
+    file, each with its SHA-256, size and this step, and each file of that size."""
+    files, path = meta.get("files"), ckpt / "meta.json"
+    if files is None:
+        return
+    world = meta["world_size"]
+    if not isinstance(files, dict) or len(files) != world:
+        raise CheckpointError(f"{path}: 'files' must list the {world} rank files ('world_size'); {fix}")
+    for rank in range(world):
+        target = _rank_file(ckpt, rank)
+        entry = files.get(target.name)
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and _SHA256.match(entry["sha256"])
+                and isinstance(entry.get("bytes"), int) and not isinstance(entry["bytes"], bool)
+                and entry.get("step") == meta["step"]):
+            raise CheckpointError(f"{path}: 'files' has no valid entry for {target.name} (sha256, bytes, step "
+                                  f"{meta['step']}); {fix}")
+        try:
+            size = target.stat().st_size
+        except OSError as exc:
+            raise CheckpointError(f"{target}: cannot be read ({exc}). {_REMOVE}") from None
+        if size != entry["bytes"]:
+            raise CheckpointError(f"{target}: cannot be read ({size} bytes where {path.name} lists {entry['bytes']}); "
+                                  f"it is truncated, corrupt or not written by scalegnn. {_REMOVE}")
+
+
+def load_rank_state(ckpt, rank: int, map_location="cpu", meta: dict | None = None) -> dict:
+    """This rank's state file, loaded with ``weights_only=True`` (tensors and plain containers
+    only) once its size and SHA-256 match the checkpoint's list (``files`` of ``meta``, read
+    with :func:`read_meta` when not given), then checked: its step that of ``meta``, and
+    every part a resume reads present with its type."""
+    ckpt = Path(ckpt)
+    meta = read_meta(ckpt) if meta is None else meta
+    path = _rank_file(ckpt, rank)
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: the checkpoint was written by fewer ranks than this job has")
+    entry = (meta.get("files") or {}).get(path.name)
+    if entry is not None:
+        try:
+            size, digest = path.stat().st_size, _file_digest(path)
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot be read ({exc}). {_REMOVE}") from None
+        if size != entry["bytes"] or digest != entry["sha256"]:
+            what = f"{size} bytes where meta.json lists {entry['bytes']}" if size != entry["bytes"] else \
+                "its SHA-256 is not the one meta.json lists"
+            raise CheckpointError(f"{path}: cannot be read ({what}); it is truncated, corrupt or not written by "
+                                  f"scalegnn. {_REMOVE}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
         raise CheckpointError(f"{path}: cannot be read ({load_error(exc)}); it is truncated, corrupt or not "
-                              "written by scalegnn. Remove this checkpoint folder to resume from an older one") \
-            from None
+                              f"written by scalegnn. {_REMOVE}") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or state.get("rank") != rank:
         raise CheckpointError(f"{path}: not a format-{CHECKPOINT_FORMAT} checkpoint of rank {rank}")
+    _check_rank_state(path, state, meta)
     return state
+
+
+def _check_rank_state(path: Path, state: dict, meta: dict) -> None:
+    """What a resume reads of a rank file besides its format and rank, by type: its step and
+    world size those of ``meta`` (a rank file copied from another checkpoint is refused
+    here, also in a checkpoint without ``files``), a dict of engine state and the parts of
+    :func:`rng_state`, whose sizes :func:`set_rng_state` needs."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {what}; it is damaged or not written by scalegnn. {_REMOVE}")
+
+    if state.get("step") != meta["step"]:
+        raise CheckpointError(f"{path}: holds step {state.get('step')!r}, not the step {meta['step']} of its "
+                              f"meta.json (a rank file of another checkpoint). {_REMOVE}")
+    if state.get("world_size") != meta["world_size"]:
+        raise bad(f"its world_size {state.get('world_size')!r} is not the {meta['world_size']} of its meta.json")
+    if not isinstance(state.get("engine"), dict):
+        raise bad("no 'engine' state")
+    rng = state.get("rng")
+    if not isinstance(rng, dict) or any(not isinstance(rng.get(k), kind) for k, kind in _RNG_PARTS.items()):
+        raise bad(f"no 'rng' with its parts ({', '.join(_RNG_PARTS)})")
+    t, n, py = rng["torch"], rng["numpy"], rng["python"]
+    if t.dtype != torch.uint8 or t.shape != torch.get_rng_state().shape:
+        raise bad("its 'rng' torch state is not a generator state")
+    keys = n.get("keys")
+    if not (isinstance(keys, torch.Tensor) and keys.shape == (624,) and isinstance(n.get("pos"), int)
+            and 0 <= n["pos"] <= 624 and isinstance(n.get("has_gauss"), int) and _number(n.get("cached_gaussian"))):
+        raise bad("its 'rng' numpy state is not a MT19937 state")
+    internal = py.get("internal")
+    if not (isinstance(py.get("version"), int) and isinstance(internal, list) and len(internal) == 625
+            and all(isinstance(v, int) for v in internal) and (py.get("gauss_next") is None
+                                                              or _number(py["gauss_next"]))):
+        raise bad("its 'rng' python state is not a random.getstate()")
+    if "cuda" in rng and not (isinstance(rng["cuda"], (list, tuple))
+                              and all(isinstance(g, torch.Tensor) for g in rng["cuda"])):
+        raise bad("its 'rng' cuda state is not a list of generator states")
 
 
 def resume_run_id(directory) -> str | None:
@@ -380,8 +540,15 @@ class FolderLock:
         import fcntl
         import socket
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        def unwritable(exc: OSError) -> CheckpointError:
+            return CheckpointError(f"{self.path}: cannot be written ({exc.strerror or exc}); free space in (or make "
+                                   f"writable) {self.path.parent}, or give this run another --checkpoint-dir")
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a full disk (ENOSPC), a read-only or foreign folder: one line, not a traceback
+            raise unwritable(exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -392,8 +559,13 @@ class FolderLock:
         except OSError:  # no locks on this file system: nothing to hold
             os.close(fd)
             return self
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{f'run {run_id}, ' if run_id else ''}pid {os.getpid()} on host {socket.gethostname()}".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{f'run {run_id}, ' if run_id else ''}pid {os.getpid()} on host "
+                         f"{socket.gethostname()}".encode())
+        except OSError as exc:
+            os.close(fd)  # drops the lock: a run that cannot write here holds nothing
+            raise unwritable(exc) from None
         self._fd = fd
         return self
 
@@ -499,22 +671,27 @@ class Checkpointer:
         self.stop_requested = stop > 0
         return flag > 0 or self.stop_requested
 
-    def _barrier(self) -> None:
-        if self._distributed():
-            self.grid.barrier()
+    def _gather(self, entry: dict) -> list[dict]:
+        """Every rank's ``entry``, in rank order, on every rank: a collective, so also the
+        barrier that puts every rank's file in place before rank 0 completes the checkpoint."""
+        return self.grid.gather_object(entry) if self._distributed() else [entry]
 
     def save(self, step: int, engine_state: dict, meta: dict) -> Path:
         """Write this rank's file, wait for every rank, then rank 0 writes ``meta.json``
-        (which completes the checkpoint) and prunes old or incomplete ones."""
+        (which completes the checkpoint and lists every rank file's size and SHA-256) and
+        prunes old or incomplete ones."""
         t0 = time.perf_counter()
         ckpt = _step_dir(self.dir, step)
         ckpt.mkdir(parents=True, exist_ok=True)
+        target = _rank_file(ckpt, self.rank)
         atomic_torch_save({"format": CHECKPOINT_FORMAT, "rank": self.rank, "world_size": self.world_size,
-                           "step": step, "engine": engine_state, "rng": rng_state()}, _rank_file(ckpt, self.rank))
-        self._barrier()  # every rank's file is in place before the checkpoint is marked complete
+                           "step": step, "engine": engine_state, "rng": rng_state()}, target)
+        # Hashed as it lies on disk (page-cached, just written): what a resume will read.
+        mine = {"sha256": _file_digest(target), "bytes": target.stat().st_size, "step": step}
+        files = {_rank_file(ckpt, r).name: entry for r, entry in enumerate(self._gather(mine))}
         if self.rank == 0:
             atomic_write_json(ckpt / "meta.json", {**meta, "format": CHECKPOINT_FORMAT, "step": step,
-                                                   "world_size": self.world_size,
+                                                   "world_size": self.world_size, "files": files,
                                                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
             self._prune(step)
         self.saves += 1

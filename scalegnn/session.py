@@ -251,13 +251,16 @@ def stand_in_record(cfg: RunConfig, run_id: str, world_size: int, partial: dict 
     ``--resume``, of the run it continues: its epochs so far, ``resumed_from`` that
     run's id), else one with the configuration and no epochs (status ``running`` until
     :func:`conclude`)."""
-    from .checkpoint import latest, read_meta
+    from .checkpoint import CheckpointError, latest, read_meta
 
     base = dict(partial) if partial else None
     if base is None and cfg.checkpoint.dir:
         ckpt = latest(cfg.checkpoint.dir)
-        if ckpt is not None:
-            saved = read_meta(ckpt)["record"]
+        try:
+            saved = read_meta(ckpt)["record"] if ckpt is not None else None
+        except CheckpointError:  # a damaged checkpoint: the record of what is known without it
+            saved = None
+        if saved is not None:
             if saved.get("run_id") == run_id:
                 base = dict(saved)
             elif cfg.checkpoint.resume:
@@ -363,7 +366,7 @@ def _interruption_text(cfg: RunConfig, signum: int, record: dict) -> str:
     saved at the interruption itself: the periodic ones are exact resume points, and
     a save while ranks are being stopped could not be agreed on)."""
     from . import systems as registry
-    from .checkpoint import latest, read_meta
+    from .checkpoint import CheckpointError, latest, read_meta
 
     done = record["epochs"][-1]["epoch"] if record.get("epochs") else 0
     text = f"interrupted by {signal_text(signum)} after epoch {done} of {cfg.loop.epochs}"
@@ -374,7 +377,10 @@ def _interruption_text(cfg: RunConfig, signum: int, record: dict) -> str:
     newest = latest(cfg.checkpoint.dir)
     if newest is None:
         return f"{text}; no checkpoint was saved yet in {cfg.checkpoint.dir}, so a rerun starts over"
-    meta = read_meta(newest)
+    try:
+        meta = read_meta(newest)
+    except CheckpointError as exc:  # the interruption is what this text reports: the checkpoint's damage beside it
+        return f"{text}; nothing was saved at the interruption, and the newest checkpoint cannot be resumed: {exc}"
     return (f"{text}; nothing was saved at the interruption, the newest checkpoint is {newest} (step {meta['step']}, "
             f"{meta['epoch']} epochs done): resume with --checkpoint-dir {cfg.checkpoint.dir} --resume")
 

@@ -322,21 +322,27 @@ class ScaleGNNTrainer(Trainer):
             raise CheckpointError(f"{path}: batch_size was {meta.get('batch_size')} when saved, is "
                                   f"{record['batch_size']} now (the dataset changed); use a new --checkpoint-dir")
         saved_grid = ckpt_mod.saved_grid(meta)
+        step = meta["step"]
         if saved_grid == tuple(cfg.parallel.grid):
             for key in ("world_size", "steps_per_epoch"):
                 if meta.get(key) != record[key]:
                     raise CheckpointError(f"{path}: {key} was {meta.get(key)} when saved, is {record[key]} now "
                                           "(the dataset or the launch changed); use a new --checkpoint-dir")
-            state = ckpt_mod.load_rank_state(path, grid.rank)
-            self.engine.load_state_dict(state["engine"])
-        else:  # another grid: every rank cuts its shards from the checkpoint's state made whole
-            from .parallel.engine import read_whole_state
-
+        else:
             step = ckpt_mod.regridded_step(path, meta, self.steps_per_epoch)
-            self.engine.load_whole_state(read_whole_state(path, meta), step=step)
+        # Each rank checks the files it reads (sizes and SHA-256 against meta.json); one whose
+        # file is damaged must not leave the others waiting in the first step's collectives.
+        try:
+            state = self._load_checkpoint(path, meta, step)
+            problem = None
+        except CheckpointError as exc:
+            state, problem = None, str(exc)
+        problems = [p for p in (grid.gather_object(problem) if grid.distributed else [problem]) if p]
+        if problems:
+            raise CheckpointError(problems[0])
+        if saved_grid != tuple(cfg.parallel.grid):
             changes = ckpt_mod.regridding(meta, tuple(cfg.parallel.grid), step, self.steps_per_epoch, changes)
-            meta = {**meta, "loop": {**meta["loop"], "step": step}}
-            state = ckpt_mod.load_rank_state(path, grid.rank if grid.rank < meta["world_size"] else 0)
+        meta = {**meta, "loop": {**meta["loop"], "step": step}}  # the step read_meta checked (or the regridded one)
         ckpt_mod.set_rng_state(state["rng"])  # not read by a step (samples and dropout are keyed by step)
         saved = meta["record"]
         # A resume is a run of its own (its own id, record and model file): the parent's stay as written.
@@ -349,6 +355,33 @@ class ScaleGNNTrainer(Trainer):
             "hostname": record["env"].get("hostname"), **changes,
         }]
         return meta["loop"]
+
+    def _load_checkpoint(self, path, meta: dict, step: int) -> dict:
+        """This rank's state from checkpoint ``path`` into the engine (on another grid: its
+        shards cut from the state made whole, ``step`` the next step); its rank file's state."""
+        grid = self.grid
+        where = path / f"rank-{grid.rank:05d}.pt"
+        try:
+            if ckpt_mod.saved_grid(meta) == tuple(self.cfg.parallel.grid):
+                state = ckpt_mod.load_rank_state(path, grid.rank, meta=meta)
+                self.engine.load_state_dict(state["engine"])
+                return state
+            from .parallel.engine import read_whole_state  # another grid: every rank cuts its shards from it
+
+            where = path  # the state made whole from its rank files
+            self.engine.load_whole_state(read_whole_state(path, meta), step=step)
+            return ckpt_mod.load_rank_state(path, grid.rank if grid.rank < meta["world_size"] else 0, meta=meta)
+        except CheckpointError:
+            raise
+        except torch.OutOfMemoryError:
+            raise
+        except (KeyError, TypeError, IndexError, ValueError, RuntimeError) as exc:
+            # A checkpoint without a list of SHA-256s (written before it) whose engine state was edited:
+            # what torch says of it (a size mismatch, a missing key) in one line.
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(f"{where}: its engine state does not fit this run ({type(exc).__name__}: "
+                                  f"{reason}); it is damaged or not written by scalegnn. Remove this checkpoint "
+                                  "folder to resume from an older one") from None
 
 
 class _EpochEndCheckpoint(Callback):

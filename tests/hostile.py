@@ -815,7 +815,7 @@ def _meta(change):
         (ckpt / "rank-00000.pt").write_bytes(b"")
         argv = train()(tmp)
         meta = {"format": 1, "step": 4, "epoch": 1, "steps_per_epoch": 4, "world_size": 1,
-                "config": {"system": "scalegnn"}, "loop": {"step": 4},
+                "config": {"system": "scalegnn"}, "loop": {"step": 4, "train_time": 0.0},
                 "record": {"run_id": "20260101-000000-abcdef123456", "epochs": []}}
         meta = change(meta)
         (ckpt / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
@@ -841,6 +841,21 @@ case("meta.json record without run_id", "checkpoint", _meta(_with("record", {}))
 case("meta.json record run_id a number", "checkpoint", _meta(_with("record", {"run_id": 5})), "meta.json",
      "run_id")
 case("meta.json format from the future", "checkpoint", _meta(_with("format", 99)), "meta.json", "newer")
+# Bounded before any allocation or rendezvous (world_size 1e9 grew the process to 7 GB and hung),
+# consistent with itself, and the rank files as its list says they are.
+_ONE_FILE = {"sha256": "0" * 64, "bytes": 0, "step": 4}
+for _name, _change, _expect in (
+        ("world_size 1e9", _with("world_size", 10**9), ("meta.json", "'world_size'", "1048576")),
+        ("epoch past its step", _with("epoch", 3), ("meta.json", "'epoch'", "'step' 4")),
+        ("step past 2**53", _with("step", 10**16), ("meta.json", "'step'", "9007199254740992")),
+        ("loop without train_time", _with("loop", {"step": 4}), ("meta.json", "'loop'", "train_time")),
+        ("a rank file shorter than listed", _with("files", {"rank-00000.pt": {**_ONE_FILE, "bytes": 5}}),
+         ("rank-00000.pt", "0 bytes where meta.json lists 5", "Remove this checkpoint folder")),
+        ("a rank file listed at another step", _with("files", {"rank-00000.pt": {**_ONE_FILE, "step": 3}}),
+         ("meta.json", "'files'", "rank-00000.pt")),
+        ("files a list", _with("files", ["rank-00000.pt"]), ("meta.json", "'files'", "'world_size'")),
+):
+    case(f"meta.json {_name}", "checkpoint", _meta(_change), *_expect)
 
 
 # ---------------------------------------------------------------- faults
@@ -927,6 +942,12 @@ FAULTS = [
     Fault("SIGTERM during `data generate`", "signal", "tests/integration/test_output_safety.py::"
           "test_sigterm_during_data_generate_leaves_nothing_behind", "one line, exit 143, nothing left behind",
           command="data generate"),
+    Fault("a rank file edited in place", "disk", "tests/unit/test_checkpoint_whole.py::"
+          "test_a_rank_file_edited_in_place_is_refused_naming_it_and_the_fix",
+          "its SHA-256 differs from meta.json's list: one line naming the file, before anything is unpickled"),
+    Fault("a full disk at the checkpoint folder's lock", "disk",
+          "tests/unit/test_checkpoint_whole.py::test_a_full_disk_at_the_folder_lock_is_one_line",
+          "one line naming the lock file and the fix"),
     Fault("a second run on a checkpoint folder", "folder",
           "tests/integration/test_disk_full.py::test_one_run_per_checkpoint_folder",
           "one line naming the holder's host and pid"),

@@ -41,6 +41,7 @@ thread when ``--prefetch`` is on.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import defaultdict
@@ -654,23 +655,53 @@ def read_whole_state(ckpt, meta: dict, parts=("model", "optimizer")) -> dict:
     from .. import checkpoint as ckpt_mod
     from ..records import current_config
 
-    config = current_config(meta["config"])
-    shape = tuple(int(g) for g in config["parallel"]["grid"])
+    meta_file = f"{ckpt}/meta.json"
+    fix = f"the checkpoint is damaged or not written by scalegnn; remove {ckpt} to resume from an older one"
+    try:
+        config = current_config(meta["config"])
+        shape = tuple(int(g) for g in config["parallel"]["grid"])
+        model_cfg = ModelConfig.from_dict(config["model"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ckpt_mod.CheckpointError(f"{meta_file}: its config has no usable parallel.grid and model "
+                                       f"({type(exc).__name__}: {exc}); {fix}") from None
+    # The grid sizes the loop over rank files: it must be the world the rank files were counted for.
+    if len(shape) != 4 or min(shape) < 1 or math.prod(shape) != meta["world_size"]:
+        raise ckpt_mod.CheckpointError(f"{meta_file}: its config's grid {shape} does not have its 'world_size' "
+                                       f"{meta['world_size']} ranks; {fix}")
     graph = meta["record"].get("graph") or {}
     if "num_features" not in graph or "num_classes" not in graph:
-        raise ckpt_mod.CheckpointError(f"{ckpt}/meta.json: its record names no graph sizes (num_features, "
+        raise ckpt_mod.CheckpointError(f"{meta_file}: its record names no graph sizes (num_features, "
                                        "num_classes); this checkpoint cannot be consolidated")
-    model_cfg = ModelConfig.from_dict(config["model"])
-    in_dim, num_classes = int(graph["num_features"]), int(graph["num_classes"])
-    names = list(full_shapes(in_dim, num_classes, model_cfg))
-    states = {r: ckpt_mod.load_rank_state(ckpt, r)["engine"] for r in range(shape[1] * shape[2] * shape[3])}
-    whole = {"grid": "x".join(map(str, shape)), "in_dim": in_dim, "num_classes": num_classes, "model_cfg": model_cfg,
-             "model": assemble_shards({r: s["model"] for r, s in states.items()}, shape, in_dim, num_classes, model_cfg)}
-    if "optimizer" in parts:
-        moments = {key: assemble_shards({r: {names[int(i)]: st[key] for i, st in s["optimizer"]["state"].items()}
-                                         for r, s in states.items()}, shape, in_dim, num_classes, model_cfg)
-                   for key in ("exp_avg", "exp_avg_sq")}
-        first = states[0]["optimizer"]
-        whole.update(moments, steps={names[int(i)]: st["step"] for i, st in first["state"].items()},
-                     param_groups=first["param_groups"], scheduler=states[0].get("scheduler"))
+    in_dim, num_classes = graph["num_features"], graph["num_classes"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (in_dim, num_classes)):
+        raise ckpt_mod.CheckpointError(f"{meta_file}: its record's graph sizes (num_features {in_dim!r}, num_classes "
+                                       f"{num_classes!r}) must be integers >= 1; {fix}")
+    states = {r: ckpt_mod.load_rank_state(ckpt, r, meta=meta)["engine"] for r in range(shape[1] * shape[2] * shape[3])}
+    try:
+        # The sizes meta.json gives, bounded by the rank files before the whole tensors are allocated:
+        # the shards of data-parallel group 0 cover every parameter, so they hold at least its elements.
+        held = sum(t.numel() for s in states.values() for t in s["model"].values())
+        if model_cfg.layers > len(states[0]["model"]) or \
+                sum(math.prod(s) for s in full_shapes(in_dim, num_classes, model_cfg).values()) > held:
+            raise ckpt_mod.CheckpointError(f"{meta_file}: its model ({model_cfg.layers} layers, hidden "
+                                           f"{model_cfg.hidden}) and graph sizes ({in_dim} features, {num_classes} "
+                                           f"classes) are larger than its rank files hold; {fix}")
+        names = list(full_shapes(in_dim, num_classes, model_cfg))
+        whole = {"grid": "x".join(map(str, shape)), "in_dim": in_dim, "num_classes": num_classes,
+                 "model_cfg": model_cfg, "model": assemble_shards({r: s["model"] for r, s in states.items()}, shape,
+                                                                  in_dim, num_classes, model_cfg)}
+        if "optimizer" in parts:
+            moments = {key: assemble_shards({r: {names[int(i)]: st[key] for i, st in s["optimizer"]["state"].items()}
+                                             for r, s in states.items()}, shape, in_dim, num_classes, model_cfg)
+                       for key in ("exp_avg", "exp_avg_sq")}
+            first = states[0]["optimizer"]
+            whole.update(moments, steps={names[int(i)]: st["step"] for i, st in first["state"].items()},
+                         param_groups=first["param_groups"], scheduler=states[0].get("scheduler"))
+    except ckpt_mod.CheckpointError:
+        raise
+    except (KeyError, TypeError, IndexError, ValueError, RuntimeError, AttributeError) as exc:
+        # Rank files without a list of SHA-256s (written before it) whose engine state was edited.
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        raise ckpt_mod.CheckpointError(f"{ckpt}: its rank files' engine state cannot be made whole "
+                                       f"({type(exc).__name__}: {reason}); {fix}") from None
     return whole

@@ -18,7 +18,10 @@ from tests.files import schema_2_config
 from tests.runs import SMALL
 
 # What the trainer saves beside the step (scalegnn.trainer), the fields read_meta checks.
-META = {"record": {"run_id": "r", "epochs": []}, "epoch": 0, "steps_per_epoch": 1, "config": {}, "loop": {}}
+# (Mid-epoch 0 of 100 steps: read_meta checks that the epochs done fit the step, and the epoch's sums.)
+META = {"record": {"run_id": "r", "epochs": []}, "epoch": 0, "steps_per_epoch": 100, "config": {},
+        "loop": {"train_time": 0.0, "loss_sum": 0.0, "loss_n": 0, "correct": 0.0, "count": 0, "components": {},
+                 "comm_bytes": 0}}
 
 
 # ----------------------------------------------------------------------------- config
