@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import stat
 import statistics
 import warnings
 from pathlib import Path
@@ -68,6 +70,21 @@ def _sweep_bookkeeping(path: Path, root: Path) -> bool:
     return path.name in NOT_RECORD_FILES or any(p in NOT_RECORD_FOLDERS for p in parts[:-1])
 
 
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` is not read (None: it is a regular file). Asked of the file itself
+    (``stat`` follows links) before it is opened: opening a FIFO for reading blocks until
+    a writer comes, which may be never, and a device may never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:  # a link to nothing, a loop of links, a folder that cannot be searched
+        return f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
+    return f"cannot be read: it is {kind}, not a regular file (not opened)"
+
+
 def read_records(folder) -> tuple[list[dict], list[tuple[str, str]]]:
     """All valid records under ``folder`` (recursively) and the (path, reason) of the rest.
 
@@ -82,6 +99,10 @@ def read_records(folder) -> tuple[list[dict], list[tuple[str, str]]]:
                                 "records to (scalegnn train --out, scalegnn sweep --out)")
     for path in sorted(root.rglob("*.json")):
         if _sweep_bookkeeping(path, root):
+            continue
+        problem = _not_a_file(path)
+        if problem:
+            skipped.append((str(path), f"{path}: {problem}"))
             continue
         try:
             record = read_record(path)
@@ -119,9 +140,17 @@ def read_manifests(folder) -> list[dict]:
     ``folder``, each with ``out``: the sweep's output folder."""
     out = []
     for path in sorted(Path(folder).rglob("*.manifest")):
+        problem = _not_a_file(path)
         try:
+            if problem:
+                raise ValueError(problem)
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            runs = data.get("runs") if isinstance(data, dict) else None
+            if not (isinstance(runs, list) and all(isinstance(r, dict) and "key" in r for r in runs)
+                    and all(isinstance(data.get(k), str) for k in ("spec", "cluster"))):
+                raise ValueError("not a sweep manifest (a JSON object with spec, cluster and runs, as "
+                                 "`scalegnn sweep` writes)")
+        except (OSError, ValueError) as exc:  # ValueError: JSON's and Unicode's decode errors too
             warnings.warn(f"skipping sweep manifest {path}: {exc}", stacklevel=2)
             continue
         data["out"] = str(path.parent)

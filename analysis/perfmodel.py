@@ -144,6 +144,9 @@ def fit_from_runs(runs: pd.DataFrame, cluster: str, machine: Machine):
     """Coefficients fitted on the ok multi-rank ScaleGNN runs recorded by a sweep on
     ``cluster`` (whose hardware is ``machine``) without optimization variants (for
     ``scalegnn plan --fit``)."""
+    if runs.empty:  # no records at all: the frame has none of the columns asked below
+        runs = pd.DataFrame(columns=["status", "system", "epoch_time_s", "sweep.cluster", "world_size",
+                                     "sweep.variant"])
     variant = runs["sweep.variant"].fillna("").astype(str)
     frame = runs[(runs["status"] == "ok") & runs["system"].isin(list(SCALEGNN_SYSTEMS))
                  & runs["epoch_time_s"].notna() & (runs["sweep.cluster"] == cluster) & (runs["world_size"] > 1)

@@ -10,7 +10,9 @@ that would produce it, never silently left out.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -99,6 +101,32 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     performance model against the paper's Fig. 5/7/8 numbers (``analysis.paper_model``)."""
     results_dir, out = Path(results_dir), Path(out_dir)
     records, skipped = read_records(results_dir)  # first: a missing folder is an error, not made by mkdir below
+    with _writing(out):
+        return _write_report(results_dir, out, records, skipped, data_root, title, paper_machines)
+
+
+# What the checks before the work (scalegnn.fileio.check_output_folder) cannot rule out:
+# a disk that fills while the figures are written, a path the file system finds too long.
+_WRITE_FIXES = {errno.ENOSPC: "free space there or pass --out on another disk",
+                errno.EDQUOT: "free some of your quota there or pass --out elsewhere",
+                errno.ENAMETOOLONG: "pass a shorter --out"}
+
+
+@contextlib.contextmanager
+def _writing(out: Path):
+    """Writing the report into ``out``: an error of :data:`_WRITE_FIXES` is one line
+    (``ValueError``) naming the file and the fix."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _WRITE_FIXES:
+            raise
+        raise ValueError(f"report folder {out}: cannot write {exc.filename or out} ({exc.strerror}); "
+                         f"{_WRITE_FIXES[exc.errno]}") from None
+
+
+def _write_report(results_dir: Path, out: Path, records: list[dict], skipped: list, data_root, title,
+                  paper_machines) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     manifests = read_manifests(results_dir)
     runs = runs_from_records(records, manifests)
@@ -219,8 +247,9 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
     # ------------------------------------------------------------------ datasets, provenance, failures
     add("\n## Datasets\n")
     if not runs.empty:
-        ds = runs.groupby("dataset").agg(nodes=("graph.num_nodes", "max"), entries=("graph.adjacency_nnz", "max"),
-                                         features=("graph.num_features", "max"), classes=("graph.num_classes", "max"),
+        stats = {"nodes": "graph.num_nodes", "entries": "graph.adjacency_nnz", "features": "graph.num_features",
+                 "classes": "graph.num_classes"}  # a record may hold no graph statistics (the schema allows it)
+        ds = runs.groupby("dataset").agg(**{k: (c, "max") for k, c in stats.items() if c in runs},
                                          runs=("run_id", "count")).reset_index()
         add(T.markdown(ds, {"nodes": ",.0f", "entries": ",.0f", "features": ".0f", "classes": ".0f"},
                        {"dataset": "dataset (full name)", "nodes": "vertices", "entries": "adjacency entries",
@@ -238,7 +267,11 @@ def write_report(results_dir, out_dir, *, data_root: str | None = None, title: s
                                                 for path, reason in skipped])], ignore_index=True)
     add("None: every run of every sweep manifest has an ok record.\n" if fails.empty else T.markdown(fails))
     path = out / "report.md"
-    path.write_text("\n".join(md))
+    try:
+        path.write_text("\n".join(md))
+    except OSError as exc:  # a full disk tells at the close, which names no file
+        exc.filename = exc.filename or str(path)
+        raise
     return path
 
 

@@ -64,14 +64,18 @@ from __future__ import annotations
 import dataclasses
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 __all__ = ["Workload", "Machine", "Collective", "step_collectives", "axis_bandwidth", "step_times", "predict",
            "Coefficients", "fit", "rank_grids", "memory_per_rank", "KNOWN_DATASETS", "TERMS", "epoch_time_from_rows",
            "predicted_bytes_per_step", "predicted_calls_per_step", "oversubscription", "memory_breakdown",
-           "shard_bytes", "collective_cost", "comm_time_by_kind"]
+           "shard_bytes", "collective_cost", "comm_time_by_kind", "check_ranks", "MAX_RANKS"]
 
 TERMS = ("bandwidth", "latency", "compute", "sampling", "overhead")
+# The most ranks a grid may have here: twice the GPUs (or GPU tiles) of the largest machines. Every 4D grid of
+# G ranks is predicted (rank_grids), so a count far above any machine's would take hours and all the memory.
+MAX_RANKS = 1 << 17
 KAPPA = 1e-6  # Plexus: 7.8e-10 / 7.8e-4
 
 # Plexus Table 4 (nonzeros include self loops), features/classes from the papers.
@@ -646,10 +650,24 @@ def predict(w: Workload, grid, machine: Machine, coef: Coefficients | None = Non
                       fits=machine.memory_bytes <= 0 or mem <= machine.memory_bytes)
 
 
+def check_ranks(gpus, what: str = "gpus") -> int:
+    """``gpus`` if it is a rank count the model takes (a whole number in [1, :data:`MAX_RANKS`]);
+    else ``ValueError`` naming ``what`` (the flag or argument), the value and the range."""
+    try:
+        count = None if isinstance(gpus, bool) else operator.index(gpus)
+    except TypeError:
+        count = None
+    if count is None or not 1 <= count <= MAX_RANKS:
+        raise ValueError(f"{what} {gpus!r}: a rank count is a whole number in [1, {MAX_RANKS:,}] (twice the GPUs "
+                         "of the largest machines)")
+    return count
+
+
 def rank_grids(w: Workload, gpus: int, machine: Machine, coef: Coefficients | None = None,
                gd: int | None = None) -> list[Prediction]:
     """Every 4D grid of ``gpus`` ranks (Gd fixed when given), fastest predicted first;
     shapes whose estimated memory exceeds the device's come last."""
+    check_ranks(gpus)
     out = []
     for gdv in range(1, gpus + 1):
         if gpus % gdv or (gd is not None and gdv != gd):

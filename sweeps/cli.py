@@ -164,7 +164,10 @@ def run(args) -> int:
 
         from .profiles import load_profile
 
+        from scalegnn.fileio import check_output_folder
+
         out = args.out or str(Path(args.results_dir) / "report")
+        check_output_folder(out, "--out")  # before any work: a file in the way, a folder that cannot be written
         machines = {c: Machine.from_profile(load_profile(c)) for c in MACHINES}
         path = write_report(args.results_dir, out, data_root=args.data_root, title=args.title,
                             paper_machines=machines)
@@ -216,14 +219,73 @@ def _sweep(args) -> int:
     return 1 if result.failed else 0
 
 
-def _parse_grid(text: str) -> tuple[int, int, int, int]:
-    try:
-        grid = tuple(int(v) for v in text.lower().split("x"))
-    except ValueError:
-        grid = ()
-    if len(grid) != 4 or min(grid) < 1:
-        raise SystemExit(f"scalegnn plan: --grid expects GdxGxxGyxGz, e.g. 1x4x4x4; got {text!r}")
+def _check_plan_flags(args) -> tuple[int, int, int, int] | None:
+    """``plan``'s numbers, refused before any work in one line naming the flag, the value
+    and the range: by the checks ``scalegnn train`` runs on the same settings (the run
+    configuration's sections) where there are some; returns ``--grid`` parsed."""
+    from scalegnn.perfmodel import check_ranks
+    from scalegnn.sections.model import ModelConfig
+    from scalegnn.sections.parallel import grid_flag
+    from scalegnn.settings import fraction
+
+    grid = grid_flag(args.grid) if args.grid else None
+    ranks = grid[0] * grid[1] * grid[2] * grid[3] if grid else None
+    if args.gpus is None:
+        args.gpus = ranks
+    missing = [f"--{n}" for n in ("dataset", "gpus", "cluster") if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"plan needs {', '.join(missing)} (or --grid for --gpus; or --paper alone)")
+    check_ranks(args.gpus, "--gpus") if ranks is None or ranks != args.gpus else \
+        check_ranks(ranks, f"--grid {args.grid}: its rank count")
+    if ranks is not None and ranks != args.gpus:
+        raise ValueError(f"--grid {args.grid} has {ranks} ranks, --gpus says {args.gpus}; drop --gpus or make them "
+                         "agree")
+    if args.gd is not None and (args.gd < 1 or args.gpus % args.gd):
+        raise ValueError(f"--gd {args.gd}: the data-parallel size is a divisor of --gpus {args.gpus} "
+                         "(G = Gd*Gx*Gy*Gz)")
+    for flag, name in (("--hidden", "hidden"), ("--layers", "layers")):
+        try:
+            ModelConfig(**{name: getattr(args, name)})
+        except ValueError as exc:
+            raise ValueError(f"{flag} {getattr(args, name)}: {exc}") from None
+    if args.batch_size is None:
+        try:
+            fraction(args.batch_ratio)
+        except ValueError as exc:
+            raise ValueError(f"--batch-ratio {args.batch_ratio}: {exc}") from None
+    if args.top < 1:
+        raise ValueError(f"--top {args.top}: the rows to show are a whole number >= 1")
     return grid
+
+
+def _check_batch_size(args, num_nodes: int) -> None:
+    """``--batch-size`` against the graph's N, by ``scalegnn train``'s rule (2 <= B <= N)."""
+    from scalegnn.sampling import resolve_batch_size
+
+    if args.batch_size is not None:
+        try:
+            resolve_batch_size(num_nodes, batch_size=args.batch_size)
+        except ValueError as exc:
+            raise ValueError(f"--batch-size {args.batch_size} on {args.dataset}: {exc}") from None
+
+
+def _fit(folder: str, cluster: str, machine):
+    """The coefficients ``--fit FOLDER`` fits; files there that are not run records are named
+    in the error when no run is left to fit on (their warnings would be lines of their own)."""
+    import warnings
+
+    from scalegnn.analysis import load_runs
+    from scalegnn.analysis.perfmodel import fit_from_runs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = load_runs(folder)
+    skipped = runs.attrs.get("skipped", [])
+    try:
+        return fit_from_runs(runs, cluster, machine)
+    except ValueError as exc:
+        unread = f"; {len(skipped)} file(s) there are not run records (first: {skipped[0][1]})" if skipped else ""
+        raise ValueError(f"--fit {folder}: {exc}{unread}") from None
 
 
 def _plan_paper() -> int:
@@ -257,27 +319,17 @@ def _plan(args) -> int:
 
     if args.paper:
         return _plan_paper()
-    grid = _parse_grid(args.grid) if args.grid else None
-    if args.gpus is None and grid is not None:
-        args.gpus = grid[0] * grid[1] * grid[2] * grid[3]
-    missing = [f"--{n}" for n in ("dataset", "gpus", "cluster") if getattr(args, n) is None]
-    if missing:
-        raise SystemExit(f"scalegnn plan: {', '.join(missing)} required (or --paper)")
-    if grid is not None and grid[0] * grid[1] * grid[2] * grid[3] != args.gpus:
-        raise SystemExit(f"scalegnn plan: --grid {args.grid} has {grid[0] * grid[1] * grid[2] * grid[3]} ranks, "
-                         f"--gpus says {args.gpus}")
+    grid = _check_plan_flags(args)
     profile = load_profile(args.cluster)
     machine = Machine.from_profile(profile)
     w = Workload.for_dataset(args.dataset, hidden=args.hidden, layers=args.layers,
                              batch_ratio=None if args.batch_size else args.batch_ratio, batch_size=args.batch_size,
                              data_root=args.data_root, pmm_bytes=2 if args.comm_dtype == "bf16" else 4,
                              prefetch=args.prefetch, fused=args.compile, comm_overlap=args.comm_overlap)
+    _check_batch_size(args, w.num_nodes)
     coef, source = Coefficients(), f"the {profile.name} profile's constants (not fitted)"
     if args.fit:
-        from scalegnn.analysis import load_runs
-        from scalegnn.analysis.perfmodel import fit_from_runs
-
-        coef = fit_from_runs(load_runs(args.fit), profile.name, machine)
+        coef = _fit(args.fit, profile.name, machine)
         source = f"fitted on {coef.fitted_on} runs recorded on {profile.name} in {args.fit}"
     preds = [predict(w, grid, machine, coef)] if grid else rank_grids(w, args.gpus, machine, coef, gd=args.gd)
     if args.recommend:

@@ -21,12 +21,12 @@ from scalegnn.threads import AUTO
 
 from .folders import run_dir
 from .profiles import ClusterProfile
-from .spec import RunSpec
+from .spec import RunSpec, SpecError
 from .staging import StageSet, group_stages, with_data
 
 __all__ = ["SIGNAL_DELAY_S", "supported_systems", "self_launching", "multi_node_refusal", "with_checkpoints",
            "with_threads", "job_shape", "group_runs", "job_name", "python_for", "SweepOutcome", "task_payload",
-           "pending_stages", "stage_groups", "refuse_placeholders", "staging_threads"]
+           "pending_stages", "stage_groups", "refuse_placeholders", "staging_threads", "check_runs"]
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to checkpoint and requeue
 
@@ -153,6 +153,30 @@ def task_payload(run: RunSpec, out: Path, result: SweepOutcome, profile: Cluster
     cfg = with_threads(cfg, profile.threads_per_task)
     return {**run.to_dict(), "config": cfg.to_dict(), "argv": ["train", *command_line(cfg)], "folder": str(folder),
             "launch": "self" if self_launching(run.system) else "ranks", "offline": bool(profile.offline)}
+
+
+def check_runs(runs: list[RunSpec], out: Path, data_root: str, *, read_files: bool = True) -> None:
+    """Refuse a sweep before its first submission when one of ``runs`` would fail at its
+    start: each run's configuration goes through the checks ``scalegnn train`` makes
+    before it loads any data (its flags and settings, :meth:`RunSpec.config`; the dataset
+    name, as the dataset registry reads it; with ``read_files``, the ``--tuned-from``
+    file). The first bad run is one line (:class:`~scalegnn.sweeps.spec.SpecError`)
+    naming it, the setting and the problem: a job would otherwise fail on its compute
+    node, with the reason only in its scheduler log."""
+    from scalegnn.datasets.registry import parse_name
+
+    for i, run in enumerate(runs, 1):
+        where = f"run {i} of {len(runs)}"
+        try:
+            cfg = run.config(str(run_dir(out, run)))
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}; nothing was submitted") from None
+        try:
+            parse_name(cfg.data.dataset, Path(data_root or "."), cfg.seed)
+            if read_files:
+                cfg.check_tuned_from()
+        except ValueError as exc:
+            raise SpecError(f"{where} ({run.key}): {exc}; nothing was submitted") from None
 
 
 def pending_stages(result: SweepOutcome, runs: list[RunSpec] | None = None) -> list[StageSet]:

@@ -55,7 +55,7 @@ from pathlib import Path
 from scalegnn.perfmodel import Machine
 
 from .folders import default_out, manifest_path, mark_submitted, run_dir, run_state, submitted_job
-from .jobs import (SIGNAL_DELAY_S, SweepOutcome, group_runs, job_name, job_shape, multi_node_refusal,
+from .jobs import (SIGNAL_DELAY_S, SweepOutcome, check_runs, group_runs, job_name, job_shape, multi_node_refusal,
                    python_for, refuse_placeholders, stage_groups, staging_threads, supported_systems, task_payload)
 from .preflight import command as preflight_command
 from .profiles import ONE_LINE, ClusterProfile, check_script_value, load_profile, show_site_variables
@@ -199,6 +199,10 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
     # the folder lands in #SBATCH --output / # flux: --output lines: one line, or it injects one
     check_script_value("--out", out.resolve(), ONE_LINE, "pass a folder whose path has no newline or control "
                        "character")
+    if not dry_run:  # a dry run writes nothing, and its folder may be a cluster's, not this machine's
+        from scalegnn.fileio import check_output_folder
+
+        check_output_folder(out, "--out")
     runs = expand(spec, profile.name, gpus=gpus, datasets=datasets, epochs=epochs, seeds=seeds, systems=systems,
                   local=profile.uses_stand_ins)
     known = supported_systems()
@@ -236,9 +240,12 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
                 f"({sum(r.system == sys_name for r in unsupported)} runs)")
     for why in sorted({why for _, why in refused}):
         printer(f"  refused ({sum(w == why for _, w in refused)} run(s)): {why}")
+    if not dry_run and result.todo:
+        refuse_placeholders(profile)  # before the manifest: nothing is written for a submission that cannot be
+    # every run to submit as its `scalegnn train` would check it before loading data: a bad one is refused here,
+    # before any job exists, not on a compute node with the reason only in its scheduler log
+    check_runs(result.todo, out, result.data_root, read_files=not dry_run)
     if not dry_run:
-        if result.todo:
-            refuse_placeholders(profile)  # before the manifest: nothing is written for a submission that cannot be
         _write_manifest(out, spec, profile, runs, unsupported, refused, result.data_root)
     if not result.todo:
         return result

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["ClusterProfile", "Network", "Compute", "SlurmSettings", "FluxSettings", "StagingSettings", "load_profile",
-           "list_profiles", "PROFILE_DIR", "ProfileError", "show_site_variables"]
+           "list_profiles", "PROFILE_DIR", "ProfileError", "show_site_variables", "check_minutes"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 SCHEDULERS = ("slurm", "flux", "local")
@@ -89,6 +89,14 @@ def check_script_value(what: str, value, punct: str | None, fix: str, *, placeho
     if bad:
         raise error(f"{what} {text!r}: {bad.group()!r} cannot go into a batch script line (allowed: {allowed}); "
                     f"{fix}")
+
+
+def check_minutes(what: str, value, fix: str, *, error: type[ValueError] = ProfileError) -> int:
+    """``value`` if it is a job's time limit (a whole number of minutes >= 1: it goes into
+    ``--time`` / ``-t`` as it is); else ``error`` naming ``what``, the value and ``fix``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{what} must be a whole number of minutes >= 1, got {value!r}; {fix}")
+    return value
 
 
 def show_site_variables(text: str) -> str:
@@ -230,6 +238,7 @@ class ClusterProfile:
             if not isinstance(value, int) or isinstance(value, bool):  # they go into the script as they are
                 raise ProfileError(f"profile {self.name}: {name} must be a whole number, got {value!r}")
         self._check_script_values()
+        check_minutes(f"profile {self.name}: time_min", self.time_min, f"correct it in {self.source or 'the profile'}")
         if self.gpus_per_node < 1 or self.cpus_per_task < 1:
             raise ProfileError(f"profile {self.name}: gpus_per_node and cpus_per_task must be >= 1")
         if self.torch_backend not in ("nccl", "gloo", "mpi"):
@@ -368,6 +377,8 @@ class ClusterProfile:
         is the bank and ``partition`` the queue. ``staging_account`` is the staging
         job's account (bank): ``[staging] account``."""
         changes = {k: v for k, v in changes.items() if v is not None}
+        if "time_min" in changes:
+            check_minutes("--time", changes["time_min"], "give the minutes per job, e.g. --time 60")
         for key in ("account", "qos", "partition", "constraint"):
             if key in changes:
                 check_script_value(f"--{key}", changes[key], FIELD_PUNCT[key],
@@ -418,9 +429,18 @@ def load_profile(name_or_path: str | os.PathLike) -> ClusterProfile:
                            f"(or give a path to a .toml file)")
     try:
         data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: not valid TOML: {exc}") from None
-    data = dict(data)
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return _parse_profile(dict(data), path)
+    except (TypeError, KeyError, AttributeError) as exc:  # a value of the wrong kind (a number for a table, ...)
+        raise ProfileError(f"{path}: not a cluster profile: a field holds the wrong kind of value "
+                           f"({type(exc).__name__}: {exc}); the fields are in sweeps/README.md") from None
+
+
+def _parse_profile(data: dict, path: Path) -> ClusterProfile:
     where = str(path)
     try:
         network = Network(**_known(Network, data.pop("network"), f"{where} [network]"))

@@ -30,7 +30,7 @@ from scalegnn import systems as registry
 from scalegnn.sections.parallel import format_grid
 
 from .grids import grids_for
-from .profiles import check_script_value
+from .profiles import check_minutes, check_script_value
 
 __all__ = ["SweepSpec", "Experiment", "Variant", "RunSpec", "load_spec", "list_specs", "expand",
            "SPEC_DIR", "SpecError", "LOOP_OPTIONS"]
@@ -154,14 +154,21 @@ class RunSpec:
         """This run as the trainer's :class:`~scalegnn.config.RunConfig`: :meth:`train_argv`
         parsed by ``scalegnn train``'s own flags, so a spec option is exactly a flag and
         one the trainer rejects is reported here, at submission, not in a job hours later."""
+        import contextlib
+        import io
+
         from scalegnn.config import parse_train_args
 
         argv = self.train_argv(out_dir)[1:]
+        said = io.StringIO()  # argparse's usage and error lines: its error goes into this one line
         try:
-            return parse_train_args(argv, prog=f"scalegnn train (run {self.key})")[0]
+            with contextlib.redirect_stderr(said):
+                return parse_train_args(argv, prog="scalegnn train")[0]
         except SystemExit:
-            raise SpecError(f"`scalegnn train` rejects the options of run {self.key} (see the message above): "
-                            f"{' '.join(argv)}") from None
+            lines = [t for t in said.getvalue().splitlines() if t.strip() and not t.startswith(("usage:", " "))]
+            why = lines[-1].split(": error: ", 1)[-1] if lines else "see `scalegnn train --help`"
+            raise SpecError(f"`scalegnn train` rejects the options of run {self.key}: {why}: {' '.join(argv)}") \
+                from None
         except ValueError as exc:
             raise SpecError(f"`scalegnn train` rejects the options of run {self.key}: {exc}") from None
 
@@ -181,13 +188,19 @@ def list_specs() -> list[str]:
 
 def _spec_path(name_or_path) -> Path:
     path = Path(name_or_path)
-    if path.suffix == ".toml" and path.is_file():
-        return path
-    for cand in (SPEC_DIR / f"{name_or_path}.toml", *sorted(SPEC_DIR.glob(f"{name_or_path}_*.toml"))):
-        if cand.is_file():
-            return cand
-    raise SpecError(f"no sweep spec {str(name_or_path)!r}; known: {', '.join(list_specs())} "
-                    "(or a path to a .toml file)")
+    known = f"known: {', '.join(list_specs())}"
+    if path.suffix == ".toml" or len(path.parts) > 1:  # a path, not a name: it is the file or nothing
+        if path.is_file():
+            return path
+        what = ("is a folder" if path.is_dir() else "does not exist" if not path.exists()
+                else "is not a regular file (a FIFO, socket or device)")
+        raise SpecError(f"sweep spec {str(name_or_path)!r} {what}; give a spec's .toml file or a spec name ({known})")
+    name = str(name_or_path)
+    if re.fullmatch(r"[A-Za-z0-9_.-]+", name):  # a name (never a glob pattern)
+        for cand in (SPEC_DIR / f"{name}.toml", *sorted(SPEC_DIR.glob(f"{name}_*.toml"))):
+            if cand.is_file():
+                return cand
+    raise SpecError(f"no sweep spec {name!r}; {known} (or a path to a .toml file)")
 
 
 def _options(table, where: str) -> dict:
@@ -209,8 +222,18 @@ def load_spec(name_or_path) -> SweepSpec:
     path = _spec_path(name_or_path)
     try:
         data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return _parse_spec(data, path)
+    except (TypeError, KeyError, AttributeError) as exc:  # a value of the wrong kind (a number for a list, ...)
+        raise SpecError(f"{path}: not a sweep spec: a field holds the wrong kind of value ({type(exc).__name__}: "
+                        f"{exc}); the fields are in sweeps/README.md") from None
+
+
+def _parse_spec(data: dict, path: Path) -> SweepSpec:
     where = str(path)
     def need(key):
         if key not in data:
@@ -221,8 +244,8 @@ def load_spec(name_or_path) -> SweepSpec:
     # file names, the minutes into `--time`: both are checked like a profile's values.
     check_script_value("name", need("name"), "_.-", f"rename the spec in {where}", error=SpecError)
     time_min = data.get("time_min")
-    if time_min is not None and (not isinstance(time_min, int) or isinstance(time_min, bool) or time_min < 1):
-        raise SpecError(f"{where}: time_min must be a whole number of minutes >= 1, got {time_min!r}")
+    if time_min is not None:
+        check_minutes(f"{where}: time_min", time_min, f"correct it in {where}", error=SpecError)
     systems = tuple(need("systems"))
     unknown = [s for s in systems if s not in registry.names()]
     if unknown:

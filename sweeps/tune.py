@@ -89,12 +89,22 @@ def space_for(system: str, overrides: list[str] = ()) -> dict[str, tuple[str, ..
     """``system``'s default space with ``FLAG=V1,V2`` overrides (the flag's whole list of
     values replaced, or a new flag added; its leading ``--`` may be left out). Fan-outs
     contain commas: their values are separated with ``;`` (``fanouts=15,10,5;5,5,5``)."""
+    from scalegnn.config import train_flags
+
     space = dict(SPACES[system])
+    known: set[str] = set()
     for text in overrides:
         flag, sep, values = text.partition("=")
         if not sep or not flag.strip("-") or not values:
             raise ValueError(f"--space takes FLAG=V1,V2,... (e.g. --space lr=0.01,0.001), got {text!r}")
         flag = "--" + flag.strip("-")
+        if flag not in (known := known or train_flags(system)):
+            import difflib
+
+            close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(f"--space {text}: {flag} is not a flag of `scalegnn train --system {system}`; {hint}"
+                             f"(`scalegnn train --system {system} --help-all` lists them)")
         split = ";" if ";" in values or flag == "--fanouts" else ","
         space[flag] = tuple(v.strip() for v in values.split(split) if v.strip())
     return space

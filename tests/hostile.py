@@ -780,6 +780,109 @@ for _argv, _category, _expect in (
     case(f"{' '.join(_argv).replace('{tmp}/', '')}", _category, _command(*_argv, *_out), *_expect, command=_name)
 
 
+# ---------------------------------------------------------------- plan, sweep, report
+_BAD_SPEC = ('name = "bad"\nsystems = ["scalegnn"]\n[train]\nhidden = "wide"\n[[experiments]]\ncluster = "local"\n'
+             'dataset = "cora"\ngpus = [1]\ngrids = ["1x1x1x1"]\n')
+
+
+def _files_then(files: dict, *argv: str):
+    """Build: ``files`` (name: text or bytes; a name ending in ``/`` a folder) in the case's
+    folder, then ``argv`` (``{tmp}`` is the folder)."""
+    def build(tmp: Path) -> list[str]:
+        (tmp / "a-file").write_text("")
+        for name, content in files.items():
+            if name.endswith("/"):
+                (tmp / name).mkdir(parents=True, exist_ok=True)
+            elif isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                (tmp / name).write_text(content)
+        return [a.format(tmp=tmp) for a in argv]
+    return build
+
+
+def _results(tmp: Path) -> None:
+    from tests.files import minimal_record
+
+    from scalegnn import records
+
+    records.write_record(minimal_record(), tmp / "results")
+
+
+_PLAN = ("plan", "--dataset", "ogbn-products", "--cluster", "perlmutter")
+for _flags, _expect in (
+        (("--gpus", "0"), ("--gpus 0", "[1, 131,072]")), (("--gpus", "-4"), ("--gpus -4", "[1, 131,072]")),
+        (("--gpus", "1000000000"), ("--gpus 1000000000", "[1, 131,072]")),
+        (("--grid", "1000x1000x1000x1000"), ("--grid 1000x1000x1000x1000", "[1, 131,072]")),
+        (("--gpus", "8", "--hidden", "0"), ("--hidden 0", ">= 1")),
+        (("--gpus", "8", "--layers", "0"), ("--layers 0", ">= 1")),
+        (("--gpus", "8", "--batch-ratio", "nan"), ("--batch-ratio nan", "(0, 1]")),
+        (("--gpus", "8", "--batch-ratio", "0"), ("--batch-ratio", "(0, 1]")),
+        (("--gpus", "8", "--batch-size", "99999999999999"), ("--batch-size 99999999999999", "N=2449029")),
+        (("--gpus", "8", "--gd", "3"), ("--gd 3", "divisor of --gpus 8")),
+        (("--gpus", "8", "--top", "0"), ("--top 0", ">= 1")),
+        (("--gpus", "8", "--grid", "1x2x2x1"), ("has 4 ranks", "--gpus says 8")),
+):
+    case("plan " + " ".join(_flags), "flag", _files_then({}, *_PLAN, *_flags), *_expect, command="plan")
+for _name, _files, _argv, _expect in (
+        ("plan --fit an empty folder", {"empty/": ""}, (*_PLAN, "--gpus", "8", "--fit", "{tmp}/empty"),
+         ("--fit", "only 0 ScaleGNN runs")),
+        ("plan --fit files that are not records", {"r/": "", "r/a.json": "[1, 2]", "r/b.json": b"\x80"},
+         (*_PLAN, "--gpus", "8", "--fit", "{tmp}/r"), ("not run records", "a.json")),
+        ("plan --cluster a binary profile", {"bin.toml": b"\xff\xfe"},
+         ("plan", "--dataset", "ogbn-products", "--gpus", "8", "--cluster", "{tmp}/bin.toml"),
+         ("bin.toml", "not valid TOML")),
+        ("sweep /etc", {}, ("sweep", "/etc", "--cluster", "local", "--dry-run", "--out", "{tmp}/o"),
+         ("'/etc' is a folder",)),
+        ("sweep a missing spec", {}, ("sweep", "{tmp}/missing.toml", "--cluster", "local", "--dry-run"),
+         ("does not exist",)),
+        ("sweep a binary spec", {"binary.toml": b"\xff\xfe\x00"},
+         ("sweep", "{tmp}/binary.toml", "--cluster", "local", "--dry-run"), ("binary.toml", "not valid TOML")),
+        ("sweep a spec of the wrong kinds", {"kinds.toml": 'name = "x"\nsystems = 5\nexperiments = []\n'},
+         ("sweep", "{tmp}/kinds.toml", "--cluster", "local", "--dry-run"), ("not a sweep spec",)),
+        ("sweep --time -5", {}, ("sweep", "demo", "--cluster", "local", "--dry-run", "--out", "{tmp}/o", "--time", "-5"),
+         ("--time", "minutes >= 1", "-5")),
+        ("sweep --time 0", {}, ("sweep", "demo", "--cluster", "local", "--dry-run", "--out", "{tmp}/o", "--time", "0"),
+         ("--time", "minutes >= 1")),
+        ("sweep --time nan", {}, ("sweep", "demo", "--cluster", "local", "--dry-run", "--time", "nan"), ("--time",)),
+        ("sweep a task with an unknown dataset", {}, ("sweep", "demo", "--cluster", "local", "--dry-run", "--out",
+                                                      "{tmp}/o", "--gpus", "1", "--dataset", "bogus"),
+         ("run 1 of", "unknown dataset 'bogus'", "nothing was submitted")),
+        ("sweep --epochs 0", {}, ("sweep", "demo", "--cluster", "local", "--dry-run", "--out", "{tmp}/o", "--epochs",
+                                  "0"), ("rejects the options of run", "epochs must be >= 1")),
+        ("sweep a spec option train refuses", {"bad.toml": _BAD_SPEC},
+         ("sweep", "{tmp}/bad.toml", "--cluster", "local", "--dry-run", "--out", "{tmp}/o"),
+         ("run 1 of 1", "--hidden", "'wide'")),
+        ("sweep --out a file", {}, ("sweep", "demo", "--cluster", "local", "--out", "{tmp}/a-file"),
+         ("--out", "a-file")),
+        ("sweep a profile of the wrong kinds", {"k.toml": 'name = "x"\nnetwork = 3\n'},
+         ("sweep", "demo", "--cluster", "{tmp}/k.toml", "--dry-run"), ("not a cluster profile",)),
+):
+    case(_name, "flag" if "--" in _name else "layout", _files_then(_files, *_argv), *_expect,
+         command=_argv[0])
+for _name, _target, _expect in (("report --out a file", "{tmp}/a-file", ("--out", "a-file", "existing file")),
+                                ("report --out a 300-byte name", "{tmp}/" + LONG, ("--out", "shorter"))):
+    def _report(tmp: Path, target=_target) -> list[str]:
+        _results(tmp)
+        (tmp / "a-file").write_text("")
+        return ["report", str(tmp / "results"), "--out", target.format(tmp=tmp)]
+    case(_name, "output", _report, *_expect, command="report")
+
+
+_TUNE = ("tune", "--dataset", TINY)
+for _flags, _expect in (
+        (("--target", "2"), ("--target", "(0, 1]")), (("--target", "nan"), ("--target", "(0, 1]")),
+        (("--target", "0.5", "--budget", "0"), ("--budget", ">= 1")),
+        (("--target", "0.5", "--epochs", "-1"), ("--epochs", ">= 1")),
+        (("--target", "0.5", "--space", "lr="), ("--space", "FLAG=V1,V2")),
+        (("--target", "0.5", "--space", "hiden=1,2"), ("--space", "--hiden", "did you mean --hidden")),
+        (("--target", "0.5", "--space", "lr=0.1,0.01,0.001,0.0001"), ("search space", "budget")),
+        (("--target", "0.5", "--out", "{tmp}/a-file"), ("--out", "a-file")),
+):
+    case("tune " + " ".join(_flags).replace("{tmp}/", ""), "flag", _files_then({}, *_TUNE, *_flags), *_expect,
+         command="tune")
+
+
 # ---------------------------------------------------------------- the launch environment
 # What a launcher (torchrun, srun, flux) or a user's shell sets, checked before any rendezvous:
 # a rank outside its job waited for ever; now one line naming the variable and the fix.
