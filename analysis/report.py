@@ -14,10 +14,11 @@ import contextlib
 import datetime
 import errno
 import os
-import subprocess
 from pathlib import Path
 
 import pandas as pd
+
+from scalegnn.records import git_commit
 
 from . import figures as F
 from . import tables as T
@@ -45,15 +46,6 @@ def _save(fig, out: Path, stem: str) -> list[str]:
         names.append(path.name)
     plt.close(fig)
     return names
-
-
-def _commit() -> str:
-    try:
-        res = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return res.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def _balances(runs: pd.DataFrame, data_root: str | None, limit: int = 3, max_nodes: int = 2_000_000) -> dict:
@@ -140,7 +132,8 @@ def _write_report(results_dir: Path, out: Path, records: list[dict], skipped: li
     # system at the same process count, densest graph first, then where it does not hold
     for i, text in enumerate(result_lines(runs) if not runs.empty else []):
         add(f"{'**Result:** ' if i == 0 else ''}{text}\n")
-    add(f"Generated {now} by `scalegnn report {results_dir}` (scalegnn commit `{_commit()}`).\n")
+    commit = git_commit(short=12) or "unknown"
+    add(f"Generated {now} by `scalegnn report {results_dir}` (scalegnn commit `{commit}`).\n")
     continued = len(runs.attrs.get("continued", []))  # resumed later: counted in the run that continued them
     add(f"- {len(records)} run records ({ok} ok, {len(records) - continued - ok} not ok"
         + (f", {continued} continued by a resume" if continued else "") + f"), "

@@ -115,12 +115,6 @@ print(json.dumps({"times": full, "cpu_times": cpu, "randperm": perm, "dgl": dgl.
 """
 
 
-def _dgl_python(explicit: str | None) -> str | None:
-    cand = explicit or os.environ.get("SCALEGNN_DGL_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-dgl"
-                                                                     / "bin" / "python")
-    return cand if Path(cand).exists() else None
-
-
 def _run_dgl(py: str, tmp: str, n: int, b: int, reps: int, threads: int) -> dict:
     proc = subprocess.run([py, "-c", _DGL_SCRIPT, tmp, str(n), str(b), str(reps), str(threads)],
                           capture_output=True, text=True, timeout=1800)
@@ -236,7 +230,9 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
     for fn in methods.values():  # warm-up: JIT, allocator, caches
         fn()
     dgl_result = None
-    dgl_py = _dgl_python(dgl_python) if "dgl" in peers else None
+    from scalegnn.baselines.distdgl.harness import dgl_python as find_dgl_python
+
+    dgl_py = find_dgl_python(dgl_python, required=False) if "dgl" in peers else None
     load_before = _machine()["load_avg_1m"]
     for rep in range(reps):
         for name, fn in methods.items():

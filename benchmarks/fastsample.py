@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,12 +49,6 @@ def _table(header: list[str], rows: list[list]) -> str:
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows])
-
-
-def _dgl_python(explicit: str | None) -> str | None:
-    cand = explicit or os.environ.get("SCALEGNN_DGL_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-dgl"
-                                                                     / "bin" / "python")
-    return cand if Path(cand).exists() else None
 
 
 def random_symmetric_graph(n: int, nnz: int, seed: int = 0) -> torch.Tensor:
@@ -164,7 +157,9 @@ def neighbor_sampler_bench(n: int = 10**6, nnz: int = 2 * 10**7, batch: int = 10
                 fn()
                 times[name].append(time.perf_counter() - t)
         dgl_name = "DGL sample_neighbors + to_block"
-        py = None if dgl_python == "" else _dgl_python(dgl_python)
+        from scalegnn.baselines.distdgl.harness import dgl_python as find_dgl_python
+
+        py = None if dgl_python == "" else find_dgl_python(dgl_python, required=False)
         if py is None:
             info[dgl_name] = "not measured: no DGL environment (.venv-dgl / SCALEGNN_DGL_PYTHON)" \
                 if dgl_python != "" else "skipped"

@@ -53,13 +53,10 @@ def versions() -> dict:
         nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     except Exception:  # a build without NCCL
         pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    from scalegnn.records import git_commit
+
     # A tree copied to a GPU machine may carry no .git, or a stale one: the sender says which commit it is.
-    commit = os.environ.get("SCALEGNN_COMMIT") or commit
+    commit = os.environ.get("SCALEGNN_COMMIT") or git_commit(short=12)
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "hip": getattr(torch.version, "hip", None), "nccl": nccl, "triton": _version("triton"),
             "torch_geometric": _version("torch_geometric"), "torch_sparse": _version("torch_sparse"),

@@ -23,10 +23,11 @@ the process's RSS at its highest during that phase (what came before included).
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from scalegnn.records import read_record
 
 GRIDS = ("1x1x1x1", "1x2x1x1", "1x2x2x1", "1x2x2x2")
 
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
                         "--grid", grid, "--nproc", str(world), "--shard-dir", str(shard_dir),
                         "--batch-ratio", args.batch_ratio, "--hidden", str(args.hidden), "--epochs", "1",
                         "--out", str(run_dir), "--quiet"], check=True)
-        record = json.loads(max(run_dir.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
+        record = read_record(max(run_dir.glob("*.json"), key=lambda p: p.stat().st_mtime))
         per_rank = record["peak_memory_bytes_per_rank"]
         rows.append((grid, world, record["graph"]["adjacency_nnz"], max(per_rank), sum(per_rank) / len(per_rank)))
     if args.phases:

@@ -27,7 +27,6 @@ before and after. Writes ``OUT/threads.json`` and ``OUT/threads.md`` (default ``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -37,6 +36,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from scalegnn.records import read_record
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("default", "default-passive", "one", "auto")
@@ -125,7 +126,7 @@ def _policy_block(policy: str, argv: list[str], runs: int, load: int, env: dict,
             failed.append({"run": i, "returncode": child["returncode"], "log_tail": tail})
             print(f"{policy} run {i} failed (exit {child['returncode']}): {tail}", file=sys.stderr)
             continue
-        record = json.loads(records[0].read_text())
+        record = read_record(records[0])
         threads = record["env"]["threads"]
         rows.append({"wall_s": round(child["wall_s"], 3), "cpu_s": round(child["cpu_s"], 3),
                      "train_s": round(record["epochs"][-1]["train_time_s"], 3),

@@ -67,6 +67,8 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+from .sections.sampling import resolve_batch_size  # B as the trainers resolve it
+
 __all__ = ["Workload", "Machine", "Collective", "step_collectives", "axis_bandwidth", "step_times", "predict",
            "Coefficients", "fit", "rank_grids", "memory_per_rank", "KNOWN_DATASETS", "TERMS", "epoch_time_from_rows",
            "predicted_bytes_per_step", "predicted_calls_per_step", "oversubscription", "memory_breakdown",
@@ -152,7 +154,7 @@ class Workload:
                          num_classes=g.num_classes)
         n = stats["num_nodes"]
         if batch_size is None and batch_ratio is not None and batch_ratio < 1.0:
-            batch_size = max(2, int(round(batch_ratio * n)))
+            batch_size = resolve_batch_size(n, batch_ratio=batch_ratio)
         return cls(**stats, hidden=hidden, layers=layers, batch_size=batch_size, **kw)
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "EpochRow",
     "environment_info",
     "placement_of",
+    "git_commit",
     "memory_fields",
     "per_rank_fields",
     "atomic_write_json",
@@ -157,11 +158,14 @@ def new_epoch_row(epoch: int, train_time_s: float, loss: float, batch_train_acc:
     return row
 
 
-def _git_commit() -> str | None:
+def git_commit(short: int | None = None) -> str | None:
+    """The commit of this source tree (``short``: abbreviated to that many hex digits, more where git finds
+    them ambiguous), or None outside a git checkout or without git. The one place ``git rev-parse`` runs:
+    a run record's ``env.git_commit``, ``scalegnn report`` and the GPU report name the commit alike."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
+            ["git", "rev-parse", *([f"--short={short}"] if short else []), "HEAD"], capture_output=True, text=True,
+            timeout=5, cwd=Path(__file__).resolve().parent,
         )
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
@@ -209,7 +213,7 @@ def environment_info(backend: str | None = None, device="cpu", placement: list[d
         "backend": backend,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "libraries": libs,
         "threads": threads.record(),
         "placement": placement or [placement_of(0, 0, device)],

@@ -22,7 +22,8 @@ import torch
 
 from .csr import _csr, _row_runs, _transpose_csr, select_rows, sparse_if_enough
 from .graph import Graph
-from .sections.sampling import SAMPLER_BACKENDS, SamplingConfig  # declared where no torch loads (scalegnn.sections)
+# declared where no torch loads (scalegnn.sections); B is resolved there too, for the torch-free cost model
+from .sections.sampling import SAMPLER_BACKENDS, SamplingConfig, resolve_batch_size
 
 __all__ = [
     "SamplingConfig",
@@ -40,22 +41,6 @@ __all__ = [
     "UniformVertexSampler",
 ]
 
-
-
-def resolve_batch_size(num_nodes: int, batch_size: int | None = None, batch_ratio: float | None = None) -> int:
-    """B from either a count or a ratio of N; 2 <= B <= N (B = 1 makes p undefined)."""
-    if (batch_size is None) == (batch_ratio is None):
-        raise ValueError("give exactly one of batch_size (a vertex count) or batch_ratio (a fraction of N)")
-    if batch_ratio is not None:
-        if not 0.0 < batch_ratio <= 1.0:
-            raise ValueError(f"batch_ratio must be in (0, 1], got {batch_ratio}")
-        batch_size = max(2, int(round(batch_ratio * num_nodes)))
-    if not 2 <= batch_size <= num_nodes:
-        raise ValueError(
-            f"batch size must be between 2 and N={num_nodes}, got {batch_size}; "
-            "use --batch-ratio 1.0 for full-graph training"
-        )
-    return int(batch_size)
 
 
 def steps_per_epoch(num_nodes: int, batch_size: int, dp_size: int = 1) -> int:

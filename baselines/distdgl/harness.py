@@ -92,13 +92,18 @@ class DistDGLOptions:
             raise ValueError(f"--dgl-parts must be >= 1, got {self.num_parts}")
 
 
-def dgl_python(explicit: str | None = None) -> str:
+def dgl_python(explicit: str | None = None, *, required: bool = True) -> str | None:
+    """The DGL environment's python: ``explicit`` (--dgl-python), else $SCALEGNN_DGL_PYTHON, else the
+    repository's ``.venv-dgl``. The one place it is looked up (the benchmarks' DGL peers ask here too, with
+    ``required=False``: None where there is none, and they say "not measured")."""
     cand = explicit or os.environ.get("SCALEGNN_DGL_PYTHON") or str(REPO / ".venv-dgl" / "bin" / "python")
-    if not Path(cand).exists():
-        raise DistDGLUnavailable(
-            f"the DGL environment's python {cand} does not exist; build it with `make dgl-env` "
-            "(torch 2.1.2 + dgl 2.1.0 in .venv-dgl) or pass --dgl-python / set SCALEGNN_DGL_PYTHON")
-    return cand
+    if Path(cand).exists():
+        return cand
+    if not required:
+        return None
+    raise DistDGLUnavailable(
+        f"the DGL environment's python {cand} does not exist; build it with `make dgl-env` "
+        "(torch 2.1.2 + dgl 2.1.0 in .venv-dgl) or pass --dgl-python / set SCALEGNN_DGL_PYTHON")
 
 
 def _free_ports(count: int, span: int = 1) -> list[int]:

@@ -1,6 +1,7 @@
 """4D parallel ScaleGNN (paper IV): the process grid, collectives with accounting,
 3D-PMM operators, sharding, communication-free distributed sampling, the parallel
-model and engine, and process launch.
+model and engine. Launching the processes is not here: :mod:`scalegnn.launch` starts
+them and runs each rank (``launch``, ``environment.init_from_env``, ``job.spawn``).
 
 The parallel core, lowest first (each imports only the ones above it and the
 foundations; never an application module such as scalegnn.model or scalegnn.sampling):
@@ -17,13 +18,11 @@ foundations; never an application module such as scalegnn.model or scalegnn.samp
 Above the application components (model, sampling, optim, loop, ...), in order:
 
     sharding.py      per-rank shards, save_shards / load_shard / shard_command
+    staging.py       the same shard files out of core (``data shard --memory-budget``)
     dist_sampling.py DistributedSampler (Algorithm 2, no collectives)
     model.py         ParallelScaleGNN (shards of the serial ScaleGNN)
+    step_graph.py    a training step captured as a CUDA graph and replayed (--cuda-graphs)
     engine.py        ParallelEngine: the one engine, every grid (1x1x1x1 included), every device
-
-and apart, importing only the foundations:
-
-    launch.py        init_from_env, spawn, run_distributed_training
 
 tests/harness/test_architecture.py holds these floors.
 

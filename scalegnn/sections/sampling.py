@@ -6,9 +6,26 @@ from dataclasses import dataclass
 
 from ..settings import fraction, setting
 
-__all__ = ["SamplingConfig", "SAMPLER_BACKENDS"]
+__all__ = ["SamplingConfig", "SAMPLER_BACKENDS", "resolve_batch_size"]
 
 SAMPLER_BACKENDS = ("auto", "torch", "numba")  # Algorithm 2's kernels (scalegnn.sampling; --sampler, a perf switch)
+
+
+# The one computation of B: the trainers, the distributed sampler and the cost model (scalegnn.perfmodel, no torch)
+def resolve_batch_size(num_nodes: int, batch_size: int | None = None, batch_ratio: float | None = None) -> int:
+    """B from either a count or a ratio of N; 2 <= B <= N (B = 1 makes p undefined)."""
+    if (batch_size is None) == (batch_ratio is None):
+        raise ValueError("give exactly one of batch_size (a vertex count) or batch_ratio (a fraction of N)")
+    if batch_ratio is not None:
+        if not 0.0 < batch_ratio <= 1.0:
+            raise ValueError(f"batch_ratio must be in (0, 1], got {batch_ratio}")
+        batch_size = max(2, int(round(batch_ratio * num_nodes)))
+    if not 2 <= batch_size <= num_nodes:
+        raise ValueError(
+            f"batch size must be between 2 and N={num_nodes}, got {batch_size}; "
+            "use --batch-ratio 1.0 for full-graph training"
+        )
+    return int(batch_size)
 
 
 @dataclass(kw_only=True)
