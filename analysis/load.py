@@ -213,7 +213,7 @@ def _derived(rec: dict) -> dict:
     if evaluated:
         best = max(r["test_acc"] for r in evaluated)
         out["best_test_acc"] = best
-        out["time_to_best_s"] = next(r["train_time_s"] for r in evaluated if r["test_acc"] >= best)
+        out["time_to_best_s"] = next((r["train_time_s"] for r in evaluated if r["test_acc"] >= best), None)  # NaN
     else:
         out["best_test_acc"] = out["time_to_best_s"] = None
     out["device_kind"] = device_kind(rec)
@@ -269,21 +269,12 @@ def runs_from_records(records: list[dict], manifests: list[dict] | None = None) 
                                     "order": i, "key": run["key"]}
     rows = []
     for rec in records:
-        row = {k: v for k, v in rec.items() if k not in ("epochs", "config", "grid", "env", "summary", "graph")}
-        for key in ("config", "grid", "env", "summary", "graph"):
-            _flatten(key, rec.get(key) or {}, row)
-        row["epochs_run"] = len(rec["epochs"])
-        row.update(_derived(rec))
-        row.update({key: (rec.get("summary") or {}).get(key) for key in COMPARISON})
-        row["batch"] = batch_meaning(rec)
-        row.update(dict.fromkeys(_unread_settings(rec["system"]) & row.keys()))
-        file = rec.get("record_file") or rec.get("path")
-        row["record_file"] = file
-        row["run_key"] = Path(file).parent.name if file else None
-        info = sweep_of.get(row["run_key"])
-        if info:
-            row.update({f"sweep.{k}": v for k, v in info.items()})
-        rows.append(row)
+        try:
+            rows.append(_run_row(rec, sweep_of))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a field of the wrong kind: skip the run
+            where = rec.get("record_file") or rec.get("path") or rec.get("run_id")
+            warnings.warn(f"skipping run record {where}: a field of the wrong kind ({type(exc).__name__}: {exc})",
+                          stacklevel=2)
     frame = pd.DataFrame(rows)
     for col in ("sweep.spec", "sweep.figure", "sweep.cluster", "sweep.variant", "sweep.paper_dataset"):
         if col not in frame:
@@ -292,6 +283,25 @@ def runs_from_records(records: list[dict], manifests: list[dict] | None = None) 
     frame = frame[front + [c for c in frame.columns if c not in front]]
     frame.attrs["continued"] = [r["run_id"] for r in continued]
     return frame
+
+
+def _run_row(rec: dict, sweep_of: dict) -> dict:
+    """One run's row of :func:`runs_from_records`."""
+    row = {k: v for k, v in rec.items() if k not in ("epochs", "config", "grid", "env", "summary", "graph")}
+    for key in ("config", "grid", "env", "summary", "graph"):
+        _flatten(key, rec.get(key) or {}, row)
+    row["epochs_run"] = len(rec["epochs"])
+    row.update(_derived(rec))
+    row.update({key: (rec.get("summary") or {}).get(key) for key in COMPARISON})
+    row["batch"] = batch_meaning(rec)
+    row.update(dict.fromkeys(_unread_settings(rec["system"]) & row.keys()))
+    file = rec.get("record_file") or rec.get("path")
+    row["record_file"] = file
+    row["run_key"] = Path(file).parent.name if file else None
+    info = sweep_of.get(row["run_key"])
+    if info:
+        row.update({f"sweep.{k}": v for k, v in info.items()})
+    return row
 
 
 def load_runs(folder) -> pd.DataFrame:

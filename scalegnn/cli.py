@@ -12,8 +12,10 @@ import dataclasses
 import errno
 import json
 import os
+import signal
 import sys
 import typing
+import warnings
 from pathlib import Path
 
 __all__ = ["main", "build_parser"]
@@ -188,7 +190,9 @@ def _cmd_export(args) -> int:
     from .fileio import check_output_file
     from .trained import export_checkpoint, load_model
 
-    check_output_file(args.out, "--out", inputs=(args.ckpt_dir,))  # never over the checkpoint it reads
+    # never over the checkpoint it reads, nor over a step folder of it that is a link to another place
+    steps = sorted(Path(args.ckpt_dir).glob("step-*")) if Path(args.ckpt_dir).is_dir() else []
+    check_output_file(args.out, "--out", inputs=(args.ckpt_dir, *(step.resolve() for step in steps)))
     path = export_checkpoint(args.ckpt_dir, args.out)
     try:
         about = load_model(path).about  # read back: the file is whole and loads
@@ -310,6 +314,12 @@ _OUTPUT_ERRORS = {errno.ENOSPC: "free space there, or pass an output on another 
                   errno.EACCES: "pass an output you can write to", errno.EPERM: "pass an output you can write to"}
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the command line shows it: one line, its message (Python's default adds
+    the file, the line number and the source line that warned, which say nothing to a user)."""
+    return f"scalegnn: warning: {message}\n"
+
+
 def _quiet_stdout() -> None:
     """Point stdout at /dev/null: once its reader has left, the interpreter's last flush
     would raise BrokenPipeError again, as a traceback, at exit."""
@@ -329,6 +339,7 @@ def _main(argv: list[str]) -> int:
 
     parser = build_parser(_system_of(argv))
     args = parser.parse_args(argv)
+    warnings.formatwarning = _one_line_warning
     try:
         if args.command != "train":  # only a run records a stop; any other command ends on it, in one line
             release_deferred()
@@ -364,6 +375,9 @@ def _main(argv: list[str]) -> int:
     except Interrupted as stop:  # a stop signal outside a run (a run records its own, in _cmd_train)
         print(f"scalegnn: {stop}", file=sys.stderr)
         return stop.exit_code
+    except KeyboardInterrupt:  # Ctrl-C in a command that is not a run (plan, report, data shard)
+        print(f"scalegnn: {Interrupted(signal.SIGINT)}", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:  # stdout's reader left (`scalegnn ... | head`): the work and its files are done
         _quiet_stdout()
         return 128 + 13  # as a process ended by SIGPIPE

@@ -199,6 +199,8 @@ def check_output_file(path: str | os.PathLike, flag: str, *, inputs: tuple = (),
     if os.path.islink(target) and not target.exists():
         raise ValueError(f"{flag} {path} is a symbolic link to {os.readlink(target)}, which does not exist; pass "
                          "another file name")
+    if target.exists() and not target.is_file():  # a FIFO, a socket, /dev/null: the atomic write would replace it
+        raise ValueError(f"{flag} {path} is not a regular file (a pipe, a socket or a device); pass a file name")
     real = target.resolve()
     for source in inputs:
         source_real = Path(source).resolve()
@@ -228,8 +230,9 @@ def memory_budget() -> int:
         except ValueError:
             raise ValueError(f"${MEMORY_BUDGET_ENV}={os.environ[MEMORY_BUDGET_ENV]!r} is not a size; give bytes or "
                              "a number with K, M, G or T (e.g. 64G)") from None
-        if not value > 0:
-            raise ValueError(f"${MEMORY_BUDGET_ENV} must be > 0, got {os.environ[MEMORY_BUDGET_ENV]!r}")
+        if not 0 < value * _UNITS[unit] < 2**63:
+            raise ValueError(f"${MEMORY_BUDGET_ENV} must be a finite size > 0 (e.g. 64G), got "
+                             f"{os.environ[MEMORY_BUDGET_ENV]!r}")
         return int(value * _UNITS[unit])
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

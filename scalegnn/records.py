@@ -369,10 +369,20 @@ def validate_record(record: dict, source: str = "record") -> dict:
         for key in ("components", "comm_bytes", "comm_calls"):
             if key in row and not isinstance(row[key], dict):
                 raise RecordError(f"{source}: epoch row {row.get('epoch')}: {key} must be an object")
+        for key in _EPOCH_NUMBERS:  # what the analysis computes with: a number (NaN included) or null
+            value = row.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise RecordError(f"{source}: epoch row {row.get('epoch')}: {key} must be a number, got {value!r}")
     for key in ("config", "grid", "env"):
         if not isinstance(record[key], dict):
             raise RecordError(f"{source}: {key} must be an object, got {type(record[key]).__name__}")
+    world = record.get("world_size")
+    if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
+        raise RecordError(f"{source}: world_size must be an integer >= 1, got {world!r}")
     return record
+
+
+_EPOCH_NUMBERS = ("epoch", "loss", "train_time_s", "val_acc", "test_acc", "train_acc", "eval_time_s")
 
 
 # A full disk must not lose a finished run: when a run starts, rank 0 sets aside this much
@@ -490,6 +500,8 @@ def read_record(path: str | os.PathLike) -> dict:
         record = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RecordError(f"{path}: not valid JSON (truncated or corrupt): {exc}") from None
+    except RecursionError:  # nested deeper than the parser's stack: no record is
+        raise RecordError(f"{path}: JSON nested too deep to be a run record") from None
     except OSError as exc:  # unreadable (permissions, a dangling link, an I/O error)
         raise RecordError(f"{path}: cannot be read: {exc}") from None
     return validate_record(record, source=str(path))

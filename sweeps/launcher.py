@@ -58,7 +58,8 @@ from .folders import default_out, manifest_path, mark_submitted, run_dir, run_st
 from .jobs import (SIGNAL_DELAY_S, SweepOutcome, check_runs, group_runs, job_name, job_shape, multi_node_refusal,
                    python_for, refuse_placeholders, stage_groups, staging_threads, supported_systems, task_payload)
 from .preflight import command as preflight_command
-from .profiles import ONE_LINE, ClusterProfile, check_script_value, load_profile, show_site_variables
+from .profiles import (ONE_LINE, ClusterProfile, check_script_command, check_script_value, load_profile,
+                       show_site_variables)
 from .spec import RunSpec, SweepSpec, expand, load_spec
 from .staging import StageTask, resolve_data_root, stage_for
 from .task import SweepTask
@@ -199,6 +200,9 @@ def sweep(spec_name, cluster: str, out: str | os.PathLike | None = None, *, dry_
     # the folder lands in #SBATCH --output / # flux: --output lines: one line, or it injects one
     check_script_value("--out", out.resolve(), ONE_LINE, "pass a folder whose path has no newline or control "
                        "character")
+    if python is not None:  # written into the script as a command: a path, and ${NAME} references the job expands
+        check_script_command("--python", python,
+                             'pass the path of the jobs\' python, e.g. "${SCALEGNN_VENV}/bin/python"')
     if not dry_run:  # a dry run writes nothing, and its folder may be a cluster's, not this machine's
         from scalegnn.fileio import check_output_folder
 

@@ -91,6 +91,14 @@ def check_script_value(what: str, value, punct: str | None, fix: str, *, placeho
                     f"{fix}")
 
 
+def check_script_command(what: str, value: str, fix: str, *, error: type[ValueError] = ProfileError) -> None:
+    """Refuse ``value`` unless it is a command path a batch script may run as it is: path
+    characters, quotes and ``$NAME`` / ``${NAME}`` references the job expands (a profile's
+    ``"${SCALEGNN_VENV}/bin/python"``); a newline, ``;``, ``$(...)`` or a backtick would
+    run something else."""
+    check_script_value(what, _REFERENCE.sub("", str(value)), "/._+~-\"", fix, error=error)
+
+
 def check_minutes(what: str, value, fix: str, *, error: type[ValueError] = ProfileError) -> int:
     """``value`` if it is a job's time limit (a whole number of minutes >= 1: it goes into
     ``--time`` / ``-t`` as it is); else ``error`` naming ``what``, the value and ``fix``."""

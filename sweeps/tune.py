@@ -160,11 +160,15 @@ def _load(path: Path, spec: TuneSpec) -> list[dict]:
         return []
     try:
         old = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path} is not a tuning record ({exc}); remove it or choose another --out") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path} is not a tuning record ({type(exc).__name__}); remove it or choose another --out") \
+            from None
+    if not isinstance(old, dict) or not isinstance(old.get("trials", []), list):
+        raise ValueError(f"{path} is not a tuning record (not an object with a trials list); remove it or choose "
+                         "another --out")
     if old.get("spec") != spec.to_dict():
         raise ValueError(f"{path} holds another search ({old.get('spec')}); choose another --out to start this one")
-    return [t for t in old.get("trials", []) if t.get("status") == "ok"]
+    return [t for t in old.get("trials", []) if isinstance(t, dict) and t.get("status") == "ok"]
 
 
 def _write(path: Path, spec: TuneSpec, trials: list[dict], done: bool) -> dict:

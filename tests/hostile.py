@@ -840,7 +840,8 @@ for _name, _files, _argv, _expect in (
          ("sweep", "{tmp}/binary.toml", "--cluster", "local", "--dry-run"), ("binary.toml", "not valid TOML")),
         ("sweep a spec of the wrong kinds", {"kinds.toml": 'name = "x"\nsystems = 5\nexperiments = []\n'},
          ("sweep", "{tmp}/kinds.toml", "--cluster", "local", "--dry-run"), ("not a sweep spec",)),
-        ("sweep --time -5", {}, ("sweep", "demo", "--cluster", "local", "--dry-run", "--out", "{tmp}/o", "--time", "-5"),
+        ("sweep --time -5", {}, ("sweep", "demo", "--cluster", "local", "--dry-run", "--out", "{tmp}/o", "--time",
+                                 "-5"),
          ("--time", "minutes >= 1", "-5")),
         ("sweep --time 0", {}, ("sweep", "demo", "--cluster", "local", "--dry-run", "--out", "{tmp}/o", "--time", "0"),
          ("--time", "minutes >= 1")),
@@ -881,6 +882,43 @@ for _flags, _expect in (
 ):
     case("tune " + " ".join(_flags).replace("{tmp}/", ""), "flag", _files_then({}, *_TUNE, *_flags), *_expect,
          command="tune")
+
+
+# Found by the round-3 probe after the fixes above: a memory budget of infinity, an output onto a
+# pipe or a device (the atomic rename replaced /dev/null itself), an export into the checkpoint
+# through a step folder that is a link, a --python that runs a second command in the batch script,
+# a tuning record nested deeper than the parser's stack.
+def _linked_checkpoint(tmp: Path) -> list[str]:
+    real = _fake_checkpoint(tmp)
+    (tmp / "linked").mkdir()
+    (tmp / "linked" / "step-000000004").symlink_to(real / "step-000000004")
+    return ["export", str(tmp / "linked"), "--out", str(real / "step-000000004" / "rank-00000.pt")]
+
+
+def _export_to_fifo(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "fifo.pt")
+    return ["export", str(_fake_checkpoint(tmp)), "--out", str(tmp / "fifo.pt")]
+
+
+case("train with SCALEGNN_MEMORY_BUDGET=inf", "value", train(), "SCALEGNN_MEMORY_BUDGET", "finite",
+     env=(("SCALEGNN_MEMORY_BUDGET", "inf"),), command="train")
+case("train with SCALEGNN_MEMORY_BUDGET=1e400", "value", train(), "SCALEGNN_MEMORY_BUDGET", "finite",
+     env=(("SCALEGNN_MEMORY_BUDGET", "1e400"),), command="train")
+case("export --out a FIFO", "output", _export_to_fifo, "--out", "fifo.pt", "not a regular file", command="export")
+case("export --out /dev/null", "output", _command("export", "{tmp}/nowhere", "--out", "/dev/null"), "--out",
+     "/dev/null", "not a regular file", command="export")
+case("export --out through a linked step folder", "output", _linked_checkpoint, "--out", "rank-00000.pt",
+     "which this command reads", command="export")
+for _python in ("/x\nrm -rf /", "$(rm -rf ~)", "`id`", "/usr/bin/python3; id"):
+    _argv = ("sweep", "demo", "--cluster", "perlmutter", "--gpus", "1", "--dry-run", "--account", "a", "--python",
+             _python, "--out", "{tmp}/o")
+    case(f"sweep --python {_python!r}", "flag", _files_then({}, *_argv), "--python", "batch script", command="sweep")
+case("tune over a tuning record nested too deep", "layout",
+     _files_then({"tu/": "", "tu/tune.json": "[" * 100000 + "]" * 100000}, *_TUNE, "--target", "0.5", "--out",
+                 "{tmp}/tu"), "tune.json", "not a tuning record", command="tune")
+case("plan --fit over a record nested too deep", "layout",
+     _files_then({"deep/": "", "deep/x.json": '{"a":' * 100000 + "1" + "}" * 100000}, *_PLAN, "--gpus", "8", "--fit",
+                 "{tmp}/deep"), "--fit", "not run records", command="plan")
 
 
 # ---------------------------------------------------------------- the launch environment
@@ -1051,6 +1089,11 @@ FAULTS = [
     Fault("a full disk at the checkpoint folder's lock", "disk",
           "tests/unit/test_checkpoint_whole.py::test_a_full_disk_at_the_folder_lock_is_one_line",
           "one line naming the lock file and the fix"),
+    Fault("Ctrl-C in `plan`", "signal", "tests/harness/test_harness_inputs.py::"
+          "test_ctrl_c_in_a_command_that_is_not_a_run_is_one_line", "one line, exit 130", command="plan"),
+    Fault("records `report` cannot use (NaN, wrong kinds, nested too deep)", "folder",
+          "tests/harness/test_harness_inputs.py::test_report_skips_records_it_cannot_use_one_warning_line_each",
+          "each skipped in one warning line naming it; the report of the rest written", command="report"),
     Fault("a second run on a checkpoint folder", "folder",
           "tests/integration/test_disk_full.py::test_one_run_per_checkpoint_folder",
           "one line naming the holder's host and pid"),
