@@ -17,7 +17,7 @@ six-line message suggesting ``weights_only=False`` (an empty one already gave on
 now ``<file>: cannot be read (UnpicklingError: ...); it is truncated, corrupt or not
 written by scalegnn. Remove this checkpoint folder to resume from an older one``. A
 corrupt newest ``meta.json`` made ``--resume`` fall back to an older checkpoint without a
-word; now ``UserWarning: <meta.json>: not valid JSON (...); this checkpoint is ignored;
+word; now ``scalegnn: warning: <meta.json>: not valid JSON (...); this checkpoint is ignored;
 resuming from the older <folder> (remove <folder> to silence this warning)``.
 """
 
@@ -491,6 +491,6 @@ def test_a_corrupt_newest_meta_json_warns_by_name_and_falls_back(tmp_path, capsy
         assert ck.latest(tmp_path / "ck").name == f"step-{older:09d}"
     cli = subprocess.run([sys.executable, "-m", "scalegnn", *_train_argv(tmp_path)], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=str(REPO), timeout=120)
-    assert cli.returncode == 0 and f"UserWarning: {meta}: not valid JSON" in cli.stderr, cli.stderr
+    assert cli.returncode == 0 and f"scalegnn: warning: {meta}: not valid JSON" in cli.stderr, cli.stderr
     (rec,) = [json.loads(text) for text in _records(tmp_path).values() if json.loads(text)["resumed_from"]]
     assert rec["status"] == "ok" and rec["resumed"][-1]["step"] == older
