@@ -48,7 +48,6 @@ resume would pick up.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -62,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .fileio import atomic_write, load_error
+from .fileio import atomic_write, file_sha256, load_error
 from .records import atomic_write_json
 from .sections.checkpoint import CheckpointConfig, parse_every  # declared where no torch loads (scalegnn.sections)
 
@@ -188,14 +187,6 @@ def _ranks_present(ckpt: Path) -> set[int]:
 def _missing(ckpt: Path, world: int, present: set[int]) -> list[str]:
     """Up to four names of rank files below ``world`` that ``ckpt`` lacks (lazy: ``world`` may be anything)."""
     return [_rank_file(ckpt, r).name for r in itertools.islice((r for r in range(world) if r not in present), 4)]
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def list_checkpoints(directory) -> list[tuple[int, Path, bool]]:
@@ -363,7 +354,7 @@ def load_rank_state(ckpt, rank: int, map_location="cpu", meta: dict | None = Non
     entry = (meta.get("files") or {}).get(path.name)
     if entry is not None:
         try:
-            size, digest = path.stat().st_size, _file_digest(path)
+            size, digest = path.stat().st_size, file_sha256(path)
         except OSError as exc:
             raise CheckpointError(f"{path}: cannot be read ({exc}). {_REMOVE}") from None
         if size != entry["bytes"] or digest != entry["sha256"]:
@@ -687,7 +678,7 @@ class Checkpointer:
         atomic_torch_save({"format": CHECKPOINT_FORMAT, "rank": self.rank, "world_size": self.world_size,
                            "step": step, "engine": engine_state, "rng": rng_state()}, target)
         # Hashed as it lies on disk (page-cached, just written): what a resume will read.
-        mine = {"sha256": _file_digest(target), "bytes": target.stat().st_size, "step": step}
+        mine = {"sha256": file_sha256(target), "bytes": target.stat().st_size, "step": step}
         files = {_rank_file(ckpt, r).name: entry for r, entry in enumerate(self._gather(mine))}
         if self.rank == 0:
             atomic_write_json(ckpt / "meta.json", {**meta, "format": CHECKPOINT_FORMAT, "step": step,

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["atomic_write", "NpyAppender", "drop_pages", "load_error", "check_output_folder", "check_output_file",
-           "memory_budget", "check_declared_size", "human_bytes", "MEMORY_BUDGET_ENV", "MIN_FREE_BYTES"]
+           "file_sha256", "memory_budget", "check_declared_size", "human_bytes", "MEMORY_BUDGET_ENV", "MIN_FREE_BYTES"]
 
 MEMORY_BUDGET_ENV = "SCALEGNN_MEMORY_BUDGET"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -208,6 +208,18 @@ def check_output_file(path: str | os.PathLike, flag: str, *, inputs: tuple = (),
             raise ValueError(f"{flag} {path} is {'inside ' if real != source_real else ''}{source}, which this "
                              "command reads; pass a path outside it")
     check_output_folder(target.parent, flag, min_free=min_free)
+
+
+def file_sha256(path, block: int = 1 << 22) -> str:
+    """The SHA-256 of a file, read ``block`` bytes at a time (shard manifests' and
+    checkpoints' checksums)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def human_bytes(n: float) -> str:

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from ..csr import csr_block, is_csr
-from ..fileio import atomic_write, drop_pages, load_error
+from ..fileio import atomic_write, drop_pages, file_sha256, load_error
 from ..graph import Graph
 from ..sampling import CSRBlock, train_mask_of
 from ..ranges import split_range
@@ -608,17 +608,6 @@ def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, veri
         num_features=num_features, num_classes=int(manifest["num_classes"]), multilabel=bool(manifest["multilabel"]),
         adj=tuple(adj[k] for k in keys), x=x, feature_range=(f0, f1), vertex_ranges=vr,
         name=manifest["name"], **labels)
-
-
-def file_sha256(path, block: int = 1 << 22) -> str:
-    """The SHA-256 of a file, read ``block`` bytes at a time (the manifest's checksums)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _file_identity(path: Path) -> list:
