@@ -42,12 +42,14 @@ def main(argv=None) -> int:
     parser.add_argument("--grids", nargs="+", default=list(GRIDS))
     parser.add_argument("--phases", action="store_true", help="peak RSS per phase and rank instead of whole runs")
     args = parser.parse_args(argv)
+    from scalegnn.shards import has_manifest
+
     out = Path(args.out)
     common = ["--data-root", args.data_root] if args.data_root else []
     rows = []
     for grid in args.grids:
         shard_dir = out / "shards" / grid
-        if not (shard_dir / "manifest.json").exists():
+        if not has_manifest(shard_dir):
             subprocess.run([sys.executable, "-m", "scalegnn", "data", "shard", args.dataset, "--grid", grid,
                             "--out", str(shard_dir), *common], check=True)
         world = grid_world_size(grid)
@@ -94,7 +96,7 @@ def _phase_worker(rank, world, grid_spec, shard_dir, settings):
     from scalegnn.config import make_config
     from scalegnn.parallel.engine import ParallelEngine, _release_free_heap
     from scalegnn.parallel.grid import ProcessGrid, parse_grid
-    from scalegnn.parallel.sharding import load_shard
+    from scalegnn.shards import load_shard
     from scalegnn.sampling import resolve_batch_size
 
     peaks = {}

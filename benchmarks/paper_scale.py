@@ -113,15 +113,16 @@ def drop_page_cache() -> None:
 
 def loads(folder: Path, ranks: list[int] | None, jobs: int = 1, drop_caches: bool = False) -> dict:
     from scalegnn.benchmarks.shard_memory import measure
-    from scalegnn.parallel.sharding import _mp_coords, verify_shard_file
+    from scalegnn.parallel.sharding import grid_coords
+    from scalegnn.shards import read_manifest, verify_shard_file
     from scalegnn.perfmodel import Workload, shard_bytes
 
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = read_manifest(folder)
     shape = tuple(manifest["grid_shape"])
     info = manifest["graph"]
     w = Workload(num_nodes=info["num_nodes"], nnz=info["adjacency_nnz"], num_features=info["num_features"],
                  num_classes=info["num_classes"])
-    coords = _mp_coords(shape)
+    coords = grid_coords(shape)
     predicted = [shard_bytes(w, shape, c)["total"] for c in coords]
     if ranks is None:  # every rank
         ranks = list(range(len(coords)))

@@ -72,7 +72,8 @@ def worker(folder: str, rank: int, mode: str) -> dict:
 
     import torch
 
-    from scalegnn.parallel.sharding import RankShard, _mp_coords, _shard_name, load_shard
+    from scalegnn.parallel.sharding import RankShard, grid_coords
+    from scalegnn.shards import load_shard, read_manifest, shard_file_name
 
     import io
 
@@ -86,9 +87,8 @@ def worker(folder: str, rank: int, mode: str) -> dict:
     Path("/proc/self/clear_refs").write_text("5")
     t0 = time.perf_counter()
     if mode == "read":
-        manifest = json.loads((Path(folder) / "manifest.json").read_text())
-        shape = tuple(manifest["grid_shape"])
-        path = Path(folder) / _shard_name(_mp_coords(shape)[rank])
+        shape = tuple(read_manifest(folder)["grid_shape"])
+        path = Path(folder) / shard_file_name(grid_coords(shape)[rank])
         shard = dataclasses.replace(RankShard.from_state(torch.load(path, weights_only=True)), grid_shape=shape)
     else:
         shard = load_shard(folder, rank)
@@ -114,7 +114,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from scalegnn.parallel.grid import parse_grid
-    from scalegnn.parallel.sharding import _mp_coords, load_shard
+    from scalegnn.parallel.sharding import grid_coords
+    from scalegnn.shards import has_manifest, load_shard, read_manifest
     from scalegnn.perfmodel import Workload, shard_bytes
 
     out = Path(args.out)
@@ -126,18 +127,19 @@ def main(argv=None) -> int:
     for grid in args.grids:
         shape = parse_grid(grid)
         folder = out / "shards" / grid
-        if not (folder / "manifest.json").exists():
+        if not has_manifest(folder):
             root = ["--data-root", args.data_root] if args.data_root else []
             subprocess.run([sys.executable, "-m", "scalegnn", "data", "shard", args.dataset, "--grid", grid,
                             "--out", str(folder), *root], check=True, stdout=subprocess.DEVNULL)
-        info = json.loads((folder / "manifest.json").read_text())["graph"]
+        info = read_manifest(folder)["graph"]
         w = Workload(num_nodes=info["num_nodes"], nnz=info["adjacency_nnz"], num_features=info["num_features"],
                      num_classes=info["num_classes"])
-        ranks = len(_mp_coords(shape))
+        ranks = len(grid_coords(shape))
         for r in range(ranks):
             load_shard(folder, r)  # the one hash per file, out of the measured loads
         rows = [{m: measure(folder, r, m) for m in MODES} for r in range(ranks)]
-        ratios = [row["touched"]["rise"] / shard_bytes(w, shape, c)["total"] for row, c in zip(rows, _mp_coords(shape))]
+        ratios = [row["touched"]["rise"] / shard_bytes(w, shape, c)["total"]
+                  for row, c in zip(rows, grid_coords(shape))]
         plan = shard_bytes(w, shape)["total"]  # what `scalegnn plan` counts for the grid's largest rank
         top = {m: max(row[m]["rise"] for row in rows) for m in MODES}
         load = {m: max(row[m]["load_s"] for row in rows) for m in ("read", "mapped")}

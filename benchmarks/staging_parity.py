@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from scalegnn.benchmarks.paper_scale import stage
-    from scalegnn.parallel.sharding import _mp_coords, load_shard
+    from scalegnn.parallel.sharding import grid_coords
+    from scalegnn.shards import load_shard, read_manifest
 
     args.out.mkdir(parents=True, exist_ok=True)
     runs = {"in_memory": stage(args.graph, args.out / "in_memory", args.grid, None)}
@@ -62,13 +63,13 @@ def main(argv=None) -> int:
     for name, r in runs.items():
         print(f"{name}: {r['wall_s']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB, load average "
               f"{r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}", flush=True)
-    manifest = lambda name: json.loads((args.out / name / "manifest.json").read_text())  # noqa: E731
+    manifest = lambda name: read_manifest(args.out / name)  # noqa: E731
     report = {"graph": json.loads((args.graph / "graph.json").read_text()), "grid": args.grid, "runs": runs,
               "files_identical": manifest("files")["sha256"] == manifest("in_memory")["sha256"]}
     shape = tuple(manifest("in_memory")["grid_shape"])
     report["blocks_differences"] = {r: same_shard(load_shard(args.out / "blocks", r),
                                                   load_shard(args.out / "in_memory", r))
-                                    for r in range(len(_mp_coords(shape)))}
+                                    for r in range(len(grid_coords(shape)))}
     report["blocks_identical"] = not any(report["blocks_differences"].values())
     for layout in ("files", "blocks"):
         report[f"time_ratio_{layout}"] = runs[layout]["wall_s"] / runs["in_memory"]["wall_s"]

@@ -229,25 +229,18 @@ def _cmd_data(args) -> int:
         return 0
     if args.data_command == "shard":
         from .fileio import check_output_folder
+        from .shards import write_shards
 
         check_output_folder(args.out, "--out")  # before loading: a bad --out is found in a second, not an hour
-        if args.memory_budget is not None:  # out of core: the graph is never loaded whole
-            from .parallel.staging import parse_size, stage_source
-
-            paths = stage_source(args.name, args.grid, args.out, data_root=args.data_root, seed=args.seed,
-                                 memory_budget=parse_size(args.memory_budget), workers=args.workers,
-                                 permute=args.permute, split=(args.split, args.split_seed), layout=args.layout)
-            print(f"wrote {len(paths)} shard files to {args.out} (out of core)")
-            return 0
-    if args.data_command == "shard" and args.layout != "files":
-        raise ValueError("--layout blocks is written by out-of-core staging; add --memory-budget SIZE (e.g. 2G)")
+        paths = write_shards(args.name, args.grid, args.out, data_root=args.data_root, seed=args.seed,
+                             permute=args.permute, split=(args.split, args.split_seed),
+                             stand_in_labels=args.stand_in_labels, memory_budget=args.memory_budget,
+                             workers=args.workers, layout=args.layout)
+        where = " (out of core)" if args.memory_budget is not None else ""
+        print(f"wrote {len(paths)} shard files to {args.out}{where}")
+        return 0
     if args.data_command == "info":
         graph = datasets.load_dataset(args.name, data_root=args.data_root, seed=args.seed)
-    else:  # shard: the graph a run with these --dataset/--seed/--split settings trains on
-        data = datasets.DataConfig(dataset=args.name, data_root=args.data_root, split=args.split,
-                                   split_seed=args.split_seed, stand_in_labels=args.stand_in_labels)
-        graph = datasets.load_graph(data, args.seed)
-    if args.data_command == "info":
         stats = graph.stats()
         if args.json:
             print(json.dumps(stats, indent=1))
@@ -256,13 +249,6 @@ def _cmd_data(args) -> int:
             for key, value in stats.items():
                 print(f"{key:<{width}}  {value:,}" if isinstance(value, int) and not isinstance(value, bool)
                       else f"{key:<{width}}  {value}")
-        return 0
-    if args.data_command == "shard":
-        from .parallel.sharding import shard_command
-
-        paths = shard_command(graph, args.grid, args.out, permute=args.permute, seed=args.seed,
-                              split=(args.split, args.split_seed))
-        print(f"wrote {len(paths)} shard files to {args.out}")
         return 0
     raise AssertionError(args.data_command)
 

@@ -585,9 +585,9 @@ SAVED_PER_LAYER = 7.0
 
 def shard_bytes(w: Workload, grid, coords: dict | None = None, *, multilabel: bool = False) -> dict:
     """Bytes of one rank's shard as this implementation holds it, for workload ``w``
-    (:func:`scalegnn.parallel.sharding.shard_storage_bytes`, where the shard format
+    (:func:`scalegnn.shards.shard_storage_bytes`, where the shard format
     lives: adjacency, features, labels and total)."""
-    from .parallel.sharding import shard_storage_bytes
+    from .shards.format import shard_storage_bytes
 
     return shard_storage_bytes(w.num_nodes, w.nnz, w.num_features, w.num_classes, tuple(grid), coords,
                                multilabel=multilabel)

@@ -22,9 +22,7 @@ divergence (a loss that is not finite) is checked.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -75,14 +73,14 @@ def make_engine(cfg: RunConfig, graph: Graph, batch_size: int, grid=None, device
 
 
 def _read_shard(cfg: RunConfig, grid):
-    """This rank's shard file, mapped (:func:`scalegnn.parallel.sharding.load_shard`):
-    big graphs are never loaded whole on every rank (Plexus 5.4). Returns (the graph's
-    record info, the shard)."""
-    from .parallel.sharding import check_shard_manifest, load_shard
+    """This rank's shard file, mapped (:func:`scalegnn.shards.load_shard`): big graphs
+    are never loaded whole on every rank (Plexus 5.4). Returns (the graph's record info,
+    the shard)."""
+    from .shards import check_shard_manifest, load_shard, read_manifest
 
     shard_dir = cfg.data.shard_dir
     shard = load_shard(shard_dir, grid.rank, cfg.parallel.grid)
-    manifest = json.loads((Path(shard_dir) / "manifest.json").read_text())
+    manifest = read_manifest(shard_dir)
     check_shard_manifest(manifest, cfg.numerics.permute, cfg.seed, shard_dir, (cfg.data.split, cfg.data.split_seed))
     # The graph's record_info as written with the shards (older shards: the sizes alone).
     info = manifest.get("graph") or {k: manifest[k] for k in ("num_nodes", "num_edges", "num_features", "num_classes")}

@@ -465,7 +465,7 @@ def _parse_profile(data: dict, path: Path) -> ClusterProfile:
     flux = FluxSettings(**_known(FluxSettings, flux_raw, f"{where} [flux]"))
     staging = StagingSettings(**_known(StagingSettings, dict(data.pop("staging", {})), f"{where} [staging]"))
     if staging.memory_budget:
-        from scalegnn.parallel.staging import parse_size
+        from scalegnn.shards.out_of_core import parse_size
 
         try:
             parse_size(staging.memory_budget)

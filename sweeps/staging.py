@@ -14,7 +14,7 @@ it; so is ``--split`` (with ``--split-seed``) when a run gives one (the shards r
 it and a run with another is refused). Of the grid only the 3D part (Gx, Gy, Gz) is:
 a shard is the data of one (x, y, z) coordinate, the same for every data-parallel
 replica, so a set is staged for ``1xGxxGyxGz`` and read by the runs of every Gd
-(:func:`scalegnn.parallel.sharding.load_shard` checks the 3D part only). The Fig. 7
+(:func:`scalegnn.shards.load_shard` checks the 3D part only). The Fig. 7
 sweep on Perlmutter stages 4 sets this way, not 22 (one per 4D grid).
 
 Which runs can read shards is the trainer's business: it is read from their
@@ -102,18 +102,25 @@ class StageSet:
         digest = hashlib.sha1(ident.encode()).hexdigest()[:10]
         return f"{_slug(dataset, 32)}-{'x'.join(map(str, grid))}-{permute}-s{seed}-{digest}"
 
+    @property
+    def layout(self) -> str:
+        """Out of core, the blocks layout (each block once), but for the double permutation,
+        whose two labelings only the files layout holds."""
+        return "files" if self.permute == "double" else "blocks"
+
     def argv(self) -> list[str]:
         """``scalegnn`` arguments that write this set."""
         split = (["--split", self.split] if self.split is not None else []) + \
             (["--split-seed", str(self.split_seed)] if self.split_seed is not None else [])
-        ooc = ["--memory-budget", self.memory_budget, "--layout", "files" if self.permute == "double" else "blocks"] \
-            if self.out_of_core else []
+        ooc = ["--memory-budget", self.memory_budget, "--layout", self.layout] if self.out_of_core else []
         return ["data", "shard", self.dataset, "--grid", self.grid_str, "--out", self.folder, "--seed",
                 str(self.seed), "--permute", self.permute, "--data-root", self.data_root, *split,
                 *(["--stand-in-labels"] if self.stand_in_labels else []), *ooc]
 
     def done(self) -> bool:
-        return (Path(self.folder) / "manifest.json").is_file()
+        from scalegnn.shards.format import has_manifest
+
+        return has_manifest(self.folder)
 
 
 def group_stages(stages) -> list[list[StageSet]]:
@@ -167,29 +174,25 @@ class StageTask:
     def __call__(self) -> list[str]:
         if self.offline:
             os.environ["SCALEGNN_OFFLINE"] = "1"
+        from scalegnn.shards import source_graph, write_shards
+
         for st in self.stages:  # out of core: each set streams the graph from disk, nothing is loaded whole
             if st.out_of_core and not st.done():
-                from scalegnn.parallel.staging import parse_size, stage_source
-
-                stage_source(st.dataset, st.grid, st.folder, data_root=st.data_root, seed=st.seed,
-                             memory_budget=parse_size(st.memory_budget), permute=st.permute,
-                             split=(st.split, st.split_seed), layout="files" if st.permute == "double" else "blocks")
+                write_shards(st.dataset, st.grid, st.folder, data_root=st.data_root, seed=st.seed, permute=st.permute,
+                             split=(st.split, st.split_seed), memory_budget=st.memory_budget,
+                             layout=st.layout)
         todo = [st for st in self.stages if not st.done()]
         if todo:
-            from scalegnn.datasets import DataConfig, load_graph
-            from scalegnn.parallel.sharding import shard_command
-
-            first = todo[0]
-            data = DataConfig(dataset=first.dataset, data_root=first.data_root, split=first.split,
-                              split_seed=first.split_seed, stand_in_labels=first.stand_in_labels)
-            graph = load_graph(data, first.seed)
+            first = todo[0]  # the group's sets share one graph: loaded once, cut for each grid
+            graph = source_graph(first.dataset, data_root=first.data_root, seed=first.seed,
+                                 split=(first.split, first.split_seed), stand_in_labels=first.stand_in_labels)
             failed = []
             for st in todo:
                 try:
-                    shard_command(graph, st.grid, st.folder, permute=st.permute, seed=st.seed,
-                                  split=(st.split, st.split_seed))
+                    write_shards(st.dataset, st.grid, st.folder, seed=st.seed, permute=st.permute,
+                                 split=(st.split, st.split_seed), graph=graph)
                     if not st.done():
-                        raise RuntimeError("it wrote no manifest.json")
+                        raise RuntimeError("it wrote no manifest")
                 except Exception as exc:  # noqa: BLE001 - the other sets are still written; reported below
                     failed.append((st, exc))
             if failed:

@@ -14,7 +14,7 @@ from scalegnn.graph import Graph
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import ProcessGrid
 from scalegnn.parallel.layout import PLANES
-from scalegnn.parallel.sharding import RankShard, build_rank_shard
+from scalegnn.parallel.sharding import RankShard, build_rank_shard, grid_coords  # noqa: F401 - for the tests
 from scalegnn.sampling import CSRBlock, UniformVertexSampler
 
 
@@ -46,11 +46,6 @@ def nprocs(shape) -> int:
 def grid_id(shape) -> str:
     """A grid's name in test ids: ``1x2x2x1``."""
     return "x".join(map(str, shape))
-
-
-def grid_coords(shape):
-    """The (x, y, z) coordinates of the ranks of one data-parallel group, in rank order."""
-    return [{"x": i, "y": j, "z": k} for i in range(shape[1]) for j in range(shape[2]) for k in range(shape[3])]
 
 
 def _unshared(blocks) -> tuple:

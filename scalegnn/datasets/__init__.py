@@ -60,7 +60,7 @@ The processed-graph cache (``cache.py``) stores each parsed graph once under
 source file changes or the file is corrupt.
 """
 
-from ._core import DatasetError, split_flag
+from ._core import DatasetError, draw_split, split_flag
 from .cache import CACHE_FORMAT_VERSION
 from .registry import (DataConfig, default_data_root, describe, edge_homophily, file_forms, list_datasets,
                        load_dataset, load_graph)
@@ -71,6 +71,7 @@ __all__ = [
     "DatasetError",
     "default_data_root",
     "describe",
+    "draw_split",
     "edge_homophily",
     "file_forms",
     "list_datasets",

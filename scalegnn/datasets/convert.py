@@ -1,5 +1,5 @@
 """Graphs that arrive as edge lists, streamed into the CSR folder that out-of-core staging
-reads (:mod:`scalegnn.parallel.staging`), in bounded memory.
+reads (:mod:`scalegnn.shards.out_of_core`), in bounded memory.
 
 Out-of-core staging reads a ``dir:`` folder of CSR ``indptr.npy`` / ``indices.npy`` by
 memory map. Three inputs hold their edges as a (2, E) or (E, 2) ``edge_index`` instead,
@@ -21,7 +21,7 @@ every id checked), once to put each target in its row (a counting sort into a ma
 ``indices.npy`` whose written pages are dropped after each chunk). The folder's CSR is
 A as given (directed, with whatever repeats and self loops it had); staging makes it
 what the in-memory reader makes of the same input (A + A^T, loops dropped, repeats
-merged: :func:`scalegnn.parallel.staging.symmetrize`), so the shards are the ones
+merged: :func:`scalegnn.shards.out_of_core.symmetrize`), so the shards are the ones
 in-memory staging writes. Memory: N int64 counts and one chunk of edges.
 """
 
@@ -243,7 +243,7 @@ def _inputs(name: str, data_root) -> dict:
 
 
 def input_sizes(name: str, data_root=None) -> dict:
-    """What :func:`scalegnn.parallel.staging.memory_plan` needs of ``name``, from the
+    """What :func:`scalegnn.shards.out_of_core.memory_plan` needs of ``name``, from the
     arrays' headers: N, at most 2E stored entries once symmetric, F (1 when the features
     are seeded), C (32: what a count would cost to read)."""
     a = _inputs(name, data_root)

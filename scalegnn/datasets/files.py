@@ -470,7 +470,7 @@ def byo_sources(kind: str, path: Path) -> list[Path]:
     return found
 
 
-_SPLIT_KEYS = {"train": ("train_idx", "train_mask"), "val": ("val_idx", "val_mask", "valid_idx", "valid_mask"),
+SPLIT_KEYS = {"train": ("train_idx", "train_mask"), "val": ("val_idx", "val_mask", "valid_idx", "valid_mask"),
                "test": ("test_idx", "test_mask")}
 
 
@@ -484,7 +484,7 @@ def byo_has_split(kind: str, path: Path, files: list[Path]) -> bool:
             return True
     else:
         keys = {f.stem for f in files}
-    return any(k in keys for names in _SPLIT_KEYS.values() for k in names)
+    return any(k in keys for names in SPLIT_KEYS.values() for k in names)
 
 
 def _read_byo(kind: str, path: Path, files: list[Path]) -> dict:
@@ -589,6 +589,18 @@ def _byo_split(a: dict, where: str, n: int, split: str, keys: tuple[str, ...]) -
             raise DatasetError(f"{where}: '{key}' must be a ({n},) bool array, got {v.dtype} of shape {v.shape}")
         v = np.flatnonzero(v.astype(bool))
     return torch.from_numpy(np.sort(vertex_ids(where, key, v).reshape(-1)))
+
+
+def byo_split(a: dict, where: str, n: int, seed: int, labeled) -> tuple[list[torch.Tensor], str]:
+    """(train, val, test ids, provenance note) of a bring-your-own graph of ``n`` vertices
+    whose arrays ``a`` hold every split key it has (:data:`SPLIT_KEYS`): its own split,
+    or, with none, the seeded random 50/25/25 split of ``labeled`` (ids; None: every
+    vertex) by the run's ``seed``, as for the built-in graphs without one. The one rule
+    for the in-memory reader (:func:`load_byo`) and out-of-core staging."""
+    if any(k in a for names in SPLIT_KEYS.values() for k in names):
+        return [_byo_split(a, where, n, split, keys) for split, keys in SPLIT_KEYS.items()], "the file's own"
+    return random_split(n, SPLIT_FRACTIONS, seed=seed, labeled=labeled), \
+        f"random 50/25/25 seed {seed} (the file has no split)"
 
 
 def byo_labels(y, where: str, what: str, n: int | None, num_classes=None) -> tuple[np.ndarray, int]:
@@ -715,15 +727,8 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
     if w is not None:
         counts["weighted"] = True
 
-    if any(k in a for names in _SPLIT_KEYS.values() for k in names):
-        splits = [_byo_split(a, where, n, split, keys) for split, keys in _SPLIT_KEYS.items()]
-        split_note = {"split": "the file's own"}
-    else:
-        # No split in the file: the seeded random 50/25/25 split of the labeled vertices
-        # (the run's --seed), as for the built-in graphs without one; the record says so.
-        labeled = np.flatnonzero(y >= 0) if y.ndim == 1 else None
-        splits = random_split(n, SPLIT_FRACTIONS, seed=seed, labeled=labeled)
-        split_note = {"split": f"random 50/25/25 seed {seed} (the file has no split)"}
+    splits, note = byo_split(a, where, n, seed, np.flatnonzero(y >= 0) if y.ndim == 1 else None)
+    split_note = {"split": note}
 
     return make_graph(
         str(path),

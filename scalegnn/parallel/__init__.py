@@ -17,14 +17,15 @@ foundations; never an application module such as scalegnn.model or scalegnn.samp
 
 Above the application components (model, sampling, optim, loop, ...), in order:
 
-    sharding.py      per-rank shards, save_shards / load_shard / shard_command
-    staging.py       the same shard files out of core (``data shard --memory-budget``)
+    sharding.py      RankShard, the per-rank shard, and cutting it from a graph in memory
     dist_sampling.py DistributedSampler (Algorithm 2, no collectives)
     model.py         ParallelScaleGNN (shards of the serial ScaleGNN)
     step_graph.py    a training step captured as a CUDA graph and replayed (--cuda-graphs)
     engine.py        ParallelEngine: the one engine, every grid (1x1x1x1 included), every device
 
-tests/harness/test_architecture.py holds these floors.
+Shard files on disk, written in memory or out of core and mapped by each rank, are the
+package above these, :mod:`scalegnn.shards`. tests/harness/test_architecture.py holds
+these floors.
 
 Gradient convention of the operators (products, tail, losses). A matrix laid out on
 (a, b) is replicated along the third axis. Every operator returns *complete*

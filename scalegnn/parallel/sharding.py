@@ -17,52 +17,34 @@ A rank at (x, y, z) holds, for every data-parallel replica alike:
 
 with vertex ranges ``split_range(N, G_axis, index)``. Planes share storage where their
 ranges allow (:func:`share_planes`): one block for equal ranges, a row slice for rows
-inside another plane's over the same columns. :func:`save_shards` writes
-these once per (x, y, z) for ``scalegnn data shard`` (:mod:`.staging` does it out of
-core), with every file's SHA-256 in the manifest; :func:`load_shard` maps a rank's file
-into memory (``mmap=True``, ``weights_only=True``: plain tensors only) after checking its
-SHA-256 the first time the file is loaded (:func:`verify_shard_file`). Mapped, a rank's arrays are pages
-of the file that the kernel reads when they are first touched and may drop again (they
-are clean): its resident memory is what it uses, and ranks of one node that read the
-same file (data-parallel replicas) share those pages. ``RankShard.to`` on the CPU and
-``from_state`` copy nothing (a row slice's ``indptr`` is new, ``r1 - r0 + 1`` int64);
-on a GPU ``to`` copies each array over once and the mapping is dropped with the state.
+inside another plane's over the same columns. ``RankShard.to`` on the CPU and
+``from_state`` copy nothing (a row slice's ``indptr`` is new, ``r1 - r0 + 1`` int64); on
+a GPU ``to`` copies each array over once.
 
-Out-of-core staging may write the **blocks layout** instead (manifest ``"layout":
-"blocks"``; :func:`stored_blocks`): each distinct block of A + I, each feature block and
-the whole-graph label and mask vectors once, as ``.npy`` arrays under ``blocks/``, from
-which :func:`load_shard` builds a rank's RankShard (mapped, equal tensor for tensor to its
-per-rank file's); seeded features are computed from their seed at load.
+This module cuts shards from a graph in memory (:func:`build_shard`, and
+:func:`cut_shards` for a whole grid); how they are written to disk, checked and mapped
+back, in memory or out of core, is :mod:`scalegnn.shards`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from ..csr import csr_block, is_csr
-from ..fileio import atomic_write, drop_pages, file_sha256, load_error
 from ..graph import Graph
 from ..sampling import CSRBlock, train_mask_of
 from ..ranges import split_range
 from .grid import PMM_AXES, ProcessGrid
 from .layout import PLANES
 
-__all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "save_shards",
-           "share_planes", "plane_sharing", "row_slice", "adjacency_storage",
-           "check_shard_manifest", "shard_storage_bytes", "stored_blocks", "feature_blocks", "adjacency_file",
-           "feature_file", "node_file",
-           "load_shard", "verify_shard_file", "shard_command", "shard_nnz_stats", "file_sha256"]
+__all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "cut_shards",
+           "grid_coords", "check_grid_shape", "check_normalized", "share_planes", "plane_sharing", "shared_blocks",
+           "own_arrays", "row_slice", "adjacency_storage", "SHARD_FORMAT"]
 
-SHARD_FORMAT = 1
-BLOCKS_DIR = "blocks"  # the blocks layout's arrays (manifest "layout": "blocks")
-NODE_ARRAYS = ("y", "train_mask", "val_mask", "test_mask")
-SEEDED_ROWS_ENTRIES = 1 << 18  # seeded features computed at load this many entries at a time (~50 B of scratch each)
+SHARD_FORMAT = 1  # of RankShard.to_state, the state a shard file holds
 
 
 @dataclass
@@ -234,7 +216,7 @@ def double_permuted(graph: Graph, sigma: torch.Tensor) -> tuple[Graph, Graph]:
     return rows_relabeled, cols_relabeled
 
 
-def _check_normalized(graph: Graph) -> None:
+def check_normalized(graph: Graph) -> None:
     if graph.meta.get("normalized") != "gcn":
         raise ValueError("sharding needs the GCN-normalized graph: call graph.gcn_normalize() first")
 
@@ -249,7 +231,7 @@ def _split_masks(graph: Graph) -> dict:
     return masks
 
 
-def _check_shape(grid_shape) -> tuple[int, int, int, int]:
+def check_grid_shape(grid_shape) -> tuple[int, int, int, int]:
     shape = tuple(int(g) for g in grid_shape)
     if len(shape) != 4 or min(shape) < 1:
         raise ValueError(f"grid shape must be four positive sizes (Gd, Gx, Gy, Gz), got {grid_shape}")
@@ -260,11 +242,11 @@ def _planes(graph: Graph, vr: dict) -> tuple[CSRBlock, CSRBlock, CSRBlock]:
     """The three rotation planes of ``graph`` for vertex ranges ``vr``, each distinct block
     cut from the graph once and the others sharing its storage (:func:`share_planes`)."""
     keys = [(vr[rows], vr[cols]) for rows, cols in PLANES]
-    made = _shared(keys, lambda key: _own_arrays(CSRBlock.from_graph(graph, *key)))
+    made = shared_blocks(keys, lambda key: own_arrays(CSRBlock.from_graph(graph, *key)))
     return tuple(made[k] for k in keys)
 
 
-def _own_arrays(block: CSRBlock) -> CSRBlock:
+def own_arrays(block: CSRBlock) -> CSRBlock:
     """``block`` with arrays that hold only its own entries: a block over all columns is
     cut from the graph as views of the graph's arrays, which would keep the whole graph's
     values alive on the rank (and write them all into its shard file: torch.save stores a
@@ -287,7 +269,7 @@ def share_planes(blocks, convert=None) -> tuple:
     to the blocks kept whole, before the others are sliced from them."""
     blocks = tuple(blocks)
     given = {_range_key(b): b for b in blocks}
-    made = _shared(list(given), lambda key: given[key] if convert is None else convert(given[key]))
+    made = shared_blocks(list(given), lambda key: given[key] if convert is None else convert(given[key]))
     return tuple(made[_range_key(b)] for b in blocks)
 
 
@@ -308,7 +290,7 @@ def plane_sharing(keys) -> dict:
     return plan
 
 
-def _shared(keys, make) -> dict:
+def shared_blocks(keys, make) -> dict:
     """{((r0, r1), (c0, c1)): block} for the distinct keys (:func:`plane_sharing`): a key
     cut from another is that block's :func:`row_slice` (no copy), any other ``make(key)``."""
     made: dict = {}
@@ -368,8 +350,8 @@ def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = No
 
     ``sigma`` (new ids, see :func:`scalegnn.permutation.double_sigma`) adds the
     second labeling of the double permutation (:class:`AltOrdering`)."""
-    _check_normalized(graph)
-    shape = _check_shape(grid_shape)
+    check_normalized(graph)
+    shape = check_grid_shape(grid_shape)
     sizes = dict(zip(("dp", "x", "y", "z"), shape))
     n = graph.num_nodes
     vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
@@ -405,349 +387,20 @@ def build_rank_shard(graph: Graph, grid: ProcessGrid, sigma: torch.Tensor | None
     return build_shard(graph, grid.shape_tuple, {ax: grid.axis_index(ax) for ax in PMM_AXES}, sigma=sigma)
 
 
-def _mp_coords(grid_shape) -> list[dict]:
-    _, gx, gy, gz = grid_shape
+def grid_coords(grid_shape) -> list[dict]:
+    """The (x, y, z) coordinates ({"x", "y", "z"}) of the 3D grid of ``grid_shape``, in
+    rank order (the order of a data-parallel group's ranks; every group has them all)."""
+    _, gx, gy, gz = check_grid_shape(grid_shape)
     return [{"x": i, "y": j, "z": k} for i in range(gx) for j in range(gy) for k in range(gz)]
 
 
-def _shard_name(c: dict) -> str:
-    return f"shard_x{c['x']}_y{c['y']}_z{c['z']}.pt"
-
-
-def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0,
-                split: tuple = (None, None)) -> list[Path]:
-    """Write one shard file per (x, y, z) (data-parallel replicas share them) and a
-    ``manifest.json``; each written atomically (temp file + rename). Returns the paths.
-
-    ``permute`` (none | single | double) and ``seed`` are those of the run that will
-    read the shards: ``graph`` must already carry the seed's relabeling P_c when
-    ``permute`` is not none (:func:`shard_command` applies it), and double adds the
-    seed's sigma ordering to every shard. ``split`` is the (``--split``, ``--split-seed``)
-    the graph's split was drawn with ((None, None): the dataset's own). All go into the
-    manifest, and a run whose ``--permute``, ``--seed`` or ``--split`` differs is
-    refused when it loads the shards."""
-    _check_normalized(graph)
-    shape = _check_shape(grid_shape)
-    if permute not in ("none", "single", "double"):
-        raise ValueError(f"permute must be none, single or double, got {permute!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def cut_shards(graph: Graph, grid_shape, *, sigma: torch.Tensor | None = None):
+    """(coords, :class:`RankShard`) of every (x, y, z) of ``grid_shape``, in
+    :func:`grid_coords` order, one at a time: the split masks and, with ``sigma``, the
+    double permutation's two relabeled graphs are made once for them all."""
+    check_normalized(graph)
+    shape = check_grid_shape(grid_shape)
     masks = _split_masks(graph)
-    sigma = permuted = None
-    if permute == "double":
-        from ..permutation import double_sigma
-
-        sigma = double_sigma(graph.num_nodes, seed)
-        permuted = double_permuted(graph, sigma)  # once, not per shard
-    paths, nnz = [], []
-    for c in _mp_coords(shape):
-        shard = build_shard(graph, shape, c, _masks=masks, sigma=sigma, _permuted=permuted)
-        path = out / _shard_name(c)
-        atomic_write(path, lambda f, s=shard: torch.save(s.to_state(), f))
-        paths.append(path)
-        nnz.append([blk.nnz for blk in shard.adj])
-    manifest = {
-        "format": SHARD_FORMAT, "grid_shape": list(shape), "name": graph.name, "num_nodes": graph.num_nodes,
-        "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
-        "multilabel": graph.multilabel, "files": [p.name for p in paths], "nnz_per_shard": nnz,
-        "sha256": {p.name: file_sha256(p) for p in paths}, "permute": permute, "seed": int(seed), "split": list(split), "graph": graph.record_info(),
-        "host": socket.gethostname(),  # where it was staged (ranks on other nodes read it from shared storage)
-    }
-    mpath = out / "manifest.json"
-    atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
-    return paths + [mpath]
-
-
-def shard_storage_bytes(n: int, nnz: int, num_features: int, num_classes: int, grid_shape, coords: dict | None = None,
-                        *, multilabel: bool = False) -> dict:
-    """Bytes of one rank's shard as this implementation holds it (what
-    :meth:`RankShard.nbytes` counts, and what a rank maps from its shard file; the memory
-    model's shard term, :func:`scalegnn.perfmodel.shard_bytes`), of a graph of ``n``
-    vertices and ``nnz`` stored entries of A + I, for the rank at ``coords`` ({"x", "y",
-    "z"}), or the largest of the ranks whose axis indices are 0, 1 or 2 (index 0 has the
-    longest range, and every way planes share storage occurs among them) when None:
-
-    adjacency  the three planes, rows R x columns C of A + I for vertex ranges
-               ``split_range(N, G_axis, index)``; a plane with another's ranges is that
-               block, one whose rows lie inside another's over the same columns a row
-               slice of it (:func:`plane_sharing`: only its
-               ``|R| + 1`` row pointers are its own); a block stored whole holds
-               ``(|R| + 1)`` int64 row pointers and ``E`` columns (int32 while N < 2^31,
-               else int64) and FP32 values, with ``E = (nnz - N) |R| |C| / N^2 + |R & C|``:
-               the off-diagonal entries spread evenly, the N self loops on the diagonal
-    features   (|R_x|, |F_z|) FP32 (dense features)
-    labels     per axis, y (int64; (|R|, C) FP32 when ``multilabel``) and the three split masks
-    total      their sum
-
-    Not modeled: sparse (CSR) features and the double permutation's second labeling."""
-    g = dict(zip(("dp", "x", "y", "z"), _check_shape(grid_shape)))
-    if coords is None:
-        candidates = [{"x": i, "y": j, "z": k} for i in range(min(3, g["x"])) for j in range(min(3, g["y"]))
-                      for k in range(min(3, g["z"]))]
-        return max((shard_storage_bytes(n, nnz, num_features, num_classes, grid_shape, c, multilabel=multilabel)
-                    for c in candidates), key=lambda b: b["total"])
-    vr = {a: split_range(n, g[a], coords[a]) for a in ("x", "y", "z")}
-    index_bytes = 4 if n < 2**31 else 8
-    off_diagonal = max(0, nnz - n) / max(1, n) ** 2
-    adjacency = 0.0
-    for (rows, cols), src in plane_sharing((vr[r], vr[c]) for r, c in PLANES).items():
-        adjacency += 8 * (rows[1] - rows[0] + 1)
-        if src is None:
-            size = lambda rng: rng[1] - rng[0]  # noqa: E731
-            diagonal = max(0, min(rows[1], cols[1]) - max(rows[0], cols[0]))
-            adjacency += (off_diagonal * size(rows) * size(cols) + diagonal) * (index_bytes + 4)
-    f0, f1 = split_range(num_features, g["z"], coords["z"])
-    y_bytes = 4 * num_classes if multilabel else 8
-    out = {"adjacency": adjacency, "features": 4.0 * (vr["x"][1] - vr["x"][0]) * (f1 - f0),
-           "labels": float(sum((r[1] - r[0]) * (y_bytes + 3) for r in vr.values()))}
-    out["total"] = sum(out.values())
-    return out
-
-
-# ------------------------------------------------------------------ blocks layout
-# Per-rank files repeat every block of A in each rank that holds it: a 4x4x4 grid keeps
-# its 16 distinct blocks of A 12 times over (three planes on 64 ranks), 417 GB for
-# ogbn-papers100M's 3.2 G entries against 27 GB once. The blocks layout
-# (:mod:`.staging`, ``--layout blocks``) stores each distinct block of A + I, feature
-# block and the whole-graph label and mask vectors once, as plain .npy arrays, and
-# :func:`load_shard` builds a rank's RankShard from the ones it needs, equal tensor for
-# tensor to the per-rank file's.
-
-def _rank_keys(shape: tuple, n: int, coords: dict) -> list:
-    sizes = dict(zip(("dp", "x", "y", "z"), shape))
-    vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
-    return [(vr[rows], vr[cols]) for rows, cols in PLANES]
-
-
-def stored_blocks(grid_shape, n: int) -> list:
-    """The blocks of A + I ((rows, cols) vertex ranges) the blocks layout stores: every
-    block some rank keeps whole (:func:`plane_sharing` of its three planes), once."""
-    shape = _check_shape(grid_shape)
-    keys = {k for c in _mp_coords(shape) for k, src in plane_sharing(_rank_keys(shape, n, c)).items() if src is None}
-    return sorted(keys)
-
-
-def feature_blocks(grid_shape, n: int, num_features: int) -> list:
-    """The (rows, feature columns) blocks of X the ranks of ``grid_shape`` hold, once."""
-    _, gx, _, gz = _check_shape(grid_shape)
-    return sorted({(split_range(n, gx, i), split_range(num_features, gz, k)) for i in range(gx) for k in range(gz)})
-
-
-def adjacency_file(key: tuple, part: str) -> str:
-    """Relative path of array ``part`` (indptr, indices, values) of block ``key``."""
-    (r0, r1), (c0, c1) = key
-    return f"{BLOCKS_DIR}/A_r{r0}-{r1}_c{c0}-{c1}.{part}.npy"
-
-
-def feature_file(key: tuple) -> str:
-    (r0, r1), (f0, f1) = key
-    return f"{BLOCKS_DIR}/X_r{r0}-{r1}_f{f0}-{f1}.npy"
-
-
-def node_file(key: str) -> str:
-    return f"{BLOCKS_DIR}/{key}.npy"
-
-
-def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, verify: str, redo: str) -> RankShard:
-    """The RankShard of the rank at ``coords`` from a blocks-layout folder: its stored
-    blocks mapped (copy-on-write: pages read when touched, never written back), row slices
-    cut from them as :func:`share_planes` cuts them, its label and mask ranges copied out
-    of the whole-graph vectors, its feature block mapped or, for seeded features, computed
-    from the seed (:class:`scalegnn.datasets.streaming.SeededFeatures`)."""
-    import numpy as np
-
-    shape = tuple(int(g) for g in manifest["grid_shape"])
-    n, num_features = int(manifest["num_nodes"]), int(manifest["num_features"])
-    sums = manifest.get("sha256") or {}
-
-    def mapped(rel: str) -> np.ndarray:
-        path = out / rel
-        if not path.exists():
-            raise FileNotFoundError(f"shard array {path} is missing (the manifest lists it); {redo}")
-        if rel in sums and not verify_shard_file(path, sums[rel], always=verify == "always"):
-            raise ValueError(f"shard array {path} does not match the SHA-256 its manifest lists (damaged, or "
-                             f"written by another staging); {redo}")
-        try:
-            return np.load(path, mmap_mode="c", allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"shard array {path} is unreadable ({load_error(exc)}); {redo}") from None
-
-    def array(rel: str) -> torch.Tensor:
-        return torch.from_numpy(mapped(rel))
-
-    def copied(m: np.ndarray, a: int, b: int) -> torch.Tensor:  # rows [a, b) of a whole-graph vector, its own
-        return torch.from_numpy(np.array(m[a:b]))
-
-    sizes = dict(zip(("dp", "x", "y", "z"), shape))
-    vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
-    keys = _rank_keys(shape, n, coords)
-    adj = _shared(keys, lambda key: CSRBlock(*(array(adjacency_file(key, p)) for p in ("indptr", "indices", "values")),
-                                              *key[0], *key[1]))
-    f0, f1 = split_range(num_features, sizes["z"], coords["z"])
-    nodes = {key: mapped(node_file(key)) for key in NODE_ARRAYS}
-    labels = {key: {ax: copied(m, *vr[ax]) for ax in PMM_AXES} for key, m in nodes.items()}
-    x0, x1 = vr["x"]
-    if manifest.get("features", {}).get("kind") == "seeded":
-        from ..datasets.streaming import seeded_features
-
-        feats = seeded_features(manifest["features"]["protocol"], f"{out}/manifest.json")
-        ids = mapped(node_file("ids")) if manifest["features"].get("ids") else None
-        x = torch.empty((x1 - x0, f1 - f0), dtype=torch.float32)
-        step = max(1, SEEDED_ROWS_ENTRIES // max(1, f1 - f0))  # bounded temporaries, whatever the rank's rows
-        for a in range(x0, x1, step):
-            b = min(x1, a + step)
-            y_rows = None if feats.means is None else nodes["y"][a:b]
-            x[a - x0:b - x0] = torch.from_numpy(feats.rows(np.arange(a, b) if ids is None else ids[a:b], None, y_rows,
-                                                           cols=(f0, f1)))
-            drop_pages(ids, nodes["y"])
-    else:
-        x = array(feature_file(((x0, x1), (f0, f1))))
-    drop_pages(*nodes.values())  # the whole-graph vectors' pages read for the copies leave this rank's resident set
-    return RankShard(
-        grid_shape=run_shape, coords={ax: int(coords[ax]) for ax in PMM_AXES}, num_nodes=n,
-        num_features=num_features, num_classes=int(manifest["num_classes"]), multilabel=bool(manifest["multilabel"]),
-        adj=tuple(adj[k] for k in keys), x=x, feature_range=(f0, f1), vertex_ranges=vr,
-        name=manifest["name"], **labels)
-
-
-def _file_identity(path: Path) -> list:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-
-
-def verify_shard_file(path, sha256: str, *, always: bool = False) -> bool:
-    """Whether the shard file ``path`` has the SHA-256 ``sha256`` (its manifest's).
-
-    Hashing reads the whole file, an extra read for a rank that maps it and touches only
-    what it uses, paid again by every data-parallel replica and every run. So once a file
-    has matched, a marker beside it (``<file>.verified``) records the checksum with the
-    file's identity (size, modification and change times in ns, inode, device); a later
-    call whose file still has that identity trusts it and reads nothing. What the
-    checksum guards against -- a partial write, a truncated copy, a file of another
-    staging (every write of ``scalegnn data shard`` is a new file renamed into place), a
-    change in place -- each changes that identity (the change time cannot be set back by
-    a user), so the file is hashed again and refused if it no longer matches. Bit rot
-    under an unchanged identity is the filesystem's to catch. Where the folder is read
-    only, no marker is written and each call hashes. ``always``: hash regardless."""
-    path = Path(path)
-    marker = path.with_name(path.name + ".verified")
-    identity = _file_identity(path)
-    if not always:
-        try:
-            seen = json.loads(marker.read_text())
-            if seen.get("sha256") == sha256 and seen.get("identity") == identity:
-                return True
-        except (OSError, ValueError, AttributeError):  # none yet, or unreadable: hash
-            pass
-    if file_sha256(path) != sha256:
-        return False
-    try:  # two ranks may race here: each writes the same marker, atomically
-        atomic_write(marker, lambda f: json.dump({"sha256": sha256, "identity": identity}, f), text=True)
-    except OSError:  # a read-only shard folder: every load hashes
-        pass
-    return True
-
-
-def load_shard(out_dir, rank: int, grid_shape=None, *, verify: str = "once") -> RankShard:
-    """Map global ``rank``'s shard into memory (rank order dp, x, y, z; replicas share files).
-
-    ``verify``: ``once`` checks the file's SHA-256 against the manifest unless this very
-    file was checked before (:func:`verify_shard_file`), ``always`` reads it through each time.
-
-    A shard depends only on the 3D part (Gx, Gy, Gz) of the grid: its file is named by
-    the rank's (x, y, z) coordinate, and every data-parallel replica reads the same one.
-    So shards written for ``1xGxxGyxGz`` serve a run on ``GdxGxxGyxGz`` for any Gd: the
-    manifest's 3D part must equal ``grid_shape``'s, its Gd need not, and the shard comes
-    back with the run's ``grid_shape``."""
-    if verify not in ("once", "always"):
-        raise ValueError(f"verify must be once or always, got {verify!r}")
-    out = Path(out_dir)
-    mpath = out / "manifest.json"
-    if not mpath.exists():
-        raise FileNotFoundError(f"{mpath} not found; write the shards first with `scalegnn data shard`")
-    redo = f"re-write them with `scalegnn data shard DATASET --grid GRID --out {out}`"
-    try:
-        manifest = json.loads(mpath.read_text())
-        shape = tuple(int(g) for g in manifest["grid_shape"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"shard manifest {mpath} is unreadable ({type(exc).__name__}: {str(exc)[:120]}); "
-                         f"{redo}") from None
-    run_shape = shape if grid_shape is None else tuple(int(g) for g in grid_shape)
-    if run_shape[1:] != shape[1:]:
-        three_d = "x".join(map(str, shape[1:]))
-        raise ValueError(f"shards in {out} were written for the 3D grid {three_d} (Gx x Gy x Gz of grid {shape}), "
-                         f"not {'x'.join(map(str, run_shape[1:]))} of the run's grid {run_shape}; re-shard with "
-                         f"`scalegnn data shard DATASET --grid 1x{'x'.join(map(str, run_shape[1:]))} --out DIR`")
-    mp = shape[1] * shape[2] * shape[3]
-    if not 0 <= rank < run_shape[0] * mp:
-        raise ValueError(f"rank {rank} is outside the grid {run_shape} ({run_shape[0] * mp} ranks)")
-    if manifest.get("layout") == "blocks":
-        return _load_blocks(out, manifest, _mp_coords(shape)[rank % mp], run_shape, verify, redo)
-    path = out / _shard_name(_mp_coords(shape)[rank % mp])
-    if not path.exists():
-        raise FileNotFoundError(f"shard file {path} is missing (the manifest lists grid {shape}); {redo}")
-    want = (manifest.get("sha256") or {}).get(path.name)  # shards written before checksums have none
-    if want is not None and not verify_shard_file(path, want, always=verify == "always"):
-        raise ValueError(f"shard file {path} does not match the SHA-256 its manifest lists (damaged, or written by "
-                         f"another staging); {redo}")
-    try:  # a damaged or foreign file: one line naming it, never torch's advice to load it unsafely
-        state = torch.load(path, weights_only=True, mmap=True)  # pages read when touched (module doc)
-    except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad file
-        raise ValueError(f"shard file {path} is unreadable ({load_error(exc)}); {redo}") from None
-    try:
-        return dataclasses.replace(RankShard.from_state(state), grid_shape=run_shape)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"shard file {path} lacks {type(exc).__name__}: {str(exc)[:120]} (not a shard scalegnn "
-                         f"wrote); {redo}") from None
-
-
-def shard_command(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0,
-                  split: tuple = (None, None)) -> list[Path]:
-    """``scalegnn data shard``: write per-rank shards of the graph once.
-
-    Takes the raw graph as loaded and prepares it exactly as ``scalegnn train`` does
-    (:func:`scalegnn.trainer.prepare_graph`: the seed's relabeling P_c when ``permute``
-    is single or double, then GCN normalization); returns the written paths. ``split``:
-    the (``--split``, ``--split-seed``) already applied to ``graph``, for the manifest.
-    """
-    if graph.meta.get("normalized") == "gcn":
-        if permute != "none":
-            raise ValueError("shard_command needs the raw graph to apply the permutation before normalizing")
-    else:
-        if permute != "none":
-            from ..permutation import random_permutation
-
-            graph = graph.permute(random_permutation(graph.num_nodes, seed))
-        graph = graph.gcn_normalize()
-    return save_shards(graph, grid_shape, out_dir, permute=permute, seed=seed, split=split)
-
-
-def check_shard_manifest(manifest: dict, permute: str, seed: int, where: str, split: tuple = (None, None)) -> None:
-    """Refuse shards written for another ``--permute`` / ``--seed`` / ``--split`` than
-    the run's: the vertex labels or the split would differ from the run's, silently."""
-    wrote_split = tuple(manifest.get("split") or (None, None))
-
-    def drawn(pair) -> tuple:  # the split actually drawn: --split-seed defaults to the run's --seed
-        return (None, None) if pair[0] is None else (pair[0], seed if pair[1] is None else int(pair[1]))
-
-    if drawn(wrote_split) != drawn(tuple(split)):
-        def flags(s):
-            return " ".join(f"{k} {v}" for k, v in zip(("--split", "--split-seed"), s) if v is not None)
-        again = f"`scalegnn data shard ... {flags(split)}`" if split[0] else "`scalegnn data shard` without --split"
-        raise ValueError(f"the shards in {where} were written with {flags(wrote_split) or 'no --split'} but the run "
-                         f"has {flags(split) or 'no --split'}; give the run the same, or re-shard with {again}")
-    wrote = manifest.get("permute", "none")
-    if wrote != permute:
-        raise ValueError(f"the shards in {where} were written with --permute {wrote} but the run asks for "
-                         f"--permute {permute}; pass --permute {wrote} or re-shard with "
-                         f"`scalegnn data shard ... --permute {permute}`")
-    if permute != "none" and int(manifest.get("seed", 0)) != int(seed):
-        raise ValueError(f"the shards in {where} were permuted with --seed {manifest.get('seed')} but the run "
-                         f"has --seed {seed}; pass the same seed or re-shard with --seed {seed}")
-
-
-def shard_nnz_stats(nnz_per_shard: list[list[int]]) -> dict:
-    """max/mean nonzeros per shard and their ratio (Plexus Table 3's load balance)."""
-    flat = [n for ranks in nnz_per_shard for n in ranks]
-    mean = sum(flat) / max(len(flat), 1)
-    return {"max": max(flat, default=0), "mean": mean, "imbalance": (max(flat, default=0) / mean) if mean else 1.0}
+    permuted = None if sigma is None else double_permuted(graph, sigma)
+    for c in grid_coords(shape):
+        yield c, build_shard(graph, shape, c, _masks=masks, sigma=sigma, _permuted=permuted)

@@ -36,7 +36,10 @@ FLOORS = [
     ("components", ["scalegnn.permutation", "scalegnn.model", "scalegnn.numerics", "scalegnn.perf", "scalegnn.optim",
                     "scalegnn.checkpoint", "scalegnn.loop"]),
     # The parallel application: the core put to work on the components' model and data.
-    ("parallel data", ["scalegnn.parallel.sharding", "scalegnn.parallel.staging", "scalegnn.parallel.dist_sampling"]),
+    ("parallel data", ["scalegnn.parallel.sharding", "scalegnn.parallel.dist_sampling"]),
+    # Shard sets on disk: written in memory or out of core (reading the datasets' folders), mapped
+    # back by a rank. Above the shard it cuts and the datasets, below the engine and the trainer.
+    ("shard files", ["scalegnn.shards", "scalegnn.shards.*"]),
     ("parallel model", ["scalegnn.parallel.model", "scalegnn.parallel.step_graph"]),
     ("parallel engine", ["scalegnn.parallel.engine"]),
     ("trainers", ["scalegnn.config", "scalegnn.trained", "scalegnn.trainer", "scalegnn.session", "scalegnn.launch",
@@ -182,9 +185,83 @@ def test_the_checks_can_fail():
     assert floor_of("scalegnn.cli") > floor_of("scalegnn.sweeps.launcher") > floor_of("scalegnn.trainer") \
         > floor_of("scalegnn.parallel.engine") > floor_of("scalegnn.model") > floor_of("scalegnn.parallel.products") \
         > floor_of("scalegnn.parallel.context") > floor_of("scalegnn.parallel.grid") > floor_of("scalegnn.graph")
+    assert floor_of("scalegnn.parallel.engine") > floor_of("scalegnn.shards.out_of_core") \
+        > floor_of("scalegnn.parallel.sharding") and floor_of("scalegnn.shards") > floor_of("scalegnn.datasets.files")
     assert floor_of("scalegnn.parallel.unlisted") is None and floor_of("scalegnn.unlisted") is None
     assert "scalegnn.sections.parallel" in GRAPH["scalegnn.config"]  # imports are really read
     assert _resolve("scalegnn.parallel.grid.cube_3d") == "scalegnn.parallel.grid"
+
+
+# --------------------------------------------------------------------------- the shard files' contract
+SHARD_PACKAGE = "scalegnn.shards"
+SHARD_MODULES = ("scalegnn.shards", "scalegnn.parallel.sharding")  # and every module of the package
+
+
+def _shard_contract_breaches(module: str, source: str, is_package: bool = False) -> list[str]:
+    """Where ``source`` (the code of ``module``) reaches past the shard files' public
+    names: a string naming the manifest file (outside docstrings: the code that opens
+    it), or a private name (``_x``) of scalegnn.shards or scalegnn.parallel.sharding
+    imported or read as an attribute of the module."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    package = module if is_package else module.rpartition(".")[0]
+    aliases, out = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "manifest.json" in node.value \
+                and id(node) not in docstrings:
+            out.append(f"{module}:{node.lineno} names the shard manifest ({node.value[:40]!r})")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if base.startswith(SHARD_MODULES) and alias.name.startswith("_"):
+                    out.append(f"{module}:{node.lineno} imports {target}")
+                elif target.startswith(SHARD_MODULES):
+                    aliases.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname for a in node.names if a.asname and a.name.startswith(SHARD_MODULES))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            dotted = ast.unparse(owner)
+            if (isinstance(owner, ast.Name) and owner.id in aliases) or dotted.startswith(SHARD_MODULES):
+                out.append(f"{module}:{node.lineno} reads {dotted}.{node.attr}")
+    return out
+
+
+def test_only_the_shard_package_knows_the_files():
+    """No module outside scalegnn.shards opens a shard manifest or names a private helper
+    of the shards (scalegnn.shards.*, scalegnn.parallel.sharding): the file names, the
+    manifest and the checks are read through the package's public names."""
+    breaches = [b for module, path in sorted(MODULES.items())
+                if module != SHARD_PACKAGE and not module.startswith(SHARD_PACKAGE + ".")
+                and module != "scalegnn.parallel.sharding"
+                for b in _shard_contract_breaches(module, path.read_text(), path.name == "__init__.py")]
+    assert not breaches, "\n".join(breaches)
+
+
+def test_the_shard_contract_check_can_fail():
+    """Each kind of breach, planted, is found; the public names and a docstring are not."""
+    planted = {
+        'import json\nm = json.loads(open(f"{d}/manifest.json").read())': ["names the shard manifest"],
+        "from scalegnn.parallel.sharding import _mp_coords": ["imports scalegnn.parallel.sharding._mp_coords"],
+        "from ..shards.format import _load_blocks": ["imports scalegnn.shards.format._load_blocks"],
+        "from .sharding import _check_shape": ["imports scalegnn.parallel.sharding._check_shape"],  # in parallel/
+        "import scalegnn.shards.out_of_core as ooc\nooc._Source": ["reads ooc._Source"],
+        "from scalegnn.shards import format as f\nf._rank_keys(1, 2, 3)": ["reads f._rank_keys"],
+        "import scalegnn.parallel.sharding\nscalegnn.parallel.sharding._split_masks": [
+            "reads scalegnn.parallel.sharding._split_masks"],
+        '"""Reads manifest.json."""\nfrom scalegnn.shards import read_manifest, load_shard\nx.__class__': [],
+    }
+    for source, want in planted.items():
+        module = "scalegnn.parallel.probe" if source.startswith("from .sharding") else "scalegnn.benchmarks.probe"
+        found = _shard_contract_breaches(module, source)
+        assert len(found) == len(want) and all(w in f for w, f in zip(want, found)), (source, found)
 
 
 def test_no_test_module_imports_another():

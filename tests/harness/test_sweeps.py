@@ -770,7 +770,7 @@ def test_a_sweeps_threads_per_task_is_each_runs_threads_flag():
 def test_a_sweep_stages_shards_with_the_runs_split(isolated_data):
     """A sweep's staged shards carry the run's --split (its folder key too), so the
     staged run is not refused; without --split the key is the one staged before."""
-    from scalegnn.parallel.sharding import check_shard_manifest
+    from scalegnn.shards import check_shard_manifest
     from scalegnn.sweeps.staging import StageSet, StageTask, stage_for
 
     path = sparse_npz(isolated_data / "g.npz")
@@ -904,7 +904,7 @@ def test_a_profiles_memory_budget_stages_what_it_can_out_of_core(isolated_data, 
     import numpy as np
 
     import scalegnn.datasets as datasets
-    from scalegnn.parallel.sharding import load_shard
+    from scalegnn.shards import load_shard
     from scalegnn.sweeps.staging import StageSet, StageTask
     from tests.graphs import same_shard
 

@@ -22,7 +22,8 @@ import json
 import pytest
 
 from scalegnn.datasets import load_dataset
-from scalegnn.parallel.sharding import _mp_coords, load_shard, shard_command
+from scalegnn.parallel.sharding import grid_coords
+from scalegnn.shards import load_shard, shard_command
 from scalegnn.perfmodel import Workload, shard_bytes
 
 GRAPH = "csbm:n=6000,avg_degree=20,classes=5,feature_dim=24"
@@ -46,7 +47,7 @@ def staged(tmp_path_factory):
             info = json.loads((folder / "manifest.json").read_text())["graph"]
             w = Workload(num_nodes=info["num_nodes"], nnz=info["adjacency_nnz"], num_features=info["num_features"],
                          num_classes=info["num_classes"])
-            out[grid] = (w, [load_shard(folder, r).nbytes() for r in range(len(_mp_coords(grid)))])
+            out[grid] = (w, [load_shard(folder, r).nbytes() for r in range(len(grid_coords(grid)))])
         return out
     finally:
         del os.environ["SCALEGNN_CACHE_DIR"]
@@ -55,7 +56,7 @@ def staged(tmp_path_factory):
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: "x".join(map(str, g)))
 def test_the_model_gives_each_ranks_shard_bytes(staged, grid):
     w, measured = staged[grid]
-    for coords, got in zip(_mp_coords(grid), measured):
+    for coords, got in zip(grid_coords(grid), measured):
         want = shard_bytes(w, grid, coords)
         assert want["features"] == got["features"] and want["labels"] == got["labels"], coords  # exact
         assert want["total"] == pytest.approx(got["total"], rel=TOLERANCE), (coords, want, got)

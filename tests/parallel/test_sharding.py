@@ -19,9 +19,9 @@ from scalegnn.launch.job import spawn
 from scalegnn.parallel.dist_sampling import DistributedSampler
 from scalegnn.parallel.grid import PMM_AXES, ProcessGrid
 from scalegnn.parallel.layout import PLANES
-from scalegnn.parallel import sharding
-from scalegnn.parallel.sharding import (RankShard, build_shard, load_shard, row_slice, save_shards, shard_command,
-                                        share_planes)
+from scalegnn.parallel.sharding import RankShard, build_shard, row_slice, share_planes
+from scalegnn.shards import format as shard_format
+from scalegnn.shards import load_shard, save_shards, shard_command
 from scalegnn.sampling import CSRBlock, UniformVertexSampler
 from tests.files import only_record, sparse_npz
 from tests.graphs import grid_coords, grid_id, parallel_graph, unshared_shard
@@ -176,7 +176,7 @@ def test_double_permuted_shard_files_train_like_the_in_memory_double_permutation
     from scalegnn.optim import OptimConfig
     from scalegnn.parallel.engine import ParallelEngine
     from scalegnn.numerics import NumericsConfig
-    from scalegnn.parallel.sharding import check_shard_manifest
+    from scalegnn.shards import check_shard_manifest
     from scalegnn.permutation import random_permutation
 
     raw = parallel_graph(n=41, m=170).replace(meta={})
@@ -325,8 +325,8 @@ def test_a_shard_is_mapped_and_hashed_once_while_it_is_the_same_file(tmp_path, m
     graph = parallel_graph(n=37, m=160)
     paths = save_shards(graph, (1, 1, 2, 1), tmp_path)
     hashed = []
-    real = sharding.file_sha256
-    monkeypatch.setattr(sharding, "file_sha256", lambda path, *a: hashed.append(path) or real(path, *a))
+    real = shard_format.file_sha256
+    monkeypatch.setattr(shard_format, "file_sha256", lambda path, *a: hashed.append(path) or real(path, *a))
     first = load_shard(tmp_path, 1)
     want = build_shard(graph, (1, 1, 2, 1), {"x": 0, "y": 1, "z": 0})
     assert all(torch.equal(getattr(a, k), getattr(b, k)) for a, b in zip(first.adj, want.adj)

@@ -1,4 +1,4 @@
-"""Out-of-core staging (scalegnn/parallel/staging.py): shards of a generated graph written
+"""Out-of-core staging (scalegnn/shards/out_of_core.py): shards of a generated graph written
 from memory-mapped arrays in chunks are byte for byte those of the in-memory staging
 (their SHA-256 checksums), with several processes too; a killed staging resumes; a
 shard that does not match its manifest's checksum is refused at load; bad input is one line."""
@@ -17,8 +17,10 @@ import pytest
 from scalegnn.cli import main
 from scalegnn.datasets import load_dataset
 from scalegnn.datasets.streaming import generate
-from scalegnn.parallel.sharding import _mp_coords, load_shard, shard_command
-from scalegnn.parallel.staging import _write_rank, file_sha256, parse_size, stage_out_of_core, symmetrize
+from scalegnn.fileio import file_sha256
+from scalegnn.parallel.sharding import grid_coords
+from scalegnn.shards import load_shard, shard_command
+from scalegnn.shards.out_of_core import _write_rank, parse_size, stage_out_of_core, symmetrize
 from tests.graphs import same_shard
 
 KINDS = {"powerlaw": "powerlaw:n=2500,avg_degree=10,exponent=2.3",
@@ -67,7 +69,7 @@ def test_several_processes_write_the_same_files_and_a_killed_staging_resumes(gen
     out = tmp_path / "killed"  # a staging killed after two rank files, one of them then damaged
     out.mkdir()
     first, second = (_write_rank(str((generated / "powerlaw").resolve()), 3, shape, c, str(out),
-                                 f"dir:{(generated / 'powerlaw').resolve()}", 500) for c in _mp_coords(shape)[:2])
+                                 f"dir:{(generated / 'powerlaw').resolve()}", 500) for c in grid_coords(shape)[:2])
     (out / second["file"]).write_bytes(b"half a file")
     stage_out_of_core(generated / "powerlaw", shape, out, seed=3, chunk_entries=500)
     got = _manifest(out)
@@ -228,7 +230,7 @@ class _Guard:
 
 
 def test_memory_stays_bounded_a_full_read_is_caught(users, tmp_path, monkeypatch):
-    import scalegnn.parallel.staging as staging
+    import scalegnn.shards.out_of_core as staging
 
     load = staging._load
     monkeypatch.setattr(staging, "_load", lambda path: _Guard(load(path), 2 * 9 * 400))
@@ -271,7 +273,7 @@ def test_inputs_it_cannot_stage_are_named_in_one_line_before_any_work(users, tmp
         assert message.format(path) in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / "out").exists()  # refused before any work
     from scalegnn.datasets import DatasetError
-    from scalegnn.parallel.staging import stage_source
+    from scalegnn.shards.out_of_core import stage_source
 
     arrays = _edge_graph(1)
     np.savez(tmp_path / "sparse.npz", edge_index=arrays["edge_index"], y=arrays["y"], x_indptr=np.zeros(901),
@@ -303,7 +305,7 @@ def test_a_users_folder_with_several_processes_and_resumed(users, tmp_path):
     (out / ".symmetric-csr").mkdir(parents=True)
     symmetrize(folder.resolve(), out / ".symmetric-csr", 500)
     first, second = (_write_rank(str(folder.resolve()), 3, shape, c, str(out), f"dir:{folder.resolve()}", 500,
-                                 topology=str(out / ".symmetric-csr")) for c in _mp_coords(shape)[:2])
+                                 topology=str(out / ".symmetric-csr")) for c in grid_coords(shape)[:2])
     (out / second["file"]).write_bytes(b"half a file")
     stage_out_of_core(folder, shape, out, seed=3, chunk_entries=500)
     got = _manifest(out)
@@ -324,9 +326,9 @@ def test_the_blocks_layout_loads_every_ranks_shard_of_the_files_layout(generated
     """Seeded features (computed at load from the seed, with the relabeling's ids, a few
     rows at a time), shared planes and row slices (1x2x4x1: the (x, y) plane is rows of a
     stored block)."""
-    import scalegnn.parallel.sharding as sharding
+    import scalegnn.shards.format as shard_format
 
-    monkeypatch.setattr(sharding, "SEEDED_ROWS_ENTRIES", 100)
+    monkeypatch.setattr(shard_format, "SEEDED_ROWS_ENTRIES", 100)
     want = _in_memory(generated / kind, shape, tmp_path / "mem", permute)
     stage_out_of_core(generated / kind, shape, tmp_path / "blk", seed=3, chunk_entries=300, permute=permute,
                       layout="blocks")
@@ -375,7 +377,7 @@ def test_the_blocks_layout_stores_each_block_once(generated, tmp_path):
 
 
 def test_a_killed_blocks_staging_resumes_and_a_damaged_block_is_refused(generated, tmp_path, monkeypatch):
-    import scalegnn.parallel.staging as staging
+    import scalegnn.shards.out_of_core as staging
 
     shape, out = (1, 2, 1, 2), tmp_path / "blk"
     real, calls = staging._Source.entries, []
@@ -434,7 +436,7 @@ def test_a_run_on_the_blocks_layout_trains_as_on_the_rank_files(generated, tmp_p
 
 _PEAK = r"""
 import json, sys
-from scalegnn.parallel.staging import stage_out_of_core
+from scalegnn.shards.out_of_core import stage_out_of_core
 def status(key):  # kB in /proc/self/status
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))
 with open("/proc/self/clear_refs", "w") as f:  # the peak so far (importing torch's) set back to the current RSS
@@ -463,7 +465,7 @@ def test_the_memory_budget_bounds_the_peak(bigger, tmp_path, layout, permute, bu
     import subprocess
     import sys
 
-    from scalegnn.parallel.staging import BYTES_PER_ENTRY, memory_plan
+    from scalegnn.shards.out_of_core import BYTES_PER_ENTRY, memory_plan
 
     info = json.loads((bigger / "graph.json").read_text())
     plan = memory_plan(budget, n=info["num_nodes"], nnz=info["stored_entries"], num_features=128, num_classes=32,
@@ -485,7 +487,7 @@ def test_a_budget_too_small_is_refused_before_any_work(bigger, tmp_path, capsys)
     assert "--memory-budget 50M is below what staging this graph needs" in err and "give at least" in err
     assert "\n" not in err and not (out / "manifest.json").exists() and not list(out.rglob("*.npy"))
     longest = json.loads((bigger / "graph.json").read_text())["max_degree"]
-    from scalegnn.parallel.staging import BASE_BYTES, BYTES_PER_ENTRY, VERTEX_BYTES
+    from scalegnn.shards.out_of_core import BASE_BYTES, BYTES_PER_ENTRY, VERTEX_BYTES
 
     tight = BASE_BYTES + VERTEX_BYTES["none"] * 200000 + (longest // 2) * BYTES_PER_ENTRY  # chunks under a row
     with pytest.raises(ValueError, match=f"below this graph's longest row \\({longest:,} entries\\)"):
@@ -517,7 +519,7 @@ def test_an_edge_list_is_streamed_into_csr_and_staged_as_in_memory(tmp_path, for
         for k, v in arrays.items():
             np.save(tmp_path / "g" / f"{k}.npy", v.T if k == "edge_index" else v)
         name = f"dir:{tmp_path / 'g'}"
-    from scalegnn.parallel.staging import stage_source
+    from scalegnn.shards.out_of_core import stage_source
 
     shape = (1, 2, 1, 2)
     graph = load_dataset(name, seed=3, cache=False)
@@ -558,7 +560,7 @@ def test_ogbs_papers100m_files_as_shipped_stage_as_ogbs_own_loader_reads_them(tm
     """OGB's raw files (data.npz, node-label.npz, split/time/*.csv.gz), streamed without
     ogb's processed/ step, give the shards of the in-memory path through ogb itself."""
     pytest.importorskip("ogb")
-    from scalegnn.parallel.staging import stage_source
+    from scalegnn.shards.out_of_core import stage_source
 
     monkeypatch.setenv("SCALEGNN_OFFLINE", "1")
     _ogb_papers(tmp_path / "root", _edge_graph(6))
@@ -574,7 +576,7 @@ def test_a_disk_too_small_is_refused_before_any_work(generated, tmp_path, monkey
     """The estimate of what staging writes against the free space of --out's disk."""
     import shutil
 
-    from scalegnn.parallel.staging import disk_plan
+    from scalegnn.shards.out_of_core import disk_plan
 
     info = json.loads((generated / "powerlaw" / "graph.json").read_text())
     sizes = dict(n=info["num_nodes"], nnz=info["stored_entries"], num_features=128, num_classes=32)

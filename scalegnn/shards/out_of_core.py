@@ -1,7 +1,7 @@
 """Out-of-core staging: ``scalegnn data shard dir:DIR --memory-budget SIZE`` writes the
-per-rank shard files of :mod:`.sharding` without holding the graph in memory.
+per-rank shard files of :mod:`.format` without holding the graph in memory.
 
-The in-memory path (:func:`.sharding.shard_command`) loads the whole ``Graph``, adds the
+The in-memory path (:func:`.write.shard_command`) loads the whole ``Graph``, adds the
 self loops, normalizes and cuts every (x, y, z)'s planes from it: ogbn-papers100M
 (3.2 G stored nonzeros) does not fit a node that way. Here the CSR arrays of a ``dir:``
 folder are read by memory map, a block of rows at a time, and each plane of each rank is
@@ -44,12 +44,12 @@ one row range of blocks (blocks) at a time each; each holds its own interpreter 
 vectors, and the budget's chunks are divided among them. A killed staging resumes: a
 shard file whose ``.sha256`` sidecar matches it (files), or a row range whose record
 lists the checksums its blocks still have (blocks), is kept, and the manifest (written
-last) lists every file's SHA-256, which :func:`.sharding.load_shard` verifies.
+last) lists every file's SHA-256, which :func:`.format.load_shard` verifies.
 
 ``--permute single`` relabels by the seed's P_c on the fly (new row i is old row
 ``perm[i]``, its columns mapped by ``perm^-1``: one N-sized int64 array each); ``double``
 adds sigma's two relabelings of the normalized matrix (rows by sigma for even layers,
-columns for odd ones: :class:`.sharding.AltOrdering`), read the same way.
+columns for odd ones: :class:`scalegnn.parallel.sharding.AltOrdering`), read the same way.
 
 Other inputs (:func:`stage_source`): a ``dir:`` folder of ``edge_index.npy``, an ``npz:``
 file and OGB's ogbn-papers100M files as OGB ships them are first streamed into a CSR
@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import socket
@@ -75,17 +74,16 @@ import numpy as np
 import torch
 
 from ..csr import runs, unique_keys
-from ..fileio import NpyAppender, atomic_write, drop_pages
-from ..sampling import CSRBlock
+from ..fileio import NpyAppender, atomic_write, drop_pages, file_sha256
+from ..parallel.grid import PMM_AXES
+from ..parallel.layout import PLANES
+from ..parallel.sharding import AltOrdering, RankShard, check_grid_shape, grid_coords, own_arrays, shared_blocks
 from ..ranges import split_range
-from .grid import PMM_AXES
-from .layout import PLANES
-from .sharding import (BLOCKS_DIR, SHARD_FORMAT, AltOrdering, RankShard, _check_shape, _mp_coords, _own_arrays,
-                       _rank_keys, _shard_name, _shared, adjacency_file, feature_blocks, feature_file, file_sha256,
-                       node_file, shard_storage_bytes, stored_blocks)
+from ..sampling import CSRBlock
+from .format import (BLOCKS_DIR, SHARD_FORMAT, adjacency_file, feature_blocks, feature_file, node_file,
+                     rank_plane_keys, shard_file_name, shard_storage_bytes, stored_blocks, write_manifest)
 
-__all__ = ["check_folder", "disk_plan", "file_sha256", "human_size", "memory_plan", "parse_size", "stage_out_of_core",
-           "stage_source",
+__all__ = ["check_folder", "disk_plan", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "stage_source",
            "symmetrize"]
 
 # The memory model of staging (module docstring), from counting the arrays live at each
@@ -220,7 +218,7 @@ def disk_plan(out: Path, *, n: int, nnz: int, num_features: int, num_classes: in
         need += 0 if seeded else 4 * n * num_features
     else:
         need = sum(shard_storage_bytes(n, nnz + n, max(1, num_features), max(1, num_classes), shape, c)["total"]
-                   for c in _mp_coords(shape))
+                   for c in grid_coords(shape))
     if user_csr:
         need += (nnz + n) * 8 + 2 * nnz * index  # row pointers, A^T, the symmetric columns
     have = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else 0
@@ -340,11 +338,11 @@ class _Source:
 
     def __init__(self, folder: Path, seed: int, permute: str = "none", split: tuple = (None, None),
                  topology: Path | None = None):
-        from ..datasets._core import SPLIT_FRACTIONS, DatasetError, draw_split
+        from ..datasets import DatasetError, draw_split
         from ..datasets.convert import SOURCE_NOTE
-        from ..datasets.files import _SPLIT_KEYS, _byo_split, byo_labels, read_npy
+        from ..datasets.files import SPLIT_KEYS, byo_labels, byo_split, read_npy
         from ..datasets.streaming import seeded_features
-        from ..graph import GraphValidationError, check_split, random_split
+        from ..graph import GraphValidationError, check_split
 
         self.folder = folder
         topology = folder if topology is None else Path(topology)  # a user's folder: its symmetric CSR, staged
@@ -366,20 +364,16 @@ class _Source:
         self.y = torch.from_numpy(y)
         self.nnz = int(self.indptr[-1])
         labeled = np.flatnonzero(y >= 0)
-        own = {k: read_npy(folder / f"{k}.npy") for keys in _SPLIT_KEYS.values() for k in keys
+        own = {k: read_npy(folder / f"{k}.npy") for keys in SPLIT_KEYS.values() for k in keys
                if (folder / f"{k}.npy").is_file()}
-        if own:  # the folder's own split, read as load_byo reads it
-            parts = [_byo_split(own, where, self.n, name, keys) for name, keys in _SPLIT_KEYS.items()]
-            self.split_note = "the file's own"
+        parts, self.split_note = byo_split(own, where, self.n, seed, labeled)  # as the in-memory reader's
+        if own:
             if (folder / SOURCE_NOTE).is_file():  # converted from a named dataset: its loader's name for the split
                 self.split_note = json.loads((folder / SOURCE_NOTE).read_text())["split"]
             try:  # as the Graph checks them
                 check_split(self.n, self.y, *parts)
             except GraphValidationError as exc:
                 raise DatasetError(f"{folder}: {exc}") from None
-        else:
-            parts = random_split(self.n, SPLIT_FRACTIONS, seed=seed, labeled=labeled)
-            self.split_note = f"random 50/25/25 seed {seed} (the file has no split)"
         if split[0] is not None:  # --split in place of it, drawn as datasets._core.apply_split draws it
             split_seed = seed if split[1] is None else int(split[1])
             parts, self.split_note = draw_split(split[0], split_seed, self.n, labeled, f"dir:{folder}",
@@ -467,7 +461,7 @@ class _Source:
     def block(self, rows: tuple, cols: tuple, chunk: int, view: str = "A") -> CSRBlock:
         """Rows ``rows`` x columns ``cols`` of the normalized A + I in the run's labeling --
         or, for the double permutation, of it with rows (``view="rows"``) or columns
-        (``view="cols"``) relabeled by sigma (:func:`.sharding.double_permuted`) -- read
+        (``view="cols"``) relabeled by sigma (:func:`scalegnn.parallel.sharding.double_permuted`) -- read
         ``chunk`` stored entries at a time; arrays as ``CSRBlock.from_graph`` makes them."""
         (r0, r1), (c0, c1) = rows, cols
         counts, cols_out, vals_out = [], [], []
@@ -526,7 +520,7 @@ def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str
                 permute: str = "none", split: tuple = (None, None), topology: str | None = None) -> dict:
     """One (x, y, z)'s shard file (kept when its ``.sha256`` sidecar matches it): its name,
     checksum and nonzeros per plane."""
-    path = Path(out_dir) / _shard_name(coords)
+    path = Path(out_dir) / shard_file_name(coords)
     side = path.with_name(path.name + ".sha256")
     if path.exists() and side.exists():
         digest, nnz = side.read_text().split()[0], json.loads(side.read_text().split(maxsplit=1)[1])
@@ -537,8 +531,8 @@ def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str
     vr = {ax: split_range(src.n, sizes[ax], coords[ax]) for ax in PMM_AXES}
     f0, f1 = split_range(src.num_features, sizes["z"], coords["z"])
     keys = [(vr[rows], vr[cols]) for rows, cols in PLANES]
-    def planes(view: str) -> tuple:  # sharding._planes, from the rows read in chunks
-        made = _shared(keys, lambda key: _own_arrays(src.block(*key, chunk, view)))
+    def planes(view: str) -> tuple:  # as sharding cuts planes, from the rows read in chunks
+        made = shared_blocks(keys, lambda key: own_arrays(src.block(*key, chunk, view)))
         return tuple(made[k] for k in keys)
 
     sl = lambda t: {ax: t[vr[ax][0]: vr[ax][1]].clone() for ax in PMM_AXES}  # noqa: E731
@@ -653,7 +647,7 @@ def _run(write, jobs: list, workers: int) -> list:
 
 
 def _stage_blocks(src: _Source, args: tuple, shape: tuple, out: Path, chunk: int, workers: int) -> dict:
-    """The blocks layout (:func:`.sharding.stored_blocks`): what the manifest says of it."""
+    """The blocks layout (:func:`.format.stored_blocks`): what the manifest says of it."""
     folder, seed, permute, split, topology = args
     stored = stored_blocks(shape, src.n)
     by_rows: dict = {}
@@ -685,7 +679,7 @@ def _stage_blocks(src: _Source, args: tuple, shape: tuple, out: Path, chunk: int
         ip = np.load(out / adjacency_file(block, "indptr"), mmap_mode="r")
         return int(ip[key[0][1] - block[0][0]] - ip[key[0][0] - block[0][0]])
 
-    per_rank = [[plane_nnz(k) for k in _rank_keys(shape, src.n, c)] for c in _mp_coords(shape)]
+    per_rank = [[plane_nnz(k) for k in rank_plane_keys(shape, src.n, c)] for c in grid_coords(shape)]
     return {"layout": "blocks", "files": sorted(sums), "sha256": sums, "nnz_per_shard": per_rank,
             "features": features, "resumed": sum(d["resumed"] for d in done),
             "records": [_rows_record(out, rows) for rows in by_rows]}
@@ -714,7 +708,7 @@ def stage_source(name: str, grid_shape, out_dir, *, data_root=None, **kwargs) ->
         budget, workers = kwargs.get("memory_budget", 512 << 20), kwargs.get("workers", 1)
         permute, layout = kwargs.get("permute", "none"), kwargs.get("layout", "files")
         _check_options(permute, budget, workers, layout)
-        plan = memory_plan(budget, **input_sizes(name, data_root), shape=_check_shape(grid_shape), permute=permute,
+        plan = memory_plan(budget, **input_sizes(name, data_root), shape=check_grid_shape(grid_shape), permute=permute,
                            layout=layout, workers=workers, user_csr=True)  # before the conversion's hours
         convert(name, converted, data_root=data_root, chunk=kwargs.get("chunk_entries") or plan["chunk"] * workers)
         done.write_text(name)
@@ -752,12 +746,12 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
                       chunk_entries: int | None = None, layout: str = "files", name: str | None = None,
                       users: bool = True) -> list[Path]:
     """``scalegnn data shard dir:FOLDER --memory-budget SIZE``: the shard files and
-    manifest of :func:`.sharding.save_shards` for the graph in ``folder`` (generated, or a
+    manifest of :func:`.write.save_shards` for the graph in ``folder`` (generated, or a
     user's CSR folder: :func:`check_folder`), written rank file by rank file from
     memory-mapped arrays (see the module docstring). Returns the written paths, the
     manifest last. ``chunk_entries`` overrides the stored entries read at a time
     (default: from the budget; tests make it small). ``layout``: ``files`` (a file per
-    (x, y, z)) or ``blocks`` (each distinct block once, :func:`.sharding.stored_blocks`;
+    (x, y, z)) or ``blocks`` (each distinct block once, :func:`.format.stored_blocks`;
     one pass over the graph; single or no permutation). ``users``: a user's graph, whose
     symmetrizing is stated and recorded (a named dataset converted here is undirected by
     its definition, as its in-memory loader reads it)."""
@@ -765,10 +759,10 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     _check_options(permute, memory_budget, workers, layout)
     kind = check_folder(folder)
     if split[0] is not None:
-        from ..datasets._core import split_flag
+        from ..datasets import split_flag
 
         split = (split_flag(split[0]), split[1])  # canonical, as the CLI's --split parses it
-    shape = _check_shape(grid_shape)
+    shape = check_grid_shape(grid_shape)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = name or f"dir:{folder}"
@@ -802,7 +796,7 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
         files, sums, per_rank, resumed = staged["files"], staged["sha256"], staged["nnz_per_shard"], staged["resumed"]
     else:
         done = _run(_write_rank, [(str(folder), int(seed), shape, c, str(out), name, chunk, permute, split, topology)
-                                  for c in _mp_coords(shape)], workers)
+                                  for c in grid_coords(shape)], workers)
         _SOURCE.clear()
         files, per_rank, resumed = [d["file"] for d in done], [d["nnz"] for d in done], sum(d["resumed"] for d in done)
         sums = {d["file"]: d["sha256"] for d in done}
@@ -819,8 +813,7 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     }
     if layout == "blocks":
         manifest.update(layout="blocks", features=staged["features"])
-    mpath = out / "manifest.json"
-    atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
+    mpath = write_manifest(out, manifest)
     for done_record in [out / (f + ".sha256") for f in files] + (staged["records"] if layout == "blocks" else []):
         done_record.unlink(missing_ok=True)  # after the manifest: a staging killed before it still resumes
     if topology is not None:
