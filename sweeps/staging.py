@@ -118,7 +118,7 @@ class StageSet:
                 *(["--stand-in-labels"] if self.stand_in_labels else []), *ooc]
 
     def done(self) -> bool:
-        from scalegnn.shards.format import has_manifest
+        from scalegnn.shards.names import has_manifest
 
         return has_manifest(self.folder)
 

@@ -471,7 +471,7 @@ def byo_sources(kind: str, path: Path) -> list[Path]:
 
 
 SPLIT_KEYS = {"train": ("train_idx", "train_mask"), "val": ("val_idx", "val_mask", "valid_idx", "valid_mask"),
-               "test": ("test_idx", "test_mask")}
+              "test": ("test_idx", "test_mask")}
 
 
 def byo_has_split(kind: str, path: Path, files: list[Path]) -> bool:
@@ -591,14 +591,16 @@ def _byo_split(a: dict, where: str, n: int, split: str, keys: tuple[str, ...]) -
     return torch.from_numpy(np.sort(vertex_ids(where, key, v).reshape(-1)))
 
 
-def byo_split(a: dict, where: str, n: int, seed: int, labeled) -> tuple[list[torch.Tensor], str]:
+def byo_split(a: dict, where: str, n: int, seed: int, y: np.ndarray) -> tuple[list[torch.Tensor], str]:
     """(train, val, test ids, provenance note) of a bring-your-own graph of ``n`` vertices
     whose arrays ``a`` hold every split key it has (:data:`SPLIT_KEYS`): its own split,
-    or, with none, the seeded random 50/25/25 split of ``labeled`` (ids; None: every
-    vertex) by the run's ``seed``, as for the built-in graphs without one. The one rule
-    for the in-memory reader (:func:`load_byo`) and out-of-core staging."""
+    or, with none, the seeded random 50/25/25 split by the run's ``seed`` of the vertices
+    its labels ``y`` label (class ids >= 0; every vertex for multi-hot labels), as for the
+    built-in graphs without one. The one rule for the in-memory reader (:func:`load_byo`)
+    and out-of-core staging."""
     if any(k in a for names in SPLIT_KEYS.values() for k in names):
         return [_byo_split(a, where, n, split, keys) for split, keys in SPLIT_KEYS.items()], "the file's own"
+    labeled = np.flatnonzero(y >= 0) if y.ndim == 1 else None
     return random_split(n, SPLIT_FRACTIONS, seed=seed, labeled=labeled), \
         f"random 50/25/25 seed {seed} (the file has no split)"
 
@@ -727,7 +729,7 @@ def load_byo(name: str, kind: str, path: Path, files: list[Path], seed: int = 0)
     if w is not None:
         counts["weighted"] = True
 
-    splits, note = byo_split(a, where, n, seed, np.flatnonzero(y >= 0) if y.ndim == 1 else None)
+    splits, note = byo_split(a, where, n, seed, y)
     split_note = {"split": note}
 
     return make_graph(

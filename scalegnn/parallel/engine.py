@@ -153,7 +153,7 @@ class ParallelEngine:
 
     Args:
         graph: the GCN-normalized full graph (every rank cuts its shard from it), or
-            None when ``shard`` is given (loaded with :func:`sharding.load_shard`).
+            None when ``shard`` is given (loaded with :func:`scalegnn.shards.load_shard`).
         model_cfg, optim_cfg: the model and AdamW settings.
         batch_size: B, sampled vertices per step (N: full-graph training).
         seed: the run's seed (weights, samples, dropout); epochs: for the LR schedule.

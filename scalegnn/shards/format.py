@@ -26,8 +26,8 @@ drop again (they are clean): its resident memory is what it uses, and ranks of o
 that read the same file (data-parallel replicas) share those pages. On a GPU,
 ``RankShard.to`` copies each array over once and the mapping is dropped with the state.
 
-No module outside this package opens a manifest or names a shard file
-(tests/harness/test_architecture.py checks it).
+No module outside this package opens a manifest, names a shard file or reaches a private
+helper of the shards (tests/harness/test_architecture.py checks it).
 """
 
 from __future__ import annotations
@@ -44,26 +44,15 @@ from ..parallel.layout import PLANES
 from ..parallel.sharding import SHARD_FORMAT, RankShard, check_grid_shape, grid_coords, plane_sharing, shared_blocks
 from ..ranges import split_range
 from ..sampling import CSRBlock
+from .names import (BLOCKS_DIR, MANIFEST, NODE_ARRAYS, adjacency_file, feature_file, has_manifest, node_file,
+                    shard_file_name)
 
 __all__ = ["SHARD_FORMAT", "MANIFEST", "BLOCKS_DIR", "NODE_ARRAYS", "shard_file_name", "has_manifest", "redo_hint",
            "read_manifest", "write_manifest", "check_shard_manifest", "shard_nnz_stats", "shard_storage_bytes",
            "rank_plane_keys", "stored_blocks", "feature_blocks", "adjacency_file", "feature_file", "node_file",
            "verify_shard_file", "load_shard"]
 
-MANIFEST = "manifest.json"  # written last: a folder without it holds no complete shard set
-BLOCKS_DIR = "blocks"  # the blocks layout's arrays (manifest "layout": "blocks")
-NODE_ARRAYS = ("y", "train_mask", "val_mask", "test_mask")
 SEEDED_ROWS_ENTRIES = 1 << 18  # seeded features computed at load this many entries at a time (~50 B of scratch each)
-
-
-def shard_file_name(coords: dict) -> str:
-    """The files layout's file of the rank at ``coords`` ({"x", "y", "z"})."""
-    return f"shard_x{coords['x']}_y{coords['y']}_z{coords['z']}.pt"
-
-
-def has_manifest(folder) -> bool:
-    """Whether ``folder`` holds a complete shard set (its manifest is written last)."""
-    return (Path(folder) / MANIFEST).is_file()
 
 
 def redo_hint(folder) -> str:
@@ -172,25 +161,10 @@ def feature_blocks(grid_shape, n: int, num_features: int) -> list:
     return sorted({(split_range(n, gx, i), split_range(num_features, gz, k)) for i in range(gx) for k in range(gz)})
 
 
-def adjacency_file(key: tuple, part: str) -> str:
-    """Relative path of array ``part`` (indptr, indices, values) of block ``key``."""
-    (r0, r1), (c0, c1) = key
-    return f"{BLOCKS_DIR}/A_r{r0}-{r1}_c{c0}-{c1}.{part}.npy"
-
-
-def feature_file(key: tuple) -> str:
-    (r0, r1), (f0, f1) = key
-    return f"{BLOCKS_DIR}/X_r{r0}-{r1}_f{f0}-{f1}.npy"
-
-
-def node_file(key: str) -> str:
-    return f"{BLOCKS_DIR}/{key}.npy"
-
-
 def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, verify: str, redo: str) -> RankShard:
     """The RankShard of the rank at ``coords`` from a blocks-layout folder: its stored
     blocks mapped (copy-on-write: pages read when touched, never written back), row slices
-    cut from them as :func:`share_planes` cuts them, its label and mask ranges copied out
+    cut from them as :func:`scalegnn.parallel.sharding.share_planes` cuts them, its label and mask ranges copied out
     of the whole-graph vectors, its feature block mapped or, for seeded features, computed
     from the seed (:class:`scalegnn.datasets.streaming.SeededFeatures`)."""
     import numpy as np

@@ -366,7 +366,7 @@ class _Source:
         labeled = np.flatnonzero(y >= 0)
         own = {k: read_npy(folder / f"{k}.npy") for keys in SPLIT_KEYS.values() for k in keys
                if (folder / f"{k}.npy").is_file()}
-        parts, self.split_note = byo_split(own, where, self.n, seed, labeled)  # as the in-memory reader's
+        parts, self.split_note = byo_split(own, where, self.n, seed, y)  # as the in-memory reader's
         if own:
             if (folder / SOURCE_NOTE).is_file():  # converted from a named dataset: its loader's name for the split
                 self.split_note = json.loads((folder / SOURCE_NOTE).read_text())["split"]

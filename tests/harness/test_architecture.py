@@ -195,73 +195,123 @@ def test_the_checks_can_fail():
 # --------------------------------------------------------------------------- the shard files' contract
 SHARD_PACKAGE = "scalegnn.shards"
 SHARD_MODULES = ("scalegnn.shards", "scalegnn.parallel.sharding")  # and every module of the package
+SHARD_FILE_TEXT = ("manifest.json", "shard_x", ".verified")  # what only the package's names spell
+SHARD_INSIDE_NAMES = ("MANIFEST",)  # public in the package, for its own modules: outside, has_manifest/read_manifest
 
 
-def _shard_contract_breaches(module: str, source: str, is_package: bool = False) -> list[str]:
-    """Where ``source`` (the code of ``module``) reaches past the shard files' public
-    names: a string naming the manifest file (outside docstrings: the code that opens
-    it), or a private name (``_x``) of scalegnn.shards or scalegnn.parallel.sharding
-    imported or read as an attribute of the module."""
-    tree = ast.parse(source)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+def _module_names(module: str, tree: ast.AST, is_package: bool) -> tuple[dict[str, str], list[tuple]]:
+    """({local name: the dotted name it is bound to} of every import in ``tree``, [(line,
+    dotted name) of every name imported with ``from``]), relative imports resolved from
+    ``module`` (a package's ``__init__`` when ``is_package``)."""
     package = module if is_package else module.rpartition(".")[0]
-    aliases, out = set(), []
+    bound, imported = {}, []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "manifest.json" in node.value \
-                and id(node) not in docstrings:
-            out.append(f"{module}:{node.lineno} names the shard manifest ({node.value[:40]!r})")
-        elif isinstance(node, ast.ImportFrom):
+        if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             for alias in node.names:
-                target = f"{base}.{alias.name}"
-                if base.startswith(SHARD_MODULES) and alias.name.startswith("_"):
-                    out.append(f"{module}:{node.lineno} imports {target}")
-                elif target.startswith(SHARD_MODULES):
-                    aliases.add(alias.asname or alias.name)
+                bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+                imported.append((node.lineno, f"{base}.{alias.name}"))
         elif isinstance(node, ast.Import):
-            aliases.update(a.asname for a in node.names if a.asname and a.name.startswith(SHARD_MODULES))
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+                else:
+                    root = alias.name.split(".")[0]
+                    bound[root] = root
+    return bound, imported
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _shard_contract_breaches(module: str, source: str, is_package: bool = False) -> list[str]:
+    """Where ``source`` (the code of ``module``, outside the shard package) reaches past the
+    shard files' public names: a string spelling a shard file's name (outside docstrings:
+    the code that opens it), or a private name (``_x``) or the package's own ``MANIFEST``
+    of scalegnn.shards or scalegnn.parallel.sharding, imported or read as an attribute
+    (through any alias of the module or of a package above it)."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    bound, imported = _module_names(module, tree, is_package)
+    out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-            owner = node.value
-            dotted = ast.unparse(owner)
-            if (isinstance(owner, ast.Name) and owner.id in aliases) or dotted.startswith(SHARD_MODULES):
-                out.append(f"{module}:{node.lineno} reads {dotted}.{node.attr}")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                and any(s in node.value for s in SHARD_FILE_TEXT):
+            out.append(f"{module}:{node.lineno} spells a shard file's name ({node.value[:40]!r})")
+    for line, dotted in imported:
+        owner, _, name = dotted.rpartition(".")
+        if owner.startswith(SHARD_MODULES) and (_private(name) or name in SHARD_INSIDE_NAMES):
+            out.append(f"{module}:{line} imports {dotted}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (_private(node.attr) or node.attr in SHARD_INSIDE_NAMES):
+            root, _, rest = ast.unparse(node.value).partition(".")
+            owner = ".".join(filter(None, (bound.get(root, ""), rest))) if root in bound else ""
+            if owner.startswith(SHARD_MODULES):
+                out.append(f"{module}:{node.lineno} reads {owner}.{node.attr}")
     return out
 
 
+def _reaches_out_of_the_shards(module: str, source: str, is_package: bool = False) -> list[str]:
+    """Private names a module of the shard package imports from outside it (a ``_x``
+    name, or any name of a private module such as ``datasets._core``)."""
+    _, imported = _module_names(module, ast.parse(source), is_package)
+    return [f"{module}:{line} imports {dotted}" for line, dotted in imported
+            if dotted.startswith("scalegnn.") and not dotted.startswith(SHARD_PACKAGE + ".")
+            and any(_private(part) for part in dotted.split("."))]
+
+
+def _outside(module: str) -> bool:
+    return module != SHARD_PACKAGE and not module.startswith(SHARD_PACKAGE + ".")
+
+
 def test_only_the_shard_package_knows_the_files():
-    """No module outside scalegnn.shards opens a shard manifest or names a private helper
-    of the shards (scalegnn.shards.*, scalegnn.parallel.sharding): the file names, the
-    manifest and the checks are read through the package's public names."""
+    """No module outside scalegnn.shards opens a shard manifest, spells a shard file's name
+    or names a private helper of the shards (scalegnn.shards.*, scalegnn.parallel.sharding):
+    the file names, the manifest and the checks are read through the package's public
+    names. And the package itself reads the datasets and the parallel core through their
+    public names only."""
     breaches = [b for module, path in sorted(MODULES.items())
-                if module != SHARD_PACKAGE and not module.startswith(SHARD_PACKAGE + ".")
-                and module != "scalegnn.parallel.sharding"
+                if _outside(module) and module != "scalegnn.parallel.sharding"
                 for b in _shard_contract_breaches(module, path.read_text(), path.name == "__init__.py")]
+    breaches += [b for module, path in sorted(MODULES.items()) if not _outside(module)
+                 for b in _reaches_out_of_the_shards(module, path.read_text(), path.name == "__init__.py")]
+    assert {m for m in MODULES if not _outside(m)} >= {"scalegnn.shards.format", "scalegnn.shards.out_of_core"}
     assert not breaches, "\n".join(breaches)
 
 
 def test_the_shard_contract_check_can_fail():
     """Each kind of breach, planted, is found; the public names and a docstring are not."""
     planted = {
-        'import json\nm = json.loads(open(f"{d}/manifest.json").read())': ["names the shard manifest"],
+        'import json\nm = json.loads(open(f"{d}/manifest.json").read())': ["spells a shard file's name"],
+        'p = folder / f"shard_x{i}_y{j}_z{k}.pt"': ["spells a shard file's name"],
         "from scalegnn.parallel.sharding import _mp_coords": ["imports scalegnn.parallel.sharding._mp_coords"],
         "from ..shards.format import _load_blocks": ["imports scalegnn.shards.format._load_blocks"],
         "from .sharding import _check_shape": ["imports scalegnn.parallel.sharding._check_shape"],  # in parallel/
-        "import scalegnn.shards.out_of_core as ooc\nooc._Source": ["reads ooc._Source"],
-        "from scalegnn.shards import format as f\nf._rank_keys(1, 2, 3)": ["reads f._rank_keys"],
+        "from scalegnn.shards import MANIFEST": ["imports scalegnn.shards.MANIFEST"],
+        "import scalegnn.shards.out_of_core as ooc\nooc._Source": ["reads scalegnn.shards.out_of_core._Source"],
+        "from scalegnn.shards import format as f\nf._rank_keys(1, 2, 3)": ["reads scalegnn.shards.format._rank_keys"],
         "import scalegnn.parallel.sharding\nscalegnn.parallel.sharding._split_masks": [
             "reads scalegnn.parallel.sharding._split_masks"],
-        '"""Reads manifest.json."""\nfrom scalegnn.shards import read_manifest, load_shard\nx.__class__': [],
+        "from scalegnn import shards\nshards.format._load_blocks": ["reads scalegnn.shards.format._load_blocks"],
+        "import scalegnn.parallel as p\np.sharding._x": ["reads scalegnn.parallel.sharding._x"],
+        "from scalegnn import shards\nd / shards.MANIFEST": ["reads scalegnn.shards.MANIFEST"],
+        '"""Reads manifest.json."""\nfrom scalegnn.shards import read_manifest, load_shard\nx.__class__\nshard._x': [],
     }
     for source, want in planted.items():
         module = "scalegnn.parallel.probe" if source.startswith("from .sharding") else "scalegnn.benchmarks.probe"
         found = _shard_contract_breaches(module, source)
         assert len(found) == len(want) and all(w in f for w, f in zip(want, found)), (source, found)
+    inside = "from ..datasets._core import draw_split\nfrom ..datasets.files import _byo_split, byo_split\n" \
+             "from .format import _load_blocks\nfrom ..parallel.sharding import grid_coords"
+    assert _reaches_out_of_the_shards("scalegnn.shards.probe", inside) == [
+        "scalegnn.shards.probe:1 imports scalegnn.datasets._core.draw_split",
+        "scalegnn.shards.probe:2 imports scalegnn.datasets.files._byo_split"]
 
 
 def test_no_test_module_imports_another():

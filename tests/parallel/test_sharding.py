@@ -1,4 +1,4 @@
-"""Sharding (scalegnn/parallel/sharding.py): shard files round-trip (and keep their split),
+"""Sharding (scalegnn/parallel/sharding.py) and the shard files (scalegnn/shards/): shard files round-trip (and keep their split),
 a damaged one is one line naming the file and the fix, the shard command, and rotation
 planes that share storage (one block for equal ranges, a row slice for rows inside
 another plane's over the same columns): the same numbers as separate copies, with less
