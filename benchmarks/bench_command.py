@@ -11,6 +11,11 @@ and end-to-end measurements that write JSON and a Markdown table.
     scalegnn bench scaling       step time vs nonzeros at a fixed batch ratio; log-log slope
     scalegnn bench threads       thread policies of runs side by side under a competing load
                                  (benchmarks/thread_policy.py)
+    scalegnn bench collectives   all-reduce / all-gather latency and bus bandwidth on this
+                                 machine's ranks: a profile's [network] constants
+                                 (benchmarks/collectives.py)
+    scalegnn bench kernels       GEMM, SpMM and memory bandwidth on this device: a profile's
+                                 [compute] constants (benchmarks/kernels.py)
 
 Every command prints its table and writes ``OUT/<name>.json`` and ``OUT/<name>.md``
 (default ``results/bench``). Timings are medians of interleaved repetitions measured
@@ -25,7 +30,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,31 +40,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .common import machine_info, markdown_table
+
 __all__ = ["run_bench_command", "random_csr", "sampler_bench", "permutation_bench",
            "ablation_bench", "steps_bench", "scaling_bench", "markdown_table", "ABLATION"]
 
 
 # --------------------------------------------------------------------------- helpers
-def _machine() -> dict:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "load_avg_1m": round(load[0], 2),
-            "python": platform.python_version()}
-
-
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    def cell(v):
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-        if isinstance(v, int) and not isinstance(v, bool):
-            return f"{v:,}"
-        return str(v)
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _write(out_dir: str | None, name: str, payload: dict, md: str) -> None:
     print(md)
     if out_dir is None:
@@ -233,7 +219,7 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
     from scalegnn.baselines.distdgl.harness import dgl_python as find_dgl_python
 
     dgl_py = find_dgl_python(dgl_python, required=False) if "dgl" in peers else None
-    load_before = _machine()["load_avg_1m"]
+    load_before = machine_info()["load_avg_1m"]
     for rep in range(reps):
         for name, fn in methods.items():
             t, c = time.perf_counter(), time.process_time()
@@ -300,7 +286,7 @@ def _sampler_bench(n, nnz, batch, reps, threads, dgl_python, peers, seed):
                "line_bytes_touched": line_bytes, "line_floor_ms": line_bytes / bandwidth * 1e3,
                "cpu_times_s": cpu_times, "cpu_median_ms": cpu_med,
                "cpu_fastest_peer": min(peer_names, key=cpu_med.get) if peer_names else None,
-               "load_avg_before": load_before, "machine": _machine(), "numba": _sampling_kernel.available()}
+               "load_avg_before": load_before, "machine": machine_info(), "numba": _sampling_kernel.available()}
     md = (f"Sampler step (sample B, extract, rescale, both CSRs) on a generated graph, N = {n:,}, "
           f"nnz = {nnz:,}, B = {batch:,}; {threads} torch threads; median of {reps} interleaved repetitions "
           f"(load average {load_before} -> {payload['machine']['load_avg_1m']}).\n\n")
@@ -342,7 +328,7 @@ def permutation_bench(data_root: str | None = None, scale: int = 18, parts: int 
         results[name] = {"num_nodes": graph.num_nodes, "nnz": graph.num_edges, **lb}
         rows.append([label, graph.num_nodes, graph.num_edges] + [f"{lb[m]['max_over_mean']:.3f}"
                                                                 for m in ("original", "single", "double")] + [""])
-    payload = {"bench": "permutation", "parts": parts, "seed": seed, "results": results, "machine": _machine()}
+    payload = {"bench": "permutation", "parts": parts, "seed": seed, "results": results, "machine": machine_info()}
     md = (f"Load balance: max / mean nonzeros over the {parts} x {parts} shards of the GCN-normalized adjacency "
           f"(A + I), Plexus Table 3's measure.\n\n")
     md += markdown_table(["graph", "N", "nnz", "original", "single permutation", "double permutation", "notes"], rows)
@@ -439,7 +425,7 @@ def ablation_bench(grid: str = "1x2x2x2", dataset: str = "csbm:n=20000,avg_degre
     md += markdown_table(["config"] + kinds, [[r["name"]] + [int(r["bytes_per_step"].get(k, 0)) for k in kinds]
                                               for r in res])
     payload = {"bench": "ablation", "grid": grid, "dataset": dataset, "batch_ratio": batch_ratio, "hidden": hidden,
-               "layers": layers, "steps": steps, "results": res, "machine": _machine()}
+               "layers": layers, "steps": steps, "results": res, "machine": machine_info()}
     return payload, md
 
 
@@ -465,7 +451,7 @@ def steps_bench(grids: tuple = ("1x1x1x2", "1x2x1x1", "1x2x2x2", "2x2x2x2"),
     md = (f"One training step per grid ({dataset}, B = {batch_ratio} N, L = {layers}, hidden {hidden}; gloo "
           f"processes on {os.cpu_count()} cores); ms per step on rank 0, mean of {steps} steps.\n\n")
     md += markdown_table(["grid", "ranks", "step"] + list(COMPONENTS) + ["bytes sent / step"], rows)
-    return {"bench": "steps", "dataset": dataset, "results": results, "machine": _machine()}, md
+    return {"bench": "steps", "dataset": dataset, "results": results, "machine": machine_info()}, md
 
 
 # --------------------------------------------------------------------------- item 8: scaling
@@ -525,7 +511,7 @@ def _scaling_bench(nnzs, avg_degree, batch_ratio, reps, hidden, features, layers
     payload = {"bench": "scaling", "batch_ratio": batch_ratio, "avg_degree": avg_degree, "results": results,
                "slope_sample": slope("sample_ms"), "slope_step": slope("step_ms"),
                "slope_sample_min": slope("sample_min_ms"), "slope_step_min": slope("step_min_ms"),
-               "machine": _machine()}
+               "machine": machine_info()}
     md = (f"Step time vs graph size at B = {batch_ratio} N (generated graphs, average degree {avg_degree}, "
           f"one process, hidden {hidden}, {layers} layers, {features} features, {torch.get_num_threads()} torch "
           f"threads; median and min of {reps}).\n\n")
@@ -567,6 +553,16 @@ def run_bench_command(args) -> int:
     elif cmd == "scaling":
         payload, md = scaling_bench(tuple(int(float(v)) for v in args.nnz.split(",")), reps=args.reps,
                                     batch_ratio=args.batch_ratio, threads=args.threads)
+    elif cmd == "collectives":
+        from .collectives import collectives_bench
+
+        payload, md = collectives_bench(args)
+        if payload is None:  # a rank other than 0 of a launched job: rank 0 writes
+            return 0
+    elif cmd == "kernels":
+        from .kernels import kernels_bench
+
+        payload, md = kernels_bench(args)
     elif cmd == "threads":
         from .thread_policy import run as thread_bench
 

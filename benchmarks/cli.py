@@ -65,6 +65,21 @@ def add_commands(sub) -> None:
     c.add_argument("--reps", type=int, default=7)
     c.add_argument("--batch-ratio", type=float, default=0.1)
     c.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    co = bs.add_parser("collectives", help="all-reduce and all-gather times by size on this machine's ranks: the "
+                       "latency and bus bandwidth of the planner's [network] constants (benchmarks/collectives.py)")
+    co.add_argument("--nproc", type=int, default=2, help="local ranks to start (ignored under a launcher: the job's)")
+    co.add_argument("--backend", default=None, help="gloo, nccl (default: nccl on GPUs, else gloo)")
+    co.add_argument("--sizes", default="4K,64K,1M,16M", help="message sizes in bytes per rank (K, M, G suffixes)")
+    co.add_argument("--reps", type=int, default=10)
+    co.add_argument("--profile", default=None, help="a cluster profile to compare the measured constants with")
+    k = bs.add_parser("kernels", help="GEMM, SpMM and memory-bandwidth throughput on this device: the planner's "
+                      "[compute] constants (benchmarks/kernels.py)")
+    k.add_argument("--device", default=None, help="cpu, cuda (default: cuda when there is one)")
+    k.add_argument("--batch", type=float, default=2.4e5, help="rows of the GEMM and SpMM operands (B)")
+    k.add_argument("--hidden", type=int, default=256)
+    k.add_argument("--nnz", type=float, default=None, help="entries of the SpMM's sparse matrix (default 30 B)")
+    k.add_argument("--reps", type=int, default=10)
+    k.add_argument("--profile", default=None, help="a cluster profile to compare the measured constants with")
     from .thread_policy import add_arguments as add_thread_arguments
 
     add_thread_arguments(bs.add_parser("threads", help="thread policies (torch's default, one, auto) of runs side "

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from scalegnn.fileio import atomic_write
 
-from .bench_command import markdown_table
+from .common import markdown_table
 
 __all__ = ["RECIPE", "BASE", "VARIANTS", "recipe", "command", "run_variant", "main"]
 

@@ -23,8 +23,6 @@ ratios are ours / peer (below 1: ours is faster). Timings are for an idle machin
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import subprocess
 import tempfile
@@ -33,22 +31,9 @@ import time
 import numpy as np
 import torch
 
+from .common import machine_info, markdown_table
+
 __all__ = ["neighbor_sampler_bench", "random_symmetric_graph"]
-
-
-# small helpers of their own: ``benchmarks.bench_command`` dispatches here, so this module does not import it
-def _machine() -> dict:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "load_avg_1m": round(load[0], 2)}
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    def cell(v):
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows])
 
 
 def random_symmetric_graph(n: int, nnz: int, seed: int = 0) -> torch.Tensor:
@@ -149,7 +134,7 @@ def neighbor_sampler_bench(n: int = 10**6, nnz: int = 2 * 10**7, batch: int = 10
         times = {k: [] for k in methods}
         for fn in methods.values():  # warm-up: JIT compile (or cache load), allocator
             fn()
-        load_before = _machine()["load_avg_1m"]
+        load_before = machine_info()["load_avg_1m"]
         for rep in range(reps):
             step[0] = rep
             for name, fn in methods.items():
@@ -191,9 +176,9 @@ def neighbor_sampler_bench(n: int = 10**6, nnz: int = 2 * 10**7, batch: int = 10
     payload = {"bench": "neighbor-sampler", "n": n, "nnz": int(topo.indices.numel()), "batch": batch,
                "fanouts": list(fanouts), "reps": reps, "threads": threads, "times_s": times, "median_ms": med,
                "peer_info": info, "ratios": {o: {p: med[o] / med[p] for p in peers} for o in ours},
-               "load_avg_before": load_before, "machine": _machine(), "numba": available()}
+               "load_avg_before": load_before, "machine": machine_info(), "numba": available()}
     md = (f"L-level neighbor sampling, B = {batch:,} seeds, fanouts {','.join(map(str, fanouts))} (seeds' hop "
           f"first), generated symmetric graph N = {n:,}, nnz = {payload['nnz']:,}; {threads} torch threads; median "
           f"of {reps} interleaved repetitions (load average {load_before} -> {payload['machine']['load_avg_1m']}).\n\n")
-    md += _table(["method", "median ms", "min ms"] + [f"{o} / peer" for o in ours] + ["notes"], rows)
+    md += markdown_table(["method", "median ms", "min ms"] + [f"{o} / peer" for o in ours] + ["notes"], rows)
     return payload, md

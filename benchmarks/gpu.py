@@ -47,7 +47,8 @@ from pathlib import Path
 
 import torch
 
-from scalegnn.benchmarks.bench_command import _machine, markdown_table, random_csr
+from scalegnn.benchmarks.bench_command import random_csr
+from scalegnn.benchmarks.common import machine_info, markdown_table
 from scalegnn.device import device_info, peak_device_memory_bytes, reset_peak_memory, synchronize
 from scalegnn.parallel.context import tf32_matmuls
 
@@ -498,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     out = Path(args.out)
     res = {"command": "python3 -m scalegnn.benchmarks.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "machine": _machine(), "device": device_info(device), "target": args.target, "settings": vars(args)}
+           "machine": machine_info(), "device": device_info(device), "target": args.target, "settings": vars(args)}
     # Each section on its own: one that fails is recorded ({"status": "failed", "error": ...})
     # and the next one runs; the files are rewritten after each, so a run cut short keeps
     # what it measured.

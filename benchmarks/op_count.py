@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([label] + [f"{counts[k].total} ({counts[k].fused_kernels})" for k in
                                ("sample", "forward", "backward", "optimizer")]
                     + [sum(counts[k].int64_2d.values()) for k in ("forward", "backward")])
-    from scalegnn.benchmarks.bench_command import markdown_table
+    from scalegnn.benchmarks.common import markdown_table
 
     md = (f"Launches per training step, L = {args.layers}, hidden {args.hidden}, one process, torch "
           f"{torch.__version__}: operators that do work + compiled kernels (of which compiled), per phase; "

@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from scalegnn.benchmarks.bench_command import markdown_table
+from .common import markdown_table
 
 __all__ = ["DeviceSpec", "DEVICE_SPECS", "device_spec", "StepWorkload", "Bound", "step_bounds", "roofline_rows",
            "roofline_markdown", "COMPONENT_OF"]

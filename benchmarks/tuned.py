@@ -34,7 +34,7 @@ from pathlib import Path
 
 from scalegnn.fileio import atomic_write
 
-from .bench_command import _machine, markdown_table
+from .common import machine_info, markdown_table
 
 __all__ = ["load_tuned", "run_order", "compare", "main"]
 
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     dataset = next(iter(tuned.values()))["spec"]["dataset"]
     common = {s: list(tuned[s]["spec"]["train_flags"]) for s in systems}
     doc = {"command": "python -m scalegnn.benchmarks.tuned " + shlex.join(sys.argv[1:] if argv is None else argv),
-           "machine_before": _machine(), "dataset": dataset, "target": args.target, "seeds": args.seeds,
+           "machine_before": machine_info(), "dataset": dataset, "target": args.target, "seeds": args.seeds,
            "max_epochs": args.max_epochs, "tuned_from": {s: tuned[s]["path"] for s in systems},
            "budget": {s: {"epochs": tuned[s]["spec"]["epochs"], "configurations": len(tuned[s]["trials"]),
                           "space": tuned[s]["spec"]["space"]} for s in systems}}
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         tables["paper"] = {s: common[s] for s in systems}
     for name, settings in tables.items():
         doc[name] = compare(settings, dataset, args.target, args.seeds, args.max_epochs, extra, args.out / name)
-    doc["machine_after"] = _machine()
+    doc["machine_after"] = machine_info()
     md = markdown(doc)
     text = json.dumps(doc, indent=1)
     atomic_write(args.out / "tuned.json", lambda f: f.write(text), text=True)

@@ -289,13 +289,16 @@ def _fit(folder: str, cluster: str, machine):
 
 
 def _plan_paper() -> int:
-    from scalegnn.analysis.paper_model import MACHINES, format_table, paper_table
+    from scalegnn.analysis.paper_model import (MACHINES, format_recommendations, format_table, paper_recommendations,
+                                               paper_table)
     from scalegnn.perfmodel import Machine
 
     from .profiles import load_profile
 
     ms = {c: Machine.from_profile(load_profile(c)) for c in MACHINES}
     rows, net = paper_table(ms)
+    print(format_recommendations(paper_recommendations(ms["perlmutter"], net["perlmutter"]), "perlmutter"))
+    print()
     print(format_table(rows, net, ms["frontier"]))
     return 0
 

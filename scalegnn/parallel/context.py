@@ -30,21 +30,30 @@ from ..timing import SpanTimer
 from .collectives import PMM_KINDS, CommStats, PendingReduce, all_reduce, all_reduce_async, bucketed_all_reduce
 from .grid import ProcessGrid
 
-__all__ = ["ParallelContext", "tf32_matmuls"]
+__all__ = ["ParallelContext", "tf32_matmuls", "cuda_fp32_matmuls"]
 
 
 @contextmanager
-def tf32_matmuls():
-    """CUDA matmuls of FP32 tensors in TF32 inside the block, the setting as it was after:
-    torch's per-backend precision where it has one (2.9+), the older flag elsewhere."""
+def cuda_fp32_matmuls(tf32: bool):
+    """CUDA matmuls of FP32 tensors in TF32 (``tf32``) or in IEEE FP32 inside the block, the
+    setting as it was after: torch's per-backend precision where it has one (2.9+), the
+    older flag elsewhere."""
     matmul = torch.backends.cuda.matmul
-    name, value = ("fp32_precision", "tf32") if hasattr(matmul, "fp32_precision") else ("allow_tf32", True)
+    if hasattr(matmul, "fp32_precision"):
+        name, value = "fp32_precision", "tf32" if tf32 else "ieee"
+    else:
+        name, value = "allow_tf32", bool(tf32)
     before = getattr(matmul, name)
     setattr(matmul, name, value)
     try:
         yield
     finally:
         setattr(matmul, name, before)
+
+
+def tf32_matmuls():
+    """CUDA matmuls of FP32 tensors in TF32 inside the block (``--gemm-dtype tf32``)."""
+    return cuda_fp32_matmuls(True)
 
 
 @dataclass
