@@ -30,7 +30,9 @@ def test_plan_paper_prints_the_table_and_the_held_out_error(capsys):
     old = re.search(r"every held-out number, dependent ones included \(20\): median ([0-9.]+) %", out)
     assert float(old.group(1)) == pytest.approx(21.7, abs=0.05)
     assert "independent points: 19 (13 held out: 7 Fig. 7 speedups, 6 Fig. 5" in out
-    assert "perlmutter x0.77" in out and "frontier x3.45" in out and "tuolumne x7.37" in out
+    # each fitted factor against its cited value (1: the specification), flagged beyond [0.5, 2]
+    assert "perlmutter x0.77 on ogbn-papers100M," in out and "frontier x3.45 on products-14m OUTSIDE" in out
+    assert "tuolumne x7.37 on products-14m OUTSIDE" in out
     rows = [ln for ln in lines if ln[:2] in ("7 ", "5 ", "8 ")]
     assert len(rows) == 32
     assert sum(" held out " in ln for ln in rows) == 20 and sum(" fit " in ln for ln in rows) == 9
