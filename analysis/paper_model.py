@@ -326,12 +326,11 @@ def format_table(rows: list[PaperRow], net: dict[str, float], frontier: Machine)
     held = [r for r in rows if r.role == "held out" and r.error is not None]
     worst = max((r for r in held if r.independent), key=lambda r: r.score())
     peak, merr = frontier_memory_check(frontier)
-    over = [r for r in rows if r.figure == "7" and "speedup" in r.point and r.paper is not None
-            and r.paper > whole_step_ceiling(r.dataset, int(r.grid.split("->")[1].split("x")[0]))]
+    ceilings = [(r, whole_step_ceiling(r.dataset, int(r.grid.split("->")[1].split("x")[0])))  # the last grid's Gd
+                for r in rows if r.figure == "7" and "speedup" in r.point and r.paper is not None]
     out.append("speedups above what whole steps allow (ratio 0.05: 20 steps, ceil(20 / Gd) per group): "
-               + "; ".join(f"{r.cluster} {r.dataset} {r.paper:g}x > "
-                           f"{whole_step_ceiling(r.dataset, int(r.grid.split('->')[1].split('x')[0])):g}x"
-                           for r in over))
+               + "; ".join(f"{r.cluster} {r.dataset} {r.paper:g}x > {ceiling:g}x" for r, ceiling in ceilings
+                           if r.paper > ceiling))
     out.append(f"fitted points: median absolute error {100 * _median(fit):.1f} % ({len(fit)} points); "
                f"the same points left out (other machines' multipliers): {100 * _median(loco):.1f} %")
     out.append(f"worst independent held-out point: fig {worst.figure} {worst.cluster} {worst.dataset} {worst.point}: "

@@ -41,8 +41,9 @@ from .grid import PMM_AXES, ProcessGrid
 from .layout import PLANES
 
 __all__ = ["RankShard", "AltOrdering", "double_permuted", "build_shard", "build_rank_shard", "cut_shards",
-           "grid_coords", "check_grid_shape", "check_normalized", "share_planes", "plane_sharing", "shared_blocks",
-           "own_arrays", "row_slice", "adjacency_storage", "SHARD_FORMAT"]
+           "grid_coords", "vertex_ranges", "feature_range", "plane_keys", "check_grid_shape", "check_normalized",
+           "share_planes", "plane_sharing", "shared_blocks", "own_arrays", "row_slice", "adjacency_storage",
+           "SHARD_FORMAT"]
 
 SHARD_FORMAT = 1  # of RankShard.to_state, the state a shard file holds
 
@@ -238,10 +239,28 @@ def check_grid_shape(grid_shape) -> tuple[int, int, int, int]:
     return shape
 
 
+def vertex_ranges(grid_shape, n: int, coords: dict) -> dict:
+    """{"x", "y", "z": (start, end)}: the vertex range of each axis of the rank at ``coords``
+    of a grid of ``grid_shape`` over ``n`` vertices (module doc)."""
+    sizes = dict(zip(("dp", "x", "y", "z"), check_grid_shape(grid_shape)))
+    return {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
+
+
+def feature_range(grid_shape, num_features: int, coords: dict) -> tuple[int, int]:
+    """The input features (columns of X_in) of the rank at ``coords``: its range along z."""
+    return split_range(num_features, check_grid_shape(grid_shape)[3], coords["z"])
+
+
+def plane_keys(vr: dict) -> list:
+    """The (rows, cols) vertex ranges of the three rotation planes (:data:`.layout.PLANES`)
+    of a rank whose vertex ranges are ``vr``."""
+    return [(vr[rows], vr[cols]) for rows, cols in PLANES]
+
+
 def _planes(graph: Graph, vr: dict) -> tuple[CSRBlock, CSRBlock, CSRBlock]:
     """The three rotation planes of ``graph`` for vertex ranges ``vr``, each distinct block
     cut from the graph once and the others sharing its storage (:func:`share_planes`)."""
-    keys = [(vr[rows], vr[cols]) for rows, cols in PLANES]
+    keys = plane_keys(vr)
     made = shared_blocks(keys, lambda key: own_arrays(CSRBlock.from_graph(graph, *key)))
     return tuple(made[k] for k in keys)
 
@@ -352,10 +371,9 @@ def build_shard(graph: Graph, grid_shape, coords: dict, _masks: dict | None = No
     second labeling of the double permutation (:class:`AltOrdering`)."""
     check_normalized(graph)
     shape = check_grid_shape(grid_shape)
-    sizes = dict(zip(("dp", "x", "y", "z"), shape))
     n = graph.num_nodes
-    vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
-    f0, f1 = split_range(graph.num_features, sizes["z"], coords["z"])
+    vr = vertex_ranges(shape, n, coords)
+    f0, f1 = feature_range(shape, graph.num_features, coords)
     x0, x1 = vr["x"]
     masks = _masks if _masks is not None else _split_masks(graph)
     sl = lambda t: {ax: t[vr[ax][0]: vr[ax][1]].clone() for ax in PMM_AXES}  # noqa: E731

@@ -20,7 +20,7 @@ import importlib
 _EXPORTS = {
     "names": ("BLOCKS_DIR", "MANIFEST", "NODE_ARRAYS", "adjacency_file", "feature_file", "has_manifest", "node_file",
               "shard_file_name"),
-    "format": ("SHARD_FORMAT", "check_shard_manifest", "feature_blocks", "load_shard", "rank_plane_keys",
+    "format": ("SHARD_FORMAT", "check_shard_manifest", "feature_blocks", "load_shard",
                "read_manifest", "redo_hint", "shard_nnz_stats", "shard_storage_bytes", "stored_blocks",
                "verify_shard_file", "write_manifest"),
     "write": ("save_shards", "shard_command", "source_graph", "write_shards"),

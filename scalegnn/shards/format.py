@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 from pathlib import Path
 
 import torch
 
 from ..fileio import atomic_write, drop_pages, file_sha256, load_error
 from ..parallel.grid import PMM_AXES
-from ..parallel.layout import PLANES
-from ..parallel.sharding import SHARD_FORMAT, RankShard, check_grid_shape, grid_coords, plane_sharing, shared_blocks
+from ..parallel.sharding import (SHARD_FORMAT, RankShard, check_grid_shape, feature_range, grid_coords, plane_keys,
+                                 plane_sharing, shared_blocks, vertex_ranges)
 from ..ranges import split_range
 from ..sampling import CSRBlock
 from .names import (BLOCKS_DIR, MANIFEST, NODE_ARRAYS, adjacency_file, feature_file, has_manifest, node_file,
@@ -49,7 +50,7 @@ from .names import (BLOCKS_DIR, MANIFEST, NODE_ARRAYS, adjacency_file, feature_f
 
 __all__ = ["SHARD_FORMAT", "MANIFEST", "BLOCKS_DIR", "NODE_ARRAYS", "shard_file_name", "has_manifest", "redo_hint",
            "read_manifest", "write_manifest", "check_shard_manifest", "shard_nnz_stats", "shard_storage_bytes",
-           "rank_plane_keys", "stored_blocks", "feature_blocks", "adjacency_file", "feature_file", "node_file",
+           "stored_blocks", "feature_blocks", "adjacency_file", "feature_file", "node_file",
            "verify_shard_file", "load_shard"]
 
 SEEDED_ROWS_ENTRIES = 1 << 18  # seeded features computed at load this many entries at a time (~50 B of scratch each)
@@ -77,8 +78,20 @@ def read_manifest(folder) -> dict:
     return manifest
 
 
-def write_manifest(folder, manifest: dict) -> Path:
-    """Write ``manifest`` into ``folder`` atomically (last: it marks the set complete)."""
+def write_manifest(folder, *, grid_shape, name: str, num_nodes: int, num_edges: int, num_features: int,
+                   num_classes: int, multilabel: bool, files: list, nnz_per_shard: list, sha256: dict, permute: str,
+                   seed: int, split: tuple, graph: dict, **staging) -> Path:
+    """Write the manifest of the shard set in ``folder`` atomically (last: it marks the set
+    complete): its format and grid, the graph's name, sizes and record info, the files with
+    their nonzeros per rank and SHA-256, the ``--permute`` / ``--seed`` / ``--split`` it was
+    cut for, the host that staged it (ranks on other nodes read it from shared storage),
+    then ``staging``'s entries (how out-of-core staging wrote it, its layout)."""
+    manifest = {
+        "format": SHARD_FORMAT, "grid_shape": list(grid_shape), "name": name, "num_nodes": num_nodes,
+        "num_edges": num_edges, "num_features": num_features, "num_classes": num_classes, "multilabel": multilabel,
+        "files": files, "nnz_per_shard": nnz_per_shard, "sha256": sha256, "permute": permute, "seed": int(seed),
+        "split": list(split), "graph": graph, "host": socket.gethostname(), **staging,
+    }
     mpath = Path(folder) / MANIFEST
     atomic_write(mpath, lambda f: json.dump(manifest, f, indent=1), text=True)
     return mpath
@@ -112,17 +125,17 @@ def shard_storage_bytes(n: int, nnz: int, num_features: int, num_classes: int, g
                       for k in range(min(3, g["z"]))]
         return max((shard_storage_bytes(n, nnz, num_features, num_classes, grid_shape, c, multilabel=multilabel)
                     for c in candidates), key=lambda b: b["total"])
-    vr = {a: split_range(n, g[a], coords[a]) for a in ("x", "y", "z")}
+    vr = vertex_ranges(grid_shape, n, coords)
     index_bytes = 4 if n < 2**31 else 8
     off_diagonal = max(0, nnz - n) / max(1, n) ** 2
     adjacency = 0.0
-    for (rows, cols), src in plane_sharing((vr[r], vr[c]) for r, c in PLANES).items():
+    for (rows, cols), src in plane_sharing(plane_keys(vr)).items():
         adjacency += 8 * (rows[1] - rows[0] + 1)
         if src is None:
             size = lambda rng: rng[1] - rng[0]  # noqa: E731
             diagonal = max(0, min(rows[1], cols[1]) - max(rows[0], cols[0]))
             adjacency += (off_diagonal * size(rows) * size(cols) + diagonal) * (index_bytes + 4)
-    f0, f1 = split_range(num_features, g["z"], coords["z"])
+    f0, f1 = feature_range(grid_shape, num_features, coords)
     y_bytes = 4 * num_classes if multilabel else 8
     out = {"adjacency": adjacency, "features": 4.0 * (vr["x"][1] - vr["x"][0]) * (f1 - f0),
            "labels": float(sum((r[1] - r[0]) * (y_bytes + 3) for r in vr.values()))}
@@ -139,18 +152,11 @@ def shard_storage_bytes(n: int, nnz: int, num_features: int, num_classes: int, g
 # :func:`load_shard` builds a rank's RankShard from the ones it needs, equal tensor for
 # tensor to the per-rank file's.
 
-def rank_plane_keys(shape: tuple, n: int, coords: dict) -> list:
-    """The (rows, cols) vertex ranges of the three planes of the rank at ``coords``."""
-    sizes = dict(zip(("dp", "x", "y", "z"), shape))
-    vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
-    return [(vr[rows], vr[cols]) for rows, cols in PLANES]
-
-
 def stored_blocks(grid_shape, n: int) -> list:
     """The blocks of A + I ((rows, cols) vertex ranges) the blocks layout stores: every
     block some rank keeps whole (:func:`plane_sharing` of its three planes), once."""
     shape = check_grid_shape(grid_shape)
-    keys = {k for c in grid_coords(shape) for k, src in plane_sharing(rank_plane_keys(shape, n, c)).items()
+    keys = {k for c in grid_coords(shape) for k, src in plane_sharing(plane_keys(vertex_ranges(shape, n, c))).items()
             if src is None}
     return sorted(keys)
 
@@ -191,12 +197,11 @@ def _load_blocks(out: Path, manifest: dict, coords: dict, run_shape: tuple, veri
     def copied(m: np.ndarray, a: int, b: int) -> torch.Tensor:  # rows [a, b) of a whole-graph vector, its own
         return torch.from_numpy(np.array(m[a:b]))
 
-    sizes = dict(zip(("dp", "x", "y", "z"), shape))
-    vr = {ax: split_range(n, sizes[ax], coords[ax]) for ax in PMM_AXES}
-    keys = rank_plane_keys(shape, n, coords)
+    vr = vertex_ranges(shape, n, coords)
+    keys = plane_keys(vr)
     parts = ("indptr", "indices", "values")
     adj = shared_blocks(keys, lambda key: CSRBlock(*(array(adjacency_file(key, p)) for p in parts), *key[0], *key[1]))
-    f0, f1 = split_range(num_features, sizes["z"], coords["z"])
+    f0, f1 = feature_range(shape, num_features, coords)
     nodes = {key: mapped(node_file(key)) for key in NODE_ARRAYS}
     labels = {key: {ax: copied(m, *vr[ax]) for ax in PMM_AXES} for key, m in nodes.items()}
     x0, x1 = vr["x"]

@@ -65,7 +65,6 @@ import json
 import math
 import re
 import shutil
-import socket
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -76,12 +75,11 @@ import torch
 from ..csr import runs, unique_keys
 from ..fileio import NpyAppender, atomic_write, drop_pages, file_sha256
 from ..parallel.grid import PMM_AXES
-from ..parallel.layout import PLANES
-from ..parallel.sharding import AltOrdering, RankShard, check_grid_shape, grid_coords, own_arrays, shared_blocks
-from ..ranges import split_range
+from ..parallel.sharding import (AltOrdering, RankShard, check_grid_shape, feature_range, grid_coords, own_arrays,
+                                 plane_keys, shared_blocks, vertex_ranges)
 from ..sampling import CSRBlock
-from .format import (BLOCKS_DIR, SHARD_FORMAT, adjacency_file, feature_blocks, feature_file, node_file,
-                     rank_plane_keys, shard_file_name, shard_storage_bytes, stored_blocks, write_manifest)
+from .format import (BLOCKS_DIR, adjacency_file, feature_blocks, feature_file, node_file,
+                     shard_file_name, shard_storage_bytes, stored_blocks, write_manifest)
 
 __all__ = ["check_folder", "disk_plan", "human_size", "memory_plan", "parse_size", "stage_out_of_core", "stage_source",
            "symmetrize"]
@@ -527,10 +525,9 @@ def _write_rank(folder: str, seed: int, shape: tuple, coords: dict, out_dir: str
         if file_sha256(path) == digest:
             return {"file": path.name, "sha256": digest, "nnz": nnz, "resumed": True}
     src = _source(folder, seed, permute, split, topology)
-    sizes = dict(zip(("dp", "x", "y", "z"), shape))
-    vr = {ax: split_range(src.n, sizes[ax], coords[ax]) for ax in PMM_AXES}
-    f0, f1 = split_range(src.num_features, sizes["z"], coords["z"])
-    keys = [(vr[rows], vr[cols]) for rows, cols in PLANES]
+    vr = vertex_ranges(shape, src.n, coords)
+    f0, f1 = feature_range(shape, src.num_features, coords)
+    keys = plane_keys(vr)
     def planes(view: str) -> tuple:  # as sharding cuts planes, from the rows read in chunks
         made = shared_blocks(keys, lambda key: own_arrays(src.block(*key, chunk, view)))
         return tuple(made[k] for k in keys)
@@ -679,7 +676,7 @@ def _stage_blocks(src: _Source, args: tuple, shape: tuple, out: Path, chunk: int
         ip = np.load(out / adjacency_file(block, "indptr"), mmap_mode="r")
         return int(ip[key[0][1] - block[0][0]] - ip[key[0][0] - block[0][0]])
 
-    per_rank = [[plane_nnz(k) for k in rank_plane_keys(shape, src.n, c)] for c in grid_coords(shape)]
+    per_rank = [[plane_nnz(k) for k in plane_keys(vertex_ranges(shape, src.n, c))] for c in grid_coords(shape)]
     return {"layout": "blocks", "files": sorted(sums), "sha256": sums, "nnz_per_shard": per_rank,
             "features": features, "resumed": sum(d["resumed"] for d in done),
             "records": [_rows_record(out, rows) for rows in by_rows]}
@@ -803,17 +800,12 @@ def stage_out_of_core(folder, grid_shape, out_dir, *, seed: int = 0, memory_budg
     info = {"num_nodes": src.n, "num_edges": src.nnz, "adjacency_nnz": src.nnz + src.n,
             "num_features": src.num_features,
             "num_classes": src.num_classes, "sparse_features": False, "split": src.split_note, **symmetrized}
-    manifest = {
-        "format": SHARD_FORMAT, "grid_shape": list(shape), "name": name, "num_nodes": src.n,
-        "num_edges": src.nnz + src.n, "num_features": src.num_features, "num_classes": src.num_classes,
-        "multilabel": False, "files": files, "nnz_per_shard": per_rank, "sha256": sums, "permute": permute,
-        "seed": int(seed), "split": list(split), "graph": info, "host": socket.gethostname(),
-        "staged": {"out_of_core": True, "memory_budget": int(memory_budget), "workers": int(workers),
-                   "resumed": resumed},
-    }
-    if layout == "blocks":
-        manifest.update(layout="blocks", features=staged["features"])
-    mpath = write_manifest(out, manifest)
+    blocks = {"layout": "blocks", "features": staged["features"]} if layout == "blocks" else {}
+    mpath = write_manifest(out, grid_shape=shape, name=name, num_nodes=src.n, num_edges=src.nnz + src.n,
+                           num_features=src.num_features, num_classes=src.num_classes, multilabel=False, files=files,
+                           nnz_per_shard=per_rank, sha256=sums, permute=permute, seed=seed, split=split, graph=info,
+                           staged={"out_of_core": True, "memory_budget": int(memory_budget), "workers": int(workers),
+                                   "resumed": resumed}, **blocks)
     for done_record in [out / (f + ".sha256") for f in files] + (staged["records"] if layout == "blocks" else []):
         done_record.unlink(missing_ok=True)  # after the manifest: a staging killed before it still resumes
     if topology is not None:

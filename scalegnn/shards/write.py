@@ -5,7 +5,6 @@ budget (:func:`scalegnn.shards.out_of_core.stage_source`)."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import torch
@@ -13,7 +12,7 @@ import torch
 from ..fileio import atomic_write, file_sha256
 from ..graph import Graph
 from ..parallel.sharding import check_grid_shape, check_normalized, cut_shards
-from .format import SHARD_FORMAT, shard_file_name, write_manifest
+from .format import shard_file_name, write_manifest
 
 __all__ = ["write_shards", "source_graph", "save_shards", "shard_command"]
 
@@ -85,17 +84,12 @@ def save_shards(graph: Graph, grid_shape, out_dir, *, permute: str = "none", see
         atomic_write(path, lambda f, s=shard: torch.save(s.to_state(), f))
         paths.append(path)
         nnz.append([blk.nnz for blk in shard.adj])
-    manifest = {
-        "format": SHARD_FORMAT, "grid_shape": list(shape), "name": graph.name, "num_nodes": graph.num_nodes,
-        "num_edges": graph.num_edges, "num_features": graph.num_features, "num_classes": graph.num_classes,
-        "multilabel": graph.multilabel, "files": [p.name for p in paths], "nnz_per_shard": nnz,
-        "sha256": {p.name: file_sha256(p) for p in paths}, "permute": permute, "seed": int(seed),
-        "split": list(split), "graph": graph.record_info(),
-        "host": socket.gethostname(),  # where it was staged (ranks on other nodes read it from shared storage)
-    }
-    return paths + [write_manifest(out, manifest)]
-
-
+    mpath = write_manifest(out, grid_shape=shape, name=graph.name, num_nodes=graph.num_nodes,
+                           num_edges=graph.num_edges, num_features=graph.num_features, num_classes=graph.num_classes,
+                           multilabel=graph.multilabel, files=[p.name for p in paths], nnz_per_shard=nnz,
+                           sha256={p.name: file_sha256(p) for p in paths}, permute=permute, seed=seed, split=split,
+                           graph=graph.record_info())
+    return paths + [mpath]
 
 
 def shard_command(graph: Graph, grid_shape, out_dir, *, permute: str = "none", seed: int = 0,
