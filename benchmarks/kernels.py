@@ -40,7 +40,6 @@ every repetition.
 from __future__ import annotations
 
 import math
-import os
 import platform
 import statistics
 import time
@@ -50,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scalegnn.fileio import physical_memory
 from scalegnn.parallel.context import cuda_fp32_matmuls
 from scalegnn.perfmodel import SECTOR_BYTES
 
@@ -207,27 +207,9 @@ def _whole(flag: str, value, low: int, fix: str) -> int:
     return int(value)
 
 
-def _machine_ram() -> int:
-    """This machine's RAM in bytes: psutil where installed, else /proc/meminfo, else sysconf."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except ImportError:
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _device_memory(device: str) -> int:
     if device == "cpu":
-        return _machine_ram()
+        return physical_memory()
     return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
 
 

@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["atomic_write", "NpyAppender", "drop_pages", "load_error", "check_output_folder", "check_output_file",
-           "file_sha256", "memory_budget", "check_declared_size", "human_bytes", "MEMORY_BUDGET_ENV", "MIN_FREE_BYTES"]
+           "file_sha256", "memory_budget", "physical_memory", "check_declared_size", "human_bytes",
+           "MEMORY_BUDGET_ENV", "MIN_FREE_BYTES"]
 
 MEMORY_BUDGET_ENV = "SCALEGNN_MEMORY_BUDGET"
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -246,6 +247,11 @@ def memory_budget() -> int:
             raise ValueError(f"${MEMORY_BUDGET_ENV} must be a finite size > 0 (e.g. 64G), got "
                              f"{os.environ[MEMORY_BUDGET_ENV]!r}")
         return int(value * _UNITS[unit])
+    return physical_memory()
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes (1 TiB where the system does not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):

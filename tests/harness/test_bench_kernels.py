@@ -194,7 +194,7 @@ def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys, no_work, monkeypatch):
 
 def test_an_operand_set_near_the_memory_is_refused_and_one_within_it_is_not(monkeypatch):
     """Half the device's memory is the limit; the bandwidth buffers' floor shrinks on a small machine."""
-    monkeypatch.setattr(kernels, "_machine_ram", lambda: 2 * 2**30)  # a 2 GiB machine: 1 GiB for the run
+    monkeypatch.setattr(kernels, "physical_memory", lambda: 2 * 2**30)  # a 2 GiB machine: 1 GiB for the run
     run = check_arguments(_args())
     assert run.elements == 2**30 // 64 and operand_bytes(2000, 32, run.nnz, run.elements) < 2**30
     with pytest.raises(ValueError, match="more than half of this machine's RAM"):
